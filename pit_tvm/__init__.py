@@ -1,0 +1,26 @@
+"""pit-tvm: PIT (permutation-invariant transformation) for dynamic sparsity on Apache TVM.
+
+Pipeline, one way: ONNX -> Relax passes (``pit_tvm.passes``) -> PIT ops (``pit_tvm.ops``)
+-> schedules (``pit_tvm.schedules``) -> build (``pit_tvm.target``) -> runtime (``pit_tvm.runtime``).
+The public names below are imported lazily so that ``import pit_tvm`` stays cheap.
+"""
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "find_pit_rules": "pit_tvm.rules",
+    "PitRule": "pit_tvm.rules",
+    "sparse_matmul": "pit_tvm.ops.matmul",
+    "SparseMatmul": "pit_tvm.ops.matmul",
+    "build_tile_index": "pit_tvm.index",
+}
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'pit_tvm' has no attribute {name!r}")
+
+
+__all__ = sorted(_PUBLIC)

@@ -1,0 +1,45 @@
+"""Targets, devices and the one build entry point every stage uses.
+
+TVM 0.27 wants dict targets ("llvm" needs ``num-cores`` for MetaSchedule, CUDA needs an
+``arch`` when no GPU is visible) and reads ``Target.current()`` inside the CUDA compile
+callback, so every build goes through :func:`build` here.
+"""
+from __future__ import annotations
+
+import os
+
+import tvm
+
+DEFAULT_CUDA_ARCH = "sm_90"
+
+
+def make_target(target) -> tvm.target.Target:
+    """Normalise ``"llvm"``/``"cpu"``/``"cuda"``/``"cuda:sm_80"``/dict/Target to a Target."""
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, dict):
+        return tvm.target.Target(target)
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a str, dict or tvm.target.Target, got {type(target).__name__}")
+    kind, _, arch = target.partition(":")
+    if kind in ("llvm", "cpu"):
+        return tvm.target.Target({"kind": "llvm", "num-cores": os.cpu_count() or 1})
+    if kind == "cuda":
+        return tvm.target.Target({"kind": "cuda", "arch": arch or DEFAULT_CUDA_ARCH})
+    raise ValueError(f"unknown target {target!r}: use 'llvm' or 'cuda' (optionally 'cuda:sm_80')")
+
+
+def is_gpu(target) -> bool:
+    return make_target(target).kind.name == "cuda"
+
+
+def device_for(target, index: int = 0):
+    """The runtime device that runs code built for ``target``."""
+    return tvm.cuda(index) if is_gpu(target) else tvm.cpu(index)
+
+
+def build(mod, target):
+    """``tvm.compile`` with the target current (the CUDA callback reads it)."""
+    tgt = make_target(target)
+    with tgt:
+        return tvm.compile(mod, target=tgt)
