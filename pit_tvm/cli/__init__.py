@@ -1,0 +1,1 @@
+"""The ``pit-tvm`` command line; each subcommand lives in its own module."""
