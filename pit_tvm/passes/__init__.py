@@ -1,1 +1,19 @@
-"""passes"""
+"""Relax passes: find dynamic sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels
+(``LowerToPIT``); ``import_onnx`` imports ONNX keeping tensor names. Compiler-side only."""
+from importlib import import_module
+
+_PUBLIC = {
+    "AnnotateDynamicSparsity": "pit_tvm.passes.annotate",
+    "annotations_of": "pit_tvm.passes.annotate",
+    "LowerToPIT": "pit_tvm.passes.lower",
+    "import_onnx": "pit_tvm.passes.frontend",
+}
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'pit_tvm.passes' has no attribute {name!r}")
+
+
+__all__ = sorted(_PUBLIC)

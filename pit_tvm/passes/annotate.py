@@ -1,0 +1,404 @@
+"""``AnnotateDynamicSparsity``: find the matmuls whose left operand has dynamic sparsity.
+
+Sources detected on the Relax module imported from ONNX (``R.matmul`` from MatMul/Gemm):
+
+* ``relu``: the left operand is produced by ``R.nn.relu`` (possibly through reshape, permute_dims,
+  expand_dims, squeeze, astype): activation sparsity, micro-tile ``(1, 64)`` by default.
+* ``mask:<input>``: the left operand is ``R.multiply(x, m)`` or ``R.where(m, x, 0)`` where ``m`` is
+  computed only from runtime graph inputs that look like masks (name contains ``mask``, or an
+  integer/bool input). A mask broadcast over the last axis (``[..., 1]``) zeroes whole rows:
+  micro-tile ``(1, K)``.
+* ``padding:<input>``: as ``mask`` when that input is named like ``attention_mask``, ``*_mask``,
+  ``seq_len*`` or ``*lengths``. Such inputs are also recorded (module attr ``pit.padding_inputs``)
+  even when no matmul consumes them through a mask.
+* ``explicit``: ``sparse={"hidden": (1, 64)}`` or ``sparse=["hidden"]`` names ONNX tensors (resolved
+  through the ``pit.onnx_names`` module attr that :func:`~pit_tvm.passes.import_onnx` writes, else
+  by Relax var name). The matmuls that read the tensor as left operand (or that produce it) are
+  annotated. Unknown names raise ``ValueError`` listing the valid names.
+
+How the annotation is recorded (visible in printed IR): each annotated ``R.matmul(a, b)`` becomes a
+call to a private Relax function ``pit_matmul_<i>(a, b)`` whose body is the same matmul and whose
+attrs are ``{"pit.sparse_operand": "lhs", "pit.micro_tile": [m, k], "pit.rule": ...,
+"pit.source": ..., "pit.tensor": <onnx name of a>, "pit.reason": ...}``. ``LowerToPIT`` replaces
+those calls; without it the module still builds (dense). Every decision, including the matmuls
+left dense with a ``warnings.warn`` (B not a static 2-D ``[K, N]`` tensor, unsupported dtype, ...),
+is also listed in ``main``'s attr ``pit.annotations``; :func:`annotations_of` reads it back.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from .frontend import ONNX_NAMES_ATTR
+
+SUPPORTED_DTYPES = ("float32", "float16")
+DEFAULT_MICRO_TILE = (1, 64)
+PIT_RULE_ATTR = "pit.rule"
+ANNOTATIONS_ATTR = "pit.annotations"
+PADDING_INPUTS_ATTR = "pit.padding_inputs"
+
+# zero-preserving, shape-only ops between the sparse producer and the matmul
+_TRANSPARENT = {
+    "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
+    "relax.astype", "relax.flatten", "relax.broadcast_to",
+}
+PADDING_RE = re.compile(
+    r"(attention_mask|attn_mask|padding_mask|input_mask|key_padding_mask|.*seq_?len.*|.*lengths?)$",
+    re.IGNORECASE,
+)
+_MASK_RE = re.compile(r"mask", re.IGNORECASE)
+
+
+def rule_for_tile(micro_tile, k=None) -> str:
+    """The PIT rule recorded for a sparse-lhs micro-tile ``(m, k)`` of ``a[M, K]``.
+
+    ``(1, k)``: rows of each K-block are gathered (SRead) and the output rows scattered (SWrite)
+    -> ``"M:SRead+SWrite"``; ``(m, 1)``: columns of each row block gathered along the reduction
+    -> ``"K:SRead"``; other blocks permute whole tiles along M -> ``"M:SRead+SWrite"``.
+    """
+    m, kk = micro_tile
+    if m == 1 or (m != 1 and kk != 1):
+        return "M:SRead+SWrite"
+    return "K:SRead"
+
+
+def _op_name(expr):
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+        return expr.op.name
+    return None
+
+
+def _static_int(dim):
+    return int(dim.value) if isinstance(dim, tirx.IntImm) else None
+
+
+def _is_zero_const(expr) -> bool:
+    if isinstance(expr, tvm.ir.GenericConst):
+        try:
+            return not np.any(expr.value.numpy())
+        except Exception:  # noqa: BLE001
+            return False
+    return False
+
+
+class _FuncGraph:
+    """Def-use helpers over one Relax function (ANF)."""
+
+    def __init__(self, func: relax.Function):
+        self.func = func
+        self.params = list(func.params)
+        self.bound = {}
+        self.bindings = []
+        body = func.body
+        for block in body.blocks:
+            for b in block.bindings:
+                self.bound[b.var] = b.value
+                self.bindings.append(b)
+        self._anc = {}
+
+    def var_by_name(self, name):
+        for p in self.params:
+            if p.name == name:
+                return p
+        for b in self.bindings:
+            if b.var.name == name:
+                return b.var
+        return None
+
+    def chain(self, expr, through=_TRANSPARENT):
+        """Follow ``expr`` back through vars and ``through`` ops: (vars passed, producer)."""
+        seen = []
+        while True:
+            if isinstance(expr, relax.Var) and expr in self.bound:
+                seen.append(expr)
+                expr = self.bound[expr]
+                continue
+            if _op_name(expr) in through:
+                expr = expr.args[0]
+                continue
+            if isinstance(expr, relax.Var):
+                seen.append(expr)
+            return seen, expr
+
+    def param_ancestors(self, expr) -> frozenset:
+        """The function parameters ``expr`` is computed from."""
+        stack, out, seen = [expr], set(), set()
+        while stack:
+            e = stack.pop()
+            if isinstance(e, relax.Var):
+                if e in seen:
+                    continue
+                seen.add(e)
+                if e in self.bound:
+                    stack.append(self.bound[e])
+                elif any(e.same_as(p) for p in self.params):
+                    out.add(e)
+            elif isinstance(e, relax.Call):
+                stack.extend(e.args)
+            elif isinstance(e, relax.Tuple):
+                stack.extend(e.fields)
+            elif isinstance(e, relax.TupleGetItem):
+                stack.append(e.tuple_value)
+        return frozenset(out)
+
+
+def _is_mask_input(param) -> bool:
+    ty = param.ty
+    dtype = getattr(ty, "dtype", "float32") if isinstance(ty, relax.TensorType) else "float32"
+    return bool(_MASK_RE.search(param.name) or PADDING_RE.match(param.name)) or not (
+        dtype.startswith("float") or dtype.startswith("bfloat")
+    )
+
+
+@tvm.transform.module_pass(opt_level=0, name="AnnotateDynamicSparsity")
+class AnnotateDynamicSparsity:
+    """Module pass: wrap each matmul with a dynamically sparse left operand (see module doc).
+
+    Parameters
+    ----------
+    sparse : dict[str, tuple|None] | list[str] | None
+        Explicit annotations by ONNX tensor name, with an optional micro-tile ``(m, k)``.
+    auto : bool
+        Detect relu / mask / padding sources automatically.
+    default_micro_tile : tuple
+        Micro-tile for activation sparsity and element masks (clipped to a divisor of K).
+    """
+
+    def __init__(self, sparse=None, auto: bool = True, default_micro_tile=DEFAULT_MICRO_TILE):
+        if sparse is None:
+            sparse = {}
+        elif isinstance(sparse, (list, tuple, set)):
+            sparse = {name: None for name in sparse}
+        self.sparse = {str(k): (tuple(int(x) for x in v) if v is not None else None) for k, v in dict(sparse).items()}
+        for name, tile in self.sparse.items():
+            if tile is not None and (len(tile) != 2 or min(tile) < 1):
+                raise ValueError(f"micro-tile for {name!r} must be two positive ints (m, k), got {tile}")
+        self.auto = auto
+        self.default_micro_tile = tuple(default_micro_tile)
+
+    # ------------------------------------------------------------------ analysis
+    def _tile(self, k, rows_only):
+        if rows_only:
+            return (1, k)
+        tk = self.default_micro_tile[1]
+        while tk > 1 and k % tk:
+            tk //= 2
+        return (self.default_micro_tile[0], tk)
+
+    def _auto_source(self, g: _FuncGraph, lhs):
+        """(source, rows_only, reason) for the producer of ``lhs`` or None."""
+        _, prod = g.chain(lhs)
+        op = _op_name(prod)
+        if op == "relax.nn.relu":
+            return "relu", False, "left operand is produced by R.nn.relu (activation sparsity)"
+        mask, data = None, None
+        if op == "relax.multiply":
+            for d, m in ((prod.args[0], prod.args[1]), (prod.args[1], prod.args[0])):
+                anc = g.param_ancestors(m)
+                if anc and all(_is_mask_input(p) for p in anc) and not (
+                    g.param_ancestors(d) <= anc
+                ):
+                    mask, data = m, d
+                    break
+        elif op == "relax.where":
+            cond, x, y = prod.args
+            if _is_zero_const(y) or _is_zero_const(x):
+                anc = g.param_ancestors(cond)
+                if anc and all(_is_mask_input(p) for p in anc):
+                    mask, data = cond, (x if _is_zero_const(y) else y)
+        if mask is None:
+            return None
+        anc = sorted(p.name for p in g.param_ancestors(mask))
+        pad = [n for n in anc if PADDING_RE.match(n)]
+        kind = "padding" if pad else "mask"
+        name = (pad or anc)[0]
+        mshape = getattr(mask.ty, "shape", None)
+        rows_only = bool(
+            mshape is not None and hasattr(mshape, "values") and len(mshape.values) > 0
+            and _static_int(mshape.values[-1]) == 1
+        )
+        src = f"{kind}:{name}"
+        _, dprod = g.chain(data)
+        if _op_name(dprod) == "relax.nn.relu":
+            src = f"relu+{src}"
+        how = "multiply" if op == "relax.multiply" else "where"
+        reason = (
+            f"left operand is masked ({how}) by graph input {name!r}"
+            + (" (padding: whole rows are zero)" if rows_only else "")
+        )
+        return src, rows_only, reason
+
+    def _unsupported(self, call) -> str | None:
+        a, b = call.args
+        aty, bty = a.ty, b.ty
+        if not isinstance(aty, relax.TensorType) or not isinstance(bty, relax.TensorType):
+            return "operands are not tensors of known type"
+        if bty.ndim != 2:
+            return f"B has rank {bty.ndim}; PIT needs a 2-D [K, N] right operand"
+        if bty.shape is None or any(_static_int(d) is None for d in bty.shape.values):
+            return "B's shape is not static; PIT needs a static [K, N] right operand"
+        if aty.ndim < 2:
+            return f"A has rank {aty.ndim}; PIT needs A[..., K] with at least 2 dims"
+        if aty.dtype not in SUPPORTED_DTYPES or bty.dtype != aty.dtype:
+            return f"dtype {aty.dtype} x {bty.dtype} unsupported (PIT kernels: {', '.join(SUPPORTED_DTYPES)})"
+        k_a = _static_int(aty.shape.values[-1]) if aty.shape is not None else None
+        if k_a is None:
+            return "A's reduction dim K is not static"
+        if k_a != _static_int(bty.shape.values[0]):
+            return "A's K does not match B's K"
+        return None
+
+    def _explicit_targets(self, g: _FuncGraph, var, matmuls):
+        """Matmul binding vars whose left operand is ``var`` (through shape ops and relu)."""
+        out = []
+        for mv, call in matmuls:
+            vars_, _ = g.chain(call.args[0], through=_TRANSPARENT | {"relax.nn.relu"})
+            if any(v.same_as(var) for v in vars_):
+                out.append(mv)
+        return out
+
+    # ------------------------------------------------------------------ pass
+    def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+        names = dict(mod.attrs[ONNX_NAMES_ATTR]) if mod.attrs is not None and ONNX_NAMES_ATTR in mod.attrs else None
+        gv_main = mod.get_global_var("main")
+        func = mod[gv_main]
+        g = _FuncGraph(func)
+        rev = {str(v): str(k) for k, v in (names or {}).items()}
+
+        def onnx_name(expr):
+            return rev.get(expr.name, expr.name) if isinstance(expr, relax.Var) else str(_op_name(expr) or "const")
+
+        matmuls = [(b.var, b.value) for b in g.bindings if _op_name(b.value) == "relax.matmul"]
+        decisions = {}  # matmul var -> dict
+
+        if self.auto:
+            for mv, call in matmuls:
+                found = self._auto_source(g, call.args[0])
+                if found is not None:
+                    src, rows_only, reason = found
+                    decisions[mv] = {"source": src, "rows_only": rows_only, "reason": reason, "tile": None}
+
+        # explicit annotations (override auto)
+        if self.sparse:
+            valid = sorted(names) if names else sorted({p.name for p in g.params} | {b.var.name for b in g.bindings})
+            unknown = [n for n in self.sparse if n not in valid]
+            if unknown:
+                raise ValueError(
+                    f"unknown tensor name(s) {unknown} in sparse=; valid tensor names: {', '.join(valid)}"
+                )
+            for name, tile in self.sparse.items():
+                var = g.var_by_name(names[name] if names else name)
+                targets = self._explicit_targets(g, var, matmuls) if var is not None else []
+                if not targets:
+                    warnings.warn(f"sparse tensor {name!r} feeds no matmul as left operand; ignored")
+                    continue
+                for mv in targets:
+                    prev = decisions.get(mv)
+                    decisions[mv] = {
+                        "tensor": name,
+                        "source": "explicit" if prev is None else f"explicit+{prev['source']}",
+                        "rows_only": False if prev is None else prev["rows_only"],
+                        "reason": f"annotated by name {name!r}" + (f"; {prev['reason']}" if prev else ""),
+                        "tile": tile,
+                    }
+
+        records, targets = [], []
+        for idx, (mv, call) in enumerate([(mv, c) for mv, c in matmuls if mv in decisions]):
+            d = decisions[mv]
+            lhs_vars = g.chain(call.args[0])[0]
+            lhs_name = d.get("tensor") or onnx_name(lhs_vars[0] if lhs_vars else call.args[0])
+            why_not = self._unsupported(call)
+            if why_not is not None:
+                warnings.warn(f"matmul on {lhs_name!r} ({d['source']}) stays dense: {why_not}")
+                records.append({"tensor": lhs_name, "source": d["source"], "status": "dense", "reason": why_not})
+                continue
+            k = _static_int(call.args[0].ty.shape.values[-1])
+            tile = d["tile"] or self._tile(k, d["rows_only"])
+            tile = (int(tile[0]), int(tile[1]))
+            if k % tile[1]:
+                why_not = f"micro-tile k={tile[1]} does not divide K={k}"
+                warnings.warn(f"matmul on {lhs_name!r} ({d['source']}) stays dense: {why_not}")
+                records.append({"tensor": lhs_name, "source": d["source"], "status": "dense", "reason": why_not})
+                continue
+            attrs = {
+                "pit.sparse_operand": "lhs",
+                "pit.micro_tile": [tile[0], tile[1]],
+                PIT_RULE_ATTR: rule_for_tile(tile, k),
+                "pit.source": d["source"],
+                "pit.tensor": lhs_name,
+                "pit.reason": d["reason"],
+            }
+            fname = f"pit_matmul_{len(targets)}"
+            targets.append((call, fname, attrs))
+            rec = {"tensor": lhs_name, "source": d["source"], "status": "pit", "function": fname,
+                   "micro_tile": [tile[0], tile[1]], "rule": attrs[PIT_RULE_ATTR], "reason": d["reason"]}
+            records.append(rec)
+            del idx
+
+        padding_inputs = [p.name for p in g.params if PADDING_RE.match(p.name)]
+        mod = _wrap_matmuls(mod, gv_main, targets)
+        main = mod[gv_main].with_attr(ANNOTATIONS_ATTR, records)
+        if padding_inputs:
+            main = main.with_attr(PADDING_INPUTS_ATTR, padding_inputs)
+        mod[gv_main] = main
+        return mod
+
+
+def _fresh_ty(ty: relax.TensorType, prefix: str) -> relax.TensorType:
+    dims = []
+    for i, d in enumerate(ty.shape.values):
+        dims.append(d if isinstance(d, tirx.IntImm) else tirx.Var(f"{prefix}{i}", "int64"))
+    return relax.TensorType(dims, ty.dtype)
+
+
+def _wrap_matmuls(mod, gv_main, targets):
+    if not targets:
+        return mod
+    bb = relax.BlockBuilder(mod)
+    gvs = []
+    for call, fname, attrs in targets:
+        a, b = call.args
+        pa = relax.Var("a", _fresh_ty(a.ty, "m"))
+        pb = relax.Var("b", _fresh_ty(b.ty, "k"))
+        with bb.function(fname, [pa, pb], attrs=attrs, private=True):
+            out = bb.emit(relax.Call(call.op, [pa, pb], call.attrs))
+            bb.emit_func_output(out)
+        gvs.append(bb.get().get_global_var(fname))
+    new_mod = bb.get()
+    mapping = [(call, gv) for (call, _, _), gv in zip(targets, gvs)]
+
+    @relax.expr_functor.mutator
+    class _Wrap(relax.PyExprMutator):
+        def visit_call_(self, op):
+            for c, gv in mapping:
+                if op.same_as(c):
+                    return relax.Call(gv, [self.visit_expr(x) for x in op.args])
+            return self.visit_expr_post_order(op)
+
+    new_main = _Wrap(new_mod).visit_expr(new_mod[gv_main])
+    new_mod[gv_main] = new_main
+    return new_mod
+
+
+def annotations_of(mod: tvm.IRModule) -> list[dict]:
+    """The decisions ``AnnotateDynamicSparsity`` recorded on ``main`` (plain Python dicts)."""
+    main = mod["main"]
+    out = []
+    if main.attrs is not None and ANNOTATIONS_ATTR in main.attrs:
+        for rec in main.attrs[ANNOTATIONS_ATTR]:
+            d = {}
+            for k, v in dict(rec).items():
+                d[str(k)] = [int(x) for x in v] if k == "micro_tile" else str(v)
+            out.append(d)
+    if main.attrs is not None and PADDING_INPUTS_ATTR in main.attrs:
+        used = {r["source"] for r in out}
+        for name in main.attrs[PADDING_INPUTS_ATTR]:
+            if not any(str(name) in s for s in used):
+                out.append({"tensor": str(name), "source": f"padding:{name}", "status": "input",
+                            "reason": "graph input looks like a padding mask / sequence lengths; "
+                                      "no matmul reads it through a mask"})
+    return out

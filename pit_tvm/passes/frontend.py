@@ -1,0 +1,109 @@
+"""ONNX -> Relax import that keeps ONNX tensor names as Relax variable names.
+
+``tvm.relax.frontend.onnx.from_onnx`` names every binding ``lv<N>``, so an ONNX tensor such as
+``hidden`` cannot be found again after the import. :func:`import_onnx` runs the same importer but
+binds each converted node to a variable named after its first ONNX output (sanitised to an
+identifier), and stores the map ``{onnx name: relax var name}`` as the module attribute
+``"pit.onnx_names"`` (which :class:`~pit_tvm.passes.AnnotateDynamicSparsity` reads to resolve
+explicit annotations). If the named import fails for any reason it falls back to plain
+``from_onnx`` with a warning (names are then ``lv<N>``, graph inputs keep theirs).
+"""
+from __future__ import annotations
+
+import re
+import warnings
+
+import onnx
+import tvm
+from tvm import relax
+
+ONNX_NAMES_ATTR = "pit.onnx_names"
+
+
+def sanitize(name: str) -> str:
+    """The identifier a Relax variable gets for an ONNX tensor name."""
+    new = re.sub(r"\W", "_", name)
+    if not new or not (new[0].isalpha() or new[0] == "_"):
+        new = "t_" + new
+    return new
+
+
+def load_model(model) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    return onnx.load(str(model))
+
+
+def onnx_value_names(model: onnx.ModelProto) -> list[str]:
+    """Every tensor name of the graph: inputs, initializers, node outputs (in graph order)."""
+    g = model.graph
+    names = [i.name for i in g.input] + [t.name for t in g.initializer]
+    for node in g.node:
+        names.extend(o for o in node.output if o)
+    seen, out = set(), []
+    for n in names:
+        if n not in seen:
+            seen.add(n)
+            out.append(n)
+    return out
+
+
+def _named_importer_cls():
+    from tvm.relax.frontend.onnx import onnx_frontend as of  # noqa: PLC0415 - compiler-only
+
+    class _NamedImporter(of.ONNXGraphImporter):
+        """Binds each converted node to a var named after its first ONNX output."""
+
+        pit_outputs: dict = {}
+        pit_bound: dict = {}
+
+        def _convert_operator(self, op_name, inputs, attrs, opset):
+            sym = super()._convert_operator(op_name, inputs, attrs, opset)
+            out = self.pit_outputs.get(attrs.get("tvm_custom", {}).get("name"))
+            if (
+                out
+                and isinstance(sym, relax.Call)
+                and isinstance(sym.ty, relax.TensorType)
+            ):
+                sym = self.bb.emit(sym, name_hint=sanitize(out))
+                self.pit_bound[out] = sym.name
+            return sym
+
+    return _NamedImporter
+
+
+def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -> tvm.IRModule:
+    """Import an ONNX model (path or ModelProto) into Relax, keeping ONNX tensor names."""
+    model = load_model(model)
+    from tvm.relax.frontend.onnx import from_onnx  # noqa: PLC0415
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    outputs = {}
+    for i, node in enumerate(copy.graph.node):
+        node.name = f"pit_node_{i}"
+        if node.output and node.output[0]:
+            outputs[node.name] = node.output[0]
+    opset = 1
+    for op in copy.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            opset = op.version
+            break
+    try:
+        cls = _named_importer_cls()
+        imp = cls(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
+        imp.pit_outputs, imp.pit_bound = outputs, {}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="(Renaming|Input .* has unknown)")
+            mod = imp.from_onnx(copy.graph, opset)
+        names = dict(imp.pit_bound)
+        for i_name, var in imp._inputs.items():  # graph inputs (sanitised names)
+            if isinstance(var, relax.Var):
+                names[i_name] = var.name
+    except Exception as err:  # noqa: BLE001 - importer internals changed: plain import
+        warnings.warn(f"named ONNX import failed ({err!r}); falling back to from_onnx (names lv<N>)")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="(Renaming|Input .* has unknown)")
+            mod = from_onnx(model, shape_dict=shape_dict, keep_params_in_input=keep_params_in_input)
+        names = {p.name: p.name for p in mod["main"].params}
+    return mod.with_attr(ONNX_NAMES_ATTR, names)
