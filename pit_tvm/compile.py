@@ -1,0 +1,133 @@
+"""``compile_onnx``: ONNX model -> Relax (names kept) -> PIT passes -> build -> ``CompiledModel``.
+
+Pipeline: :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's transposed weights
+become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` ->
+:class:`~pit_tvm.passes.LowerToPIT` -> ``DeadCodeElimination`` -> :func:`pit_tvm.target.build`
+(``tvm.compile``; on CUDA it applies the dlight default schedules to the dense operators).
+
+``CompiledModel.export(path)`` writes the library ``path`` plus ``path + ".json"`` (input names,
+dtypes, shapes, output names, target, annotations), which :func:`pit_tvm.runtime.load` reads.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .passes.annotate import AnnotateDynamicSparsity, annotations_of
+from .passes.frontend import import_onnx, load_model
+from .passes.lower import LowerToPIT
+from .target import build, device_for, make_target
+
+META_SUFFIX = ".json"
+
+
+def _dims(value_info) -> list:
+    dims = []
+    for d in value_info.type.tensor_type.shape.dim:
+        dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?"))
+    return dims
+
+
+def _onnx_dtype(value_info) -> str:
+    import onnx  # noqa: PLC0415
+
+    return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value_info.type.tensor_type.elem_type)))
+
+
+@dataclass
+class CompiledModel:
+    """A built model. ``run`` executes it here; ``export`` writes it for :func:`pit_tvm.runtime.load`."""
+
+    executable: object
+    target: tvm.target.Target
+    inputs: list = field(default_factory=list)  # [{"name", "dtype", "shape"}] in call order
+    outputs: list = field(default_factory=list)  # ONNX output names
+    annotations: list = field(default_factory=list)  # what was annotated and why
+    ir: tvm.IRModule | None = None  # the module after annotation (before lowering)
+    lowered: tvm.IRModule | None = None  # the module that was built
+    _vm: object = None
+
+    @property
+    def device(self):
+        return device_for(self.target)
+
+    def _machine(self):
+        if self._vm is None:
+            self._vm = relax.VirtualMachine(self.executable, self.device)
+        return self._vm
+
+    def run(self, inputs: dict) -> list[np.ndarray]:
+        """Run on ``{onnx input name: array}``; returns the outputs as numpy arrays."""
+        missing = [i["name"] for i in self.inputs if i["name"] not in inputs]
+        if missing:
+            raise KeyError(f"missing inputs {missing}; expected {[i['name'] for i in self.inputs]}")
+        dev = self.device
+        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev)
+                for i in self.inputs]
+        return _flatten(self._machine()["main"](*args))
+
+    def metadata(self) -> dict:
+        return {
+            "format": "pit-tvm/1",
+            "target": self.target.kind.name,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "annotations": self.annotations,
+        }
+
+    def export(self, path) -> str:
+        """Write the shared library ``path`` and its metadata ``path + '.json'``."""
+        path = str(path)
+        with self.target:
+            self.executable.export_library(path)
+        with open(path + META_SUFFIX, "w") as f:
+            json.dump(self.metadata(), f, indent=1)
+        return path
+
+
+def _flatten(out) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    res = []
+    for item in out:
+        res.extend(_flatten(item))
+    return res
+
+
+def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True) -> CompiledModel:
+    """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
+
+    ``sparse``: explicit annotations by ONNX tensor name, ``{"hidden": (1, 64)}`` or ``["hidden"]``;
+    ``auto``: also detect relu / mask / padding sources; ``tuning_log``: passed to the op layer.
+    Symbolic (``dim_param``) batch/sequence dims stay symbolic.
+    """
+    proto = load_model(model)
+    tgt = make_target(target)
+    kind = tgt.kind.name
+    mod = import_onnx(proto)
+    mod = relax.transform.FoldConstant()(mod)
+    annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
+    notes = annotations_of(annotated)
+    try:
+        lowered = LowerToPIT(target=kind, tuning_log=tuning_log)(annotated)
+    except Exception as err:  # the op layer (pit_tvm.ops.matmul) is not importable
+        if "pit_tvm.ops" not in repr(err) and "emit_pit_matmul" not in repr(err):
+            raise
+        warnings.warn(f"PIT op layer unavailable ({err}); annotated matmuls stay dense")
+        lowered = annotated
+        for n in notes:
+            if n.get("status") == "pit":
+                n["status"] = "dense"
+                n["reason"] += "; op layer unavailable"
+    lowered = relax.transform.DeadCodeElimination()(lowered)
+    ex = build(lowered, tgt)
+    init = {t.name for t in proto.graph.initializer}
+    inputs = [{"name": i.name, "dtype": _onnx_dtype(i), "shape": _dims(i)}
+              for i in proto.graph.input if i.name not in init]
+    outputs = [o.name for o in proto.graph.output]
+    return CompiledModel(ex, tgt, inputs, outputs, notes, annotated, lowered)

@@ -1,0 +1,99 @@
+"""``LowerToPIT``: replace each annotated matmul with the on-device index build + PIT kernel.
+
+Input: a module after :class:`~pit_tvm.passes.AnnotateDynamicSparsity`, where each annotated
+matmul is a call to a private function carrying ``"pit.rule"`` attrs. Each such call becomes
+whatever ``pit_tvm.ops.matmul.emit_pit_matmul(bb, a, b, micro_tile=, target=, out_dtype=)`` emits
+(``call_tir`` of the index-build and PIT-kernel PrimFuncs, with the device-side density check);
+the wrapper functions are then removed. Everything else is left to the normal TVM path (on CUDA,
+``tvm.compile`` applies the dlight default schedules to the unannotated operators).
+
+If the op layer raises for one matmul, that matmul is emitted dense with a warning.
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import tvm
+from tvm import relax
+
+from .annotate import PIT_RULE_ATTR
+
+
+def _default_emit():
+    from pit_tvm.ops.matmul import emit_pit_matmul  # noqa: PLC0415 - written by the op layer
+
+    return emit_pit_matmul
+
+
+def _is_pit_func(func) -> bool:
+    return isinstance(func, relax.Function) and func.attrs is not None and PIT_RULE_ATTR in func.attrs
+
+
+@tvm.transform.module_pass(opt_level=0, name="LowerToPIT")
+class LowerToPIT:
+    """Module pass: lower ``pit_matmul_*`` wrapper calls to PIT kernels.
+
+    Parameters
+    ----------
+    target : str | dict | tvm.target.Target
+        Passed through to ``emit_pit_matmul`` (``"llvm"`` or ``"cuda"``).
+    tuning_log : str | None
+        Passed to ``emit_pit_matmul`` as ``tuning_log=`` when it accepts that keyword.
+    emit : callable | None
+        Replacement for ``pit_tvm.ops.matmul.emit_pit_matmul`` (same signature); for tests.
+    """
+
+    def __init__(self, target="llvm", tuning_log=None, emit=None):
+        self.target = target
+        self.tuning_log = tuning_log
+        self.emit = emit
+
+    def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
+        pit = {gv.name_hint: f for gv, f in mod.functions_items() if _is_pit_func(f)}
+        if not pit:
+            return mod
+        emit = self.emit or _default_emit()
+        extra = {}
+        if self.tuning_log is not None:
+            try:
+                if "tuning_log" in inspect.signature(emit).parameters:
+                    extra["tuning_log"] = self.tuning_log
+                else:
+                    warnings.warn("emit_pit_matmul takes no tuning_log; the tuning log is ignored")
+            except (TypeError, ValueError):
+                pass
+        target = self.target
+
+        @relax.expr_functor.mutator
+        class _Lower(relax.PyExprMutator):
+            def visit_call_(self, op):
+                if isinstance(op.op, tvm.ir.GlobalVar) and op.op.name_hint in pit:
+                    f = pit[op.op.name_hint]
+                    a, b = (self.visit_expr(x) for x in op.args)
+                    tile = tuple(int(x) for x in f.attrs["pit.micro_tile"])
+                    inner = f.body.body if isinstance(f.body, relax.SeqExpr) else f.body
+                    if isinstance(inner, relax.Var):  # the wrapper returns its single binding
+                        inner = f.body.blocks[-1].bindings[-1].value
+                    out_dtype = None
+                    attrs = getattr(inner, "attrs", None)
+                    if attrs is not None and getattr(attrs, "out_dtype", None):
+                        out_dtype = str(attrs.out_dtype)
+                    try:
+                        return emit(self.builder_, a, b, micro_tile=tile, target=target,
+                                    out_dtype=out_dtype, **extra)
+                    except Exception as err:  # noqa: BLE001 - keep the model compiling
+                        warnings.warn(
+                            f"PIT lowering of {op.op.name_hint} ({f.attrs['pit.tensor']}) failed, "
+                            f"stays dense: {err}"
+                        )
+                        return relax.op.matmul(a, b, out_dtype=out_dtype or "void")
+                return self.visit_expr_post_order(op)
+
+        lowerer = _Lower(mod)
+        for gv, f in mod.functions_items():
+            if isinstance(f, relax.Function) and gv.name_hint not in pit:
+                lowerer.builder_.update_func(gv, lowerer.visit_expr(f))
+        new = lowerer.builder_.get()
+        out = tvm.IRModule({gv: f for gv, f in new.functions_items() if gv.name_hint not in pit}, attrs=new.attrs)
+        return out
