@@ -35,7 +35,7 @@ from tvm import relax, tirx
 
 from .frontend import ONNX_NAMES_ATTR
 
-SUPPORTED_DTYPES = ("float32", "float16")
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MICRO_TILE = (1, 64)
 PIT_RULE_ATTR = "pit.rule"
 ANNOTATIONS_ATTR = "pit.annotations"
@@ -53,17 +53,15 @@ PADDING_RE = re.compile(
 _MASK_RE = re.compile(r"mask", re.IGNORECASE)
 
 
-def rule_for_tile(micro_tile, k=None) -> str:
+def rule_for_tile(micro_tile, k) -> str:
     """The PIT rule recorded for a sparse-lhs micro-tile ``(m, k)`` of ``a[M, K]``.
 
-    ``(1, k)``: rows of each K-block are gathered (SRead) and the output rows scattered (SWrite)
-    -> ``"M:SRead+SWrite"``; ``(m, 1)``: columns of each row block gathered along the reduction
-    -> ``"K:SRead"``; other blocks permute whole tiles along M -> ``"M:SRead+SWrite"``.
+    Whole rows (``k >= K``): the spatial axis M is permuted, SRead gathers the non-zero rows of A
+    and SWrite scatters the output rows -> ``"M:SRead+SWrite"``. Narrower tiles: the reduction
+    axis K is permuted per strip of ``m`` rows, SRead gathers A's non-zero micro-tiles and the
+    matching rows of B -> ``"K:SRead"`` (what ``pit_tvm.ops.matmul`` implements for each).
     """
-    m, kk = micro_tile
-    if m == 1 or (m != 1 and kk != 1):
-        return "M:SRead+SWrite"
-    return "K:SRead"
+    return "M:SRead+SWrite" if int(micro_tile[1]) >= int(k) else "K:SRead"
 
 
 def _op_name(expr):
@@ -333,6 +331,7 @@ class AnnotateDynamicSparsity:
                 "pit.reason": d["reason"],
             }
             fname = f"pit_matmul_{len(targets)}"
+            attrs["pit.id"] = len(targets)  # keeps same-shape wrappers from being deduplicated
             targets.append((call, fname, attrs))
             rec = {"tensor": lhs_name, "source": d["source"], "status": "pit", "function": fname,
                    "micro_tile": [tile[0], tile[1]], "rule": attrs[PIT_RULE_ATTR], "reason": d["reason"]}

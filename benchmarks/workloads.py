@@ -1,0 +1,170 @@
+"""Workloads built in code and exported to ONNX (no downloads), with symbolic batch/seq dims.
+
+* :func:`opt_ffn` — an OPT-style FFN block ``y = x + fc2(relu(fc1(LN(x))))`` whose ReLU output
+  ``hidden`` is ~90% zero with OPT's structure: a few "hot" neurons fire for most tokens, most
+  neurons are silent for most tokens (strongly negative fc1 biases). After LayerNorm each
+  pre-activation is ~N(bias, 1), so biases set the per-neuron firing rate exactly.
+* :func:`bert_encoder` — a BERT-base-style post-LN encoder over input embeddings with an
+  ``attention_mask`` [batch, seq] (1 = token, 0 = padding). Padding is the dynamic sparsity: the
+  token-wise matmuls (QKV, attention output, FFN in/out) read activations multiplied by the mask,
+  so padded rows are zero (outputs at padded positions are don't-care, as in BERT).
+
+Small variants for tests: ``opt_ffn(d=64)``, ``bert_encoder(layers=2, hidden=64, heads=4)``.
+"""
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+class _Graph:
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self._n = [], [], 0
+
+    def const(self, name, array):
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def node(self, op, inputs, output=None, **attrs):
+        self._n += 1
+        output = output or f"{op.lower()}_{self._n}"
+        self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    def linear(self, x, w, b, output=None):
+        return self.node("Add", [self.node("MatMul", [x, w]), b], output)
+
+    def layer_norm(self, x, d, prefix, output=None):
+        g = self.const(f"{prefix}.gamma", np.ones(d, "float32"))
+        b = self.const(f"{prefix}.beta", np.zeros(d, "float32"))
+        return self.node("LayerNormalization", [x, g, b], output, axis=-1, epsilon=1e-5)
+
+    def model(self, name, inputs, outputs):
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+        model.ir_version = 8
+        onnx.checker.check_model(model)
+        return model
+
+
+def ffn_biases(hidden: int, sparsity: float = 0.9, hot_fraction: float = 0.05, hot_rate: float = 0.85,
+               rng=None) -> np.ndarray:
+    """fc1 biases giving ~``sparsity`` zeros after ReLU for ~N(bias, 1) pre-activations."""
+    rng = rng or np.random.default_rng(0)
+    nd = NormalDist()
+    density = 1.0 - sparsity
+    n_hot = max(1, int(round(hot_fraction * hidden)))
+    cold_rate = max(1e-4, (density * hidden - hot_rate * n_hot) / (hidden - n_hot))
+    b = np.full(hidden, nd.inv_cdf(cold_rate), "float32")  # P(N(b,1) > 0) = cold_rate
+    b[rng.permutation(hidden)[:n_hot]] = nd.inv_cdf(hot_rate)
+    return b
+
+
+def opt_ffn(d: int = 2048, hidden: int | None = None, sparsity: float = 0.9, *, seed: int = 0,
+            batch="batch", seq="seq") -> onnx.ModelProto:
+    """OPT FFN block on ``x`` [batch, seq, d] -> ``y``; the ReLU output is named ``hidden``."""
+    hidden = hidden or 4 * d
+    g = _Graph(seed)
+    w1 = g.const("fc1.weight", (g.rng.standard_normal((d, hidden)) / math.sqrt(d)).astype("float32"))
+    b1 = g.const("fc1.bias", ffn_biases(hidden, sparsity, rng=g.rng))
+    w2 = g.const("fc2.weight", (g.rng.standard_normal((hidden, d)) / math.sqrt(hidden)).astype("float32"))
+    b2 = g.const("fc2.bias", (0.02 * g.rng.standard_normal(d)).astype("float32"))
+    ln = g.layer_norm("x", d, "final_layer_norm", "ln")
+    h = g.node("Relu", [g.linear(ln, w1, b1, "fc1_out")], "hidden")
+    out = g.linear(h, w2, b2, "fc2_out")
+    g.node("Add", ["x", out], "y")
+    return g.model(
+        "opt_ffn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, d])],
+    )
+
+
+def opt_ffn_inputs(d: int = 2048, batch: int = 2, seq: int = 16, seed: int = 1) -> dict:
+    return {"x": np.random.default_rng(seed).standard_normal((batch, seq, d)).astype("float32")}
+
+
+def bert_encoder(layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int | None = None, *,
+                 seed: int = 0, batch="batch", seq="seq") -> onnx.ModelProto:
+    """BERT-style encoder: ``input_embeds`` [batch, seq, hidden], ``attention_mask`` [batch, seq]
+    (int64) -> ``last_hidden_state``. Layer ``i``'s masked FFN activation is ``l{i}.ffn_act``."""
+    ffn = ffn or 4 * hidden
+    dh = hidden // heads
+    assert dh * heads == hidden, "hidden must be divisible by heads"
+    g = _Graph(seed)
+
+    def w(name, shape, std=0.02):
+        return g.const(name, (std * g.rng.standard_normal(shape)).astype("float32"))
+
+    axes1 = g.const("axes_last", np.array([2], "int64"))
+    axes12 = g.const("axes_12", np.array([1, 2], "int64"))
+    split_shape = g.const("shape_split", np.array([0, 0, heads, dh], "int64"))
+    merge_shape = g.const("shape_merge", np.array([0, 0, hidden], "int64"))
+    one = g.const("one", np.array(1.0, "float32"))
+    neg = g.const("neg_big", np.array(-10000.0, "float32"))
+    scale = g.const("attn_scale", np.array(1.0 / math.sqrt(dh), "float32"))
+    half = g.const("half", np.array(0.5, "float32"))
+    rsqrt2 = g.const("rsqrt2", np.array(1.0 / math.sqrt(2.0), "float32"))
+
+    maskf = g.node("Cast", ["attention_mask"], "mask_f", to=TensorProto.FLOAT)
+    rows = g.node("Unsqueeze", [maskf, axes1], "row_mask")  # [B, S, 1]
+    add_mask = g.node("Mul", [g.node("Sub", [one, g.node("Unsqueeze", [maskf, axes12])]), neg],
+                      "additive_mask")  # [B, 1, 1, S]
+
+    def heads_of(x):
+        return g.node("Transpose", [g.node("Reshape", [x, split_shape])], perm=[0, 2, 1, 3])
+
+    h = "input_embeds"
+    for i in range(layers):
+        p = f"l{i}"
+        hm = g.node("Mul", [h, rows], f"{p}.masked_in")
+        q = heads_of(g.linear(hm, w(f"{p}.q.w", (hidden, hidden)), w(f"{p}.q.b", hidden)))
+        k = heads_of(g.linear(hm, w(f"{p}.k.w", (hidden, hidden)), w(f"{p}.k.b", hidden)))
+        v = heads_of(g.linear(hm, w(f"{p}.v.w", (hidden, hidden)), w(f"{p}.v.b", hidden)))
+        kt = g.node("Transpose", [k], perm=[0, 1, 3, 2])
+        scores = g.node("Add", [g.node("Mul", [g.node("MatMul", [q, kt]), scale]), add_mask])
+        probs = g.node("Softmax", [scores], axis=-1)
+        ctx = g.node("Transpose", [g.node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+        ctx = g.node("Mul", [g.node("Reshape", [ctx, merge_shape]), rows], f"{p}.ctx")
+        attn = g.linear(ctx, w(f"{p}.o.w", (hidden, hidden)), w(f"{p}.o.b", hidden))
+        h1 = g.layer_norm(g.node("Add", [h, attn]), hidden, f"{p}.ln1")
+        h1m = g.node("Mul", [h1, rows], f"{p}.ffn_in")
+        pre = g.linear(h1m, w(f"{p}.fc1.w", (hidden, ffn)), w(f"{p}.fc1.b", ffn))
+        gelu = g.node("Mul", [g.node("Mul", [pre, half]),
+                              g.node("Add", [one, g.node("Erf", [g.node("Mul", [pre, rsqrt2])])])])
+        act = g.node("Mul", [gelu, rows], f"{p}.ffn_act")
+        out = g.linear(act, w(f"{p}.fc2.w", (ffn, hidden)), w(f"{p}.fc2.b", hidden))
+        h = g.layer_norm(g.node("Add", [h1, out]), hidden, f"{p}.ln2",
+                         "last_hidden_state" if i == layers - 1 else f"{p}.out")
+    return g.model(
+        "bert_encoder",
+        [helper.make_tensor_value_info("input_embeds", TensorProto.FLOAT, [batch, seq, hidden]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, seq])],
+        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [batch, seq, hidden])],
+    )
+
+
+def bert_inputs(hidden: int = 768, batch: int = 2, seq: int = 16, lengths=None, seed: int = 1) -> dict:
+    """Random embeddings and a padding mask (``lengths`` per sequence; default random in [1, seq])."""
+    rng = np.random.default_rng(seed)
+    if lengths is None:
+        lengths = rng.integers(1, seq + 1, size=batch)
+    mask = (np.arange(seq)[None, :] < np.asarray(lengths)[:, None]).astype("int64")
+    return {"input_embeds": rng.standard_normal((batch, seq, hidden)).astype("float32"),
+            "attention_mask": mask}
+
+
+def with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    """A copy of ``model`` that also outputs the intermediate tensors ``names`` (for checks)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for n in names:
+        m.graph.output.append(helper.make_empty_tensor_value_info(n))
+    return m
