@@ -1,0 +1,223 @@
+"""AnnotateDynamicSparsity / LowerToPIT / compile_onnx on small ONNX models (CPU, llvm)."""
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax, topi
+
+from pit_tvm.compile import compile_onnx
+from pit_tvm.passes import AnnotateDynamicSparsity, LowerToPIT, annotations_of, import_onnx
+
+ort = pytest.importorskip("onnxruntime")
+RNG = np.random.default_rng(0)
+
+
+def _model(nodes, inputs, outputs, inits):
+    g = helper.make_graph(nodes, "m", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def relu_mlp():
+    """x[batch, 64] -MatMul-> h -Relu-> hidden -Gemm(transB)-> y[batch, 32]."""
+    return _model(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hidden"]),
+         helper.make_node("Gemm", ["hidden", "w2", "b2"], ["y"], transB=1)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])],
+        {"w1": RNG.standard_normal((64, 128)).astype("float32"),
+         "w2": RNG.standard_normal((32, 128)).astype("float32"),
+         "b2": RNG.standard_normal(32).astype("float32")})
+
+
+def masked_model(mask_name="mask", mask_type=TensorProto.FLOAT):
+    """x[batch, seq, 32] * mask[batch, seq, 1] -> MatMul w -> Add b -> y (batch, seq symbolic)."""
+    nodes = []
+    mask = mask_name
+    if mask_type != TensorProto.FLOAT:
+        nodes.append(helper.make_node("Cast", [mask_name], ["mask_f"], to=TensorProto.FLOAT))
+        mask = "mask_f"
+    nodes += [helper.make_node("Unsqueeze", [mask, "axes"], ["mask3"]),
+              helper.make_node("Mul", ["x", "mask3"], ["xm"]),
+              helper.make_node("MatMul", ["xm", "w"], ["mm"]),
+              helper.make_node("Add", ["mm", "b"], ["y"])]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32]),
+         helper.make_tensor_value_info(mask_name, mask_type, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 48])],
+        {"w": RNG.standard_normal((32, 48)).astype("float32"), "b": RNG.standard_normal(48).astype("float32"),
+         "axes": np.array([2], "int64")})
+
+
+def batched_rhs_model():
+    """relu(x)[batch, 8, 16] @ y[batch, 16, 4]: B is a runtime 3-D tensor -> PIT cannot handle."""
+    return _model(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MatMul", ["r", "y"], ["z"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 16]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 8, 4])], {})
+
+
+def ort_run(model, inputs):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, inputs)
+
+
+def annotate(model, **kw):
+    mod = relax.transform.FoldConstant()(import_onnx(model))
+    return AnnotateDynamicSparsity(**kw)(mod)
+
+
+def stand_in_emit(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None):
+    """Test-only stand-in with emit_pit_matmul's signature: a plain TE matmul PrimFunc."""
+    return bb.emit_te(topi.matmul, a, b, primfunc_name_hint="pit_stand_in")
+
+
+# ----------------------------------------------------------------------------- annotation
+def test_relu_annotation_visible_in_ir():
+    mod = annotate(relu_mlp())
+    text = mod.script(show_meta=False)
+    assert '"pit.source": "relu"' in text and '"pit.sparse_operand": "lhs"' in text
+    assert '"pit.rule": "K:SRead"' in text and '"pit.micro_tile": [1, 64]' in text
+    assert "cls.pit_matmul_0(hidden" in text  # the annotated matmul now calls the wrapper
+    notes = annotations_of(mod)
+    assert [(n["tensor"], n["source"], n["status"]) for n in notes] == [("hidden", "relu", "pit")]
+    # the first matmul (dense x) is untouched
+    assert text.count("R.matmul(") == 2  # one in main, one inside the wrapper
+
+
+def test_passes_compose_in_sequential():
+    seq = tvm.transform.Sequential([relax.transform.FoldConstant(), AnnotateDynamicSparsity(),
+                                    LowerToPIT(emit=stand_in_emit), relax.transform.DeadCodeElimination()])
+    model = relu_mlp()
+    mod = seq(import_onnx(model))
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    assert "pit_stand_in" in names and not any(n.startswith("pit_matmul_") for n in names)
+    assert "R.call_tir(cls.pit_stand_in, (hidden," in mod.script(show_meta=False)
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    x = RNG.standard_normal((5, 64)).astype("float32")
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), ort_run(model, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sparse", [{"h": (1, 32)}, ["hidden"]])
+def test_explicit_annotation_by_name(sparse):
+    mod = annotate(relu_mlp(), sparse=sparse, auto=False)
+    notes = annotations_of(mod)
+    assert len(notes) == 1 and notes[0]["source"] == "explicit"
+    name = next(iter(sparse))
+    assert notes[0]["tensor"] == name
+    tile = sparse[name] if isinstance(sparse, dict) else (1, 64)
+    assert notes[0]["micro_tile"] == list(tile)
+    assert f'"pit.tensor": "{name}"' in mod.script(show_meta=False)
+
+
+def test_explicit_overrides_auto_tile():
+    notes = annotations_of(annotate(relu_mlp(), sparse={"hidden": (1, 128)}))
+    assert notes[0]["source"] == "explicit+relu" and notes[0]["micro_tile"] == [1, 128]
+    assert notes[0]["rule"] == "M:SRead+SWrite"  # whole rows: M permuted
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(ValueError, match=r"valid tensor names: .*hidden") as err:
+        annotate(relu_mlp(), sparse={"nope": (1, 64)})
+    assert "'nope'" in str(err.value) and "x" in str(err.value)
+
+
+def test_mask_and_padding_sources():
+    notes = annotations_of(annotate(masked_model("mask")))
+    assert [(n["tensor"], n["source"], n["micro_tile"]) for n in notes] == [("xm", "mask:mask", [1, 32])]
+    notes = annotations_of(annotate(masked_model("attention_mask", TensorProto.INT64)))
+    assert notes[0]["source"] == "padding:attention_mask" and notes[0]["rule"] == "M:SRead+SWrite"
+    assert "whole rows" in notes[0]["reason"]
+
+
+def test_padding_input_recorded_without_mask_use():
+    m = _model([helper.make_node("Relu", ["x"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+                helper.make_tensor_value_info("seq_lens", TensorProto.INT64, ["batch"])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], {})
+    notes = annotations_of(annotate(m))
+    assert notes == [{"tensor": "seq_lens", "source": "padding:seq_lens", "status": "input",
+                      "reason": notes[0]["reason"]}]
+
+
+def test_unsupported_matmul_stays_dense_with_warning():
+    model = batched_rhs_model()
+    with pytest.warns(UserWarning, match="stays dense: B has rank 3"):
+        mod = annotate(model)
+    assert "pit_matmul" not in mod.script(show_meta=False)
+    assert annotations_of(mod)[0]["status"] == "dense"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(model)
+    x = RNG.standard_normal((3, 8, 16)).astype("float32")
+    y = RNG.standard_normal((3, 16, 4)).astype("float32")
+    np.testing.assert_allclose(cm.run({"x": x, "y": y})[0], ort_run(model, {"x": x, "y": y})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_unsupported_dtype_stays_dense():
+    m = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["batch", 16])],
+               [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["batch", 8])],
+               {"w": RNG.standard_normal((16, 8))})
+    with pytest.warns(UserWarning, match="dtype float64"):
+        annotate(m)
+
+
+# ----------------------------------------------------------------------------- numerics
+def _check(model, inputs_list, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(model, **kw)
+    for inputs in inputs_list:  # several shapes through one build: symbolic dims
+        ref = ort_run(model, inputs)
+        out = cm.run(inputs)
+        assert len(out) == len(ref)
+        for o, r in zip(out, ref):
+            assert o.shape == r.shape
+            np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4)
+    return cm
+
+
+def test_numerics_relu_mlp_symbolic_batch():
+    cm = _check(relu_mlp(), [{"x": RNG.standard_normal((b, 64)).astype("float32")} for b in (1, 7, 33)])
+    assert cm.annotations[0]["tensor"] == "hidden"
+
+
+def test_numerics_masked_symbolic_batch_and_seq():
+    def inputs(b, s):
+        mask = (np.arange(s)[None] < RNG.integers(1, s + 1, size=b)[:, None]).astype("int64")
+        return {"x": RNG.standard_normal((b, s, 32)).astype("float32"), "attention_mask": mask}
+
+    cm = _check(masked_model("attention_mask", TensorProto.INT64), [inputs(2, 5), inputs(3, 17)])
+    assert cm.annotations[0]["source"] == "padding:attention_mask"
+    assert "seq" in str(cm.ir["main"].params[0].ty) and "batch" in str(cm.ir["main"].params[0].ty)
+
+
+def _has_op_layer():
+    try:
+        from pit_tvm.ops.matmul import emit_pit_matmul  # noqa: F401
+
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _has_op_layer(), reason="pit_tvm.ops.matmul.emit_pit_matmul not available yet")
+def test_lower_with_op_layer_matches_onnxruntime():
+    model = relu_mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(model)
+    assert cm.annotations[0]["status"] == "pit"
+    assert not any(gv.name_hint.startswith("pit_matmul_") for gv in cm.lowered.get_global_vars())
+    for b in (1, 9):
+        x = RNG.standard_normal((b, 64)).astype("float32")
+        np.testing.assert_allclose(cm.run({"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-4, atol=1e-3)
