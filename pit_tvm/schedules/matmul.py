@@ -205,18 +205,17 @@ def _gpu_tiles(sch, plan):
     sch.bind(iy, "threadIdx.y")
     sch.bind(jx, "threadIdx.x")
     sch.set_scope(mm, 0, "local")
-    threads = ty * GPU_TX * (GPU_TY // ty)
+    threads_y, threads_x = ty, GPU_TX * (GPU_TY // ty)
     for name in ("A_sread", "B_sread"):
         blk = sch.get_sblock(name)
         sch.compute_at(blk, ko)
         sch.set_scope(blk, 0, "shared")
-        fused = sch.fuse(*sch.get_loops(blk)[-2:])
-        _, t = sch.split(fused, [None, threads])
-        sch.bind(t, "threadIdx.x") if ty == 1 else None
-        if ty > 1:
-            _, t_y, t_x = sch.split(t, [None, ty, threads // ty])
-            sch.bind(t_y, "threadIdx.y")
-            sch.bind(t_x, "threadIdx.x")
+        loops = sch.get_loops(blk)
+        depth = [i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(ko))][0]
+        fused = sch.fuse(*loops[depth + 1:])
+        _, t_y, t_x = sch.split(fused, [None, threads_y, threads_x])
+        sch.bind(t_y, "threadIdx.y")
+        sch.bind(t_x, "threadIdx.x")
     sch.reverse_compute_at(sch.get_sblock("cast"), jx)
     guard_compact_loop(sch, ko, bk, _Guard("pit_offsets", mk), group_loop=io)
     sch.decompose_reduction(mm, ko)

@@ -422,8 +422,40 @@ def guard_compact_loop(sch: Schedule, loop, positions_per_iter: int, index: PitI
 
 
 def lower_pit(func: tirx.PrimFunc, gpu: bool) -> tirx.PrimFunc:
-    """Finish a scheduled PIT function: guards, then the zero fills SWrite asked for."""
-    return _insert_zero_fills(_lower_guards(func), gpu)
+    """Finish a scheduled PIT function: guards, the zero fills SWrite asked for, and
+    constant-bounded on-chip stages."""
+    func = _insert_zero_fills(_lower_guards(func, gpu), gpu)
+    return _bound_onchip_buffers(func) if gpu else func
+
+
+ONCHIP_BOUND = 1 << 30
+
+
+def _bound_onchip_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Give shared/local gathered stages constant declared extents.
+
+    SRead/SWrite stages are declared over the block's whole (symbolic) domain; once tiled
+    they only hold one tile, but buffer compaction clips the tile region to the declared
+    shape (``min(m, 64)``), which CUDA cannot allocate. Declaring a huge constant instead
+    leaves the tile's own constant extent.
+    """
+    root = func.body.block
+    swap = {}
+    for buf in root.alloc_buffers:
+        scope = buf.scope()
+        if scope in ("shared", "local", "shared.dyn") and any(not isinstance(d, tirx.IntImm) for d in buf.shape):
+            shape = [d if isinstance(d, tirx.IntImm) else tirx.const(ONCHIP_BOUND, _dtype(d)) for d in buf.shape]
+            swap[buf] = tirx.decl_buffer(shape, buf.dtype, name=buf.name, scope=scope)
+    if not swap:
+        return func
+
+    def sub(b):
+        for old, new in swap.items():
+            if b.same_as(old):
+                return new
+        return b
+
+    return func.with_body(tvm_ffi.structural_map(func.body, (tirx.Buffer, sub)))
 
 
 def _insert_zero_fills(func: tirx.PrimFunc, gpu: bool) -> tirx.PrimFunc:
@@ -474,8 +506,8 @@ def _insert_zero_fills(func: tirx.PrimFunc, gpu: bool) -> tirx.PrimFunc:
     return new_func.without_attr("pit.zero_fill")
 
 
-def _lower_guards(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Wrap the body of each ``guard_compact_loop``-marked loop in ``if start < count * micro``."""
+def _lower_guards(func: tirx.PrimFunc, gpu: bool) -> tirx.PrimFunc:
+    """Stop each ``guard_compact_loop``-marked loop at the index's count (device-side)."""
     offsets_by_name = {p.name: p for p in func.params if isinstance(p, tirx.Buffer)}
     group_vars = []
     tvm_ffi.structural_walk(func.body, (tirx.For, lambda f: group_vars.append(f.loop_var) if GROUP_KEY in f.annotations else None))
@@ -497,8 +529,26 @@ def _lower_guards(func: tirx.PrimFunc) -> tirx.PrimFunc:
         micro = int(ann[GUARD_KEY + ".micro"])
         g = _i64(group_vars[0]) if group_vars else tirx.const(0, "int64")
         count = _i64(tirx.BufferLoad(offsets, [g + 1])) - _i64(tirx.BufferLoad(offsets, [g]))
-        cond = _i64(loop.loop_var) * per_iter < count * micro
-        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.IfThenElse(cond, loop.body, None),
-                        loop.thread_binding, strip(ann, GUARD_KEY))
+        rest = strip(ann, GUARD_KEY)
+        if loop.kind == tirx.ForKind.THREAD_BINDING:
+            # A CTA past the count returns before any barrier (a guard `if` around the body
+            # would put __syncthreads under a condition, which TVM rejects).
+            done = _i64(loop.loop_var) * per_iter >= count * micro
+            early_exit = tirx.IfThenElse(done, tirx.Evaluate(tirx.call_intrin("int32", "tirx.thread_return")), None)
+            return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.SeqStmt([early_exit, loop.body]),
+                            loop.thread_binding, rest)
+        if gpu:
+            # In a kernel the loop holds barriers, which may not sit under a condition: the
+            # loop stops at the last iteration with valid positions instead.
+            needed = tirx.Max(tirx.floordiv(count * micro + per_iter - 1, per_iter), tirx.const(0, "int64"))
+            extent = tirx.Min(_i64(loop.extent), needed)
+            if _dtype(loop.extent) != "int64":
+                extent = tirx.Cast(_dtype(loop.extent), extent)
+            return tirx.For(loop.loop_var, loop.min, extent, loop.kind, loop.body, loop.thread_binding, rest)
+        # On the host the extent stays static (buffer regions inside stay constant-sized) and
+        # the iterations past the count are skipped.
+        keep = _i64(loop.loop_var) * per_iter < count * micro
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.IfThenElse(keep, loop.body, None),
+                        loop.thread_binding, rest)
 
     return func.with_body(tvm_ffi.structural_map(func.body, (tirx.For, visit)))
