@@ -124,7 +124,13 @@ class Model:
         if isinstance(value, tvm.runtime.Tensor):
             t = value
         elif hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
-            t = tvm.runtime.from_dlpack(value)
+            try:
+                t = tvm.runtime.from_dlpack(value)  # zero-copy
+            except Exception:  # noqa: BLE001 - e.g. not 64-byte aligned: copy host data instead
+                dev_type = value.__dlpack_device__()[0] if hasattr(value, "__dlpack_device__") else 1
+                if int(dev_type) != 1:  # not kDLCPU
+                    raise
+                return self._arg(np.from_dlpack(value), dtype)
         else:
             arr = np.asarray(value)
             if dtype is not None:

@@ -1,0 +1,181 @@
+"""Export -> load with the TVM runtime only (TVM_USE_RUNTIME_LIB=1) -> run; CUDA build checks."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pit_tvm.compile import compile_onnx
+
+ort = pytest.importorskip("onnxruntime")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_model(seed=0):
+    """x[batch, seq, 32] -> MatMul -> Relu (hidden) -> MatMul -> y, plus a mean-pooled second output."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": rng.standard_normal((32, 64)).astype("float32"),
+             "w2": rng.standard_normal((64, 16)).astype("float32"), "axes": np.array([1], "int64")}
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hidden"]),
+         helper.make_node("MatMul", ["hidden", "w2"], ["y"]),
+         helper.make_node("ReduceMean", ["y", "axes"], ["pooled"], keepdims=0)],
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 16]),
+         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    return m
+
+
+def runtime_only(code: str, *args, timeout=120):
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+NO_COMPILER_CHECK = """
+    import sys, tvm
+    assert tvm.base._RUNTIME_ONLY, "not in runtime-only mode"
+    assert "tvm.relax" not in sys.modules, "tvm.relax was imported"
+    assert "tvm_compiler" not in tvm.base._LOADED_LIBS
+    maps = open("/proc/self/maps").read()
+    assert "libtvm_compiler" not in maps, "the compiler library is mapped"
+    assert not [m for m in sys.modules if m in ("pit_tvm.compile", "pit_tvm.passes", "pit_tvm.ops")]
+    print("RUNTIME_ONLY_OK")
+"""
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = small_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(model)
+    path = tmp_path_factory.mktemp("rt") / "small.so"
+    cm.export(path)
+    return model, cm, path
+
+
+def test_export_writes_library_and_metadata(exported):
+    _, cm, path = exported
+    meta = json.loads(Path(str(path) + ".json").read_text())
+    assert meta["target"] == "llvm" and meta["outputs"] == ["y", "pooled"]
+    assert meta["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", "seq", 32]}]
+    assert meta["annotations"][0]["tensor"] == "hidden"
+
+
+def test_runtime_only_roundtrip_matches_onnxruntime(exported, tmp_path):
+    model, _, path = exported
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    cases = [rng.standard_normal(s).astype("float32") for s in ((2, 5, 32), (1, 13, 32))]
+    np.savez(tmp_path / "in.npz", *cases)
+    code = """
+        import sys, numpy as np
+        import pit_tvm.runtime as rt
+        model = rt.load(sys.argv[1], device="cpu")
+        assert model.input_names == ["x"] and model.output_names == ["y", "pooled"]
+        ins = np.load(sys.argv[2]); outs = {}
+        for i, key in enumerate(sorted(ins.files)):
+            x = ins[key]
+            res = model.run({"x": x})
+            class DL:  # a non-numpy DLPack producer
+                def __init__(s, a): s.a = a
+                def __dlpack__(s, **kw): return s.a.__dlpack__(**kw)
+                def __dlpack_device__(s): return s.a.__dlpack_device__()
+            res2 = model.run({"x": DL(x)})
+            for a, b in zip(res, res2): np.testing.assert_array_equal(a, b)
+            outs[f"{i}_y"], outs[f"{i}_pooled"] = res
+        np.savez(sys.argv[3], **outs)
+        assert model.benchmark({"x": ins[ins.files[0]]}, repeat=3, warmup=1) > 0
+    """
+    code = textwrap.dedent(code) + textwrap.dedent(NO_COMPILER_CHECK)
+    out = runtime_only(code, path, tmp_path / "in.npz", tmp_path / "out.npz")
+    assert "RUNTIME_ONLY_OK" in out
+    got = np.load(tmp_path / "out.npz")
+    for i, x in enumerate(cases):
+        ref = sess.run(None, {"x": x})
+        np.testing.assert_allclose(got[f"{i}_y"], ref[0], rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(got[f"{i}_pooled"], ref[1], rtol=1e-4, atol=1e-3)
+
+
+def test_runtime_package_import_is_compiler_free():
+    out = runtime_only("import pit_tvm, pit_tvm.runtime, pit_tvm.runtime.loader, pit_tvm.cli.run\n"
+                       + textwrap.dedent(NO_COMPILER_CHECK))
+    assert "RUNTIME_ONLY_OK" in out
+
+
+def test_cli_compile_then_run_runtime_only(tmp_path):
+    model = small_model(seed=1)
+    onnx.save(model, tmp_path / "m.onnx")
+    x = np.random.default_rng(0).standard_normal((2, 4, 32)).astype("float32")
+    np.savez(tmp_path / "in.npz", x=x)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "pit_tvm.cli.main", "compile", str(tmp_path / "m.onnx"),
+                           "--target", "llvm", "--sparse", "hidden:1x32", "-o", str(tmp_path / "m.so")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "hidden" in proc.stdout and "explicit+relu" in proc.stdout and "1x32" in proc.stdout
+    env["TVM_USE_RUNTIME_LIB"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "pit_tvm.cli.main", "run", str(tmp_path / "m.so"),
+                           "--inputs", str(tmp_path / "in.npz"), "--bench", "--repeat", "3"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "y: shape=(2, 4, 16)" in proc.stdout and "pooled: shape=(2, 16)" in proc.stdout
+    assert "median time:" in proc.stdout
+    # unknown --sparse name: error listing the valid names, exit code 2
+    proc = subprocess.run([sys.executable, "-m", "pit_tvm.cli.main", "compile", str(tmp_path / "m.onnx"),
+                           "--sparse", "nope", "-o", str(tmp_path / "bad.so")],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "valid tensor names" in proc.stderr and "hidden" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def cuda_built(tmp_path_factory):
+    model = small_model(seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(model, target="cuda")
+    path = tmp_path_factory.mktemp("cuda") / "small_cuda.so"
+    cm.export(path)
+    return model, cm, path
+
+
+def test_cuda_build_source_compiles_with_nvcc(cuda_built):
+    from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not available")
+    _, cm, path = cuda_built
+    assert path.exists() and json.loads(Path(str(path) + ".json").read_text())["target"] == "cuda"
+    assert check_cuda_compiles(cm.executable, archs=("sm_80", "sm_90")) >= 2
+
+
+@pytest.mark.gpu
+def test_cuda_runtime_only_roundtrip(cuda_built, tmp_path):
+    model, _, path = cuda_built
+    x = np.random.default_rng(5).standard_normal((3, 7, 32)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    code = """
+        import sys, numpy as np
+        import pit_tvm.runtime as rt
+        model = rt.load(sys.argv[1], device="cuda")
+        y, pooled = model.run({"x": np.load(sys.argv[2])})
+        np.save(sys.argv[3], y)
+    """
+    code = textwrap.dedent(code) + textwrap.dedent(NO_COMPILER_CHECK)
+    runtime_only(code, path, tmp_path / "x.npy", tmp_path / "y.npy", timeout=600)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), ref[0], rtol=1e-3, atol=1e-3)
