@@ -1,0 +1,63 @@
+"""The small workloads compile through compile_onnx and match onnxruntime; FFN sparsity ~90%."""
+import warnings
+
+import numpy as np
+import pytest
+
+from benchmarks.workloads import bert_encoder, bert_inputs, opt_ffn, opt_ffn_inputs, with_outputs
+from pit_tvm.compile import compile_onnx
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def ort_run(model, inputs):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)
+
+
+def compiled(model, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compile_onnx(model, **kw)
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_opt_ffn_hidden_sparsity_is_about_90_percent(d):
+    model = with_outputs(opt_ffn(d), ["hidden"])
+    hidden = ort_run(model, opt_ffn_inputs(d, batch=4, seq=64))[1]
+    sparsity = float((hidden == 0).mean())
+    assert 0.87 <= sparsity <= 0.93, sparsity
+    # OPT's structure: a few hot neurons fire for most tokens, most neurons rarely
+    rate = (hidden > 0).reshape(-1, hidden.shape[-1]).mean(0)
+    assert (rate > 0.5).mean() < 0.1 and np.median(rate) < 0.15
+
+
+def test_opt_ffn_small_matches_onnxruntime():
+    model = opt_ffn(64)
+    cm = compiled(model)
+    assert [(a["tensor"], a["source"]) for a in cm.annotations] == [("hidden", "relu")]
+    for b, s in ((2, 16), (1, 5)):  # symbolic batch and sequence
+        inputs = opt_ffn_inputs(64, batch=b, seq=s)
+        np.testing.assert_allclose(cm.run(inputs)[0], ort_run(model, inputs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_bert_encoder_small_matches_onnxruntime():
+    model = bert_encoder(layers=2, hidden=64, heads=4)
+    cm = compiled(model)
+    # 6 token-wise matmuls per layer read padding-masked activations (whole rows zero)
+    pit = [a for a in cm.annotations if a["source"] == "padding:attention_mask"]
+    assert len(pit) == 12 and all(a["rule"] == "M:SRead+SWrite" for a in pit)
+    assert {a["tensor"] for a in pit} >= {"l0.masked_in", "l0.ctx", "l0.ffn_in", "l0.ffn_act"}
+    for b, s, lengths in ((3, 12, [12, 5, 1]), (2, 7, [3, 7])):
+        inputs = bert_inputs(64, batch=b, seq=s, lengths=lengths)
+        out = cm.run(inputs)[0]
+        ref = ort_run(model, inputs)[0]
+        valid = inputs["attention_mask"].astype(bool)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=2e-4)
+        assert np.isfinite(out[valid]).all()
+
+
+def test_bert_padding_rows_are_zero_at_the_masked_matmuls():
+    model = with_outputs(bert_encoder(layers=1, hidden=64, heads=4), ["l0.ffn_act"])
+    inputs = bert_inputs(64, batch=2, seq=10, lengths=[4, 10])
+    act = ort_run(model, inputs)[1]
+    assert not act[0, 4:].any() and act[0, :4].any() and act[1].any()
