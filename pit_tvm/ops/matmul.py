@@ -129,3 +129,184 @@ def dense_matmul_func(k: int, n: int, dtype: str, out_dtype: str, target) -> tir
     sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
     sch.work_on("matmul")
     return schedule_dense_matmul(sch, target)
+
+
+def densify_func(threshold: float, target) -> tirx.PrimFunc:
+    """Device-side dense fallback: when the index lists more than ``threshold`` of all
+    micro-tiles, rewrite it to list every micro-tile, so the kernel computes densely.
+
+    Every group holds ``capacity / groups`` tiles; no value leaves the device. Two
+    stages: one thread decides (into ``dense``), then every entry is rewritten in parallel.
+    """
+    gpu = is_gpu(target)
+
+    @T.prim_func(s_tir=True)
+    def densify(offsets: T.handle, ids: T.handle):
+        T.func_attr({"global_symbol": "densify", "tirx.noalias": True})
+        g1 = T.int64()  # groups + 1 (a shape var must be a whole buffer dimension)
+        cap = T.int64()
+        OFF = T.match_buffer(offsets, (g1,), "int32")
+        IDS = T.match_buffer(ids, (cap,), "int32")
+        dense = T.sblock_alloc_buffer((1,), "int32")
+        with T.sblock("decide"):
+            T.reads(OFF[g1 - 1])
+            T.writes(dense[0])
+            dense[0] = T.Select(T.Cast("float64", OFF[g1 - 1]) > T.float64(threshold) * T.Cast("float64", cap), 1, 0)
+        for t in range(cap):
+            with T.sblock("rewrite_ids"):
+                vt = T.axis.spatial(cap, t)
+                if dense[0] == 1:
+                    IDS[vt] = T.Cast("int32", vt % (cap // (g1 - 1)))
+        for t in range(g1):
+            with T.sblock("rewrite_offsets"):
+                vt = T.axis.spatial(g1, t)
+                if dense[0] == 1:
+                    OFF[vt] = T.Cast("int32", vt * (cap // (g1 - 1)))
+
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"densify": densify}))
+    sch.work_on("densify")
+    if gpu:
+        for name in ("rewrite_ids", "rewrite_offsets"):
+            (loop,) = sch.get_loops(sch.get_sblock(name))
+            bx, tx = sch.split(loop, [None, 256])
+            sch.bind(bx, "blockIdx.x")
+            sch.bind(tx, "threadIdx.x")
+        decide = sch.get_sblock("decide")
+        sch.set_scope(decide, 0, "global")
+        # A single-thread kernel for the decision.
+        fused = sch.add_unit_loop(decide)
+        sch.bind(fused, "blockIdx.x")
+        inner = sch.add_unit_loop(decide)
+        sch.bind(inner, "threadIdx.x")
+    return sch.mod["densify"].with_attr("tirx.is_scheduled", True)
+
+
+class SparseMatmul:
+    """``C = A @ B`` with A dynamically sparse; compiled once, the index built every call.
+
+    Use :func:`sparse_matmul` to create one. ``op(a, b)`` takes DLPack tensors (numpy, torch,
+    tvm) and returns C of the same kind as ``a``; ``op.index(a)`` returns the device index
+    ``(offsets, ids)`` for inspection (:func:`pit_tvm.index.tiles_from_index` decodes it).
+    """
+
+    def __init__(self, k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_dtype=None,
+                 density_threshold=0.9):
+        self.k, self.n = int(k), int(n)
+        self.dtype = str(dtype)
+        _validate(self.k, self.n, self.dtype, micro_tile)
+        self.out_dtype = str(out_dtype or dtype)
+        if self.out_dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"unsupported out_dtype {self.out_dtype!r}: use one of {SUPPORTED_DTYPES}")
+        if density_threshold is not None and not 0.0 <= float(density_threshold) <= 1.0:
+            raise ValueError(f"density_threshold must be in [0, 1] or None, got {density_threshold!r}")
+        self.plan = MatmulPlan(self.k, self.n, tuple(int(x) for x in micro_tile))
+        self.micro_tile = self.plan.micro_tile
+        self.target = make_target(target)
+        self.device = device_for(self.target)
+        self.density_threshold = density_threshold
+        from pit_tvm.index import tile_index_func
+
+        mr, mc = self.plan.index_micro_tile
+        funcs = {
+            "pit_index": tile_index_func(self.k, (mr, mc), self.plan.index_group, self.dtype, self.target)
+            .with_attr("global_symbol", "pit_index"),
+            "pit_matmul": pit_matmul_func(self.k, self.n, self.dtype, self.out_dtype, self.micro_tile, self.target)
+            .with_attr("global_symbol", "pit_matmul"),
+        }
+        if density_threshold is not None:
+            funcs["densify"] = densify_func(float(density_threshold), self.target)
+        self.executable = build(tvm.IRModule(funcs), self.target)
+        self._index = self.executable["pit_index"]
+        self._kernel = self.executable["pit_matmul"]
+        self._densify = self.executable["densify"] if density_threshold is not None else None
+
+    # -- tensors in and out ---------------------------------------------------------
+    def _as_tensor(self, x, name, shape_check):
+        if isinstance(x, tvm.runtime.Tensor):
+            t = x
+        elif hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
+            t = tvm.runtime.from_dlpack(x)
+        else:
+            arr = np.ascontiguousarray(np.asarray(x))
+            t = tvm.runtime.tensor(arr, self.device)
+        if str(t.dtype) != self.dtype:
+            raise ValueError(f"{name}: dtype {t.dtype} given, {self.dtype} expected")
+        shape_check(tuple(int(s) for s in t.shape))
+        if t.device.dlpack_device_type() != self.device.dlpack_device_type():
+            raise ValueError(f"{name} is on {t.device}, the op runs on {self.device}")
+        return t
+
+    def _check_a(self, shape):
+        if len(shape) != 2 or shape[1] != self.k:
+            raise ValueError(f"A must have shape (M, {self.k}), got {shape}")
+
+    def _check_b(self, shape):
+        if shape != (self.k, self.n):
+            raise ValueError(f"B must have shape ({self.k}, {self.n}), got {shape}")
+
+    def _index_buffers(self, m):
+        mr, mc = self.plan.index_micro_tile
+        tile_rows, tile_cols = -(-m // mr), -(-self.k // mc)
+        groups = tile_cols if self.plan.index_group == "col" else tile_rows
+        offsets = tvm.runtime.empty((groups + 1,), "int32", self.device)
+        ids = tvm.runtime.empty((tile_rows * tile_cols,), "int32", self.device)
+        return offsets, ids
+
+    def index(self, a):
+        """Build the index of ``a`` on the device: ``(offsets, ids)``, CSR by group."""
+        a_t = self._as_tensor(a, "A", self._check_a)
+        offsets, ids = self._index_buffers(int(a_t.shape[0]))
+        self._index(a_t, offsets, ids)
+        return offsets, ids
+
+    def __call__(self, a, b, out=None):
+        a_t = self._as_tensor(a, "A", self._check_a)
+        b_t = self._as_tensor(b, "B", self._check_b)
+        m = int(a_t.shape[0])
+        offsets, ids = self._index_buffers(m)
+        self._index(a_t, offsets, ids)
+        if self._densify is not None:
+            self._densify(offsets, ids)
+        c = out if out is not None else tvm.runtime.empty((m, self.n), self.out_dtype, self.device)
+        self._kernel(a_t, b_t, offsets, ids, c)
+        if out is not None or isinstance(a, tvm.runtime.Tensor):
+            return c
+        if isinstance(a, np.ndarray):
+            return c.numpy()
+        if hasattr(a, "__dlpack__"):
+            import torch  # a DLPack producer that is not numpy: hand back the same kind
+
+            return torch.from_dlpack(c)
+        return c.numpy()
+
+
+def sparse_matmul(k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_dtype=None,
+                  density_threshold=0.9) -> SparseMatmul:
+    """Compile the PIT matmul ``C[M, n] = A[M, k] @ B[k, n]`` (M varies per call).
+
+    ``micro_tile=(mr, mk)``: ``(1, k)`` whole rows (SRead+SWrite along M), ``(32, 1)`` along K,
+    ``(32, 64)`` blocks (SRead along K per strip). ``density_threshold``: above this fraction of
+    non-zero micro-tiles the kernel runs densely (decided on the device); None disables.
+    """
+    return SparseMatmul(k, n, dtype, micro_tile, target, out_dtype, density_threshold)
+
+
+class DenseMatmul:
+    """The dense kernel with the PIT schedule's structure: the fair baseline."""
+
+    def __init__(self, k, n, dtype="float16", target="llvm", out_dtype=None):
+        self.k, self.n, self.dtype = int(k), int(n), str(dtype)
+        self.out_dtype = str(out_dtype or dtype)
+        self.target = make_target(target)
+        self.device = device_for(self.target)
+        func = dense_matmul_func(self.k, self.n, self.dtype, self.out_dtype, self.target)
+        self.executable = build(tvm.IRModule({"dense_matmul": func.with_attr("global_symbol", "dense_matmul")}),
+                                self.target)
+        self._kernel = self.executable["dense_matmul"]
+
+    def __call__(self, a, b, out=None):
+        a_t = a if isinstance(a, tvm.runtime.Tensor) else tvm.runtime.tensor(np.asarray(a), self.device)
+        b_t = b if isinstance(b, tvm.runtime.Tensor) else tvm.runtime.tensor(np.asarray(b), self.device)
+        c = out if out is not None else tvm.runtime.empty((int(a_t.shape[0]), self.n), self.out_dtype, self.device)
+        self._kernel(a_t, b_t, c)
+        return c if (out is not None or isinstance(a, tvm.runtime.Tensor)) else c.numpy()
