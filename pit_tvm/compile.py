@@ -108,13 +108,12 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True) 
     """
     proto = load_model(model)
     tgt = make_target(target)
-    kind = tgt.kind.name
     mod = import_onnx(proto)
     mod = relax.transform.FoldConstant()(mod)
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
     notes = annotations_of(annotated)
     try:
-        lowered = LowerToPIT(target=kind, tuning_log=tuning_log)(annotated)
+        lowered = LowerToPIT(target=tgt, tuning_log=tuning_log)(annotated)
     except Exception as err:  # the op layer (pit_tvm.ops.matmul) is not importable
         if "pit_tvm.ops" not in repr(err) and "emit_pit_matmul" not in repr(err):
             raise
