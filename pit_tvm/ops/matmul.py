@@ -310,3 +310,50 @@ class DenseMatmul:
         c = out if out is not None else tvm.runtime.empty((int(a_t.shape[0]), self.n), self.out_dtype, self.device)
         self._kernel(a_t, b_t, c)
         return c if (out is not None or isinstance(a, tvm.runtime.Tensor)) else c.numpy()
+
+
+def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None, density_threshold=0.9):
+    """Emit the PIT matmul of ``a @ b`` into a Relax ``BlockBuilder``; return the result expr.
+
+    ``a``: ``[..., K]`` (leading dims symbolic or static, flattened to M rows), ``b``: ``[K, N]``
+    with static K, N. Emits ``call_tir`` of the index build, the device-side dense fallback
+    (in place on the index) and the PIT kernel; no value is read on the host.
+    """
+    from tvm import relax
+
+    from pit_tvm.index import tile_index_func
+
+    a_ty, b_ty = a.ty, b.ty
+    if len(b_ty.shape) != 2 or not all(isinstance(d, tirx.IntImm) for d in b_ty.shape):
+        raise ValueError(f"PIT matmul needs a 2-D B with static shape, got {b_ty.shape}")
+    k, n = (int(d) for d in b_ty.shape)
+    dtype = str(a_ty.dtype)
+    _validate(k, n, dtype, micro_tile)
+    out_dtype = str(out_dtype or dtype)
+    lead = list(a_ty.shape)[:-1]
+    if int(a_ty.shape[-1]) != k:
+        raise ValueError(f"A's last dimension {a_ty.shape[-1]} does not match B's K={k}")
+    m = tirx.const(1, "int64")
+    for d in lead:
+        m = m * d
+    a2 = bb.emit(relax.op.reshape(a, [m, k])) if len(lead) != 1 else a
+    plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
+    mr, mc = plan.index_micro_tile
+    tile_rows = tirx.floordiv(m + mr - 1, mr)
+    groups = tirx.const(1, "int64") if plan.index_group == "col" else tile_rows
+    capacity = tile_rows * ((k + mc - 1) // mc)
+    tgt = make_target(target)
+    tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
+    index_gv = bb.add_func(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt), f"pit_index_{tag}")
+    kernel_gv = bb.add_func(pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt), f"pit_kernel_{tag}")
+    index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
+    index = bb.emit(relax.call_tir(index_gv, [a2], index_ty))
+    offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
+    if density_threshold is not None:
+        dens_gv = bb.add_func(densify_func(float(density_threshold), tgt), f"pit_densify_{int(density_threshold * 100)}")
+        index = bb.emit(relax.call_tir_inplace(dens_gv, [offsets, ids], [0, 1], index_ty))
+        offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
+    c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids], relax.TensorType([m, n], out_dtype)))
+    if len(lead) != 1:
+        c = bb.emit(relax.op.reshape(c, lead + [n]))
+    return c
