@@ -344,13 +344,16 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     capacity = tile_rows * ((k + mc - 1) // mc)
     tgt = make_target(target)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
-    index_gv = bb.add_func(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt), f"pit_index_{tag}")
-    kernel_gv = bb.add_func(pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt), f"pit_kernel_{tag}")
+    def add(func, name):
+        return bb.add_func(func.with_attr("global_symbol", name), name)
+
+    index_gv = add(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt), f"pit_index_{tag}")
+    kernel_gv = add(pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt), f"pit_kernel_{tag}")
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
     index = bb.emit(relax.call_tir(index_gv, [a2], index_ty))
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
     if density_threshold is not None:
-        dens_gv = bb.add_func(densify_func(float(density_threshold), tgt), f"pit_densify_{int(density_threshold * 100)}")
+        dens_gv = add(densify_func(float(density_threshold), tgt), f"pit_densify_{int(density_threshold * 100)}")
         index = bb.emit(relax.call_tir_inplace(dens_gv, [offsets, ids], [0, 1], index_ty))
         offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids], relax.TensorType([m, n], out_dtype)))
