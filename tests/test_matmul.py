@@ -1,0 +1,117 @@
+"""PIT matmul against numpy: every micro-tile kind, dtype and sparsity; CUDA codegen via nvcc."""
+import functools
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import pit_tvm
+from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+from pit_tvm.ops.matmul import DenseMatmul
+
+K, N = 96, 80                       # N and (for 64-wide tiles) K do not divide the tiles
+MICRO_TILES = [(1, K), (32, 1), (32, 64), (1, 64)]
+DTYPES = ["float32", "float16", "bfloat16"]
+NP_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+TOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+@functools.lru_cache(maxsize=None)
+def op_for(micro_tile, dtype, target="llvm", density_threshold=0.9):
+    return pit_tvm.sparse_matmul(K, N, dtype, micro_tile=micro_tile, target=target,
+                                 density_threshold=density_threshold)
+
+
+def sparse_input(m, micro_tile, sparsity, dtype, rng):
+    """A with whole micro-tiles zero at the given sparsity (edge tiles partial)."""
+    mr, mk = micro_tile
+    mask = rng.random((-(-m // mr), -(-K // mk))) >= sparsity
+    a = rng.standard_normal((m, K)) * np.kron(mask, np.ones((mr, mk)))[:m, :K]
+    return a.astype(NP_DTYPE[dtype])
+
+
+def reference(a, b, dtype):
+    return (a.astype(np.float32) @ b.astype(np.float32)).astype(NP_DTYPE[dtype]).astype(np.float32)
+
+
+@pytest.mark.parametrize("micro_tile", MICRO_TILES, ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99, 1.0])
+def test_matches_numpy(micro_tile, dtype, sparsity):
+    rng = np.random.default_rng(hash((micro_tile, dtype, sparsity)) % 2**32)
+    op = op_for(micro_tile, dtype)
+    for m in (77, 64):
+        a = sparse_input(m, micro_tile, sparsity, dtype, rng)
+        b = rng.standard_normal((K, N)).astype(NP_DTYPE[dtype])
+        c = op(a, b)
+        assert c.shape == (m, N) and c.dtype == NP_DTYPE[dtype]
+        np.testing.assert_allclose(c.astype(np.float32), reference(a, b, dtype), rtol=TOL[dtype], atol=TOL[dtype] * 4)
+
+
+@pytest.mark.parametrize("micro_tile", MICRO_TILES, ids=lambda t: f"{t[0]}x{t[1]}")
+def test_without_dense_fallback_and_index(micro_tile):
+    """With the fallback off the PIT kernel handles a fully dense A on its own."""
+    rng = np.random.default_rng(1)
+    op = op_for(micro_tile, "float32", density_threshold=None)
+    a = sparse_input(50, micro_tile, 0.0, "float32", rng)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    np.testing.assert_allclose(op(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    offsets, ids = op.index(a)
+    assert offsets.numpy()[-1] == ids.numpy().size  # every micro-tile listed
+
+
+def test_dense_baseline_matches():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((45, K)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    np.testing.assert_allclose(DenseMatmul(K, N, "float32", "llvm")(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 90), density=st.floats(0.0, 1.0), seed=st.integers(0, 2**16),
+       kind=st.sampled_from([(1, K), (32, 64)]))
+def test_fuzz_random_masks(m, density, seed, kind):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, K)).astype(np.float32)
+    a *= rng.random((m, K)) < density          # element-level pattern: tiles partly full
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    np.testing.assert_allclose(op_for(kind, "float32")(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_input_errors():
+    op = op_for((1, K), "float32")
+    b = np.zeros((K, N), np.float32)
+    with pytest.raises(ValueError, match="A must have shape"):
+        op(np.zeros((4, K + 1), np.float32), b)
+    with pytest.raises(ValueError, match="B must have shape"):
+        op(np.zeros((4, K), np.float32), np.zeros((K, N + 1), np.float32))
+    with pytest.raises(ValueError, match="dtype"):
+        op(np.zeros((4, K), np.float64), b)
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        pit_tvm.sparse_matmul(K, N, "int8")
+    with pytest.raises(ValueError, match="does not fit the PIT axis"):
+        pit_tvm.sparse_matmul(K, N, "float32", micro_tile=(1, K + 1))
+    with pytest.raises(ValueError, match="micro_tile"):
+        pit_tvm.sparse_matmul(K, N, "float32", micro_tile=(0, 4))
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+@pytest.mark.parametrize("micro_tile", MICRO_TILES, ids=lambda t: f"{t[0]}x{t[1]}")
+def test_cuda_codegen_compiles_with_nvcc(micro_tile):
+    op = op_for(micro_tile, "float16", "cuda")
+    assert check_cuda_compiles(op.executable, archs=("sm_80", "sm_90")) >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("micro_tile", MICRO_TILES, ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99, 1.0])
+def test_cuda_matches_numpy(micro_tile, dtype, sparsity):
+    rng = np.random.default_rng(7)
+    op = op_for(micro_tile, dtype, "cuda")
+    for m in (300, 64):
+        a = sparse_input(m, micro_tile, sparsity, dtype, rng)
+        b = rng.standard_normal((K, N)).astype(NP_DTYPE[dtype])
+        c = op(a, b)
+        np.testing.assert_allclose(c.astype(np.float32), reference(a, b, dtype), rtol=TOL[dtype], atol=TOL[dtype] * 4)
