@@ -1,0 +1,206 @@
+"""TensorIR building blocks of the on-device sparse index: loop strategies and the
+flag -> chunked prefix-scan -> compaction pipeline.
+
+Every index function is one PrimFunc made of a few kernels (one top-level loop nest each):
+
+1. (tiles only) ``flags``: one pass over the data, an int8 flag per micro-tile, stored
+   group-major (flat id ``f = g * P + p`` with ``P`` tiles per group).
+2. ``chunk_count``: the flags are cut into chunks of ``CH = NT * K`` flat ids; one CUDA block
+   per chunk sums its flags (coalesced reads, shared-memory tree reduction).
+3. ``chunk_scan``: one block scans the chunk counts (each thread serially sums a contiguous
+   run of ``ceil(NC / NT)`` counts, a Hillis-Steele scan over the ``NT`` partial sums in shared
+   memory, then each thread writes its run's exclusive offsets) and writes the total.
+4. ``compact``: one block per chunk again; each thread owns ``K`` consecutive flat ids,
+   a block scan of the per-thread counts gives each thread its write position
+   (chunk offset + exclusive prefix), then the thread writes its ids in ascending order, the
+   CSR group pointers that fall in its range and the ``-1`` tail.
+
+No atomics, no host round trip: the output order is the flat order, so results are
+deterministic byte for byte. The "schedule" is chosen when the kernels are generated
+(:class:`LoopStrategy`): on CUDA the block/thread loops are bound to ``blockIdx.x`` /
+``threadIdx.{x,y}`` and the per-block scratch lives in shared memory (TVM's thread-sync pass
+inserts the ``__syncthreads``); on CPU the block loops are ``parallel`` and the "thread" loops
+are serial, which executes the same phases in order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tvm.script import tirx as T
+
+# CUDA block size and items per thread of the scan/compaction kernels.
+NT = 256
+K = 4
+CH = NT * K
+LOG_NT = 8
+assert 1 << LOG_NT == NT
+
+
+@dataclass(frozen=True)
+class LoopStrategy:
+    """How the generic kernels' loops are realised for one target (the schedule).
+
+    ``gpu_layout``: use the CUDA kernel structure (thread-per-column flag kernel, shared
+    scratch). With ``gpu=False`` and ``gpu_layout=True`` that structure runs on the CPU with
+    serial "thread" loops: tests use it to check the CUDA algorithm without a GPU.
+    """
+
+    gpu: bool
+    gpu_layout: bool = False
+
+    def bx(self, n):
+        """Grid loop: one iteration per CUDA block (parallel on CPU)."""
+        if self.gpu:
+            return T.thread_binding(n, thread="blockIdx.x")
+        return T.parallel(n)
+
+    def tx(self, n):
+        """Thread loop inside a block (serial on CPU; phases run one after the other)."""
+        if self.gpu:
+            return T.thread_binding(n, thread="threadIdx.x")
+        return T.serial(n)
+
+    def ty(self, n):
+        if self.gpu:
+            return T.thread_binding(n, thread="threadIdx.y")
+        return T.serial(n)
+
+    @property
+    def shared(self) -> str:
+        return "shared" if self.gpu else "local"
+
+
+def schedule_cpu(emulate_gpu: bool = False) -> LoopStrategy:
+    return LoopStrategy(gpu=False, gpu_layout=emulate_gpu)
+
+
+def schedule_cuda() -> LoopStrategy:
+    return LoopStrategy(gpu=True, gpu_layout=True)
+
+
+def num_chunks(nf):
+    return (nf + (CH - 1)) // CH
+
+
+def make_pipeline(
+    st: LoopStrategy,
+    flag_fn: Callable,
+    id_fn: Callable,
+    with_offsets: bool,
+):
+    """Return the ``chunk_count``, ``chunk_scan`` and ``compact`` macros.
+
+    ``flag_fn(src, f)`` -> int32 0/1 flag of flat id ``f`` (``src`` a buffer or tuple of them);
+    ``id_fn(f, P)`` -> the int value written to the id list for flat id ``f``;
+    ``with_offsets``: write CSR pointers ``offs[f // P] = position`` where ``f % P == 0``.
+    """
+    BX, TX, SH = st.bx, st.tx, st.shared
+
+    @T.macro
+    def block_reduce(sA):
+        # sA[0] <- sum(sA[0:NT]); tree reduction, syncs inserted between the steps.
+        for step in T.unroll(LOG_NT):
+            for tx in TX(NT):
+                if tx < T.shift_right(NT // 2, step):
+                    sA[tx] = sA[tx] + sA[tx + T.shift_right(NT // 2, step)]
+
+    @T.macro
+    def block_scan(sA, sB):
+        # in-place inclusive scan of sA[0:NT] (Hillis-Steele, sB is the double buffer)
+        for step in T.unroll(LOG_NT):
+            for tx in TX(NT):
+                if tx >= T.shift_left(1, step):
+                    sB[tx] = sA[tx] + sA[tx - T.shift_left(1, step)]
+                else:
+                    sB[tx] = sA[tx]
+            for tx in TX(NT):
+                sA[tx] = sB[tx]
+
+    @T.macro
+    def chunk_count(src, NF, CNT):
+        # CNT[c] = number of set flags among flat ids [c*CH, (c+1)*CH)
+        for c in BX(T.max(num_chunks(NF), 1)):
+            sA = T.alloc_buffer((NT,), "int32", scope=SH)
+            for tx in TX(NT):
+                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc[0] = 0
+                for k in range(K):
+                    if c * CH + k * NT + tx < NF:
+                        acc[0] = acc[0] + flag_fn(src, c * CH + k * NT + tx)
+                sA[tx] = acc[0]
+            block_reduce(sA)
+            for tx in TX(NT):
+                if tx == 0:
+                    if c < num_chunks(NF):
+                        CNT[c] = sA[0]
+
+    @T.macro
+    def chunk_scan(NF, CNT, COFF, TOT, tot_idx):
+        # COFF = exclusive scan of CNT; TOT[tot_idx] = total. One block.
+        for b in BX(1):
+            sA = T.alloc_buffer((NT,), "int32", scope=SH)
+            sB = T.alloc_buffer((NT,), "int32", scope=SH)
+            for tx in TX(NT):
+                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc[0] = 0
+                for j in range((num_chunks(NF) + (NT - 1)) // NT):
+                    if tx * ((num_chunks(NF) + (NT - 1)) // NT) + j < num_chunks(NF):
+                        acc[0] = acc[0] + CNT[tx * ((num_chunks(NF) + (NT - 1)) // NT) + j]
+                sA[tx] = acc[0]
+            block_scan(sA, sB)
+            for tx in TX(NT):
+                run = T.alloc_buffer((1,), "int32", scope="local")
+                run[0] = 0
+                if tx > 0:
+                    run[0] = sA[tx - 1]
+                for j in range((num_chunks(NF) + (NT - 1)) // NT):
+                    if tx * ((num_chunks(NF) + (NT - 1)) // NT) + j < num_chunks(NF):
+                        COFF[tx * ((num_chunks(NF) + (NT - 1)) // NT) + j] = run[0]
+                        run[0] = run[0] + CNT[tx * ((num_chunks(NF) + (NT - 1)) // NT) + j]
+                if tx == NT - 1:
+                    TOT[tot_idx] = sA[NT - 1]
+                if with_offsets:
+                    # nothing to scan (e.g. zero rows): the group pointers are all 0
+                    if NF == 0:
+                        for j in range((tot_idx + (NT - 1)) // NT):
+                            if j * NT + tx < tot_idx:
+                                TOT[j * NT + tx] = 0
+
+    @T.macro
+    def compact(src, NF, P, CAP, COFF, TOT, tot_idx, IDS, OFFS):
+        # IDS[pos] = id_fn(f) for set flags in flat order; OFFS[f // P] = pos where f % P == 0;
+        # IDS[total:CAP] = -1.
+        for c in BX(T.max(num_chunks(NF), 1)):
+            sA = T.alloc_buffer((NT,), "int32", scope=SH)
+            sB = T.alloc_buffer((NT,), "int32", scope=SH)
+            for tx in TX(NT):
+                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc[0] = 0
+                for k in range(K):
+                    if c * CH + tx * K + k < NF:
+                        acc[0] = acc[0] + flag_fn(src, c * CH + tx * K + k)
+                sA[tx] = acc[0]
+            block_scan(sA, sB)
+            for tx in TX(NT):
+                pos = T.alloc_buffer((1,), "int32", scope="local")
+                pos[0] = 0
+                if c < num_chunks(NF):
+                    pos[0] = COFF[c]
+                if tx > 0:
+                    pos[0] = pos[0] + sA[tx - 1]
+                for k in range(K):
+                    if c * CH + tx * K + k < NF:
+                        if with_offsets:
+                            if T.truncmod(c * CH + tx * K + k, P) == 0:
+                                OFFS[T.truncdiv(c * CH + tx * K + k, P)] = pos[0]
+                        if flag_fn(src, c * CH + tx * K + k) != 0:
+                            IDS[pos[0]] = T.Cast("int32", id_fn(c * CH + tx * K + k, P))
+                            pos[0] = pos[0] + 1
+            for tx in TX(NT):
+                for k in range(K):
+                    if c * CH + k * NT + tx < CAP:
+                        if c * CH + k * NT + tx >= T.Cast("int64", TOT[tot_idx]):
+                            IDS[c * CH + k * NT + tx] = -1
+
+    return chunk_count, chunk_scan, compact

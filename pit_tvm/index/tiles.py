@@ -1,0 +1,512 @@
+"""PIT's on-device sparse index: the compact, ascending list of non-zero micro-tiles.
+
+Layout (CSR over groups) shared by every consumer (matmul kernels, Relax passes):
+
+* ``offsets`` int32 ``[G + 1]``: group ``g``'s entries are ``ids[offsets[g]:offsets[g+1]]``,
+  ``offsets[0] = 0``, ``offsets[G]`` = total count.
+* ``ids`` int32 ``[capacity]`` (capacity = worst case, never read back to the host), ascending
+  within each group, unused tail filled with ``-1``.
+
+``group="row"``: G = ceil(R/mr) tile-rows, ids are tile-column ids.
+``group="col"``: G = ceil(cols/mc) tile-columns, ids are tile-row ids.
+
+Each ``*_func`` returns a PrimFunc already scheduled for its target (see ``_kernels``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+from tvm.sym.analyzer import Analyzer
+
+from pit_tvm.target import build, device_for, is_gpu, make_target
+
+from ._kernels import make_pipeline, num_chunks, schedule_cpu, schedule_cuda
+
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "bool")
+GROUPS = ("row", "col")
+# threads per block of the CUDA flag kernel
+NT_FLAGS = 256
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "GROUPS",
+    "tile_index_func",
+    "seqlen_row_index_func",
+    "expert_index_func",
+    "IndexBuilder",
+    "build_tile_index",
+    "tiles_from_index",
+    "reference_tile_index",
+    "tile_grid",
+    "reference_seqlen_row_index",
+    "reference_expert_index",
+]
+
+
+# --------------------------------------------------------------------------- validation
+def _check_pos_int(name, v):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or int(v) <= 0:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return int(v)
+
+
+def _check_micro_tile(micro_tile, cols=None):
+    try:
+        mt = tuple(micro_tile)
+    except TypeError:
+        raise ValueError(f"micro_tile must be a pair (rows, cols), got {micro_tile!r}") from None
+    if len(mt) != 2:
+        raise ValueError(f"micro_tile must be a pair (rows, cols), got {micro_tile!r}")
+    for v in mt:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or int(v) <= 0:
+            raise ValueError(f"micro_tile entries must be positive ints, got {micro_tile!r}")
+    mr, mc = int(mt[0]), int(mt[1])
+    if cols is not None and mc > cols:
+        raise ValueError(f"micro_tile columns {mc} larger than the tensor's {cols} columns")
+    return mr, mc
+
+
+def _check_group(group):
+    if group not in GROUPS:
+        raise ValueError(f"group must be 'row' or 'col', got {group!r}")
+    return group
+
+
+def _check_dtype(dtype):
+    dtype = _dtype_name(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}: expected one of {SUPPORTED_DTYPES}")
+    return dtype
+
+
+def _dtype_name(dtype) -> str:
+    if isinstance(dtype, str):
+        return dtype
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+def _strategy(target, emulate_gpu=False):
+    return schedule_cuda() if is_gpu(target) else schedule_cpu(emulate_gpu)
+
+
+def _finish(func, name, target, num_inputs=1):
+    func = func.with_attr("global_symbol", name).with_attr("pit.index.num_inputs", num_inputs)
+    if is_gpu(target):
+        func = func.with_attr("tirx.is_scheduled", True)
+    return func
+
+
+def tile_grid(rows: int, cols: int, micro_tile) -> tuple[int, int]:
+    """(tile-rows, tile-cols) of a rows x cols tensor cut into ``micro_tile`` tiles."""
+    mr, mc = micro_tile
+    return -(-rows // mr), -(-cols // mc)
+
+
+# --------------------------------------------------------------------------- tile index
+def _nz_fn(dtype):
+    if dtype == "bool":
+        return lambda v: T.Select(v, T.int32(1), T.int32(0))
+    # compare the bits with the sign masked off: -0.0 is zero, NaN is non-zero, and no
+    # fast-math flag (LLVM's nnan) can fold the test away; integer ops are also cheaper.
+    bits, mask = ("uint32", 0x7FFFFFFF) if dtype == "float32" else ("uint16", 0x7FFF)
+    return lambda v: T.Select(
+        T.bitwise_and(T.reinterpret(bits, v), tirx.const(mask, bits)) != tirx.const(0, bits),
+        T.int32(1),
+        T.int32(0),
+    )
+
+
+def tile_index_func(cols: int, micro_tile, group: str, dtype: str, target) -> tirx.PrimFunc:
+    """PrimFunc ``(data[R, cols], offsets[G+1], ids[G*P])`` building the tile index of ``data``.
+
+    A micro-tile (mr rows x mc columns, partial at the edges) is non-zero if any element
+    is != 0 (``True`` for a bool mask). R is symbolic: one build serves every row count.
+    """
+    return _tile_index_func(cols, micro_tile, group, dtype, target)
+
+
+def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False):
+    """``emulate_gpu``: on llvm, generate the CUDA kernel structure with serial thread loops."""
+    C = _check_pos_int("cols", cols)
+    mr, mc = _check_micro_tile(micro_tile, C)
+    group = _check_group(group)
+    dtype = _check_dtype(dtype)
+    target = make_target(target)
+    st = _strategy(target, emulate_gpu)
+    gpu = st.gpu_layout
+    BX, TX, TY, SH = st.bx, st.tx, st.ty, st.shared
+    NTC = -(-C // mc)
+    row_group = group == "row"
+    nz = _nz_fn(dtype)
+
+    # ---- geometry of the CUDA flag kernel (see module doc of _kernels)
+    if mc <= NT_FLAGS:
+        TPB = min(NTC, NT_FLAGS // mc)  # tiles (columns of tiles) per block
+        CT = TPB * mc  # threads along columns, one column each
+        KC = 1
+    else:
+        TPB = 1
+        CT = NT_FLAGS
+        KC = -(-mc // NT_FLAGS)  # column steps per thread
+    RPB = max(1, NT_FLAGS // CT)  # tile-rows per block (threadIdx.y)
+    SEG = min(mc, CT)  # shared entries OR-ed into one tile flag
+    SEG_POW2 = SEG & (SEG - 1) == 0
+    LOG_SEG = SEG.bit_length() - 1
+    NCB = -(-NTC // TPB)  # column blocks
+    BW = TPB * mc  # columns covered by one column block
+
+    def ntr(R):
+        return (R + (mr - 1)) // mr
+
+    def flat(tr, tc, R):
+        return tr * NTC + tc if row_group else tc * ntr(R) + tr
+
+    flag_fn = lambda FL, f: T.Cast("int32", FL[f])  # noqa: E731
+    id_fn = lambda f, P: T.truncmod(f, P)  # noqa: E731
+    chunk_count, chunk_scan, compact = make_pipeline(st, flag_fn, id_fn, with_offsets=True)
+
+    if gpu:
+
+        @T.macro
+        def flags_kernel(D, FL, R):
+            for b in BX(T.max((ntr(R) + (RPB - 1)) // RPB * NCB, 1)):
+                s = T.alloc_buffer((RPB * CT,), "int32", scope=SH)
+                for ty in TY(RPB):
+                    for tx in TX(CT):
+                        acc = T.alloc_buffer((1,), "int32", scope="local")
+                        acc[0] = 0
+                        for ri in range(mr):
+                            for kc in range(KC):
+                                if (
+                                    ((b // NCB) * RPB + ty) * mr + ri < R
+                                    and kc * CT + tx < BW
+                                    and (b % NCB) * BW + kc * CT + tx < C
+                                ):
+                                    acc[0] = T.max(
+                                        acc[0],
+                                        nz(D[((b // NCB) * RPB + ty) * mr + ri, (b % NCB) * BW + kc * CT + tx]),
+                                    )
+                        s[ty * CT + tx] = acc[0]
+                if SEG_POW2:
+                    for step in T.unroll(LOG_SEG):
+                        for ty in TY(RPB):
+                            for tx in TX(CT):
+                                if tx % SEG < T.shift_right(SEG // 2, step):
+                                    s[ty * CT + tx] = T.max(
+                                        s[ty * CT + tx], s[ty * CT + tx + T.shift_right(SEG // 2, step)]
+                                    )
+                for ty in TY(RPB):
+                    for tx in TX(CT):
+                        if tx < TPB:
+                            if (b // NCB) * RPB + ty < ntr(R) and (b % NCB) * TPB + tx < NTC:
+                                red = T.alloc_buffer((1,), "int32", scope="local")
+                                red[0] = s[ty * CT + tx * SEG]
+                                if not SEG_POW2:
+                                    # segment not a power of two: the tile's thread ORs it serially
+                                    for j in range(1, SEG):
+                                        red[0] = T.max(red[0], s[ty * CT + tx * SEG + j])
+                                FL[flat((b // NCB) * RPB + ty, (b % NCB) * TPB + tx, R)] = T.Cast(
+                                    "int8", red[0]
+                                )
+
+    else:
+
+        @T.macro
+        def flags_kernel(D, FL, R):
+            # one tile-row per task, rows read contiguously
+            for tr in BX(ntr(R)):
+                acc = T.alloc_buffer((NTC,), "int32", scope="local")
+                for tc in range(NTC):
+                    acc[tc] = 0
+                for ri in range(mr):
+                    if tr * mr + ri < R:
+                        for c in range(C):
+                            acc[c // mc] = T.max(acc[c // mc], nz(D[tr * mr + ri, c]))
+                for tc in range(NTC):
+                    FL[flat(tr, tc, R)] = T.Cast("int8", acc[tc])
+
+    if row_group:
+        G_of = ntr
+        P_of = lambda R: NTC  # noqa: E731
+    else:
+        G_of = lambda R: NTC  # noqa: E731
+        P_of = ntr
+
+    @T.prim_func(s_tir=True)
+    def tile_index(d: T.handle, o: T.handle, i: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        R = T.int64()
+        D = T.match_buffer(d, (R, C), dtype)
+        OFF = T.match_buffer(o, (G_of(R) + 1,), "int32")
+        IDS = T.match_buffer(i, (ntr(R) * NTC,), "int32")
+        FL = T.sblock_alloc_buffer((ntr(R) * NTC,), "int8")
+        CNT = T.sblock_alloc_buffer((T.max(num_chunks(ntr(R) * NTC), 1),), "int32")
+        COFF = T.sblock_alloc_buffer((T.max(num_chunks(ntr(R) * NTC), 1),), "int32")
+        flags_kernel(D, FL, R)
+        chunk_count(FL, ntr(R) * NTC, CNT)
+        chunk_scan(ntr(R) * NTC, CNT, COFF, OFF, G_of(R))
+        compact(FL, ntr(R) * NTC, P_of(R), ntr(R) * NTC, COFF, OFF, G_of(R), IDS, OFF)
+
+    name = f"pit_tile_index_{group}_{dtype}_c{C}_t{mr}x{mc}" + ("_emu" if emulate_gpu else "")
+    return _finish(tile_index, name, target)
+
+
+# --------------------------------------------------------------------------- seqlen index
+def seqlen_row_index_func(max_len: int, target) -> tirx.PrimFunc:
+    """PrimFunc ``(lengths[B], row_ids[B*max_len], count[1])``.
+
+    ``row_ids`` lists the flat rows ``b*max_len + s`` with ``s < clamp(lengths[b], 0, max_len)``
+    in ascending order, tail ``-1``; ``count[0]`` is their number.
+    """
+    L = _check_pos_int("max_len", max_len)
+    target = make_target(target)
+    st = _strategy(target)
+
+    def flag_fn(LEN, f):
+        n = T.max(T.min(LEN[T.truncdiv(f, L)], T.int32(L)), T.int32(0))
+        return T.Select(T.truncmod(f, L) < T.Cast("int64", n), T.int32(1), T.int32(0))
+
+    id_fn = lambda f, P: f  # noqa: E731
+    chunk_count, chunk_scan, compact = make_pipeline(st, flag_fn, id_fn, with_offsets=False)
+
+    @T.prim_func(s_tir=True)
+    def seqlen_index(l: T.handle, r: T.handle, c: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B = T.int64()
+        LEN = T.match_buffer(l, (B,), "int32")
+        ROWS = T.match_buffer(r, (B * L,), "int32")
+        COUNT = T.match_buffer(c, (1,), "int32")
+        CNT = T.sblock_alloc_buffer((T.max(num_chunks(B * L), 1),), "int32")
+        COFF = T.sblock_alloc_buffer((T.max(num_chunks(B * L), 1),), "int32")
+        chunk_count(LEN, B * L, CNT)
+        chunk_scan(B * L, CNT, COFF, COUNT, 0)
+        compact(LEN, B * L, L, B * L, COFF, COUNT, 0, ROWS, ROWS)
+
+    return _finish(seqlen_index, f"pit_seqlen_row_index_l{L}", target)
+
+
+# --------------------------------------------------------------------------- expert index
+def expert_index_func(num_experts: int, top_k: int, target) -> tirx.PrimFunc:
+    """PrimFunc ``(expert_ids[T, top_k], offsets[E+1], assignments[T*top_k])``.
+
+    For each expert e (in order) the ascending flat assignment ids ``t*top_k + j`` with
+    ``expert_ids[t, j] == e``; ids outside ``[0, E)`` are dropped; tail ``-1``.
+    """
+    E = _check_pos_int("num_experts", num_experts)
+    TK = _check_pos_int("top_k", top_k)
+    target = make_target(target)
+    st = _strategy(target)
+
+    def flag_fn(X, f):
+        P = X.shape[0] * TK
+        a = T.truncmod(f, P)  # non-negative operands: trunc == floor, no sign fix-ups
+        return T.Select(
+            X[T.truncdiv(a, TK), T.truncmod(a, TK)] == T.Cast("int32", T.truncdiv(f, P)),
+            T.int32(1),
+            T.int32(0),
+        )
+
+    id_fn = lambda f, P: T.truncmod(f, P)  # noqa: E731
+    chunk_count, chunk_scan, compact = make_pipeline(st, flag_fn, id_fn, with_offsets=True)
+
+    @T.prim_func(s_tir=True)
+    def expert_index(x: T.handle, o: T.handle, a: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        NTOK = T.int64()
+        X = T.match_buffer(x, (NTOK, TK), "int32")
+        OFF = T.match_buffer(o, (E + 1,), "int32")
+        ASG = T.match_buffer(a, (NTOK * TK,), "int32")
+        CNT = T.sblock_alloc_buffer((T.max(num_chunks(NTOK * TK * E), 1),), "int32")
+        COFF = T.sblock_alloc_buffer((T.max(num_chunks(NTOK * TK * E), 1),), "int32")
+        chunk_count(X, NTOK * TK * E, CNT)
+        chunk_scan(NTOK * TK * E, CNT, COFF, OFF, E)
+        compact(X, NTOK * TK * E, NTOK * TK, NTOK * TK, COFF, OFF, E, ASG, OFF)
+
+    return _finish(expert_index, f"pit_expert_index_e{E}_k{TK}", target)
+
+
+# --------------------------------------------------------------------------- runtime helpers
+def _target_key(target) -> str:
+    return str(make_target(target))
+
+
+class IndexBuilder:
+    """An index PrimFunc compiled once; each call allocates the outputs on the device and runs it.
+
+    Output sizes are derived from the input shapes (the PrimFunc's output buffer shapes are
+    expressions of the inputs' symbolic dims), never from the data.
+    """
+
+    def __init__(self, func: tirx.PrimFunc, target):
+        self.func = func
+        self.target = make_target(target)
+        self.device = device_for(self.target)
+        attrs = func.attrs if func.attrs is not None else {}
+        self.name = str(attrs["global_symbol"]) if "global_symbol" in attrs else "main"
+        self.num_inputs = int(attrs["pit.index.num_inputs"]) if "pit.index.num_inputs" in attrs else 1
+        bufs = [p for p in func.params if isinstance(p, tirx.Buffer)]
+        self.in_bufs = bufs[: self.num_inputs]
+        self.out_bufs = bufs[self.num_inputs :]
+        self.executable = build(tvm.IRModule({self.name: func}), self.target)
+        self._kernel = self.executable[self.name]
+
+    def _to_device(self, x, buf):
+        want = str(buf.dtype)
+        if isinstance(x, tvm.runtime.Tensor):
+            have = str(x.dtype)
+            if have != want:
+                raise ValueError(f"input {buf.name!r}: dtype {have} given, {want} expected")
+            if x.device.dlpack_device_type() != self.device.dlpack_device_type():
+                x = tvm.runtime.tensor(x.numpy(), self.device)
+            return x
+        arr = np.asarray(x)
+        have = _dtype_name(arr.dtype)
+        if have != want:
+            raise ValueError(f"input {buf.name!r}: dtype {have} given, {want} expected")
+        return tvm.runtime.tensor(np.ascontiguousarray(arr), self.device)
+
+    def output_shapes(self, *input_shapes) -> list[tuple[int, ...]]:
+        ana = Analyzer()
+        bound: dict = {}
+        for buf, shape in zip(self.in_bufs, input_shapes):
+            shape = tuple(int(s) for s in shape)
+            if len(shape) != len(buf.shape):
+                raise ValueError(
+                    f"input {buf.name!r}: rank {len(shape)} (shape {shape}) given, "
+                    f"rank {len(buf.shape)} expected (shape {list(buf.shape)})"
+                )
+            for axis, (dim, n) in enumerate(zip(buf.shape, shape)):
+                if isinstance(dim, tirx.Var):
+                    if dim in bound and bound[dim] != n:
+                        raise ValueError(f"input {buf.name!r}: inconsistent size {n} for {dim}")
+                    if dim not in bound:
+                        bound[dim] = n
+                        ana.bind(dim, tirx.const(n, "int64"))
+                else:
+                    want = int(ana.simplify(dim))
+                    if want != n:
+                        raise ValueError(
+                            f"input {buf.name!r}: axis {axis} has size {n}, {want} expected "
+                            f"(shape {shape}, expected {list(buf.shape)})"
+                        )
+        out = []
+        for buf in self.out_bufs:
+            dims = [ana.simplify(d) for d in buf.shape]
+            if not all(isinstance(d, tirx.IntImm) for d in dims):
+                raise ValueError(f"cannot derive the shape of output {buf.name!r} from the inputs")
+            out.append(tuple(int(d) for d in dims))
+        return out
+
+    def __call__(self, *inputs):
+        if len(inputs) != self.num_inputs:
+            raise ValueError(f"{self.name} takes {self.num_inputs} input(s), {len(inputs)} given")
+        args = [self._to_device(x, b) for x, b in zip(inputs, self.in_bufs)]
+        shapes = self.output_shapes(*[a.shape for a in args])
+        outs = [
+            tvm.runtime.empty(s, str(b.dtype), self.device) for s, b in zip(shapes, self.out_bufs)
+        ]
+        self._kernel(*args, *outs)
+        return tuple(outs)
+
+
+_BUILDERS: dict = {}
+
+
+def _cached_builder(key, make):
+    b = _BUILDERS.get(key)
+    if b is None:
+        b = _BUILDERS[key] = make()
+    return b
+
+
+def build_tile_index(data, micro_tile, group="row", target="llvm"):
+    """Build (on the device) the tile index of ``data``; returns device tensors (offsets, ids).
+
+    Kernels are cached per (cols, micro_tile, group, dtype, target): one build serves every R.
+    """
+    if isinstance(data, tvm.runtime.Tensor):
+        shape, dtype = tuple(data.shape), str(data.dtype)
+    else:
+        data = np.asarray(data)
+        shape, dtype = data.shape, _dtype_name(data.dtype)
+    if len(shape) != 2:
+        raise ValueError(f"data must be 2-D [rows, cols], got shape {tuple(shape)}")
+    rows, cols = int(shape[0]), int(shape[1])
+    if cols <= 0:
+        raise ValueError(f"data must have at least one column, got shape {tuple(shape)}")
+    mr, mc = _check_micro_tile(micro_tile, cols)
+    if rows > 0 and mr > rows:
+        raise ValueError(f"micro_tile rows {mr} larger than the tensor's {rows} rows")
+    group = _check_group(group)
+    dtype = _check_dtype(dtype)
+    key = (cols, (mr, mc), group, dtype, _target_key(target))
+    builder = _cached_builder(
+        key, lambda: IndexBuilder(tile_index_func(cols, (mr, mc), group, dtype, target), target)
+    )
+    return builder(data)
+
+
+def _np(x):
+    return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+
+def tiles_from_index(offsets, ids, group) -> np.ndarray:
+    """Host-side inspection: (count, 2) int array of (tile_row, tile_col) in index order."""
+    group = _check_group(group)
+    offsets = _np(offsets).astype(np.int64)
+    ids = _np(ids).astype(np.int64)
+    out = []
+    for g in range(len(offsets) - 1):
+        for t in ids[offsets[g] : offsets[g + 1]]:
+            out.append((g, t) if group == "row" else (t, g))
+    return np.asarray(out, dtype=np.int64).reshape(-1, 2)
+
+
+def reference_tile_index(data, micro_tile, group):
+    """Numpy reference of :func:`tile_index_func` -> (offsets int32 [G+1], ids int32 [cap])."""
+    data = np.asarray(data)
+    if data.ndim != 2:
+        raise ValueError(f"data must be 2-D, got shape {data.shape}")
+    mr, mc = _check_micro_tile(micro_tile)
+    group = _check_group(group)
+    rows, cols = data.shape
+    ntr, ntc = tile_grid(rows, cols, (mr, mc))
+    nz = data != 0
+    padded = np.zeros((ntr * mr, ntc * mc), dtype=bool)
+    padded[:rows, :cols] = nz
+    flags = padded.reshape(ntr, mr, ntc, mc).any(axis=(1, 3))  # [ntr, ntc]
+    if group == "col":
+        flags = flags.T
+    counts = flags.sum(axis=1)
+    offsets = np.zeros(flags.shape[0] + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum(counts)
+    ids = np.full(ntr * ntc, -1, dtype=np.int32)
+    listed = np.nonzero(flags)[1].astype(np.int32)  # row-major nonzero: group order, ascending
+    ids[: len(listed)] = listed
+    return offsets, ids
+
+
+def reference_seqlen_row_index(lengths, max_len):
+    lengths = np.clip(np.asarray(lengths, dtype=np.int64), 0, max_len)
+    rows = [b * max_len + s for b in range(len(lengths)) for s in range(lengths[b])]
+    out = np.full(len(lengths) * max_len, -1, dtype=np.int32)
+    out[: len(rows)] = rows
+    return out, np.array([len(rows)], dtype=np.int32)
+
+
+def reference_expert_index(expert_ids, num_experts):
+    x = np.asarray(expert_ids).reshape(-1)
+    offsets = np.zeros(num_experts + 1, dtype=np.int32)
+    out = np.full(x.size, -1, dtype=np.int32)
+    pos = 0
+    for e in range(num_experts):
+        sel = np.nonzero(x == e)[0]
+        out[pos : pos + len(sel)] = sel
+        pos += len(sel)
+        offsets[e + 1] = pos
+    return offsets, out

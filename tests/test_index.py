@@ -1,0 +1,348 @@
+"""On-device sparse index (pit_tvm.index) against the numpy reference (llvm), CUDA builds
+checked with nvcc, and GPU runs (skipped without a device)."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pit_tvm.index import (
+    IndexBuilder,
+    build_tile_index,
+    expert_index_func,
+    reference_expert_index,
+    reference_seqlen_row_index,
+    reference_tile_index,
+    seqlen_row_index_func,
+    tile_grid,
+    tile_index_func,
+    tiles_from_index,
+)
+from pit_tvm.index.tiles import _tile_index_func
+from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
+from pit_tvm.target import build
+
+MICRO_TILES = [(1, 64), (32, 1), (32, 64), (1, "cols"), (4, 4)]
+DTYPES = ["float32", "float16", "bfloat16", "bool"]
+SPARSITIES = [0.0, 0.5, 0.9, 1.0]
+COLS = 150  # divisible by none of 64, 4 (and 150 % 32 != 0)
+ROWS = [33, 131]  # do not divide 32 or 4
+
+
+def _np_dtype(dtype):
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def _mt(mt, cols):
+    return (mt[0], cols if mt[1] == "cols" else mt[1])
+
+
+def make_data(rows, cols, micro_tile, sparsity, dtype, rng):
+    """Tile-level sparsity: each micro-tile is zero with probability ``sparsity``; a non-zero
+    tile gets a few non-zero elements at random positions (inside the tensor)."""
+    mr, mc = micro_tile
+    ntr, ntc = tile_grid(rows, cols, micro_tile)
+    x = np.zeros((rows, cols), dtype=np.float32)
+    keep = rng.random((ntr, ntc)) >= sparsity
+    for tr, tc in zip(*np.nonzero(keep)):
+        h = min(mr, rows - tr * mr)
+        w = min(mc, cols - tc * mc)
+        for _ in range(int(rng.integers(1, 3))):
+            x[tr * mr + rng.integers(0, h), tc * mc + rng.integers(0, w)] = rng.uniform(0.5, 2.0) * rng.choice([-1, 1])
+    if dtype == "bool":
+        return x != 0
+    return x.astype(_np_dtype(dtype))
+
+
+def dense_data(rows, cols, dtype, rng):
+    x = rng.uniform(0.5, 2.0, size=(rows, cols)).astype(np.float32)
+    return np.ones((rows, cols), bool) if dtype == "bool" else x.astype(_np_dtype(dtype))
+
+
+def check_tile_index(data, micro_tile, group, offsets, ids):
+    ro, ri = reference_tile_index(data, micro_tile, group)
+    offsets, ids = offsets.numpy(), ids.numpy()
+    assert offsets.dtype == np.int32 and ids.dtype == np.int32
+    np.testing.assert_array_equal(offsets, ro)
+    np.testing.assert_array_equal(ids, ri)
+    return offsets, ids
+
+
+# ----------------------------------------------------------------------------- tile index
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("micro_tile", MICRO_TILES, ids=lambda m: f"{m[0]}x{m[1]}")
+@pytest.mark.parametrize("group", ["row", "col"])
+def test_tile_index_matches_reference(group, micro_tile, dtype):
+    rng = np.random.default_rng(hash((group, str(micro_tile), dtype)) % 2**32)
+    mt = _mt(micro_tile, COLS)
+    for rows in ROWS:
+        cases = [make_data(rows, COLS, mt, s, dtype, rng) for s in SPARSITIES]
+        cases.append(dense_data(rows, COLS, dtype, rng))
+        for data in cases:
+            offsets, ids = build_tile_index(data, mt, group)
+            offsets, ids = check_tile_index(data, mt, group, offsets, ids)
+            if not np.any(data != 0):  # 100% sparse
+                assert offsets[-1] == 0 and np.all(ids == -1) and np.all(offsets == 0)
+
+
+@pytest.mark.parametrize("micro_tile", MICRO_TILES + [(3, 7), (2, "cols"), (1, 1)], ids=lambda m: f"{m[0]}x{m[1]}")
+@pytest.mark.parametrize("group", ["row", "col"])
+def test_tile_index_cuda_structure_on_cpu(group, micro_tile):
+    """The CUDA kernel structure (thread per column, shared-memory tile OR, block scans) run on
+    the CPU with serial thread loops: checks the GPU algorithm without a GPU."""
+    rng = np.random.default_rng(7)
+    for cols in (COLS, 600):  # 600 > 256 threads: several column steps per thread for whole rows
+        mt = _mt(micro_tile, cols)
+        f = _tile_index_func(cols, mt, group, "float16", "llvm", emulate_gpu=True)
+        b = IndexBuilder(f, "llvm")
+        for rows in (0, 1, 45, 131):
+            for s in (0.0, 0.5, 0.9, 1.0):
+                data = make_data(rows, cols, mt, s, "float16", rng)
+                check_tile_index(data, mt, group, *b(data))
+
+
+def test_tile_index_many_chunks():
+    """More flags than one scan block covers (chunks > 256 threads): every level of the scan."""
+    rng = np.random.default_rng(1)
+    data = (rng.random((700, 500)) < 0.3).astype(np.float32)
+    for group in ("row", "col"):
+        check_tile_index(data, (1, 1), group, *build_tile_index(data, (1, 1), group))
+    f = _tile_index_func(500, (1, 1), "row", "float32", "llvm", emulate_gpu=True)
+    check_tile_index(data, (1, 1), "row", *IndexBuilder(f, "llvm")(data))
+
+
+def test_tile_index_rows_fewer_than_micro_tile_and_zero_rows():
+    f = tile_index_func(COLS, (32, 64), "row", "float32", "llvm")
+    b = IndexBuilder(f, "llvm")
+    for rows in (0, 1, 5):
+        data = np.zeros((rows, COLS), np.float32)
+        if rows:
+            data[rows - 1, COLS - 1] = 1.0
+        check_tile_index(data, (32, 64), "row", *b(data))
+    fc = IndexBuilder(tile_index_func(COLS, (32, 64), "col", "float32", "llvm"), "llvm")
+    offsets, ids = fc(np.zeros((0, COLS), np.float32))
+    assert offsets.shape == (4,) and ids.shape == (0,)
+    np.testing.assert_array_equal(offsets.numpy(), np.zeros(4, np.int32))
+
+
+def test_negative_zero_and_nan():
+    data = np.zeros((8, 8), np.float32)
+    data[0, 0] = -0.0
+    data[5, 5] = np.nan
+    offsets, ids = build_tile_index(data, (4, 4), "row")
+    np.testing.assert_array_equal(tiles_from_index(offsets, ids, "row"), [[1, 1]])
+
+
+def test_layout_and_tiles_from_index():
+    data = np.zeros((10, 10), np.float32)
+    data[0, 9] = data[9, 0] = data[4, 4] = data[5, 5] = 1
+    # 4x4 tiles: (0,2), (2,0), (1,1)
+    offsets, ids = build_tile_index(data, (4, 4), "row")
+    assert offsets.numpy().tolist() == [0, 1, 2, 3]
+    assert ids.numpy().tolist() == [2, 1, 0] + [-1] * 6
+    np.testing.assert_array_equal(tiles_from_index(offsets, ids, "row"), [[0, 2], [1, 1], [2, 0]])
+    offsets, ids = build_tile_index(data, (4, 4), "col")
+    assert offsets.numpy().tolist() == [0, 1, 2, 3]
+    assert ids.numpy().tolist() == [2, 1, 0] + [-1] * 6
+    np.testing.assert_array_equal(tiles_from_index(offsets, ids, "col"), [[2, 0], [1, 1], [0, 2]])
+    ro, ri = reference_tile_index(data, (4, 4), "col")
+    assert tiles_from_index(ro, ri, "col").tolist() == [[2, 0], [1, 1], [0, 2]]
+
+
+def test_determinism():
+    rng = np.random.default_rng(3)
+    data = make_data(131, COLS, (4, 4), 0.5, "float16", rng)
+    a = [x.numpy().tobytes() for x in build_tile_index(data, (4, 4), "col")]
+    b = [x.numpy().tobytes() for x in build_tile_index(tvm.runtime.tensor(data), (4, 4), "col")]
+    assert a == b
+    f = _tile_index_func(COLS, (4, 4), "col", "float16", "llvm", emulate_gpu=True)
+    c = [x.numpy().tobytes() for x in IndexBuilder(f, "llvm")(data)]
+    assert a == c
+
+
+def test_prim_func_contract():
+    f = tile_index_func(COLS, (32, 64), "row", "float16", "llvm")
+    assert "global_symbol" in f.attrs
+    bufs = list(f.params)
+    assert len(bufs) == 3
+    data, offsets, ids = bufs
+    assert str(data.dtype) == "float16" and int(data.shape[1]) == COLS
+    assert isinstance(data.shape[0], tvm.tirx.Var)  # symbolic rows, a whole dim
+    assert str(offsets.dtype) == "int32" and str(ids.dtype) == "int32"
+    fc = tile_index_func(COLS, (32, 64), "row", "float16", "cuda")
+    assert bool(fc.attrs["tirx.is_scheduled"])
+
+
+# ----------------------------------------------------------------------------- seqlen / experts
+@pytest.mark.parametrize("max_len", [1, 7, 128])
+def test_seqlen_row_index(max_len):
+    rng = np.random.default_rng(max_len)
+    b = IndexBuilder(seqlen_row_index_func(max_len, "llvm"), "llvm")
+    for B in (0, 1, 5, 40):
+        for lengths in (
+            rng.integers(-2, max_len + 3, size=B),
+            np.zeros(B),
+            np.full(B, max_len),
+        ):
+            lengths = lengths.astype(np.int32)
+            rows, count = b(lengths)
+            rr, rc = reference_seqlen_row_index(lengths, max_len)
+            np.testing.assert_array_equal(rows.numpy(), rr)
+            np.testing.assert_array_equal(count.numpy(), rc)
+    # several chunks
+    lengths = rng.integers(0, max_len + 1, size=3000).astype(np.int32)
+    rows, count = b(lengths)
+    rr, rc = reference_seqlen_row_index(lengths, max_len)
+    np.testing.assert_array_equal(rows.numpy(), rr)
+    np.testing.assert_array_equal(count.numpy(), rc)
+
+
+@pytest.mark.parametrize("num_experts,top_k", [(1, 1), (8, 2), (5, 3)])
+def test_expert_index(num_experts, top_k):
+    rng = np.random.default_rng(num_experts * 10 + top_k)
+    b = IndexBuilder(expert_index_func(num_experts, top_k, "llvm"), "llvm")
+    for ntok in (0, 1, 17, 1000):
+        ids = rng.integers(-1, num_experts + 1, size=(ntok, top_k)).astype(np.int32)
+        if ntok:
+            ids[0, 0] = 100
+        offsets, asg = b(ids)
+        ro, ra = reference_expert_index(ids, num_experts)
+        np.testing.assert_array_equal(offsets.numpy(), ro)
+        np.testing.assert_array_equal(asg.numpy(), ra)
+    ids = np.full((9, top_k), num_experts - 1, np.int32)  # all to the last expert
+    offsets, asg = b(ids)
+    assert offsets.numpy().tolist() == [0] * num_experts + [9 * top_k]
+    assert asg.numpy().tolist() == list(range(9 * top_k))
+
+
+# ----------------------------------------------------------------------------- fuzz
+_FUZZ_COLS = [1, 5, 64, 100]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    cols=st.sampled_from(_FUZZ_COLS),
+    rows=st.integers(1, 90),
+    mt=st.sampled_from([(1, 1), (2, 3), (4, 4), (1, 64), (8, 100)]),
+    group=st.sampled_from(["row", "col"]),
+    dtype=st.sampled_from(["float32", "bool"]),
+    density=st.sampled_from([0.0, 0.01, 0.1, 0.5, 1.0]),
+    seed=st.integers(0, 2**31),
+)
+def test_fuzz_tile_index(cols, rows, mt, group, dtype, density, seed):
+    mr, mc = min(mt[0], rows), min(mt[1], cols)
+    rng = np.random.default_rng(seed)
+    mask = rng.random((rows, cols)) < density
+    data = mask if dtype == "bool" else (mask * rng.uniform(0.5, 2, size=mask.shape)).astype(np.float32)
+    check_tile_index(data, (mr, mc), group, *build_tile_index(data, (mr, mc), group))
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="dtype"):
+        tile_index_func(64, (1, 8), "row", "int32", "llvm")
+    with pytest.raises(ValueError, match="dtype"):
+        tile_index_func(64, (1, 8), "row", "float64", "llvm")
+    with pytest.raises(ValueError, match="micro_tile"):
+        tile_index_func(64, (0, 8), "row", "float32", "llvm")
+    with pytest.raises(ValueError, match="micro_tile"):
+        tile_index_func(64, (1, -8), "row", "float32", "llvm")
+    with pytest.raises(ValueError, match="micro_tile"):
+        tile_index_func(64, (4,), "row", "float32", "llvm")
+    with pytest.raises(ValueError, match="micro_tile"):
+        tile_index_func(64, (1.5, 8), "row", "float32", "llvm")
+    with pytest.raises(ValueError, match="larger"):
+        tile_index_func(64, (1, 65), "row", "float32", "llvm")
+    with pytest.raises(ValueError, match="group"):
+        tile_index_func(64, (1, 8), "diag", "float32", "llvm")
+    with pytest.raises(ValueError, match="cols"):
+        tile_index_func(0, (1, 8), "row", "float32", "llvm")
+    with pytest.raises(ValueError, match="max_len"):
+        seqlen_row_index_func(0, "llvm")
+    with pytest.raises(ValueError, match="num_experts"):
+        expert_index_func(0, 2, "llvm")
+    with pytest.raises(ValueError, match="top_k"):
+        expert_index_func(4, 0, "llvm")
+
+
+def test_bad_call_inputs():
+    x = np.ones((10, 64), np.float32)
+    with pytest.raises(ValueError, match="larger"):
+        build_tile_index(x, (11, 8))
+    with pytest.raises(ValueError, match="2-D"):
+        build_tile_index(np.ones((2, 3, 4), np.float32), (1, 1))
+    with pytest.raises(ValueError, match="dtype"):
+        build_tile_index(x.astype(np.int64), (1, 8))
+    b = IndexBuilder(tile_index_func(64, (1, 8), "row", "float32", "llvm"), "llvm")
+    with pytest.raises(ValueError, match="rank"):
+        b(np.ones(64, np.float32))
+    with pytest.raises(ValueError, match="axis 1"):
+        b(np.ones((4, 63), np.float32))
+    with pytest.raises(ValueError, match="dtype"):
+        b(np.ones((4, 64), np.float16))
+    with pytest.raises(ValueError, match="input"):
+        b(x, x)
+    e = IndexBuilder(expert_index_func(4, 2, "llvm"), "llvm")
+    with pytest.raises(ValueError, match="axis 1"):
+        e(np.zeros((3, 3), np.int32))
+
+
+# ----------------------------------------------------------------------------- CUDA
+def _cuda_funcs():
+    fs = [tile_index_func(COLS, _mt(mt, COLS), g, "float16", "cuda") for mt in MICRO_TILES for g in ("row", "col")]
+    fs += [tile_index_func(600, mt, "row", dt, "cuda") for mt, dt in [((1, 600), "bfloat16"), ((3, 7), "bool"), ((2, 64), "float32")]]
+    fs += [seqlen_row_index_func(128, "cuda"), expert_index_func(8, 2, "cuda")]
+    return fs
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
+def test_cuda_builds_compile_with_nvcc():
+    for f in _cuda_funcs():
+        name = str(f.attrs["global_symbol"])
+        ex = build(tvm.IRModule({name: f}), "cuda")
+        src = "\n".join(cuda_sources(ex))
+        assert "threadIdx.x" in src and "blockIdx.x" in src and "__syncthreads" in src
+        assert "atomic" not in src  # deterministic: flag + scan + compaction
+        assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", ["row", "col"])
+@pytest.mark.parametrize("micro_tile", MICRO_TILES, ids=lambda m: f"{m[0]}x{m[1]}")
+def test_gpu_tile_index(group, micro_tile):
+    rng = np.random.default_rng(11)
+    for dtype in DTYPES:
+        mt = _mt(micro_tile, COLS)
+        b = IndexBuilder(tile_index_func(COLS, mt, group, dtype, "cuda"), "cuda")
+        for rows in (0, 1, 131, 4099):
+            for s in SPARSITIES:
+                data = make_data(rows, COLS, mt, s, dtype, rng)
+                out1 = b(data)
+                out2 = b(data)
+                check_tile_index(data, mt, group, *out1)
+                assert [o.numpy().tobytes() for o in out1] == [o.numpy().tobytes() for o in out2]
+    big = (rng.random((4096, 4096)) < 0.001).astype(np.float16)
+    b = IndexBuilder(tile_index_func(4096, (1, 64), group, "float16", "cuda"), "cuda")
+    check_tile_index(big, (1, 64), group, *b(big))
+
+
+@pytest.mark.gpu
+def test_gpu_seqlen_and_experts():
+    rng = np.random.default_rng(12)
+    b = IndexBuilder(seqlen_row_index_func(128, "cuda"), "cuda")
+    for B in (0, 3, 3000):
+        lengths = rng.integers(-2, 131, size=B).astype(np.int32)
+        rows, count = b(lengths)
+        rr, rc = reference_seqlen_row_index(lengths, 128)
+        np.testing.assert_array_equal(rows.numpy(), rr)
+        np.testing.assert_array_equal(count.numpy(), rc)
+    e = IndexBuilder(expert_index_func(8, 2, "cuda"), "cuda")
+    for ntok in (0, 5, 5000):
+        ids = rng.integers(-1, 9, size=(ntok, 2)).astype(np.int32)
+        offsets, asg = e(ids)
+        ro, ra = reference_expert_index(ids, 8)
+        np.testing.assert_array_equal(offsets.numpy(), ro)
+        np.testing.assert_array_equal(asg.numpy(), ra)
