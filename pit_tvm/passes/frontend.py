@@ -67,6 +67,26 @@ def _named_importer_cls():
             ):
                 sym = self.bb.emit(sym, name_hint=sanitize(out))
                 self.pit_bound[out] = sym.name
+            elif (
+                out
+                and isinstance(sym, relax.Tuple)
+                and len(sym.fields) > 0
+                and isinstance(sym.fields[0], relax.Call)
+                and isinstance(sym.fields[0].ty, relax.TensorType)
+            ):  # multi-output op (e.g. LayerNormalization): name its first output
+                first = self.bb.emit(sym.fields[0], name_hint=sanitize(out))
+                self.pit_bound[out] = first.name
+                sym = self.bb.normalize(relax.Tuple([first, *list(sym.fields)[1:]]))
+            elif (
+                out
+                and isinstance(sym, relax.Tuple)
+                and len(sym.fields) > 0
+                and isinstance(sym.fields[0], relax.Var)
+                and isinstance(sym.fields[0].ty, relax.TensorType)
+            ):
+                self.pit_bound[out] = sym.fields[0].name
+            elif out and isinstance(sym, relax.Var) and isinstance(sym.ty, relax.TensorType):
+                self.pit_bound[out] = sym.name  # the converter bound it already (e.g. lv3)
             return sym
 
     return _NamedImporter
