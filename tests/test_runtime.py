@@ -74,6 +74,8 @@ def test_export_writes_library_and_metadata(exported):
     assert meta["target"] == "llvm" and meta["outputs"] == ["y", "pooled"]
     assert meta["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", "seq", 32]}]
     assert meta["annotations"][0]["tensor"] == "hidden"
+    assert meta["annotations"][0]["status"] == "pit"  # the exported library holds the PIT kernel
+    assert any(gv.name_hint.startswith("pit_kernel") for gv in cm.lowered.get_global_vars())
 
 
 def test_runtime_only_roundtrip_matches_onnxruntime(exported, tmp_path):
@@ -160,6 +162,7 @@ def test_cuda_build_source_compiles_with_nvcc(cuda_built):
         pytest.skip("nvcc not available")
     _, cm, path = cuda_built
     assert path.exists() and json.loads(Path(str(path) + ".json").read_text())["target"] == "cuda"
+    assert any(gv.name_hint.startswith("pit_kernel") for gv in cm.lowered.get_global_vars())
     assert check_cuda_compiles(cm.executable, archs=("sm_80", "sm_90")) >= 2
 
 

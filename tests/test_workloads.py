@@ -34,7 +34,7 @@ def test_opt_ffn_hidden_sparsity_is_about_90_percent(d):
 def test_opt_ffn_small_matches_onnxruntime():
     model = opt_ffn(64)
     cm = compiled(model)
-    assert [(a["tensor"], a["source"]) for a in cm.annotations] == [("hidden", "relu")]
+    assert [(a["tensor"], a["source"], a["status"]) for a in cm.annotations] == [("hidden", "relu", "pit")]
     for b, s in ((2, 16), (1, 5)):  # symbolic batch and sequence
         inputs = opt_ffn_inputs(64, batch=b, seq=s)
         np.testing.assert_allclose(cm.run(inputs)[0], ort_run(model, inputs)[0], rtol=1e-4, atol=1e-4)
@@ -45,7 +45,7 @@ def test_bert_encoder_small_matches_onnxruntime():
     cm = compiled(model)
     # 6 token-wise matmuls per layer read padding-masked activations (whole rows zero)
     pit = [a for a in cm.annotations if a["source"] == "padding:attention_mask"]
-    assert len(pit) == 12 and all(a["rule"] == "M:SRead+SWrite" for a in pit)
+    assert len(pit) == 12 and all(a["rule"] == "M:SRead+SWrite" and a["status"] == "pit" for a in pit)
     assert {a["tensor"] for a in pit} >= {"l0.masked_in", "l0.ctx", "l0.ffn_in", "l0.ffn_act"}
     for b, s, lengths in ((3, 12, [12, 5, 1]), (2, 7, [3, 7])):
         inputs = bert_inputs(64, batch=b, seq=s, lengths=lengths)
