@@ -98,7 +98,7 @@ def test_tile_index_cuda_structure_on_cpu(group, micro_tile):
         mt = _mt(micro_tile, cols)
         f = _tile_index_func(cols, mt, group, "float16", "llvm", emulate_gpu=True)
         b = IndexBuilder(f, "llvm")
-        for rows in (0, 1, 45, 131):
+        for rows in (0, 1, 45, 131) if cols == COLS else (1, 45):
             for s in (0.0, 0.5, 0.9, 1.0):
                 data = make_data(rows, cols, mt, s, "float16", rng)
                 check_tile_index(data, mt, group, *b(data))
@@ -174,6 +174,32 @@ def test_prim_func_contract():
     assert str(offsets.dtype) == "int32" and str(ids.dtype) == "int32"
     fc = tile_index_func(COLS, (32, 64), "row", "float16", "cuda")
     assert bool(fc.attrs["tirx.is_scheduled"])
+
+
+def _relax_module(target):
+    from tvm import relax, tirx
+
+    f = tile_index_func(100, (4, 4), "row", "float32", target)
+    bb = relax.BlockBuilder()
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 100), "float32"))
+    with bb.function("main", [x]):
+        gv = bb.add_func(f, "tile_index")
+        g = (n + 3) // 4
+        out = bb.emit(
+            relax.call_tir(gv, [x], [relax.TensorType((g + 1,), "int32"), relax.TensorType((g * 25,), "int32")])
+        )
+        bb.emit_func_output(out)
+    return build(bb.get(), target)
+
+
+def test_embeds_in_relax_call_tir():
+    from tvm import relax
+
+    vm = relax.VirtualMachine(_relax_module("llvm"), tvm.cpu())
+    data = make_data(37, 100, (4, 4), 0.7, "float32", np.random.default_rng(5))
+    offsets, ids = vm["main"](tvm.runtime.tensor(data))
+    check_tile_index(data, (4, 4), "row", offsets, ids)
 
 
 # ----------------------------------------------------------------------------- seqlen / experts
@@ -307,6 +333,8 @@ def test_cuda_builds_compile_with_nvcc():
         assert "threadIdx.x" in src and "blockIdx.x" in src and "__syncthreads" in src
         assert "atomic" not in src  # deterministic: flag + scan + compaction
         assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 2
+    # embedded in a Relax module (call_tir): already scheduled, dlight leaves it alone
+    assert check_cuda_compiles(_relax_module("cuda"), archs=("sm_80", "sm_90")) >= 2
 
 
 @pytest.mark.gpu
