@@ -29,9 +29,15 @@ def _ensure_cuda_runtime() -> None:
         from tvm_ffi.libinfo import load_lib_ctypes  # noqa: PLC0415
 
         libdir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
-        _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
-            "tvm", "tvm_runtime_cuda", "RTLD_LOCAL", extra_lib_paths=[libdir]
-        )
+        try:
+            _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+                "tvm", "tvm_runtime_cuda", "RTLD_LOCAL", extra_lib_paths=[libdir]
+            )
+        except OSError as err:
+            raise RuntimeError(
+                f"cannot load TVM's CUDA runtime ({err}); is a CUDA driver installed? "
+                "Use device='cpu' with a library built for llvm."
+            ) from err
     if tvm.base._RUNTIME_ONLY:
         _register_nvcc_callback()
 
