@@ -115,3 +115,12 @@ def test_cuda_matches_numpy(micro_tile, dtype, sparsity):
         b = rng.standard_normal((K, N)).astype(NP_DTYPE[dtype])
         c = op(a, b)
         np.testing.assert_allclose(c.astype(np.float32), reference(a, b, dtype), rtol=TOL[dtype], atol=TOL[dtype] * 4)
+
+
+@pytest.mark.gpu
+def test_cuda_dense_baseline_matches():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((300, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    c = DenseMatmul(K, N, "float16", "cuda")(a, b)
+    np.testing.assert_allclose(c.astype(np.float32), reference(a, b, "float16"), rtol=2e-2, atol=8e-2)

@@ -114,8 +114,17 @@ def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, targ
         groups = tirx.floordiv(m + mr - 1, mr)
         capacity = groups * ((k + mk - 1) // mk)
         index = PitIndex.create("pit", capacity, groups, micro=mk, group_axis="vi", group_micro=mr)
-        sch = sread(sch, "matmul", "A", "vk", index)
-        sch = sread(sch, "matmul", "B", "vk", index)
+        a_name, b_name = "A", "B"
+        if is_gpu(target):
+            # Pad rows to whole strips and N to the CTA tile first (dlight's pad_einsum), so the
+            # kernel has constant-size tiles and no predicate in its main loop.
+            from pit_tvm.schedules.matmul import gpu_tiles_padding
+
+            mm = sch.get_sblock("matmul")
+            sch.pad_einsum(mm, gpu_tiles_padding(plan))
+            a_name, b_name = (sch.get(mm).reads[n].source.name for n in (0, 1))   # "A"/"A_pad", ...
+        sch = sread(sch, "matmul", a_name, "vk", index)
+        sch = sread(sch, "matmul", b_name, "vk", index)
     from pit_tvm.schedules.matmul import schedule_pit_matmul
 
     return schedule_pit_matmul(sch, plan, target)

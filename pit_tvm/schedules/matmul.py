@@ -21,14 +21,17 @@ tiles kind -- strips of ``mr`` rows run in parallel; each strip walks only its n
           A_sread[mr, BK], B_sread[BK, BN] <- gathered through ids[offsets[io] + ...]
           acc[mr, BN] += A_sread @ B_sread
 
-CUDA: the same loop nests with the position tile on blockIdx.x, N tiles on blockIdx.y, a
-16x16 thread grid computing 4x4 outputs each, gathered tiles staged in shared memory and
-accumulators in registers; CTAs past the count exit at once.
+CUDA (dlight's SIMT matmul structure): M is padded to the CTA tile (``pad_einsum``) so tiles
+are constant-sized; position tiles on blockIdx.x, N tiles on blockIdx.y, 16x16 threads with
+4x4 outputs each, accumulators in registers. The SRead gather is inlined into the cooperative
+global->shared load; SWrite stores straight from registers; CTAs past the count return at once.
 """
 from __future__ import annotations
 
 import tvm
 from tvm import tirx
+
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_producers
 
 from pit_tvm.schedules.sparse_access import guard_compact_loop, lower_pit
 from pit_tvm.target import is_gpu
@@ -123,100 +126,99 @@ def _cpu_tiles(sch, plan):
 
 
 # ---------------------------------------------------------------- CUDA
-def _gpu_elementwise(sch, name):
-    blk = sch.get_sblock(name)
-    fused = sch.fuse(*sch.get_loops(blk))
-    bx, tx = sch.split(fused, [None, 256])
-    sch.bind(bx, "blockIdx.x")
+def _gpu_fetch(sch, mm, index, ko):
+    """Cooperative load of the matmul's ``index``-th input tile into shared memory.
+
+    The producers (dlight's padding block and, for PIT, the SRead gather) are inlined into
+    the fetch, so the gather happens on the global->shared load itself.
+    """
+    blk = sch.cache_read(mm, index, "shared")
+    n_loops = len(sch.get_loops(blk))
+    sch.compute_at(blk, ko, preserve_unit_loops=True)
+    loops = sch.get_loops(blk)[-n_loops:]
+    _, ty, tx = sch.split(sch.fuse(*loops), [None, GPU_TY, GPU_TX])
+    sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
+    auto_inline_producers(sch, blk)
+    return blk
 
 
-def _gpu_tile(sch, mm, i, j, k, bm, bn, bk):
-    """Thread-block tile bm x bn over (i, j), 16x16 threads, k split by bk."""
-    io, iy, ii = sch.split(i, [None, GPU_TY, bm // GPU_TY])
-    jo, jx, ji = sch.split(j, [None, GPU_TX, bn // GPU_TX])
-    ko, ki = sch.split(k, [None, bk])
+def _gpu_rows(sch, plan):
+    """dlight-style SIMT matmul over padded compact positions; SRead in the shared fetch,
+    SWrite from registers."""
+    mm = sch.get_sblock("matmul")
+    # Pad M (symbolic) to the tile: no predicate in the main loop, constant-size tiles.
+    sch.pad_einsum(mm, [GPU_BM, GPU_BN, GPU_BK])
+    i, j, k = sch.get_loops(mm)
+    io, iy, ii = sch.split(i, [None, GPU_TY, GPU_BM // GPU_TY])
+    jo, jx, ji = sch.split(j, [None, GPU_TX, GPU_BN // GPU_TX])
+    ko, ki = sch.split(k, [None, GPU_BK])
     sch.reorder(io, jo, iy, jx, ko, ki, ii, ji)
     sch.bind(io, "blockIdx.x")
     sch.bind(jo, "blockIdx.y")
     sch.bind(iy, "threadIdx.y")
     sch.bind(jx, "threadIdx.x")
-    return io, jo, iy, jx, ko
-
-
-def _gpu_stage_shared(sch, name, at):
-    blk = sch.get_sblock(name)
-    sch.compute_at(blk, at)
-    sch.set_scope(blk, 0, "shared")
-    loops = sch.get_loops(blk)
-    fused = sch.fuse(*loops[-2:])
-    _, ty, tx = sch.split(fused, [None, GPU_TY, GPU_TX])
-    sch.bind(ty, "threadIdx.y")
-    sch.bind(tx, "threadIdx.x")
-
-
-def _gpu_epilogue(sch, cast, jx, scatter):
-    sch.reverse_compute_at(cast, jx)
-    if scatter:
-        sch.set_scope(cast, 0, "local")
-        sch.reverse_compute_at(sch.get_sblock("C_swrite"), jx)
-
-
-def _gpu_rows(sch, plan):
-    mm = sch.get_sblock("matmul")
-    i, j, k = sch.get_loops(mm)
-    io, jo, iy, jx, ko = _gpu_tile(sch, mm, i, j, k, GPU_BM, GPU_BN, GPU_BK)
-    sch.set_scope(mm, 0, "local")
+    acc = sch.cache_write(mm, 0, "local")
+    sch.reverse_compute_at(acc, jx, preserve_unit_loops=True)
+    _gpu_fetch(sch, mm, 0, ko)
+    _gpu_fetch(sch, mm, 1, ko)
+    # Epilogue: crop and cast inlined into the register write-back; the SWrite scatter (an
+    # indirect store cannot be inlined into it) reads the registers directly instead.
+    auto_inline_consumers(sch, acc)
     if plan is not None:
-        _gpu_stage_shared(sch, "A_sread", ko)
-    else:
-        a_shared = sch.cache_read(mm, 0, "shared")
-        sch.compute_at(a_shared, ko)
-        loops = sch.get_loops(a_shared)
-        _, ty, tx = sch.split(sch.fuse(*loops[-2:]), [None, GPU_TY, GPU_TX])
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
-    b_shared = sch.cache_read(mm, 1, "shared")
-    sch.compute_at(b_shared, ko)
-    loops = sch.get_loops(b_shared)
-    _, ty, tx = sch.split(sch.fuse(*loops[-2:]), [None, GPU_TY, GPU_TX])
-    sch.bind(ty, "threadIdx.y")
-    sch.bind(tx, "threadIdx.x")
-    _gpu_epilogue(sch, sch.get_sblock("cast"), jx, scatter=plan is not None)
-    if plan is not None:
+        scatter = sch.get_sblock("C_swrite")
+        sch.compute_inline(acc)
+        sch.reverse_compute_at(scatter, jx, preserve_unit_loops=True)
         guard_compact_loop(sch, io, GPU_BM, _Guard("pit_offsets", plan.micro_tile[0]))
     sch.decompose_reduction(mm, ko)
     return _finish(sch, gpu=True)
 
 
-def _gpu_tiles(sch, plan):
+def _gpu_tiles_shape(plan):
+    """(threads_y, threads_x, rows per thread, cols per thread, BK) for a strip of mr rows."""
     mr, mk = plan.micro_tile
-    bm = mr if mr >= GPU_TY else mr
-    bk = mk if mk > 1 else GPU_BK
+    if mr % GPU_TY == 0:
+        ty, tx = GPU_TY, GPU_TX        # 256 threads, each rows x 4 outputs
+    else:
+        ty, tx = 1, 32                 # thin strips: one warp per 128-column tile
+    return ty, tx, mr // ty, 4, (mk if mk > 1 else GPU_BK)
+
+
+def gpu_tiles_padding(plan):
+    """pad_einsum factors (i, j, k) of the matmul block for the GPU tiles schedule."""
+    ty, tx, _, cols, _ = _gpu_tiles_shape(plan)
+    return [plan.micro_tile[0], tx * cols, 1]
+
+
+def _gpu_tiles(sch, plan):
+    """One CTA per (strip of mr rows, N tile); the strip's non-zero k-tiles are gathered into
+    shared memory (A_sread: mr x BK, B_sread: BK x BN) and the k loop stops at the strip's count."""
+    mr, mk = plan.micro_tile
+    ty, tx, rows, cols, bk = _gpu_tiles_shape(plan)
     mm = sch.get_sblock("matmul")
     i, j, k = sch.get_loops(mm)
-    ty = min(GPU_TY, mr)
-    io, iy, ii = sch.split(i, [None, ty, mr // ty if mr % ty == 0 else 1])
-    jo, jx, ji = sch.split(j, [None, GPU_TX * (GPU_TY // ty), 4])
+    io, iy, ii = sch.split(i, [None, ty, rows])
+    jo, jx, ji = sch.split(j, [None, tx, cols])
     ko, ki = sch.split(k, [None, bk])
     sch.reorder(io, jo, iy, jx, ko, ki, ii, ji)
     sch.bind(io, "blockIdx.x")
     sch.bind(jo, "blockIdx.y")
     sch.bind(iy, "threadIdx.y")
     sch.bind(jx, "threadIdx.x")
-    sch.set_scope(mm, 0, "local")
-    threads_y, threads_x = ty, GPU_TX * (GPU_TY // ty)
-    for name in ("A_sread", "B_sread"):
+    acc = sch.cache_write(mm, 0, "local")
+    sch.reverse_compute_at(acc, jx, preserve_unit_loops=True)
+    gathers = [n for n in ("A_sread", "A_pad_sread", "B_sread", "B_pad_sread") if _has(sch, n)]
+    for name in gathers:
         blk = sch.get_sblock(name)
-        sch.compute_at(blk, ko)
-        sch.set_scope(blk, 0, "shared")
+        sch.set_scope(blk, 0, "shared")   # before compute_at: the region then spans all threads
+        sch.compute_at(blk, ko, preserve_unit_loops=True)
         loops = sch.get_loops(blk)
-        depth = [i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(ko))][0]
-        fused = sch.fuse(*loops[depth + 1:])
-        _, t_y, t_x = sch.split(fused, [None, threads_y, threads_x])
+        depth = [n for n, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(ko))][0]
+        _, t_y, t_x = sch.split(sch.fuse(*loops[depth + 1:]), [None, ty, tx])
         sch.bind(t_y, "threadIdx.y")
         sch.bind(t_x, "threadIdx.x")
-    sch.reverse_compute_at(sch.get_sblock("cast"), jx)
+        auto_inline_producers(sch, blk)      # the padding blocks read inside the gather
+    auto_inline_consumers(sch, acc)          # crop and cast in the register write-back
     guard_compact_loop(sch, ko, bk, _Guard("pit_offsets", mk), group_loop=io)
     sch.decompose_reduction(mm, ko)
     return _finish(sch, gpu=True)

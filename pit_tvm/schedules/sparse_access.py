@@ -422,40 +422,8 @@ def guard_compact_loop(sch: Schedule, loop, positions_per_iter: int, index: PitI
 
 
 def lower_pit(func: tirx.PrimFunc, gpu: bool) -> tirx.PrimFunc:
-    """Finish a scheduled PIT function: guards, the zero fills SWrite asked for, and
-    constant-bounded on-chip stages."""
-    func = _insert_zero_fills(_lower_guards(func, gpu), gpu)
-    return _bound_onchip_buffers(func) if gpu else func
-
-
-ONCHIP_BOUND = 1 << 30
-
-
-def _bound_onchip_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Give shared/local gathered stages constant declared extents.
-
-    SRead/SWrite stages are declared over the block's whole (symbolic) domain; once tiled
-    they only hold one tile, but buffer compaction clips the tile region to the declared
-    shape (``min(m, 64)``), which CUDA cannot allocate. Declaring a huge constant instead
-    leaves the tile's own constant extent.
-    """
-    root = func.body.block
-    swap = {}
-    for buf in root.alloc_buffers:
-        scope = buf.scope()
-        if scope in ("shared", "local", "shared.dyn") and any(not isinstance(d, tirx.IntImm) for d in buf.shape):
-            shape = [d if isinstance(d, tirx.IntImm) else tirx.const(ONCHIP_BOUND, _dtype(d)) for d in buf.shape]
-            swap[buf] = tirx.decl_buffer(shape, buf.dtype, name=buf.name, scope=scope)
-    if not swap:
-        return func
-
-    def sub(b):
-        for old, new in swap.items():
-            if b.same_as(old):
-                return new
-        return b
-
-    return func.with_body(tvm_ffi.structural_map(func.body, (tirx.Buffer, sub)))
+    """Finish a scheduled PIT function: guards, then the zero fills SWrite asked for."""
+    return _insert_zero_fills(_lower_guards(func, gpu), gpu)
 
 
 def _insert_zero_fills(func: tirx.PrimFunc, gpu: bool) -> tirx.PrimFunc:

@@ -343,46 +343,67 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
             IDS = T.match_buffer(ids, (M,), "int32")
             BIAS = T.match_buffer(bias_h, (N,), in_dtype)
             C = T.match_buffer(c, (M, N), out_dtype)
-            Listed = T.sblock_alloc_buffer((M,), "int32")
-            RowIdx = T.sblock_alloc_buffer((M,), "int32")
-            Ag = T.sblock_alloc_buffer((M, K), in_dtype)
-            Acc = T.sblock_alloc_buffer((M, N), "float32")
-            for r in range(M):
-                with T.sblock("row_listed"):
-                    vr = T.axis.spatial(M, r)
-                    T.reads(OFF[1], IDS[0:M])
-                    T.writes(Listed[vr])
-                    Listed[vr] = _listed_expr(OFF, IDS, vr, M)
-            for r, j in T.grid(M, N):
-                with T.sblock("zero_fill"):
-                    vr, vj = T.axis.remap("SS", [r, j])
-                    T.reads(Listed[vr])
-                    T.writes(C[vr, vj])
-                    if Listed[vr] == 0:
-                        C[vr, vj] = zero
-            for p in range(M):
-                with T.sblock("row_index"):
-                    vp = T.axis.spatial(M, p)
-                    RowIdx[vp] = T.max(IDS[T.min(vp, M - T.int64(1))], 0)
-            for p, kk in T.grid(M, K):
-                with T.sblock("A_gather"):
-                    vp, vk = T.axis.remap("SS", [p, kk])
-                    Ag[vp, vk] = A[RowIdx[vp], vk]
-            for p, j, kk in T.grid(M, N, K):
-                with T.sblock("matmul"):
-                    vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
-                    with T.init():
-                        Acc[vp, vj] = T.float32(0)
-                    Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ag[vp, vk]) * T.Cast(
-                        "float32", B[vk, vj])
-            for p, j in T.grid(M, N):
-                with T.sblock("scatter"):
-                    vp, vj = T.axis.remap("SS", [p, j])
-                    T.reads(OFF[1], IDS[T.min(vp, M - T.int64(1))], Acc[vp, vj], BIAS[vj])
-                    T.writes(C[0:M, vj])
-                    if T.Cast("int64", OFF[1]) > vp:
-                        C[IDS[T.min(vp, M - T.int64(1))], vj] = _epilogue(
-                            Acc[vp, vj], BIAS[vj], relu, out_dtype)
+            with T.sblock("zero_rows"):
+                # complement scatter of zeros: rows that are not in ids[0:count]
+                T.reads(OFF[1], IDS[0:M])
+                T.writes(C[0:M, 0:N])
+                Listed = T.sblock_alloc_buffer((M,), "int32")
+                for r in range(M):
+                    with T.sblock("row_listed"):
+                        vr = T.axis.spatial(M, r)
+                        T.reads(OFF[1], IDS[0:M])
+                        T.writes(Listed[vr])
+                        # lower_bound of row vr in ids[0:count] (ascending)
+                        lo = T.sblock_alloc_buffer((1,), "int32", scope="local")
+                        ln = T.sblock_alloc_buffer((1,), "int32", scope="local")
+                        lo[0] = 0
+                        ln[0] = OFF[1]
+                        while ln[0] > 0:
+                            half = T.meta_var(ln[0] >> 1)
+                            if IDS[lo[0] + half] < T.Cast("int32", vr):
+                                lo[0] = lo[0] + half + 1
+                                ln[0] = ln[0] - half - 1
+                            else:
+                                ln[0] = half
+                        Listed[vr] = T.Select(lo[0] < OFF[1], T.Select(
+                            IDS[T.min(lo[0], T.Cast("int32", M) - 1)] == T.Cast("int32", vr),
+                            1, 0), 0)
+                for r, j in T.grid(M, N):
+                    with T.sblock("zero_fill"):
+                        vr, vj = T.axis.remap("SS", [r, j])
+                        T.reads(Listed[vr])
+                        T.writes(C[vr, vj])
+                        if Listed[vr] == 0:
+                            C[vr, vj] = zero
+            with T.sblock("gather_matmul"):
+                T.reads(OFF[1], IDS[0:M], A[0:M, 0:K], B[0:K, 0:N], BIAS[0:N])
+                T.writes(C[0:M, 0:N])
+                RowIdx = T.sblock_alloc_buffer((T.Cast("int32", M),), "int32")
+                Ag = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
+                Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
+                for p in range(T.Cast("int32", M)):
+                    with T.sblock("row_index"):
+                        vp = T.axis.spatial(T.Cast("int32", M), p)
+                        RowIdx[vp] = T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)], 0)
+                for p, kk in T.grid(T.Cast("int32", M), K):
+                    with T.sblock("A_gather"):
+                        vp, vk = T.axis.remap("SS", [p, kk])
+                        Ag[vp, vk] = A[RowIdx[vp], vk]
+                for p, j, kk in T.grid(T.Cast("int32", M), N, K):
+                    with T.sblock("matmul"):
+                        vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
+                        with T.init():
+                            Acc[vp, vj] = T.float32(0)
+                        Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ag[vp, vk]) * T.Cast(
+                            "float32", B[vk, vj])
+                for p, j in T.grid(T.Cast("int32", M), N):
+                    with T.sblock("scatter"):
+                        vp, vj = T.axis.remap("SS", [p, j])
+                        T.reads(OFF[1], IDS[T.min(vp, T.Cast("int32", M) - 1)], Acc[vp, vj], BIAS[vj])
+                        T.writes(C[0:M, vj])
+                        if OFF[1] > vp:
+                            C[IDS[T.min(vp, T.Cast("int32", M) - 1)], vj] = _epilogue(
+                                Acc[vp, vj], BIAS[vj], relu, out_dtype)
     else:
         @T.prim_func(s_tir=True)
         def func(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
@@ -393,72 +414,296 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
             OFF = T.match_buffer(offsets, (2,), "int32")
             IDS = T.match_buffer(ids, (M,), "int32")
             C = T.match_buffer(c, (M, N), out_dtype)
-            Listed = T.sblock_alloc_buffer((M,), "int32")
-            RowIdx = T.sblock_alloc_buffer((M,), "int32")
-            Ag = T.sblock_alloc_buffer((M, K), in_dtype)
-            Acc = T.sblock_alloc_buffer((M, N), "float32")
-            for r in range(M):
-                with T.sblock("row_listed"):
-                    vr = T.axis.spatial(M, r)
-                    T.reads(OFF[1], IDS[0:M])
-                    T.writes(Listed[vr])
-                    Listed[vr] = _listed_expr(OFF, IDS, vr, M)
-            for r, j in T.grid(M, N):
-                with T.sblock("zero_fill"):
-                    vr, vj = T.axis.remap("SS", [r, j])
-                    T.reads(Listed[vr])
-                    T.writes(C[vr, vj])
-                    if Listed[vr] == 0:
-                        C[vr, vj] = zero
-            for p in range(M):
-                with T.sblock("row_index"):
-                    vp = T.axis.spatial(M, p)
-                    RowIdx[vp] = T.max(IDS[T.min(vp, M - T.int64(1))], 0)
-            for p, kk in T.grid(M, K):
-                with T.sblock("A_gather"):
-                    vp, vk = T.axis.remap("SS", [p, kk])
-                    Ag[vp, vk] = A[RowIdx[vp], vk]
-            for p, j, kk in T.grid(M, N, K):
-                with T.sblock("matmul"):
-                    vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
-                    with T.init():
-                        Acc[vp, vj] = T.float32(0)
-                    Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ag[vp, vk]) * T.Cast(
-                        "float32", B[vk, vj])
-            for p, j in T.grid(M, N):
-                with T.sblock("scatter"):
-                    vp, vj = T.axis.remap("SS", [p, j])
-                    T.reads(OFF[1], IDS[T.min(vp, M - T.int64(1))], Acc[vp, vj])
-                    T.writes(C[0:M, vj])
-                    if T.Cast("int64", OFF[1]) > vp:
-                        C[IDS[T.min(vp, M - T.int64(1))], vj] = _epilogue(
-                            Acc[vp, vj], None, relu, out_dtype)
+            with T.sblock("zero_rows"):
+                # complement scatter of zeros: rows that are not in ids[0:count]
+                T.reads(OFF[1], IDS[0:M])
+                T.writes(C[0:M, 0:N])
+                Listed = T.sblock_alloc_buffer((M,), "int32")
+                for r in range(M):
+                    with T.sblock("row_listed"):
+                        vr = T.axis.spatial(M, r)
+                        T.reads(OFF[1], IDS[0:M])
+                        T.writes(Listed[vr])
+                        # lower_bound of row vr in ids[0:count] (ascending)
+                        lo = T.sblock_alloc_buffer((1,), "int32", scope="local")
+                        ln = T.sblock_alloc_buffer((1,), "int32", scope="local")
+                        lo[0] = 0
+                        ln[0] = OFF[1]
+                        while ln[0] > 0:
+                            half = T.meta_var(ln[0] >> 1)
+                            if IDS[lo[0] + half] < T.Cast("int32", vr):
+                                lo[0] = lo[0] + half + 1
+                                ln[0] = ln[0] - half - 1
+                            else:
+                                ln[0] = half
+                        Listed[vr] = T.Select(lo[0] < OFF[1], T.Select(
+                            IDS[T.min(lo[0], T.Cast("int32", M) - 1)] == T.Cast("int32", vr),
+                            1, 0), 0)
+                for r, j in T.grid(M, N):
+                    with T.sblock("zero_fill"):
+                        vr, vj = T.axis.remap("SS", [r, j])
+                        T.reads(Listed[vr])
+                        T.writes(C[vr, vj])
+                        if Listed[vr] == 0:
+                            C[vr, vj] = zero
+            with T.sblock("gather_matmul"):
+                T.reads(OFF[1], IDS[0:M], A[0:M, 0:K], B[0:K, 0:N])
+                T.writes(C[0:M, 0:N])
+                RowIdx = T.sblock_alloc_buffer((T.Cast("int32", M),), "int32")
+                Ag = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
+                Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
+                for p in range(T.Cast("int32", M)):
+                    with T.sblock("row_index"):
+                        vp = T.axis.spatial(T.Cast("int32", M), p)
+                        RowIdx[vp] = T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)], 0)
+                for p, kk in T.grid(T.Cast("int32", M), K):
+                    with T.sblock("A_gather"):
+                        vp, vk = T.axis.remap("SS", [p, kk])
+                        Ag[vp, vk] = A[RowIdx[vp], vk]
+                for p, j, kk in T.grid(T.Cast("int32", M), N, K):
+                    with T.sblock("matmul"):
+                        vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
+                        with T.init():
+                            Acc[vp, vj] = T.float32(0)
+                        Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ag[vp, vk]) * T.Cast(
+                            "float32", B[vk, vj])
+                for p, j in T.grid(T.Cast("int32", M), N):
+                    with T.sblock("scatter"):
+                        vp, vj = T.axis.remap("SS", [p, j])
+                        T.reads(OFF[1], IDS[T.min(vp, T.Cast("int32", M) - 1)], Acc[vp, vj])
+                        T.writes(C[0:M, vj])
+                        if OFF[1] > vp:
+                            C[IDS[T.min(vp, T.Cast("int32", M) - 1)], vj] = _epilogue(
+                                Acc[vp, vj], None, relu, out_dtype)
 
     return func.with_attr("pit.workload", f"row_gather_matmul_k{K}_n{N}_{in_dtype}_{out_dtype}"
                           f"{'_bias' if bias else ''}{'_relu' if relu else ''}")
 
 
-_SEARCH_STEPS = 32  # enough for any int32 count
+# --------------------------------------------------------------------------------------
+# Schedule
+# --------------------------------------------------------------------------------------
+def _workload_params(func: tirx.PrimFunc):
+    """(K, N, in_dtype, out_dtype, has_bias) read back from the workload's buffers."""
+    params = list(func.params)
+    if len(params) not in (5, 6):
+        raise ValueError("not a row_gather_matmul workload (expected 5 or 6 parameters)")
+    a, b, c = params[0].ty, params[1].ty, params[-1].ty
+    return (int(b.shape[0]), int(b.shape[1]), str(a.dtype), str(c.dtype),
+            len(params) == 6)
 
 
-def _listed_expr(OFF, IDS, vr, M):
-    """1 if row ``vr`` is in ids[0:count] (ascending), else 0: a branch-free lower_bound of
-    fixed length, written as nested Let expressions (each step halves [lo, lo + len))."""
-    count = OFF[1]
-    row = T.Cast("int32", vr)
-    last = T.Cast("int32", M) - 1
-    one, zero = tirx.const(1, "int32"), tirx.const(0, "int32")
+def _read_index(sch: s_tir.Schedule, block, buffer_name: str) -> int:
+    for i, region in enumerate(sch.get(block).reads):
+        if region.source.name == buffer_name:
+            return i
+    raise ValueError(f"block {sch.get(block).name_hint} does not read {buffer_name}")
 
-    def step(i, lo_val, len_val):
-        if i == _SEARCH_STEPS:
-            hit = tirx.all(lo_val < count, IDS[T.max(T.min(lo_val, last), 0)] == row)
-            return T.Select(hit, one, zero)
-        lo = tirx.Var(f"lo{i}", "int32")
-        ln = tirx.Var(f"len{i}", "int32")
-        half = ln >> 1
-        right = tirx.all(ln > 0, IDS[T.max(T.min(lo + half, last), 0)] < row)
-        nxt_lo = T.Select(right, lo + half + 1, lo)
-        nxt_len = T.Select(right, ln - half - 1, half)
-        return tirx.Let(lo, lo_val, tirx.Let(ln, len_val, step(i + 1, nxt_lo, nxt_len)))
 
-    return step(0, zero, count)
+def _schedule_zero_fill(sch: s_tir.Schedule, n: int, out_dtype: str, c: TensorCoreConfig):
+    """Complement zero-fill kernel: blockIdx.x over row groups, threadIdx.y = row,
+    threadIdx.x x vector over the columns; each thread finds its row's flag itself."""
+    zf = sch.get_sblock("zero_fill")
+    rl = sch.get_sblock("row_listed")
+    r, j = sch.get_loops(zf)
+    vec = max(1, min(16 // _dtype_bytes(out_dtype), c.epilogue_vec * 2))
+    while n % vec:
+        vec //= 2
+    tx = max(1, min(32, n // vec))
+    ro, ri = sch.split(r, [None, c.zero_rows])
+    j0, j1, j2 = sch.split(j, [None, tx, vec])
+    sch.reorder(ro, ri, j1, j0, j2)
+    sch.bind(ro, "blockIdx.x")
+    sch.bind(ri, "threadIdx.y")
+    sch.bind(j1, "threadIdx.x")
+    sch.vectorize(j2)
+    sch.set_scope(rl, 0, "local")
+    sch.compute_at(rl, j1)
+
+
+def schedule_row_gather_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
+                               arch: str = "sm_90") -> tirx.PrimFunc:
+    """Schedule :func:`row_gather_matmul_func` for CUDA tensor cores.
+
+    Raises ValueError when ``config`` does not fit the workload: K % block_k, N % block_n
+    must be 0 (no masking on the tensor-core path), the tiles must divide into warps and
+    16x16x16 mma tiles, and the dynamic shared memory must fit ``arch``.
+    """
+    k, n, in_dtype, out_dtype, _ = _workload_params(func)
+    c = config
+    check_config(k, n, in_dtype, c, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype)
+    names = _intrin_names(in_dtype)
+    vec = 16 // _dtype_bytes(in_dtype)
+    warps = c.warps
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    _schedule_zero_fill(sch, n, out_dtype, c)
+
+    mm = sch.get_sblock("matmul")
+    gather = sch.get_sblock("A_gather")
+    row_index = sch.get_sblock("row_index")
+    scatter = sch.get_sblock("scatter")
+
+    # ---- 16x16x16 mma tiles; the p axis over-iterates to a multiple of block_m without
+    # predicates (all indices of rows >= M are clamped in the workload, never stored).
+    p, j, kk = sch.get_loops(mm)
+    p, p_tc = sch.split(p, [None, 16], disable_predication=True)
+    j, j_tc = sch.split(j, [None, 16])
+    kk, k_tc = sch.split(kk, [None, 16])
+    sch.reorder(p, j, kk, p_tc, j_tc, k_tc)
+    outer = sch.blockize(p_tc)
+    p0, p1, p2 = sch.split(p, [None, c.block_m // c.warp_m, c.warp_m // 16],
+                           disable_predication=True)
+    j0, j1, j2 = sch.split(j, [n // c.block_n, c.block_n // c.warp_n, c.warp_n // 16])
+    k0, k1 = sch.split(kk, [k // c.block_k, c.block_k // 16])
+    sch.reorder(p0, j0, p1, j1, k0, k1, p2, j2)
+    sch.annotate(p0, EARLY_EXIT_ATTR, c.block_m)
+    sch.bind(p0, "blockIdx.x")
+    sch.bind(j0, "blockIdx.y")
+    ty = sch.fuse(p1, j1)
+    sch.bind(ty, "threadIdx.y")
+
+    # ---- accumulators: warp registers -> shared C tile (fp32) -> epilogue + SWrite
+    sch.set_scope(outer, 0, SMEM_SCOPE)
+    c_w = sch.cache_write(outer, 0, "warp")
+    sch.reverse_compute_at(c_w, ty)
+    sch.reverse_compute_at(scatter, j0)
+    sch.storage_align(outer, 0, axis=-2, factor=32, offset=4)
+    f = sch.fuse(*sch.get_loops(scatter)[-2:])
+    _, fy, fx, fv = sch.split(f, [None, warps, 32, c.epilogue_vec])
+    sch.bind(fy, "threadIdx.y")
+    sch.bind(fx, "threadIdx.x")
+    sch.vectorize(fv)
+
+    # ---- SRead: row ids of the tile -> shared once per CTA; A rows gathered per K tile
+    sch.set_scope(gather, 0, SMEM_SCOPE)
+    sch.compute_at(gather, k0)
+    f = sch.fuse(*sch.get_loops(gather)[-2:])
+    _, fy, fx, fv = sch.split(f, [None, warps, 32, vec])
+    sch.bind(fy, "threadIdx.y")
+    sch.bind(fx, "threadIdx.x")
+    sch.vectorize(fv)
+    if c.smem_pad:
+        sch.storage_align(gather, 0, axis=-2, factor=2 * c.smem_pad, offset=c.smem_pad)
+
+    sch.set_scope(row_index, 0, SMEM_SCOPE)
+    sch.compute_at(row_index, ty)
+    (ri,) = sch.get_loops(row_index)[-1:]
+    _, fy, fx = sch.split(ri, [None, warps, 32])
+    sch.bind(fy, "threadIdx.y")
+    sch.bind(fx, "threadIdx.x")
+
+    b_s = sch.cache_read(outer, _read_index(sch, outer, "B"), SMEM_SCOPE)
+    sch.compute_at(b_s, k0)
+    f = sch.fuse(*sch.get_loops(b_s)[-2:])
+    _, fy, fx, fv = sch.split(f, [None, warps, 32, vec])
+    sch.bind(fy, "threadIdx.y")
+    sch.bind(fx, "threadIdx.x")
+    sch.vectorize(fv)
+    if c.smem_pad:
+        sch.storage_align(b_s, 0, axis=-2, factor=2 * c.smem_pad, offset=c.smem_pad)
+
+    # ---- shared -> warp fragments (ldmatrix), mma.sync, fill, store
+    a_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(gather).writes[0].source.name),
+                         "warp")
+    sch.compute_at(a_w, k1)
+    b_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(b_s).writes[0].source.name),
+                         "warp")
+    sch.compute_at(b_w, k1)
+
+    ii, jj = sch.get_loops(c_w)[-2:]
+    io, ii = sch.split(ii, [None, 16])
+    jo, ji = sch.split(jj, [None, 16])
+    sch.reorder(io, jo, ii, ji)
+    sch.decompose_reduction(outer, k0)
+
+    def frag(b):
+        a, cc = sch.get_loops(b)[-2:]
+        a0, a1 = sch.split(a, [None, 16])
+        c0, c1 = sch.split(cc, [None, 16])
+        sch.reorder(a0, c0, a1, c1)
+        return a1
+
+    la, lb = frag(a_w), frag(b_w)
+
+    def imap(i, j):
+        return (i // 16, j // 16, *shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
+
+    sch.transform_layout(a_w, ("write", 0), imap)
+    sch.transform_layout(b_w, ("write", 0), imap)
+    sch.transform_layout(c_w, ("read", 0), imap)
+    sch.tensorize(la, names["load_a"])
+    sch.tensorize(lb, names["load_b"])
+    sch.tensorize(sch.get_loops(mm)[-3], names["compute"])
+    sch.tensorize(sch.get_loops(sch.get_sblock("matmul_init"))[-2], names["init"])
+    sch.tensorize(sch.get_loops(c_w)[-2], names["store"])
+
+    # ---- software pipeline over the K tiles: stage the copies `stages - 1` tiles ahead
+    if c.stages > 1:
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, c.stages - 1])
+        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k0, "software_pipeline_async_stages", [0])
+
+    out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return add_early_exit(out)
+
+
+def add_early_exit(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Wrap the body of the p-tile (blockIdx.x) loop annotated ``pit.early_exit_block_m``
+    in ``if p_tile * block_m < offsets[1]``: CTAs past the non-zero rows exit at once.
+
+    A post-process of the scheduled IR (a MetaSchedule design space must apply it too,
+    e.g. as a postproc, or call it on the best schedule)."""
+    offsets = func.params[2]
+
+    def post(stmt):
+        if isinstance(stmt, tirx.For) and EARLY_EXIT_ATTR in stmt.annotations:
+            bm = int(stmt.annotations[EARLY_EXIT_ATTR])
+            ann = {k: v for k, v in stmt.annotations.items() if k != EARLY_EXIT_ATTR}
+            cond = tirx.Cast("int64", stmt.loop_var) * bm < tirx.Cast(
+                "int64", tirx.BufferLoad(offsets, [tirx.const(1, "int32")]))
+            body = tirx.IfThenElse(cond, stmt.body, None)
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
+                            stmt.thread_binding, ann)
+        return None
+
+    body = tirx.stmt_functor.ir_transform(func.body, None, post, ["tirx.For"])
+    return func.with_body(body)
+
+
+def build(mod, target="cuda"):
+    """``pit_tvm.target.build`` with ``tirx.use_async_copy`` on (cp.async for the
+    pipelined copies)."""
+    from pit_tvm.target import build as _build  # local: avoid import cycles
+
+    if isinstance(mod, tirx.PrimFunc):
+        mod = tvm.IRModule({"main": mod})
+    with tvm.transform.PassContext(config={"tirx.use_async_copy": True}):
+        return _build(mod, target)
+
+
+_CANDIDATES = (
+    TensorCoreConfig(),                                                   # 128x128x32, 4 warps
+    TensorCoreConfig(stages=4),
+    TensorCoreConfig(stages=2),
+    TensorCoreConfig(stages=1),
+    TensorCoreConfig(block_k=64, stages=3),
+    TensorCoreConfig(block_n=256, stages=3),                              # 8 warps
+    TensorCoreConfig(block_m=256, stages=3),                              # 8 warps
+    TensorCoreConfig(block_m=64, block_n=128, warp_m=32, warp_n=64, stages=4),
+    TensorCoreConfig(block_m=64, block_n=64, warp_m=32, warp_n=32, stages=4),
+    TensorCoreConfig(block_m=32, block_n=128, warp_m=32, warp_n=32, stages=4),
+)
+
+
+def valid_configs(k: int, n: int, in_dtype: str = "float16",
+                  arch: str = "sm_90") -> list[TensorCoreConfig]:
+    """The candidate configs (the design space's support) that fit a (K, N) problem."""
+    out = []
+    for cfg in _CANDIDATES:
+        try:
+            check_config(k, n, in_dtype, cfg, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]))
+        except ValueError:
+            continue
+        out.append(cfg)
+    return out
