@@ -185,9 +185,13 @@ def _gpu_tiles_shape(plan):
 
 
 def gpu_tiles_padding(plan):
-    """pad_einsum factors (i, j, k) of the matmul block for the GPU tiles schedule."""
-    ty, tx, _, cols, _ = _gpu_tiles_shape(plan)
-    return [plan.micro_tile[0], tx * cols, 1]
+    """pad_einsum factors (i, j, k) of the matmul block for the GPU tiles schedule.
+
+    Only M (symbolic) is padded, to whole strips. Padding N would add a padded copy of B that
+    cannot be inlined into the B gather (its rows are read through the index) and would
+    run on the host.
+    """
+    return [plan.micro_tile[0], 1, 1]
 
 
 def _gpu_tiles(sch, plan):
