@@ -378,17 +378,12 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
             with T.sblock("gather_matmul"):
                 T.reads(OFF[1], IDS[0:M], A[0:M, 0:K], B[0:K, 0:N], BIAS[0:N])
                 T.writes(C[0:M, 0:N])
-                RowIdx = T.sblock_alloc_buffer((T.Cast("int32", M),), "int32")
                 Ag = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
                 Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
-                for p in range(T.Cast("int32", M)):
-                    with T.sblock("row_index"):
-                        vp = T.axis.spatial(T.Cast("int32", M), p)
-                        RowIdx[vp] = T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)], 0)
                 for p, kk in T.grid(T.Cast("int32", M), K):
                     with T.sblock("A_gather"):
                         vp, vk = T.axis.remap("SS", [p, kk])
-                        Ag[vp, vk] = A[RowIdx[vp], vk]
+                        Ag[vp, vk] = A[T.max(IDS[vp], 0), vk]
                 for p, j, kk in T.grid(T.Cast("int32", M), N, K):
                     with T.sblock("matmul"):
                         vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
@@ -449,17 +444,12 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
             with T.sblock("gather_matmul"):
                 T.reads(OFF[1], IDS[0:M], A[0:M, 0:K], B[0:K, 0:N])
                 T.writes(C[0:M, 0:N])
-                RowIdx = T.sblock_alloc_buffer((T.Cast("int32", M),), "int32")
                 Ag = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
                 Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
-                for p in range(T.Cast("int32", M)):
-                    with T.sblock("row_index"):
-                        vp = T.axis.spatial(T.Cast("int32", M), p)
-                        RowIdx[vp] = T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)], 0)
                 for p, kk in T.grid(T.Cast("int32", M), K):
                     with T.sblock("A_gather"):
                         vp, vk = T.axis.remap("SS", [p, kk])
-                        Ag[vp, vk] = A[RowIdx[vp], vk]
+                        Ag[vp, vk] = A[T.max(IDS[vp], 0), vk]
                 for p, j, kk in T.grid(T.Cast("int32", M), N, K):
                     with T.sblock("matmul"):
                         vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
@@ -540,20 +530,23 @@ def schedule_row_gather_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     _schedule_zero_fill(sch, n, out_dtype, c)
 
     mm = sch.get_sblock("matmul")
-    gather = sch.get_sblock("A_gather")
-    row_index = sch.get_sblock("row_index")
     scatter = sch.get_sblock("scatter")
 
-    # ---- 16x16x16 mma tiles; the p axis over-iterates to a multiple of block_m without
-    # predicates (all indices of rows >= M are clamped in the workload, never stored).
+    # ---- pad the compacted row axis p to a multiple of block_m: Ag_pad (the A tile) reads
+    # A[ids[p]] only for p < M (the gather is inlined into it), Acc_pad feeds the scatter.
+    sch.pad_einsum(mm, [c.block_m, 16, 16])
+    gather = sch.get_sblock("Ag_pad")
+    sch.compute_inline(sch.get_sblock("A_gather"))
+    sch.compute_inline(sch.get_sblock("Acc_pad"))
+
+    # ---- 16x16x16 mma tiles
     p, j, kk = sch.get_loops(mm)
-    p, p_tc = sch.split(p, [None, 16], disable_predication=True)
+    p, p_tc = sch.split(p, [None, 16])
     j, j_tc = sch.split(j, [None, 16])
     kk, k_tc = sch.split(kk, [None, 16])
     sch.reorder(p, j, kk, p_tc, j_tc, k_tc)
     outer = sch.blockize(p_tc)
-    p0, p1, p2 = sch.split(p, [None, c.block_m // c.warp_m, c.warp_m // 16],
-                           disable_predication=True)
+    p0, p1, p2 = sch.split(p, [None, c.block_m // c.warp_m, c.warp_m // 16])
     j0, j1, j2 = sch.split(j, [n // c.block_n, c.block_n // c.warp_n, c.warp_n // 16])
     k0, k1 = sch.split(kk, [k // c.block_k, c.block_k // 16])
     sch.reorder(p0, j0, p1, j1, k0, k1, p2, j2)
@@ -568,7 +561,6 @@ def schedule_row_gather_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     c_w = sch.cache_write(outer, 0, "warp")
     sch.reverse_compute_at(c_w, ty)
     sch.reverse_compute_at(scatter, j0)
-    sch.storage_align(outer, 0, axis=-2, factor=32, offset=4)
     f = sch.fuse(*sch.get_loops(scatter)[-2:])
     _, fy, fx, fv = sch.split(f, [None, warps, 32, c.epilogue_vec])
     sch.bind(fy, "threadIdx.y")
@@ -585,13 +577,6 @@ def schedule_row_gather_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     sch.vectorize(fv)
     if c.smem_pad:
         sch.storage_align(gather, 0, axis=-2, factor=2 * c.smem_pad, offset=c.smem_pad)
-
-    sch.set_scope(row_index, 0, SMEM_SCOPE)
-    sch.compute_at(row_index, ty)
-    (ri,) = sch.get_loops(row_index)[-1:]
-    _, fy, fx = sch.split(ri, [None, warps, 32])
-    sch.bind(fy, "threadIdx.y")
-    sch.bind(fx, "threadIdx.x")
 
     b_s = sch.cache_read(outer, _read_index(sch, outer, "B"), SMEM_SCOPE)
     sch.compute_at(b_s, k0)
@@ -629,14 +614,18 @@ def schedule_row_gather_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     def imap(i, j):
         return (i // 16, j // 16, *shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
 
-    sch.transform_layout(a_w, ("write", 0), imap)
-    sch.transform_layout(b_w, ("write", 0), imap)
-    sch.transform_layout(c_w, ("read", 0), imap)
+    sch.transform_layout(a_w, ("write", 0), imap, )
+    sch.transform_layout(b_w, ("write", 0), imap, )
+    sch.transform_layout(c_w, ("read", 0), imap, )
     sch.tensorize(la, names["load_a"])
     sch.tensorize(lb, names["load_b"])
     sch.tensorize(sch.get_loops(mm)[-3], names["compute"])
     sch.tensorize(sch.get_loops(sch.get_sblock("matmul_init"))[-2], names["init"])
+    store_parent = sch.get_loops(c_w)[-3]
     sch.tensorize(sch.get_loops(c_w)[-2], names["store"])
+    # pad the C tile rows (tensorize replaced the store block, so align the new one)
+    (store,) = sch.get_child_blocks(store_parent)
+    sch.storage_align(store, 0, axis=-2, factor=32, offset=4)
 
     # ---- software pipeline over the K tiles: stage the copies `stages - 1` tiles ahead
     if c.stages > 1:
@@ -654,20 +643,60 @@ def add_early_exit(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     A post-process of the scheduled IR (a MetaSchedule design space must apply it too,
     e.g. as a postproc, or call it on the best schedule)."""
+    from tvm.s_tir.stmt import SBlock, SBlockRealize
+
     offsets = func.params[2]
+    found = []
 
-    def post(stmt):
-        if isinstance(stmt, tirx.For) and EARLY_EXIT_ATTR in stmt.annotations:
-            bm = int(stmt.annotations[EARLY_EXIT_ATTR])
-            ann = {k: v for k, v in stmt.annotations.items() if k != EARLY_EXIT_ATTR}
-            cond = tirx.Cast("int64", stmt.loop_var) * bm < tirx.Cast(
-                "int64", tirx.BufferLoad(offsets, [tirx.const(1, "int32")]))
-            body = tirx.IfThenElse(cond, stmt.body, None)
+    def guard(stmt, cond):
+        # Guard each statement of the CTA body separately (not the body as a whole), so
+        # that MergeSharedMemoryAllocations still sees the pipeline buffers die before the
+        # C tile is written and overlaps them.
+        if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.THREAD_BINDING:
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
+                            guard(stmt.body, cond), stmt.thread_binding, stmt.annotations,
+                            stmt.step, stmt.span)
+        if isinstance(stmt, tirx.SeqStmt):
+            return tirx.SeqStmt([guard(x, cond) for x in stmt.seq], stmt.span)
+        return tirx.IfThenElse(cond, stmt, None)
+
+    def visit(stmt):
+        if isinstance(stmt, tirx.For):
+            if EARLY_EXIT_ATTR in stmt.annotations:
+                bm = int(stmt.annotations[EARLY_EXIT_ATTR])
+                ann = {k: v for k, v in stmt.annotations.items() if k != EARLY_EXIT_ATTR}
+                # uniform across the CTA: lets ThreadSync place __syncthreads inside
+                cond = tirx.op.tvm_thread_invariant(
+                    tirx.Cast("int64", stmt.loop_var) * bm
+                    < tirx.Cast("int64", tirx.BufferLoad(offsets, [tirx.const(1, "int32")])))
+                found.append(bm)
+                return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
+                                guard(stmt.body, cond), stmt.thread_binding,
+                                ann, stmt.step, stmt.span)
+            body = visit(stmt.body)
+            if body.same_as(stmt.body):
+                return stmt
             return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
-                            stmt.thread_binding, ann)
-        return None
+                            stmt.thread_binding, stmt.annotations, stmt.step, stmt.span)
+        if isinstance(stmt, tirx.SeqStmt):
+            seq = [visit(x) for x in stmt.seq]
+            if all(x.same_as(y) for x, y in zip(seq, stmt.seq)):
+                return stmt
+            return tirx.SeqStmt(seq, stmt.span)
+        if isinstance(stmt, SBlockRealize):
+            blk = stmt.block
+            body = visit(blk.body)
+            if body.same_as(blk.body):
+                return stmt
+            new_blk = SBlock(blk.iter_vars, blk.reads, blk.writes, blk.name_hint, body,
+                             blk.init, blk.alloc_buffers, blk.match_buffers, blk.annotations,
+                             blk.span)
+            return SBlockRealize(stmt.iter_values, stmt.predicate, new_blk, stmt.span)
+        return stmt
 
-    body = tirx.stmt_functor.ir_transform(func.body, None, post, ["tirx.For"])
+    body = visit(func.body)
+    if not found:
+        return func
     return func.with_body(body)
 
 
