@@ -18,10 +18,10 @@ writes rows disjoint from the matmul kernel's rows, so their order does not matt
 
 The PIT part (:func:`schedule_row_gather_matmul`):
 
-* ``row_index`` / ``A_gather`` (SRead): the thread block tile covers ``BM`` *compacted*
-  row positions ``p``; the tile's row ids are staged once in shared memory and each row of
-  the A tile is gathered global->shared with 16-byte vector copies (cp.async when
-  ``stages > 1``) into a padded shared buffer.
+* ``A_gather`` (SRead): the thread block tile covers ``BM`` *compacted* row positions
+  ``p``; each row of the A tile is gathered global->shared from row ``ids[p]`` with 16-byte
+  vector copies (predicated zero-fill cp.async when ``stages > 1``; rows past ``M`` of the
+  last tile are zero-filled) into a padded shared buffer (``pad_einsum`` pads p to BM).
 * ``matmul``: dense BM x BN x BK tiles, ldmatrix + mma.sync m16n8k16 (fp16 or bf16 in,
   fp32 accumulators in registers), B also cp.async'ed to padded shared memory, multi-stage
   software pipeline over the K tiles (``software_pipeline_stage/order/async_stages``).
@@ -254,8 +254,7 @@ def smem_bytes(config: TensorCoreConfig, in_dtype: str = "float16") -> int:
     e = _dtype_bytes(in_dtype)
     pipe = c.stages * (c.block_m * (c.block_k + c.smem_pad) + c.block_k * (c.block_n + c.smem_pad)) * e
     ctile = c.block_m * (c.block_n + 4) * 4
-    ids = c.block_m * 4
-    return max(pipe, ctile) + ids
+    return max(pipe, ctile)
 
 
 def check_config(k: int, n: int, in_dtype: str, config: TensorCoreConfig,
@@ -320,7 +319,7 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
 
     Parameters ``(a, b, offsets, ids, [bias,] c)``; ``M`` is a symbolic ``int64``; ``K=k`` and
     ``N=n`` are compile-time.  Blocks: ``row_listed`` + ``zero_fill`` (zero the rows that
-    are not listed), ``row_index`` (clamped row id per position p), ``A_gather`` (SRead),
+    are not listed), ``A_gather`` (SRead, ids clamped so rows p >= count read row 0),
     ``matmul`` (fp32 accumulation), ``scatter`` (epilogue + SWrite, guarded by p < count).
     Builds and runs as is on llvm.
     """
@@ -383,7 +382,8 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
                 for p, kk in T.grid(T.Cast("int32", M), K):
                     with T.sblock("A_gather"):
                         vp, vk = T.axis.remap("SS", [p, kk])
-                        Ag[vp, vk] = A[T.max(IDS[vp], 0), vk]
+                        # clamped: rows of a padded last tile never read past ids / A
+                        Ag[vp, vk] = A[T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)], 0), vk]
                 for p, j, kk in T.grid(T.Cast("int32", M), N, K):
                     with T.sblock("matmul"):
                         vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
@@ -449,7 +449,8 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
                 for p, kk in T.grid(T.Cast("int32", M), K):
                     with T.sblock("A_gather"):
                         vp, vk = T.axis.remap("SS", [p, kk])
-                        Ag[vp, vk] = A[T.max(IDS[vp], 0), vk]
+                        # clamped: rows of a padded last tile never read past ids / A
+                        Ag[vp, vk] = A[T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)], 0), vk]
                 for p, j, kk in T.grid(T.Cast("int32", M), N, K):
                     with T.sblock("matmul"):
                         vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
