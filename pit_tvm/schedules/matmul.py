@@ -209,8 +209,12 @@ def _gpu_tiles(sch, plan):
     sch.bind(jo, "blockIdx.y")
     sch.bind(iy, "threadIdx.y")
     sch.bind(jx, "threadIdx.x")
-    acc = sch.cache_write(mm, 0, "local")
-    sch.reverse_compute_at(acc, jx, preserve_unit_loops=True)
+    # Accumulators in registers; the crop of the row padding is inlined into the cast, which
+    # stores from registers (inlining the cast into a cache_write stage loses its N bound).
+    sch.set_scope(mm, 0, "local")
+    for crop in sch.get_consumers(mm):
+        if sch.get(crop).name_hint != "cast":
+            sch.compute_inline(crop)
     gathers = [n for n in ("A_sread", "A_pad_sread", "B_sread", "B_pad_sread") if _has(sch, n)]
     for name in gathers:
         blk = sch.get_sblock(name)
@@ -222,7 +226,7 @@ def _gpu_tiles(sch, plan):
         sch.bind(t_y, "threadIdx.y")
         sch.bind(t_x, "threadIdx.x")
         auto_inline_producers(sch, blk)      # the padding blocks read inside the gather
-    auto_inline_consumers(sch, acc)          # crop and cast in the register write-back
+    sch.reverse_compute_at(sch.get_sblock("cast"), jx, preserve_unit_loops=True)
     guard_compact_loop(sch, ko, bk, _Guard("pit_offsets", mk), group_loop=io)
     sch.decompose_reduction(mm, ko)
     return _finish(sch, gpu=True)
