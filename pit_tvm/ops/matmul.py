@@ -344,7 +344,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         raise ValueError(f"A's last dimension {a_ty.shape[-1]} does not match B's K={k}")
     m = tirx.const(1, "int64")
     for d in lead:
-        m = m * d
+        m = m * (d if str(d.ty.dtype) == "int64" else tirx.Cast("int64", d))
     a2 = bb.emit(relax.op.reshape(a, [m, k])) if len(lead) != 1 else a
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     mr, mc = plan.index_micro_tile
