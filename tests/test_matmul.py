@@ -124,3 +124,11 @@ def test_cuda_dense_baseline_matches():
     b = rng.standard_normal((K, N)).astype(np.float16)
     c = DenseMatmul(K, N, "float16", "cuda")(a, b)
     np.testing.assert_allclose(c.astype(np.float32), reference(a, b, "float16"), rtol=2e-2, atol=8e-2)
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+@pytest.mark.parametrize("k,n,micro_tile", [(96, 16, (1, 96)), (32, 20, (1, 32)), (64, 16, (32, 1)), (48, 7, (4, 16))])
+def test_cuda_odd_shapes_build(k, n, micro_tile):
+    """Narrow or odd N and K keep constant-size tiles (buffer compaction used to trip on them)."""
+    op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=micro_tile, target="cuda")
+    assert check_cuda_compiles(op.executable, archs=("sm_90",)) >= 1

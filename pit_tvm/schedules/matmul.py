@@ -126,7 +126,7 @@ def _cpu_tiles(sch, plan):
 
 
 # ---------------------------------------------------------------- CUDA
-def _gpu_fetch(sch, mm, index, ko):
+def _gpu_fetch(sch, mm, index, ko, tx):
     """Cooperative load of the matmul's ``index``-th input tile into shared memory.
 
     The producers (dlight's padding block and, for PIT, the SRead gather) are inlined into
@@ -136,9 +136,9 @@ def _gpu_fetch(sch, mm, index, ko):
     n_loops = len(sch.get_loops(blk))
     sch.compute_at(blk, ko, preserve_unit_loops=True)
     loops = sch.get_loops(blk)[-n_loops:]
-    _, ty, tx = sch.split(sch.fuse(*loops), [None, GPU_TY, GPU_TX])
-    sch.bind(ty, "threadIdx.y")
-    sch.bind(tx, "threadIdx.x")
+    _, ty_loop, tx_loop = sch.split(sch.fuse(*loops), [None, GPU_TY, tx])
+    sch.bind(ty_loop, "threadIdx.y")
+    sch.bind(tx_loop, "threadIdx.x")
     auto_inline_producers(sch, blk)
     return blk
 
@@ -147,11 +147,15 @@ def _gpu_rows(sch, plan):
     """dlight-style SIMT matmul over padded compact positions; SRead in the shared fetch,
     SWrite from registers."""
     mm = sch.get_sblock("matmul")
+    # Narrow N gets a narrower CTA tile (padding N far past itself trips buffer compaction).
+    n = int(sch.get(mm).iter_vars[1].dom.extent)
+    tx = min(GPU_TX, -(-n // 4))
+    bn = tx * (GPU_BN // GPU_TX)
     # Pad M (symbolic) to the tile: no predicate in the main loop, constant-size tiles.
-    sch.pad_einsum(mm, [GPU_BM, GPU_BN, GPU_BK])
+    sch.pad_einsum(mm, [GPU_BM, bn, GPU_BK])
     i, j, k = sch.get_loops(mm)
     io, iy, ii = sch.split(i, [None, GPU_TY, GPU_BM // GPU_TY])
-    jo, jx, ji = sch.split(j, [None, GPU_TX, GPU_BN // GPU_TX])
+    jo, jx, ji = sch.split(j, [None, tx, GPU_BN // GPU_TX])
     ko, ki = sch.split(k, [None, GPU_BK])
     sch.reorder(io, jo, iy, jx, ko, ki, ii, ji)
     sch.bind(io, "blockIdx.x")
@@ -160,8 +164,8 @@ def _gpu_rows(sch, plan):
     sch.bind(jx, "threadIdx.x")
     acc = sch.cache_write(mm, 0, "local")
     sch.reverse_compute_at(acc, jx, preserve_unit_loops=True)
-    _gpu_fetch(sch, mm, 0, ko)
-    _gpu_fetch(sch, mm, 1, ko)
+    _gpu_fetch(sch, mm, 0, ko, tx)
+    _gpu_fetch(sch, mm, 1, ko, tx)
     # Epilogue: crop and cast inlined into the register write-back; the SWrite scatter (an
     # indirect store cannot be inlined into it) reads the registers directly instead.
     auto_inline_consumers(sch, acc)
