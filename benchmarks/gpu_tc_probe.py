@@ -1,0 +1,153 @@
+"""Probe the tensor-core PIT row-gather matmul (pit_tvm.schedules.tensorcore) on a CUDA GPU.
+
+    python benchmarks/gpu_tc_probe.py [--size 4096] [--sparsity 0 0.5 0.9] [--number 20]
+
+For every config of ``valid_configs(K, N)``: build, check numerics against a float32 reference
+(max relative error), time the kernel with ``time_evaluator`` (the whole PrimFunc: the
+complement zero-fill kernel + the matmul kernel) at M=K=N=size, fp16 in, fp16 out, rows of A
+zero at the given sparsities.  TF/s counts *useful* FLOPs only: 2 * count * K * N.  Also
+times torch.matmul (cuBLAS, dense) when torch is importable.  Prints a table; writes
+``$OUT/tc_probe.json`` when OUT is set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _inputs(m, k, n, sparsity, rng):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    nz = rng.random(m) >= sparsity
+    a[~nz] = 0
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    rows = np.nonzero(nz)[0].astype(np.int32)
+    ids = np.full(m, -1, np.int32)
+    ids[: len(rows)] = rows
+    return a.astype(np.float16), b.astype(np.float16), np.array([0, len(rows)], np.int32), ids
+
+
+def _cublas_ms(m, k, n, number):
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        torch.matmul(a, b)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        for _ in range(number):
+            torch.matmul(a, b)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / number)
+    return float(np.median(times))
+
+
+def main(argv=None):
+    import tvm
+
+    from pit_tvm.schedules.tensorcore import (
+        build,
+        row_gather_matmul_func,
+        schedule_row_gather_matmul,
+        smem_bytes,
+        valid_configs,
+    )
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=4096)
+    p.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.5, 0.9])
+    p.add_argument("--number", type=int, default=20)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--out-dtype", default="float16")
+    args = p.parse_args(argv)
+    m = k = n = args.size
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        raise SystemExit("no CUDA device")
+    rng = np.random.default_rng(0)
+    data = {s: _inputs(m, k, n, s, rng) for s in args.sparsity}
+    refs = {}
+    for s, (a, b, off, ids) in data.items():
+        ref = np.zeros((m, n), np.float32)
+        rows = ids[: off[1]]
+        ref[rows] = a[rows].astype(np.float32) @ b.astype(np.float32)
+        refs[s] = ref
+
+    cublas = _cublas_ms(m, k, n, args.number)
+    results = {"device": str(dev.device_name) if hasattr(dev, "device_name") else "cuda",
+               "size": m, "out_dtype": args.out_dtype, "cublas_dense_ms": cublas,
+               "cublas_dense_tflops": (2 * m * k * n / cublas / 1e9) if cublas else None,
+               "rows": []}
+    func = row_gather_matmul_func(k, n, "float16", args.out_dtype)
+    header = f"{'config':<44} {'smem':>6} {'sparsity':>8} {'ms':>9} {'TF/s':>7} {'relerr':>8}"
+    print(header)
+    print("-" * len(header))
+    for cfg in valid_configs(k, n, "float16"):
+        name = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.warp_m}x{cfg.warp_n} "
+                f"s{cfg.stages}")
+        t0 = time.time()
+        try:
+            ex = build(schedule_row_gather_matmul(func, cfg), "cuda")
+            mod = ex.jit() if hasattr(ex, "jit") else ex.mod
+            fev = mod.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
+        except Exception as err:  # noqa: BLE001 - report and go on
+            traceback.print_exc()
+            results["rows"].append({"config": cfg.as_dict(), "error": repr(err)})
+            print(f"{name:<44} BUILD FAILED: {err!r}"[:200])
+            continue
+        build_s = time.time() - t0
+        for s, (a, b, off, ids) in data.items():
+            t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
+            c = t(np.full((m, n), np.nan, np.float32).astype(args.out_dtype))
+            targs = [t(a), t(b), t(off), t(ids), c]
+            row = {"config": cfg.as_dict(), "name": name, "sparsity": s,
+                   "smem_bytes": smem_bytes(cfg), "build_s": build_s}
+            try:
+                mod["main"](*targs)
+                dev.sync()
+                got = c.numpy().astype(np.float32)
+                ref = refs[s]
+                err = float(np.nanmax(np.abs(got - ref)) / max(np.abs(ref).max(), 1e-6))
+                if np.isnan(got).any():
+                    err = float("nan")
+                ms = float(np.median(fev(*targs).results)) * 1e3
+                useful = 2.0 * int(off[1]) * k * n
+                row.update(ms=ms, tflops=useful / ms / 1e9, max_rel_err=err,
+                           speedup_vs_cublas=(cublas / ms) if cublas else None)
+                print(f"{name:<44} {smem_bytes(cfg) // 1024:>5}K {s:>8.2f} {ms:>9.4f} "
+                      f"{row['tflops']:>7.1f} {err:>8.1e}")
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                row["error"] = repr(e)
+                print(f"{name:<44} sparsity {s}: RUN FAILED {e!r}"[:200])
+            results["rows"].append(row)
+    if cublas:
+        print(f"{'torch.matmul (cuBLAS, dense)':<44} {'':>6} {'-':>8} {cublas:>9.4f} "
+              f"{results['cublas_dense_tflops']:>7.1f}")
+    out = os.environ.get("OUT")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "tc_probe.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        print("wrote", os.path.join(out, "tc_probe.json"))
+    return results
+
+
+if __name__ == "__main__":
+    main()
