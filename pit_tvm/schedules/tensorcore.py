@@ -33,8 +33,9 @@ The PIT part (:func:`schedule_row_gather_matmul`):
   ``count``.
 
 Requirements of the tensor-core path: ``K % block_k == 0`` and ``N % block_n == 0``
-(otherwise :class:`ValueError`); ``M`` is free (rows past ``M`` in the last tile are read
-from clamped, valid addresses and never stored).
+(otherwise :class:`ValueError`); ``M`` is free (rows past ``M`` in the last tile are
+zero-filled, rows ``count <= p < M`` read row 0 through the clamped id; neither is stored).
+Zeroing of unlisted rows: complement scatter (see above), not a full zero-fill of C.
 
 cp.async is emitted by TVM's ``InjectPTXAsyncCopy`` pass, which only runs under the pass
 config ``tirx.use_async_copy``: build with :func:`build` here (``pit_tvm.target.build``
