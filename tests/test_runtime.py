@@ -38,7 +38,9 @@ def small_model(seed=0):
 
 
 def runtime_only(code: str, *args, timeout=120):
-    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PYTHONPATH=str(ROOT))
+    # Keep any PYTHONPATH entries (the GPU box puts TVM on it) after the project root.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
     assert proc.returncode == 0, proc.stdout + proc.stderr
