@@ -39,7 +39,11 @@ def device_for(target, index: int = 0):
 
 
 def build(mod, target):
-    """``tvm.compile`` with the target current (the CUDA callback reads it)."""
+    """``tvm.compile`` with the target current (the CUDA callback reads it).
+
+    On CUDA ``tirx.use_async_copy`` is on, so pipelined shared-memory copies become cp.async.
+    """
     tgt = make_target(target)
-    with tgt:
+    config = {"tirx.use_async_copy": True} if tgt.kind.name == "cuda" else {}
+    with tgt, tvm.transform.PassContext(opt_level=3, config=config):
         return tvm.compile(mod, target=tgt)

@@ -132,3 +132,25 @@ def test_cuda_odd_shapes_build(k, n, micro_tile):
     """Narrow or odd N and K keep constant-size tiles (buffer compaction used to trip on them)."""
     op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=micro_tile, target="cuda")
     assert check_cuda_compiles(op.executable, archs=("sm_90",)) >= 1
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+def test_cuda_rows_fp16_uses_tensor_cores():
+    op = pit_tvm.sparse_matmul(256, 256, "float16", micro_tile=(1, 256), target="cuda")
+    from pit_tvm.nvcc import cuda_sources
+
+    src = "\n".join(cuda_sources(op.executable))
+    assert "mma.sync" in src and "ldmatrix" in src and "cp.async" in src
+    assert check_cuda_compiles(op.executable, archs=("sm_90",)) >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 1.0])
+def test_cuda_tensor_core_rows_match(dtype, sparsity):
+    rng = np.random.default_rng(11)
+    op = pit_tvm.sparse_matmul(256, 256, dtype, micro_tile=(1, 256), target="cuda")
+    a = (rng.standard_normal((333, 256)) * (rng.random((333, 1)) >= sparsity)).astype(NP_DTYPE[dtype])
+    b = rng.standard_normal((256, 256)).astype(NP_DTYPE[dtype])
+    ref = (a.astype(np.float32) @ b.astype(np.float32)).astype(NP_DTYPE[dtype]).astype(np.float32)
+    np.testing.assert_allclose(op(a, b).astype(np.float32), ref, rtol=TOL[dtype], atol=TOL[dtype] * 8)

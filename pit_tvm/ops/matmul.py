@@ -93,7 +93,22 @@ def _validate(k, n, dtype, micro_tile):
     return mr, mk
 
 
-def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target) -> tirx.PrimFunc:
+def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, tuning_log=None):
+    """The tensor-core PIT kernel for whole-row micro-tiles on CUDA, or None when it does not
+    apply (fp32, or K/N not multiples of any candidate tile: the SIMT kernel is used then)."""
+    if dtype not in ("float16", "bfloat16"):
+        return None
+    from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
+                                              valid_configs)
+
+    configs = valid_configs(k, n, dtype)
+    if not configs:
+        return None
+    return schedule_row_gather_matmul(row_gather_matmul_func(k, n, dtype, out_dtype), configs[0])
+
+
+def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
+                    tuning_log=None) -> tirx.PrimFunc:
     """The PIT kernel for ``micro_tile``, scheduled for ``target``.
 
     Signature: ``(A[M,K], B[K,N], offsets, ids, C[M,N])`` with the index layout of
@@ -101,6 +116,10 @@ def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, targ
     """
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     mr, mk = plan.micro_tile
+    if plan.kind == "rows" and mr == 1 and is_gpu(target):
+        tensor_core = _cuda_rows_kernel(k, n, dtype, out_dtype, tuning_log)
+        if tensor_core is not None:
+            return tensor_core
     func = matmul_workload(k, n, dtype, out_dtype)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
     sch.work_on("matmul")
@@ -199,7 +218,7 @@ class SparseMatmul:
     """
 
     def __init__(self, k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_dtype=None,
-                 density_threshold=0.9):
+                 density_threshold=0.9, tuning_log=None):
         self.k, self.n = int(k), int(n)
         self.dtype = str(dtype)
         _validate(self.k, self.n, self.dtype, micro_tile)
@@ -219,8 +238,8 @@ class SparseMatmul:
         funcs = {
             "pit_index": tile_index_func(self.k, (mr, mc), self.plan.index_group, self.dtype, self.target)
             .with_attr("global_symbol", "pit_index"),
-            "pit_matmul": pit_matmul_func(self.k, self.n, self.dtype, self.out_dtype, self.micro_tile, self.target)
-            .with_attr("global_symbol", "pit_matmul"),
+            "pit_matmul": pit_matmul_func(self.k, self.n, self.dtype, self.out_dtype, self.micro_tile, self.target,
+                                          tuning_log).with_attr("global_symbol", "pit_matmul"),
         }
         if density_threshold is not None:
             funcs["densify"] = densify_func(float(density_threshold), self.target)
@@ -290,14 +309,16 @@ class SparseMatmul:
 
 
 def sparse_matmul(k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_dtype=None,
-                  density_threshold=0.9) -> SparseMatmul:
+                  density_threshold=0.9, tuning_log=None) -> SparseMatmul:
     """Compile the PIT matmul ``C[M, n] = A[M, k] @ B[k, n]`` (M varies per call).
 
     ``micro_tile=(mr, mk)``: ``(1, k)`` whole rows (SRead+SWrite along M), ``(32, 1)`` along K,
     ``(32, 64)`` blocks (SRead along K per strip). ``density_threshold``: above this fraction of
     non-zero micro-tiles the kernel runs densely (decided on the device); None disables.
+    On CUDA, fp16/bf16 whole-row micro-tiles use the tensor-core kernel
+    (:mod:`pit_tvm.schedules.tensorcore`); ``tuning_log`` picks its tuned schedule.
     """
-    return SparseMatmul(k, n, dtype, micro_tile, target, out_dtype, density_threshold)
+    return SparseMatmul(k, n, dtype, micro_tile, target, out_dtype, density_threshold, tuning_log)
 
 
 class DenseMatmul:
