@@ -14,6 +14,7 @@ _PUBLIC = {
     "sparse_matmul": "pit_tvm.ops.matmul",
     "SparseMatmul": "pit_tvm.ops.matmul",
     "build_tile_index": "pit_tvm.index",
+    "choose_micro_tile": "pit_tvm.tuning.choose",
 }
 
 
