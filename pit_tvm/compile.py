@@ -21,6 +21,7 @@ from tvm import relax
 from .passes.annotate import AnnotateDynamicSparsity, annotations_of
 from .passes.frontend import import_onnx, load_model
 from .passes.lower import LowerToPIT
+from .runtime.loader import flatten_outputs
 from .target import build, device_for, make_target
 
 META_SUFFIX = ".json"
@@ -69,7 +70,7 @@ class CompiledModel:
         dev = self.device
         args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev)
                 for i in self.inputs]
-        return _flatten(self._machine()["main"](*args))
+        return flatten_outputs(self._machine()["main"](*args))
 
     def metadata(self) -> dict:
         return {
@@ -90,13 +91,6 @@ class CompiledModel:
         return path
 
 
-def _flatten(out) -> list[np.ndarray]:
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    res = []
-    for item in out:
-        res.extend(_flatten(item))
-    return res
 
 
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True) -> CompiledModel:

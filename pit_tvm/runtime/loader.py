@@ -82,12 +82,13 @@ def _register_nvcc_callback() -> None:
     _CALLBACK_DONE = True
 
 
-def _flatten(out) -> list[np.ndarray]:
+def flatten_outputs(out) -> list[np.ndarray]:
+    """A VM result (tensor or nested tuple) as a flat list of numpy arrays."""
     if hasattr(out, "numpy"):
         return [out.numpy()]
     res = []
     for item in out:
-        res.extend(_flatten(item))
+        res.extend(flatten_outputs(item))
     return res
 
 
@@ -156,7 +157,7 @@ class Model:
 
     def run(self, inputs) -> list[np.ndarray]:
         """Run on ``{input name: numpy array or DLPack tensor}`` (or a list in input order)."""
-        return _flatten(self._main(*self._args(inputs)))
+        return flatten_outputs(self._main(*self._args(inputs)))
 
     def benchmark(self, inputs, repeat: int = 20, warmup: int = 3) -> float:
         """Median seconds per run (device synchronised, inputs already on the device)."""
