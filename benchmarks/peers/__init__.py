@@ -1,0 +1,1 @@
+"""Peer implementations the GPU benchmarks compare PIT against (imported lazily: they need torch/triton)."""
