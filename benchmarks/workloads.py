@@ -168,3 +168,24 @@ def with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
     for n in names:
         m.graph.output.append(helper.make_empty_tensor_value_info(n))
     return m
+
+
+def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A float16 copy of ``model``: float32 initializers, graph inputs/outputs and ``Cast(to=FLOAT)``
+    become float16 (integer inputs such as ``attention_mask`` stay as they are)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    for i, t in enumerate(g.initializer):
+        if t.data_type == TensorProto.FLOAT:
+            arr = numpy_helper.to_array(t).astype(np.float16)
+            g.initializer[i].CopyFrom(numpy_helper.from_array(arr, t.name))
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for node in g.node:
+        for a in node.attribute:
+            if a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.FLOAT16
+    onnx.checker.check_model(m)
+    return m
