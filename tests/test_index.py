@@ -104,6 +104,56 @@ def test_tile_index_cuda_structure_on_cpu(group, micro_tile):
                 check_tile_index(data, mt, group, *b(data))
 
 
+def reference_with_fallback(data, micro_tile, group, threshold):
+    """The reference index, or the dense one (every tile listed) above ``threshold``."""
+    ro, ri = reference_tile_index(data, micro_tile, group)
+    cap, groups = len(ri), len(ro) - 1
+    if threshold is not None and cap and float(ro[-1]) > threshold * cap:
+        per = cap // groups
+        ro = (np.arange(groups + 1) * per).astype(np.int32)
+        ri = (np.arange(cap) % per).astype(np.int32)
+    return ro, ri
+
+
+@pytest.mark.parametrize("emulate", [False, True], ids=["cpu", "cuda_structure"])
+@pytest.mark.parametrize("micro_tile", [(1, 64), (32, 1), (1, "cols"), (3, 7)], ids=lambda m: f"{m[0]}x{m[1]}")
+@pytest.mark.parametrize("group", ["row", "col"])
+def test_density_threshold_fallback(group, micro_tile, emulate):
+    """density_threshold folds the dense fallback into the index kernels."""
+    rng = np.random.default_rng(21)
+    cols = 600
+    mt = _mt(micro_tile, cols)
+    for thr in (0.0, 0.5, 1.0):
+        f = _tile_index_func(cols, mt, group, "float16", "llvm", emulate_gpu=emulate, density_threshold=thr)
+        b = IndexBuilder(f, "llvm")
+        for rows in (0, 1, 70):
+            for s in (0.0, 0.3, 0.9, 1.0):
+                data = make_data(rows, cols, mt, s, "float16", rng)
+                offsets, ids = b(data)
+                ro, ri = reference_with_fallback(data, mt, group, thr)
+                np.testing.assert_array_equal(offsets.numpy(), ro)
+                np.testing.assert_array_equal(ids.numpy(), ri)
+    with pytest.raises(ValueError, match="density_threshold"):
+        tile_index_func(cols, mt, group, "float16", "llvm", density_threshold=1.5)
+
+
+def test_flag_geometry():
+    """The CUDA flag pass uses 16-byte loads and warp-wide tiles for the benchmark shapes."""
+    from pit_tvm.index._tile_kernels import flag_geometry
+
+    g = flag_geometry(4096, 1, 4096, "float16")  # whole rows: a warp per row
+    assert (g.vec, g.lp, g.ni, g.tpv) == (8, 32, 16, 1)
+    g = flag_geometry(4096, 1, 64, "float16")  # 8 lanes per tile
+    assert (g.vec, g.lp, g.ni, g.tpv) == (8, 8, 1, 1) and g.u > 1
+    g = flag_geometry(4096, 32, 1, "float16")  # column tiles: 8 per lane, walking 32 rows
+    assert (g.vec, g.lp, g.tpv) == (8, 1, 8)
+    g = flag_geometry(150, 3, 7, "float32")  # odd shapes: scalar loads
+    assert g.vec == 1
+    for cols, mt, dt in [(4096, (32, 64), "float16"), (600, (1, 1), "float32"), (8192, (1, 8192), "bfloat16")]:
+        g = flag_geometry(cols, *mt, dt)
+        assert g.chc % g.fpb == 0 and g.fpb == g.upb * g.tpv
+
+
 def test_tile_index_many_chunks():
     """More flags than one scan block covers (chunks > 256 threads): every level of the scan."""
     rng = np.random.default_rng(1)
@@ -320,6 +370,8 @@ def test_bad_call_inputs():
 def _cuda_funcs():
     fs = [tile_index_func(COLS, _mt(mt, COLS), g, "float16", "cuda") for mt in MICRO_TILES for g in ("row", "col")]
     fs += [tile_index_func(600, mt, "row", dt, "cuda") for mt, dt in [((1, 600), "bfloat16"), ((3, 7), "bool"), ((2, 64), "float32")]]
+    fs += [tile_index_func(4096, mt, g, "float16", "cuda", density_threshold=0.9)
+           for mt, g in [((1, 4096), "col"), ((1, 64), "row"), ((32, 1), "row"), ((32, 64), "row"), ((32, 1), "col")]]
     fs += [seqlen_row_index_func(128, "cuda"), expert_index_func(8, 2, "cuda")]
     return fs
 
@@ -332,6 +384,13 @@ def test_cuda_builds_compile_with_nvcc():
         src = "\n".join(cuda_sources(ex))
         assert "threadIdx.x" in src and "blockIdx.x" in src and "__syncthreads" in src
         assert "atomic" not in src  # deterministic: flag + scan + compaction
+        if name.startswith("pit_tile_index") and "_c4096_" in name:
+            assert "uint4" in src  # 16-byte loads
+            separate_count = "_col_" in name and "t32x1" in name  # column-major flat order
+            if not separate_count:
+                assert "__shfl_xor_sync" in src  # warp reductions of tiles / counts
+            # flags(+counts) and compaction: 2 kernels (3 with a separate count kernel)
+            assert src.count("__global__ void") <= 2 * (3 if separate_count else 2)
         assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 2
     # embedded in a Relax module (call_tir): already scheduled, dlight leaves it alone
     assert check_cuda_compiles(_relax_module("cuda"), archs=("sm_80", "sm_90")) >= 2
@@ -374,3 +433,21 @@ def test_gpu_seqlen_and_experts():
         ro, ra = reference_expert_index(ids, 8)
         np.testing.assert_array_equal(offsets.numpy(), ro)
         np.testing.assert_array_equal(asg.numpy(), ra)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("micro_tile,group", [((1, 4096), "col"), ((1, 64), "row"), ((32, 1), "row"),
+                                              ((32, 64), "row"), ((32, 1), "col")])
+def test_gpu_bench_shapes_and_fallback(micro_tile, group):
+    """The benchmark shapes (16-byte loads, fused counts) and the folded dense fallback on the GPU."""
+    rng = np.random.default_rng(13)
+    for thr in (None, 0.9):
+        b = IndexBuilder(tile_index_func(4096, micro_tile, group, "float16", "cuda", density_threshold=thr), "cuda")
+        for rows in (4096, 4000, 33):
+            for s in (0.0, 0.5, 0.99, 1.0):
+                data = make_data(rows, 4096, micro_tile, s, "float16", rng)
+                out1, out2 = b(data), b(data)
+                ro, ri = reference_with_fallback(data, micro_tile, group, thr)
+                np.testing.assert_array_equal(out1[0].numpy(), ro)
+                np.testing.assert_array_equal(out1[1].numpy(), ri)
+                assert [o.numpy().tobytes() for o in out1] == [o.numpy().tobytes() for o in out2]

@@ -23,11 +23,10 @@ from tvm.sym.analyzer import Analyzer
 from pit_tvm.target import build, device_for, is_gpu, make_target
 
 from ._kernels import make_pipeline, num_chunks, schedule_cpu, schedule_cuda
+from ._tile_kernels import make_tile_kernels
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "bool")
 GROUPS = ("row", "col")
-# threads per block of the CUDA flag kernel
-NT_FLAGS = 256
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -121,44 +120,39 @@ def _nz_fn(dtype):
     )
 
 
-def tile_index_func(cols: int, micro_tile, group: str, dtype: str, target) -> tirx.PrimFunc:
+def tile_index_func(cols: int, micro_tile, group: str, dtype: str, target,
+                    density_threshold: float | None = None) -> tirx.PrimFunc:
     """PrimFunc ``(data[R, cols], offsets[G+1], ids[G*P])`` building the tile index of ``data``.
 
     A micro-tile (mr rows x mc columns, partial at the edges) is non-zero if any element
     is != 0 (``True`` for a bool mask). R is symbolic: one build serves every row count.
+
+    ``density_threshold`` (None: off): when more than this fraction of all micro-tiles is
+    non-zero, the index lists every micro-tile instead (``offsets[g] = g * P``, ``ids`` the
+    tile ids of each group in order), decided on the device inside the same kernels; a PIT
+    kernel consuming it then computes densely.
     """
-    return _tile_index_func(cols, micro_tile, group, dtype, target)
+    return _tile_index_func(cols, micro_tile, group, dtype, target, density_threshold=density_threshold)
 
 
-def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False):
+def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False, density_threshold=None):
     """``emulate_gpu``: on llvm, generate the CUDA kernel structure with serial thread loops."""
     C = _check_pos_int("cols", cols)
     mr, mc = _check_micro_tile(micro_tile, C)
     group = _check_group(group)
     dtype = _check_dtype(dtype)
+    if density_threshold is not None:
+        if isinstance(density_threshold, bool) or not 0.0 <= float(density_threshold) <= 1.0:
+            raise ValueError(f"density_threshold must be in [0, 1] or None, got {density_threshold!r}")
+        density_threshold = float(density_threshold)
     target = make_target(target)
     st = _strategy(target, emulate_gpu)
     gpu = st.gpu_layout
-    BX, TX, TY, SH = st.bx, st.tx, st.ty, st.shared
     NTC = -(-C // mc)
     row_group = group == "row"
+    # the flag kernel can count per CTA when its units follow the flat (group) order
+    row_major_flat = row_group or NTC == 1
     nz = _nz_fn(dtype)
-
-    # ---- geometry of the CUDA flag kernel (see module doc of _kernels)
-    if mc <= NT_FLAGS:
-        TPB = min(NTC, NT_FLAGS // mc)  # tiles (columns of tiles) per block
-        CT = TPB * mc  # threads along columns, one column each
-        KC = 1
-    else:
-        TPB = 1
-        CT = NT_FLAGS
-        KC = -(-mc // NT_FLAGS)  # column steps per thread
-    RPB = max(1, NT_FLAGS // CT)  # tile-rows per block (threadIdx.y)
-    SEG = min(mc, CT)  # shared entries OR-ed into one tile flag
-    SEG_POW2 = SEG & (SEG - 1) == 0
-    LOG_SEG = SEG.bit_length() - 1
-    NCB = -(-NTC // TPB)  # column blocks
-    BW = TPB * mc  # columns covered by one column block
 
     def ntr(R):
         return (R + (mr - 1)) // mr
@@ -166,69 +160,31 @@ def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False):
     def flat(tr, tc, R):
         return tr * NTC + tc if row_group else tc * ntr(R) + tr
 
-    flag_fn = lambda FL, f: T.Cast("int32", FL[f])  # noqa: E731
-    id_fn = lambda f, P: T.truncmod(f, P)  # noqa: E731
-    chunk_count, chunk_scan, compact = make_pipeline(st, flag_fn, id_fn, with_offsets=True)
+    geo, NU, flags_gpu, count, compact = make_tile_kernels(
+        st, C, mr, mc, dtype, row_major_flat and gpu, density_threshold
+    )
+    TPV = geo.tpv
+    fused = gpu and row_major_flat
+    CHC = geo.chc
 
-    if gpu:
+    def unit_flat(un, j, R):
+        if row_major_flat:
+            return un * TPV + j
+        return flat(un // NU, (un % NU) * TPV + j, R)
 
-        @T.macro
-        def flags_kernel(D, FL, R):
-            for b in BX(T.max((ntr(R) + (RPB - 1)) // RPB * NCB, 1)):
-                s = T.alloc_buffer((RPB * CT,), "int32", scope=SH)
-                for ty in TY(RPB):
-                    for tx in TX(CT):
-                        acc = T.alloc_buffer((1,), "int32", scope="local")
-                        acc[0] = 0
-                        for ri in range(mr):
-                            for kc in range(KC):
-                                if (
-                                    ((b // NCB) * RPB + ty) * mr + ri < R
-                                    and kc * CT + tx < BW
-                                    and (b % NCB) * BW + kc * CT + tx < C
-                                ):
-                                    acc[0] = T.max(
-                                        acc[0],
-                                        nz(D[((b // NCB) * RPB + ty) * mr + ri, (b % NCB) * BW + kc * CT + tx]),
-                                    )
-                        s[ty * CT + tx] = acc[0]
-                if SEG_POW2:
-                    for step in T.unroll(LOG_SEG):
-                        for ty in TY(RPB):
-                            for tx in TX(CT):
-                                if tx % SEG < T.shift_right(SEG // 2, step):
-                                    s[ty * CT + tx] = T.max(
-                                        s[ty * CT + tx], s[ty * CT + tx + T.shift_right(SEG // 2, step)]
-                                    )
-                for ty in TY(RPB):
-                    for tx in TX(CT):
-                        if tx < TPB:
-                            if (b // NCB) * RPB + ty < ntr(R) and (b % NCB) * TPB + tx < NTC:
-                                red = T.alloc_buffer((1,), "int32", scope="local")
-                                red[0] = s[ty * CT + tx * SEG]
-                                if not SEG_POW2:
-                                    # segment not a power of two: the tile's thread ORs it serially
-                                    for j in range(1, SEG):
-                                        red[0] = T.max(red[0], s[ty * CT + tx * SEG + j])
-                                FL[flat((b // NCB) * RPB + ty, (b % NCB) * TPB + tx, R)] = T.Cast(
-                                    "int8", red[0]
-                                )
-
-    else:
-
-        @T.macro
-        def flags_kernel(D, FL, R):
-            # one tile-row per task, rows read contiguously
-            for tr in BX(ntr(R)):
-                acc = T.alloc_buffer((NTC,), "int32", scope="local")
-                for tc in range(NTC):
-                    acc[tc] = 0
-                for ri in range(mr):
-                    if tr * mr + ri < R:
-                        for c in range(C):
-                            acc[c // mc] = T.max(acc[c // mc], nz(D[tr * mr + ri, c]))
-                for tc in range(NTC):
-                    FL[flat(tr, tc, R)] = T.Cast("int8", acc[tc])
+    @T.macro
+    def flags_cpu(D, FL, R):
+        # one tile-row per task, rows read contiguously
+        for tr in st.bx(ntr(R)):
+            acc = T.alloc_buffer((NTC,), "int32", scope="local")
+            for tc in range(NTC):
+                acc[tc] = 0
+            for ri in range(mr):
+                if tr * mr + ri < R:
+                    for c in range(C):
+                        acc[c // mc] = T.max(acc[c // mc], nz(D[tr * mr + ri, c]))
+            for tc in range(NTC):
+                FL[flat(tr, tc, R)] = T.Cast("int8", acc[tc])
 
     if row_group:
         G_of = ntr
@@ -237,6 +193,12 @@ def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False):
         G_of = lambda R: NTC  # noqa: E731
         P_of = ntr
 
+    def nb(R):
+        # entries of CNT: one per flag CTA (fused) or per compaction chunk
+        if fused:
+            return T.max((ntr(R) * NU + (geo.upb - 1)) // geo.upb, 1)
+        return T.max((ntr(R) * NTC + (CHC - 1)) // CHC, 1)
+
     @T.prim_func(s_tir=True)
     def tile_index(d: T.handle, o: T.handle, i: T.handle):
         T.func_attr({"tirx.noalias": True})
@@ -244,15 +206,19 @@ def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False):
         D = T.match_buffer(d, (R, C), dtype)
         OFF = T.match_buffer(o, (G_of(R) + 1,), "int32")
         IDS = T.match_buffer(i, (ntr(R) * NTC,), "int32")
-        FL = T.sblock_alloc_buffer((ntr(R) * NTC,), "int8")
-        CNT = T.sblock_alloc_buffer((T.max(num_chunks(ntr(R) * NTC), 1),), "int32")
-        COFF = T.sblock_alloc_buffer((T.max(num_chunks(ntr(R) * NTC), 1),), "int32")
-        flags_kernel(D, FL, R)
-        chunk_count(FL, ntr(R) * NTC, CNT)
-        chunk_scan(ntr(R) * NTC, CNT, COFF, OFF, G_of(R))
-        compact(FL, ntr(R) * NTC, P_of(R), ntr(R) * NTC, COFF, OFF, G_of(R), IDS, OFF)
+        FL = T.sblock_alloc_buffer((T.max(ntr(R) * NTC, 1),), "int8")
+        CNT = T.sblock_alloc_buffer((nb(R),), "int32")
+        if gpu:
+            flags_gpu(D, FL, CNT, R, ntr(R) * NU, unit_flat)
+        else:
+            flags_cpu(D, FL, R)
+        if not fused:
+            count(FL, ntr(R) * NTC, CNT)
+        compact(FL, ntr(R) * NTC, P_of(R), G_of(R), CNT, nb(R), OFF, IDS)
 
     name = f"pit_tile_index_{group}_{dtype}_c{C}_t{mr}x{mc}" + ("_emu" if emulate_gpu else "")
+    if density_threshold is not None:
+        name += f"_d{int(round(density_threshold * 1000))}"
     return _finish(tile_index, name, target)
 
 

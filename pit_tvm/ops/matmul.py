@@ -236,17 +236,17 @@ class SparseMatmul:
 
         mr, mc = self.plan.index_micro_tile
         funcs = {
-            "pit_index": tile_index_func(self.k, (mr, mc), self.plan.index_group, self.dtype, self.target)
+            # the dense fallback (density_threshold) is decided inside the index kernels
+            "pit_index": tile_index_func(self.k, (mr, mc), self.plan.index_group, self.dtype, self.target,
+                                         density_threshold=density_threshold)
             .with_attr("global_symbol", "pit_index"),
             "pit_matmul": pit_matmul_func(self.k, self.n, self.dtype, self.out_dtype, self.micro_tile, self.target,
                                           tuning_log).with_attr("global_symbol", "pit_matmul"),
         }
-        if density_threshold is not None:
-            funcs["densify"] = densify_func(float(density_threshold), self.target)
         self.executable = build(tvm.IRModule(funcs), self.target)
         self._index = self.executable["pit_index"]
         self._kernel = self.executable["pit_matmul"]
-        self._densify = self.executable["densify"] if density_threshold is not None else None
+        self._densify = None  # folded into pit_index (tile_index_func's density_threshold)
 
     # -- tensors in and out ---------------------------------------------------------
     def _as_tensor(self, x, name, shape_check):
@@ -377,15 +377,13 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     def add(func, name):
         return bb.add_func(func.with_attr("global_symbol", name), name)
 
-    index_gv = add(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt), f"pit_index_{tag}")
+    dens_tag = "" if density_threshold is None else f"_d{int(round(float(density_threshold) * 1000))}"
+    index_gv = add(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold),
+                   f"pit_index_{tag}{dens_tag}")
     kernel_gv = add(pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt), f"pit_kernel_{tag}")
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
     index = bb.emit(relax.call_tir(index_gv, [a2], index_ty))
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
-    if density_threshold is not None:
-        dens_gv = add(densify_func(float(density_threshold), tgt), f"pit_densify_{int(density_threshold * 100)}")
-        index = bb.emit(relax.call_tir_inplace(dens_gv, [offsets, ids], [0, 1], index_ty))
-        offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids], relax.TensorType([m, n], out_dtype)))
     if len(lead) != 1:
         c = bb.emit(relax.op.reshape(c, lead + [n]))

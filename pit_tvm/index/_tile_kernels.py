@@ -1,0 +1,332 @@
+"""The tile index in two kernels: a bandwidth-bound flag pass that also counts, then one
+compaction kernel (which can also apply the dense fallback).
+
+1. ``flags`` (many CTAs of ``WPB`` warps): every lane reads ``VEC``-element vectors (16 bytes
+   for fp16/bf16/fp32), consecutive lanes on consecutive addresses. The work is cut into
+   *units* numbered in the flat (row-major tile) order: a unit is either one micro-tile whose
+   ``L`` vectors are shared by a group of ``Lp`` lanes (``mc`` a multiple of ``VEC``: e.g.
+   ``(1, 64)`` -> 8 lanes/tile, whole rows -> a warp per row, ``NI`` vectors per lane) and
+   OR-ed with warp shuffles, or one vector holding ``TPV = VEC / mc`` whole micro-tiles
+   (``mc`` < ``VEC``: e.g. ``(32, 1)`` -> 8 column tiles per lane, walking the 32 rows).
+   Each lane loops over the ``mr`` rows of its tile-row. CTA ``b`` covers units
+   ``[b*UPB, (b+1)*UPB)``, i.e. flat ids ``[b*FPB, (b+1)*FPB)``; it writes the int8 flags and,
+   when the group order is the row-major tile order (``group="row"`` or one tile column), the
+   number of set flags of its range into ``CNT[b]`` (otherwise a small count kernel does it).
+2. ``compact`` (one CTA per ``CHC`` flat ids = ``FB`` flag blocks): the CTA sums ``CNT`` before
+   its range (its base) and all of it (the total), scans its threads' flag counts in shared
+   memory, writes its ids, the group pointers that start in its range and the ``-1`` tail.
+   With ``density_threshold`` every CTA also decides ``total > threshold * capacity`` and then
+   writes the dense index (every tile listed) instead: same result as the old separate
+   ``densify`` kernels.
+
+No atomics; integer sums only, so results are byte-for-byte deterministic. With a
+``LoopStrategy`` of ``gpu=False, gpu_layout=True`` the same kernels run on the CPU with serial
+thread loops; the only difference is the in-warp OR, which the group leader then computes
+itself by running every lane's loads (tests use this to check the CUDA index math).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+from ._kernels import LoopStrategy
+
+WPB = 8  # warps per flag CTA
+NTC = 256  # threads per compaction CTA
+KC = 32  # flags per compaction thread
+LOG_NTC = 8
+CHC_MIN = NTC * KC
+_ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
+FULL_MASK = 0xFFFFFFFF
+
+
+def _pow2_ceil(n):
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+@dataclass(frozen=True)
+class FlagGeometry:
+    vec: int  # elements per vector load
+    tpv: int  # micro-tiles per unit (>1 only when mc < vec)
+    uw: int  # columns per unit
+    mcv: int  # elements of one vector that belong to one tile (vec when mc >= vec)
+    L: int  # vectors per tile row segment (1 when mc < vec)
+    lp: int  # lanes per unit (power of two <= 32)
+    ni: int  # vectors per lane per row of a unit
+    tpw: int  # units per warp step
+    u: int  # warp steps per warp
+    upb: int  # units per flag CTA
+    fpb: int  # flat ids per flag CTA
+    chc: int  # flat ids per compaction CTA
+    fb: int  # flag CTAs per compaction CTA
+
+
+def flag_geometry(cols, mr, mc, dtype) -> FlagGeometry:
+    vmax = 1 if dtype == "bool" else 16 // _ELEM_BYTES[dtype]  # (no boolx16 in CUDA codegen)
+    vec = 1
+    v = vmax
+    while v > 1:
+        if cols % v == 0 and (mc % v == 0 or v % mc == 0):
+            vec = v
+            break
+        v //= 2
+    if mc % vec == 0:
+        tpv, uw, mcv, L = 1, mc, vec, mc // vec
+    else:
+        tpv, uw, mcv, L = vec // mc, vec, mc, 1
+    lp = min(32, _pow2_ceil(L))
+    ni = -(-L // lp)
+    tpw = 32 // lp
+    loads = mr * ni
+    u = 1
+    while u * loads < 8 and u < 8:
+        u *= 2
+    upb = WPB * u * tpw
+    fpb = upb * tpv
+    chc = max(CHC_MIN, fpb)  # both powers of two: chc is a whole number of flag CTAs
+    assert chc % fpb == 0
+    return FlagGeometry(vec, tpv, uw, mcv, L, lp, ni, tpw, u, upb, fpb, chc, chc // fpb)
+
+
+def nz_bits(dtype):
+    """int32 that is non-zero iff the element is non-zero (-0.0 is zero, NaN is not)."""
+    if dtype == "bool":
+        return lambda v: T.Cast("int32", v)
+    if dtype == "float32":
+        return lambda v: T.bitwise_and(T.reinterpret("int32", v), T.int32(0x7FFFFFFF))
+    return lambda v: T.bitwise_and(T.Cast("int32", T.reinterpret("uint16", v)), T.int32(0x7FFF))
+
+
+def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, density_threshold=None):
+    """Macros ``flags_gpu(D, FL, CNT, R, NU_T, flat)``, ``count(FL, NF, CNT)`` and
+    ``compact(FL, NF, P, G, CNT, NB, OFF, IDS)`` plus the geometry."""
+    g = flag_geometry(cols, mr, mc, dtype)
+    gpu = st.gpu
+    BX, TX, TY, SH = st.bx, st.tx, st.ty, st.shared
+    C = cols
+    VEC, TPV, UW, MCV, L, LP, NI, TPW, U, UPB = g.vec, g.tpv, g.uw, g.mcv, g.L, g.lp, g.ni, g.tpw, g.u, g.upb
+    CHC, FB, K = g.chc, g.fb, g.chc // NTC
+    NU = C // UW if TPV > 1 else -(-C // mc)  # units per tile-row
+    nz = nz_bits(dtype)
+    LOG_LP = LP.bit_length() - 1
+    need_v_check = NI * LP != L
+    need_c_check = TPV == 1 and C % mc != 0
+    thr = density_threshold
+
+    def vcheck(it, lane):
+        return it * LP + lane < L if need_v_check else tirx.const(True, "bool")
+
+    def ccheck(un, it, lane):
+        return (un % NU) * UW + (it * LP + lane) * VEC < C if need_c_check else tirx.const(True, "bool")
+
+    def in_range(un, ri, R, NUT, checked):
+        if checked:
+            return T.And(un < NUT, (un // NU) * mr + ri < R)
+        return tirx.const(True, "bool")
+
+    @T.macro
+    def partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, checked):
+        # checked=False: the whole CTA lies inside the data (no per-load bounds tests, so the
+        # loads of the unrolled steps are independent and can all be in flight)
+        un = b * UPB + (ty * U + u) * TPW + tx // LP
+        for ri in T.unroll(mr):
+            if in_range(un, ri, R, NUT, checked):
+                for it in T.unroll(NI):
+                    if vcheck(it, lane):
+                        if ccheck(un, it, lane):
+                            for e in T.vectorized(VEC):
+                                vb[e] = D[(un // NU) * mr + ri, (un % NU) * UW + (it * LP + lane) * VEC + e]
+                            for e in T.unroll(VEC):
+                                accs[u * TPV + e // MCV] = T.bitwise_or(accs[u * TPV + e // MCV], nz(vb[e]))
+
+    @T.macro
+    def flags(D, FL, CNT, R, NUT, flat):
+        # flat(un, j, R) -> flat id of tile j of unit un
+        for b in BX(T.max((NUT + (UPB - 1)) // UPB, 1)):
+            sT = T.alloc_buffer((WPB * 32,), "int32", scope=SH)
+            sW = T.alloc_buffer((WPB,), "int32", scope=SH)
+            for ty in TY(WPB):
+                for tx in TX(32):
+                    accs = T.alloc_buffer((U * TPV,), "int32", scope="local")
+                    vb = T.alloc_buffer((VEC,), dtype, scope="local")
+                    cnt = T.alloc_buffer((1,), "int32", scope="local")
+                    for q in T.unroll(U * TPV):
+                        accs[q] = 0
+                    if (b + 1) * UPB <= NUT and ((b + 1) * UPB - 1) // NU * mr + mr <= R:
+                        for u in T.unroll(U):
+                            if gpu:
+                                partial(D, accs, vb, R, NUT, b, ty, tx, u, tx % LP, False)
+                            else:
+                                if tx % LP == 0:
+                                    for lane in range(LP):
+                                        partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, False)
+                    else:
+                        for u in T.unroll(U):
+                            if gpu:
+                                partial(D, accs, vb, R, NUT, b, ty, tx, u, tx % LP, True)
+                            else:
+                                if tx % LP == 0:
+                                    for lane in range(LP):
+                                        partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, True)
+                    if gpu:
+                        for q in T.unroll(U * TPV):
+                            for s in T.unroll(LOG_LP):
+                                accs[q] = T.bitwise_or(
+                                    accs[q],
+                                    T.tvm_warp_shuffle_xor(
+                                        T.uint32(FULL_MASK), accs[q], T.shift_right(LP // 2, s), 32, 32
+                                    ),
+                                )
+                    cnt[0] = 0
+                    for u in T.unroll(U):
+                        if tx % LP == 0 and b * UPB + (ty * U + u) * TPW + tx // LP < NUT:
+                            for j in T.unroll(TPV):
+                                FL[flat(b * UPB + (ty * U + u) * TPW + tx // LP, j, R)] = T.Cast(
+                                    "int8", T.Select(accs[u * TPV + j] != 0, 1, 0)
+                                )
+                                cnt[0] = cnt[0] + T.Select(accs[u * TPV + j] != 0, 1, 0)
+                    if row_major_flat:
+                        if gpu:
+                            for s in T.unroll(5):
+                                cnt[0] = cnt[0] + T.tvm_warp_shuffle_xor(
+                                    T.uint32(FULL_MASK), cnt[0], T.shift_right(16, s), 32, 32
+                                )
+                            if tx == 0:
+                                sW[ty] = cnt[0]
+                        else:
+                            sT[ty * 32 + tx] = cnt[0]
+            if row_major_flat:
+                if not gpu:
+                    for ty in TY(WPB):
+                        for tx in TX(32):
+                            if tx == 0:
+                                sW[ty] = 0
+                                for j in range(32):
+                                    sW[ty] = sW[ty] + sT[ty * 32 + j]
+                for ty in TY(WPB):
+                    for tx in TX(32):
+                        if ty == 0 and tx == 0:
+                            tot = T.alloc_buffer((1,), "int32", scope="local")
+                            tot[0] = 0
+                            for w in T.unroll(WPB):
+                                tot[0] = tot[0] + sW[w]
+                            CNT[b] = tot[0]  # CNT has max(#CTAs, 1) entries, like the grid
+
+    @T.macro
+    def block_reduce2(sA, sB):
+        for step in T.unroll(LOG_NTC):
+            for tx in TX(NTC):
+                if tx < T.shift_right(NTC // 2, step):
+                    sA[tx] = sA[tx] + sA[tx + T.shift_right(NTC // 2, step)]
+                    sB[tx] = sB[tx] + sB[tx + T.shift_right(NTC // 2, step)]
+
+    @T.macro
+    def block_scan(sA, sB):
+        for step in T.unroll(LOG_NTC):
+            for tx in TX(NTC):
+                if tx >= T.shift_left(1, step):
+                    sB[tx] = sA[tx] + sA[tx - T.shift_left(1, step)]
+                else:
+                    sB[tx] = sA[tx]
+            for tx in TX(NTC):
+                sA[tx] = sB[tx]
+
+    @T.macro
+    def count(FL, NF, CNT):
+        # CNT[c] = set flags among flat ids [c*CHC, (c+1)*CHC) (when flags could not count)
+        for c in BX(T.max((NF + (CHC - 1)) // CHC, 1)):
+            sA = T.alloc_buffer((NTC,), "int32", scope=SH)
+            sB = T.alloc_buffer((NTC,), "int32", scope=SH)
+            for tx in TX(NTC):
+                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc[0] = 0
+                for k in range(K):
+                    if c * CHC + k * NTC + tx < NF:
+                        acc[0] = acc[0] + T.Cast("int32", FL[c * CHC + k * NTC + tx])
+                sA[tx] = acc[0]
+                sB[tx] = 0
+            block_reduce2(sA, sB)
+            for tx in TX(NTC):
+                if tx == 0:
+                    CNT[c] = sA[0]
+
+    fb_c = FB if row_major_flat else 1
+
+    @T.macro
+    def compact(FL, NF, P, G, CNT, NB, OFF, IDS):
+        # NB: entries of CNT; CTA c covers CNT[c*fb_c : (c+1)*fb_c] = flat ids [c*CHC, (c+1)*CHC)
+        for c in BX(T.max((NF + (CHC - 1)) // CHC, 1)):
+            sP = T.alloc_buffer((NTC,), "int32", scope=SH)
+            sQ = T.alloc_buffer((NTC,), "int32", scope=SH)
+            sA = T.alloc_buffer((NTC,), "int32", scope=SH)
+            sB = T.alloc_buffer((NTC,), "int32", scope=SH)
+            for tx in TX(NTC):
+                p = T.alloc_buffer((1,), "int32", scope="local")
+                q = T.alloc_buffer((1,), "int32", scope="local")
+                p[0] = 0
+                q[0] = 0
+                for j in range((NB + (NTC - 1)) // NTC):
+                    if j * NTC + tx < NB:
+                        q[0] = q[0] + CNT[j * NTC + tx]
+                        if j * NTC + tx < c * fb_c:
+                            p[0] = p[0] + CNT[j * NTC + tx]
+                sP[tx] = p[0]
+                sQ[tx] = q[0]
+                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc[0] = 0
+                for k in range(K):
+                    if c * CHC + tx * K + k < NF:
+                        acc[0] = acc[0] + T.Cast("int32", FL[c * CHC + tx * K + k])
+                sA[tx] = acc[0]
+            block_reduce2(sP, sQ)
+            block_scan(sA, sB)
+            for tx in TX(NTC):
+                dense = T.alloc_buffer((1,), "int32", scope="local")
+                total = T.alloc_buffer((1,), "int32", scope="local")
+                total[0] = sQ[0]  # (a shared load may not sit in a branch condition)
+                dense[0] = 0
+                if thr is not None:
+                    if T.Cast("float64", total[0]) > T.float64(thr if thr is not None else 0.0) * T.Cast(
+                        "float64", NF
+                    ):
+                        dense[0] = 1
+                if dense[0] == 1:
+                    for k in range(K):
+                        if c * CHC + k * NTC + tx < NF:
+                            IDS[c * CHC + k * NTC + tx] = T.Cast("int32", T.truncmod(c * CHC + k * NTC + tx, P))
+                            if T.truncmod(c * CHC + k * NTC + tx, P) == 0:
+                                OFF[T.truncdiv(c * CHC + k * NTC + tx, P)] = T.Cast("int32", c * CHC + k * NTC + tx)
+                else:
+                    pos = T.alloc_buffer((1,), "int32", scope="local")
+                    pos[0] = sP[0]
+                    if tx > 0:
+                        pos[0] = pos[0] + sA[tx - 1]
+                    for k in range(K):
+                        if c * CHC + tx * K + k < NF:
+                            if T.truncmod(c * CHC + tx * K + k, P) == 0:
+                                OFF[T.truncdiv(c * CHC + tx * K + k, P)] = pos[0]
+                            if FL[c * CHC + tx * K + k] != T.int8(0):
+                                IDS[pos[0]] = T.Cast("int32", T.truncmod(c * CHC + tx * K + k, P))
+                                pos[0] = pos[0] + 1
+                    for k in range(K):
+                        if c * CHC + k * NTC + tx < NF:
+                            if c * CHC + k * NTC + tx >= T.Cast("int64", total[0]):
+                                IDS[c * CHC + k * NTC + tx] = -1
+                if c == 0:
+                    if tx == 0:
+                        if dense[0] == 1:
+                            OFF[G] = T.Cast("int32", NF)
+                        else:
+                            OFF[G] = total[0]
+                    if NF == 0:
+                        # nothing to scan (e.g. zero rows): every group pointer is 0
+                        for j in range((G + (NTC - 1)) // NTC):
+                            if j * NTC + tx < G:
+                                OFF[j * NTC + tx] = 0
+
+    return g, NU, flags, count, compact
