@@ -1,0 +1,497 @@
+"""Tensor-core PIT kernel for the "tiles" kind: the reduction axis K permuted per strip of rows.
+
+Micro-tile ``(mr, mk)`` with ``mk < K`` (e.g. ``(32, 64)`` blocks, ``(32, 1)`` along K). Index
+layout (:func:`pit_tvm.index.tile_index_func`, ``group="row"``): ``G = ceil(M / mr)`` strips;
+strip ``g``'s non-zero k-tiles are ``ids[offsets[g]:offsets[g+1]]`` (ascending tile-column ids,
+unused tail ``-1``).  Workload (:func:`tiles_gather_matmul_func`)::
+
+    tiles_gather_matmul(A[M, K], B[K, N], offsets: int32[G+1], ids: int32[G*K/mk], C[M, N])
+    cnt_g   = offsets[g+1] - offsets[g]                         # read on the device only
+    col(q)  = ids[offsets[g] + q // mk] * mk + q % mk           # compact position q -> column
+    C[g*mr + i, :] = sum_{q < cnt_g*mk} A[g*mr + i, col(q)] * B[col(q), :]   (fp32 accumulation)
+
+Every row of C is written (a strip with no tile writes zeros); nothing is scattered.  As a
+TensorIR workload the strip is a batch axis: ``Ag[g, i, q]`` (SRead of A: row ``g*mr+i``,
+gathered columns), ``Bg[g, q, j]`` (SRead of B: gathered rows), a batched matmul into
+``Acc[g, i, j]`` and a ``store`` epilogue guarded by ``g*mr + i < M``.  Gathers past the
+strip's count read zero (``if_then_else``; index reads clamped), so the unscheduled
+workload is exact on llvm with its worst-case loop.
+
+The schedule (:func:`schedule_tiles_gather_matmul`): one CTA per (strip, BN columns) with
+``BM = mr`` (mr in 16/32/64/128: one k list per CTA), warps tiling mr x BN, k loop over the
+strip's compact positions in steps of BK:
+
+* ``A_gather`` (SRead): for ``mk >= 8`` (fp16/bf16: 16 bytes) the gathered A columns are
+  contiguous 16-byte runs -> vectorised, predicated zero-fill cp.async; for smaller ``mk``
+  (e.g. ``mk = 1``: BK different columns per step) a 2-byte element gather (synchronous
+  loads, threads of a warp on consecutive q of the same row).
+* ``B_gather`` (SRead): gathered rows of B, contiguous -> 16-byte cp.async.
+* ldmatrix + mma.sync m16n8k16 (the fp16/bf16 intrinsics of :mod:`.tensorcore`), fp32
+  accumulators in registers, multi-stage software pipeline over the k steps.
+* epilogue: accumulators -> fp32 shared C tile -> cast -> vectorised stores (rows >= M skipped).
+* The k loop's bound is **read on the device**: the scheduled loop has the worst-case extent
+  ``K / BK``; :func:`set_dynamic_k_extent` (an IR post-process applied by the scheduler)
+  replaces it by ``ceil(cnt_g * mk / BK)``, so a strip does work in proportion to its
+  non-zero tiles and the host never reads the index.
+
+Requirements (``ValueError`` otherwise, see :func:`check_tiles_config`): fp16/bf16 in,
+``mr in (16, 32, 64, 128)``, ``K % mk == 0``, ``K % BK == 0``, ``mk % BK == 0`` or ``BK % mk
+== 0``, ``N % BN == 0``.  M is free (rows past M of the last strip read row M-1, never stored).
+Build with :func:`pit_tvm.schedules.tensorcore.build` (cp.async needs ``tirx.use_async_copy``).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.script import tirx as T
+from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout
+
+from pit_tvm.schedules.tensorcore import (
+    IN_DTYPES,
+    MAX_SMEM_BYTES,
+    OUT_DTYPES,
+    SMEM_SCOPE,
+    _dtype_bytes,
+    _intrin_names,
+    _read_index,
+    build,
+)
+
+__all__ = [
+    "TilesConfig",
+    "SUPPORTED_MR",
+    "tiles_gather_matmul_func",
+    "schedule_tiles_gather_matmul",
+    "check_tiles_config",
+    "valid_tiles_configs",
+    "tiles_smem_bytes",
+    "set_dynamic_k_extent",
+    "build",
+]
+
+SUPPORTED_MR = (16, 32, 64, 128)
+DYN_K_ATTR = "pit.tiles_dynamic_k"
+STRIP_ATTR = "pit.tiles_strip"
+
+
+# --------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TilesConfig:
+    """Knobs of the tiles tensor-core schedule (block_m is the micro-tile's mr).
+
+    block_n/block_k: CTA tile along N / compact-K step (multiples of 16); warp_m/warp_n:
+    warp tile (multiples of 16, warp_m divides mr); stages: software pipeline depth over the
+    k steps (1 = none, >1 = multi-buffered, cp.async); smem_pad: elements appended to every
+    shared row; epilogue_vec: elements per vector store of C.
+    """
+
+    block_n: int = 128
+    block_k: int = 32
+    warp_m: int = 32
+    warp_n: int = 32
+    stages: int = 3
+    smem_pad: int = 8
+    epilogue_vec: int = 4
+
+    def warps(self, mr: int) -> int:
+        return (mr // self.warp_m) * (self.block_n // self.warp_n)
+
+    def threads(self, mr: int) -> int:
+        return self.warps(mr) * 32
+
+    def name(self) -> str:
+        return (f"n{self.block_n}k{self.block_k} w{self.warp_m}x{self.warp_n} "
+                f"s{self.stages}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def tiles_smem_bytes(config: TilesConfig, mr: int, in_dtype: str = "float16") -> int:
+    c = config
+    e = _dtype_bytes(in_dtype)
+    pipe = c.stages * (mr * (c.block_k + c.smem_pad) + c.block_k * (c.block_n + c.smem_pad)) * e
+    ctile = mr * (c.block_n + 4) * 4
+    return max(pipe, ctile)
+
+
+def _a_vec(mk: int, in_dtype: str) -> int:
+    """Elements per A-gather copy: 16 bytes when a micro-tile holds whole 16-byte runs."""
+    vec = 16 // _dtype_bytes(in_dtype)
+    return vec if mk % vec == 0 else 1
+
+
+def check_tiles_config(k: int, n: int, micro_tile, in_dtype: str, config: TilesConfig,
+                       max_smem: int = MAX_SMEM_BYTES["sm_90"],
+                       out_dtype: str = "float32") -> None:
+    """Raise ValueError when ``config`` cannot serve a (K, N, micro_tile) problem."""
+    c = config
+    mr, mk = (int(x) for x in micro_tile)
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f"in_dtype must be one of {IN_DTYPES}, got {in_dtype!r}")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+    if mr not in SUPPORTED_MR:
+        raise ValueError(f"micro-tile rows mr={mr} must be one of {SUPPORTED_MR} "
+                         f"(one strip = one CTA row tile)")
+    if mk <= 0 or mk >= k or k % mk:
+        raise ValueError(f"micro-tile width mk={mk} must divide K={k} and be < K")
+    for name in ("block_n", "block_k", "warp_m", "warp_n"):
+        v = getattr(c, name)
+        if v <= 0 or v % 16:
+            raise ValueError(f"{name}={v} must be a positive multiple of 16")
+    if mr % c.warp_m or c.block_n % c.warp_n:
+        raise ValueError(f"CTA tile {mr}x{c.block_n} is not a multiple of the warp tile "
+                         f"{c.warp_m}x{c.warp_n}")
+    if k % c.block_k:
+        raise ValueError(f"K={k} must be a multiple of block_k={c.block_k}")
+    if mk % c.block_k and c.block_k % mk:
+        raise ValueError(f"mk={mk} and block_k={c.block_k}: one must divide the other")
+    if n % c.block_n:
+        raise ValueError(f"N={n} must be a multiple of block_n={c.block_n}")
+    if c.stages < 1:
+        raise ValueError("stages must be >= 1")
+    threads = c.threads(mr)
+    if not 32 <= threads <= 1024:
+        raise ValueError(f"{threads} threads per block")
+    vec = 16 // _dtype_bytes(in_dtype)
+    if c.smem_pad % vec:
+        raise ValueError(f"smem_pad={c.smem_pad} must keep rows 16-byte aligned (multiple of {vec})")
+    avec = _a_vec(mk, in_dtype)
+    if (mr * c.block_k) % (threads * avec):
+        raise ValueError(f"A tile ({mr * c.block_k} elements) is not a multiple of threads x {avec}")
+    if (c.block_k * c.block_n) % (threads * vec):
+        raise ValueError(f"B tile ({c.block_k * c.block_n} elements) is not a multiple of "
+                         f"threads x {vec}")
+    if c.epilogue_vec not in (1, 2, 4, 8) or c.block_n % c.epilogue_vec:
+        raise ValueError(f"epilogue_vec={c.epilogue_vec}")
+    if (mr * c.block_n) % (threads * c.epilogue_vec):
+        raise ValueError("C tile is not a multiple of threads x epilogue_vec")
+    need = tiles_smem_bytes(c, mr, in_dtype)
+    if need > max_smem:
+        raise ValueError(f"needs {need} bytes of shared memory > {max_smem}")
+
+
+# --------------------------------------------------------------------------------------
+# Workload
+# --------------------------------------------------------------------------------------
+def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float16",
+                             out_dtype: str = "float32") -> tirx.PrimFunc:
+    """The unscheduled PIT tiles matmul (module docstring); ``M`` symbolic int64.
+
+    Parameters ``(a, b, offsets, ids, c)`` with ``offsets: int32[ceil(M/mr)+1]`` and
+    ``ids: int32[ceil(M/mr) * K/mk]``.  Builds and runs as is on llvm.
+    """
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f"in_dtype must be one of {IN_DTYPES}, got {in_dtype!r}")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+    mr, mk = (int(x) for x in micro_tile)
+    K, N = int(k), int(n)
+    if mr <= 0 or mk <= 0 or K % mk:
+        raise ValueError(f"micro-tile {mr}x{mk} must be positive with K={K} a multiple of mk")
+    KT = K // mk
+    zero = tirx.const(0, in_dtype)
+
+    @T.prim_func(s_tir=True)
+    def func(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        M = T.int64()
+        A = T.match_buffer(a, (M, K), in_dtype)
+        B = T.match_buffer(b, (K, N), in_dtype)
+        OFF = T.match_buffer(offsets, ((M + mr - 1) // mr + 1,), "int32")
+        IDS = T.match_buffer(ids, ((M + mr - 1) // mr * KT,), "int32")
+        C = T.match_buffer(c, (M, N), out_dtype)
+        Ag = T.sblock_alloc_buffer((T.Cast("int32", (M + mr - 1) // mr), mr, K), in_dtype)
+        Bg = T.sblock_alloc_buffer((T.Cast("int32", (M + mr - 1) // mr), K, N), in_dtype)
+        Acc = T.sblock_alloc_buffer((T.Cast("int32", (M + mr - 1) // mr), mr, N), "float32")
+        for g, i, q in T.grid(T.Cast("int32", (M + mr - 1) // mr), mr, K):
+            with T.sblock("A_gather"):
+                vg, vi, vq = T.axis.remap("SSS", [g, i, q])
+                T.reads(OFF[vg:vg + 2], IDS[0:(M + mr - 1) // mr * KT], A[0:M, 0:K])
+                T.writes(Ag[vg, vi, vq])
+                # column of compact position vq; index reads clamped (never past ids, never -1)
+                Ag[vg, vi, vq] = T.if_then_else(
+                    (OFF[vg + 1] - OFF[vg]) * mk > vq,
+                    A[T.min(T.Cast("int64", vg * mr + vi), M - 1),
+                      T.max(IDS[T.min(OFF[vg] + vq // mk,
+                                      T.Cast("int32", (M + mr - 1) // mr * KT - 1))], 0) * mk
+                      + vq % mk],
+                    zero)
+        for g, q, j in T.grid(T.Cast("int32", (M + mr - 1) // mr), K, N):
+            with T.sblock("B_gather"):
+                vg, vq, vj = T.axis.remap("SSS", [g, q, j])
+                T.reads(OFF[vg:vg + 2], IDS[0:(M + mr - 1) // mr * KT], B[0:K, vj])
+                T.writes(Bg[vg, vq, vj])
+                Bg[vg, vq, vj] = T.if_then_else(
+                    (OFF[vg + 1] - OFF[vg]) * mk > vq,
+                    B[T.max(IDS[T.min(OFF[vg] + vq // mk,
+                                      T.Cast("int32", (M + mr - 1) // mr * KT - 1))], 0) * mk
+                      + vq % mk, vj],
+                    zero)
+        for g, i, j, q in T.grid(T.Cast("int32", (M + mr - 1) // mr), mr, N, K):
+            with T.sblock("matmul"):
+                vg, vi, vj, vq = T.axis.remap("SSSR", [g, i, j, q])
+                with T.init():
+                    Acc[vg, vi, vj] = T.float32(0)
+                Acc[vg, vi, vj] = Acc[vg, vi, vj] + T.Cast("float32", Ag[vg, vi, vq]) * T.Cast(
+                    "float32", Bg[vg, vq, vj])
+        for g, i, j in T.grid(T.Cast("int32", (M + mr - 1) // mr), mr, N):
+            with T.sblock("store"):
+                vg, vi, vj = T.axis.remap("SSS", [g, i, j])
+                T.reads(Acc[vg, vi, vj])
+                T.writes(C[T.Cast("int64", vg * mr + vi), vj])
+                if T.Cast("int64", vg * mr + vi) < M:
+                    C[T.Cast("int64", vg * mr + vi), vj] = T.Cast(out_dtype, Acc[vg, vi, vj])
+
+    return func.with_attr("pit.workload",
+                          f"tiles_gather_matmul_{mr}x{mk}_k{K}_n{N}_{in_dtype}_{out_dtype}")
+
+
+# --------------------------------------------------------------------------------------
+# Schedule
+# --------------------------------------------------------------------------------------
+def _workload_params(func: tirx.PrimFunc):
+    params = list(func.params)
+    if len(params) != 5:
+        raise ValueError("not a tiles_gather_matmul workload (expected 5 parameters)")
+    a, b, c = (params[i].ty for i in (0, 1, 4))
+    return int(b.shape[0]), int(b.shape[1]), str(a.dtype), str(c.dtype)
+
+
+def _micro_tile_of(func: tirx.PrimFunc):
+    tag = str(func.attrs["pit.workload"]) if func.attrs and "pit.workload" in func.attrs else ""
+    if not tag.startswith("tiles_gather_matmul_"):
+        raise ValueError("not a tiles_gather_matmul workload (missing pit.workload)")
+    mr, mk = tag.split("_")[3].split("x")
+    return int(mr), int(mk)
+
+
+def schedule_tiles_gather_matmul(func: tirx.PrimFunc, config: TilesConfig,
+                                 arch: str = "sm_90") -> tirx.PrimFunc:
+    """Schedule :func:`tiles_gather_matmul_func` for CUDA tensor cores (module docstring).
+
+    Raises ValueError when ``config`` does not fit (see :func:`check_tiles_config`).
+    """
+    k, n, in_dtype, out_dtype = _workload_params(func)
+    mr, mk = _micro_tile_of(func)
+    c = config
+    check_tiles_config(k, n, (mr, mk), in_dtype, c,
+                       MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype)
+    names = _intrin_names(in_dtype)
+    vec = 16 // _dtype_bytes(in_dtype)
+    avec = _a_vec(mk, in_dtype)
+    warps = c.warps(mr)
+
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    mm = sch.get_sblock("matmul")
+    store = sch.get_sblock("store")
+    a_g = sch.get_sblock("A_gather")
+    b_g = sch.get_sblock("B_gather")
+
+    # ---- 16x16x16 mma tiles; strip g -> blockIdx.x, N tiles -> blockIdx.y
+    g, i, j, q = sch.get_loops(mm)
+    i, i_tc = sch.split(i, [None, 16])
+    j, j_tc = sch.split(j, [None, 16])
+    q, k_tc = sch.split(q, [None, 16])
+    sch.reorder(g, i, j, q, i_tc, j_tc, k_tc)
+    outer = sch.blockize(i_tc)
+    i1, i2 = sch.split(i, [mr // c.warp_m, c.warp_m // 16])
+    j0, j1, j2 = sch.split(j, [n // c.block_n, c.block_n // c.warp_n, c.warp_n // 16])
+    k0, k1 = sch.split(q, [k // c.block_k, c.block_k // 16])
+    sch.reorder(g, j0, i1, j1, k0, k1, i2, j2)
+    sch.annotate(g, STRIP_ATTR, 1)
+    sch.annotate(k0, DYN_K_ATTR, tirx.IntImm("int64", mk))
+    sch.annotate(k0, DYN_K_ATTR + ".bk", tirx.IntImm("int64", c.block_k))
+    sch.bind(g, "blockIdx.x")
+    sch.bind(j0, "blockIdx.y")
+    ty = sch.fuse(i1, j1)
+    sch.bind(ty, "threadIdx.y")
+
+    # ---- accumulators: warp registers -> shared C tile (fp32) -> cast + guarded stores
+    sch.set_scope(outer, 0, SMEM_SCOPE)
+    c_w = sch.cache_write(outer, 0, "warp")
+    sch.reverse_compute_at(c_w, ty)
+    sch.reverse_compute_at(store, j0)
+    f = sch.fuse(*sch.get_loops(store)[-2:])
+    _, fy, fx, fv = sch.split(f, [None, warps, 32, c.epilogue_vec])
+    sch.bind(fy, "threadIdx.y")
+    sch.bind(fx, "threadIdx.x")
+    sch.vectorize(fv)
+
+    # ---- SRead: gathered A columns / B rows -> shared, per k step
+    def fetch(blk, v):
+        sch.set_scope(blk, 0, SMEM_SCOPE)
+        sch.compute_at(blk, k0)
+        ff = sch.fuse(*sch.get_loops(blk)[-2:])
+        if v > 1:
+            _, fy_, fx_, fv_ = sch.split(ff, [None, warps, 32, v])
+            sch.vectorize(fv_)
+        else:
+            _, fy_, fx_ = sch.split(ff, [None, warps, 32])
+        sch.bind(fy_, "threadIdx.y")
+        sch.bind(fx_, "threadIdx.x")
+        if c.smem_pad:
+            sch.storage_align(blk, 0, axis=-2, factor=2 * c.smem_pad, offset=c.smem_pad)
+
+    fetch(a_g, avec)
+    fetch(b_g, vec)
+
+    # ---- shared -> warp fragments (ldmatrix), mma.sync, fill, store
+    a_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(a_g).writes[0].source.name),
+                         "warp")
+    sch.compute_at(a_w, k1)
+    b_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(b_g).writes[0].source.name),
+                         "warp")
+    sch.compute_at(b_w, k1)
+
+    ii, jj = sch.get_loops(c_w)[-2:]
+    io, ii = sch.split(ii, [None, 16])
+    jo, ji = sch.split(jj, [None, 16])
+    sch.reorder(io, jo, ii, ji)
+    sch.decompose_reduction(outer, k0)
+
+    def frag(b):
+        a, cc = sch.get_loops(b)[-2:]
+        a0, a1 = sch.split(a, [None, 16])
+        c0, c1 = sch.split(cc, [None, 16])
+        sch.reorder(a0, c0, a1, c1)
+        return a1
+
+    la, lb = frag(a_w), frag(b_w)
+
+    def imap(b_, i_, j_):
+        return (b_, i_ // 16, j_ // 16, *shared_16x16_to_ldmatrix_32x8_layout(i_ % 16, j_ % 16))
+
+    sch.transform_layout(a_w, ("write", 0), imap)
+    sch.transform_layout(b_w, ("write", 0), imap)
+    sch.transform_layout(c_w, ("read", 0), imap)
+    sch.tensorize(la, names["load_a"])
+    sch.tensorize(lb, names["load_b"])
+    sch.tensorize(sch.get_loops(mm)[-3], names["compute"])
+    sch.tensorize(sch.get_loops(sch.get_sblock("matmul_init"))[-2], names["init"])
+    store_parent = sch.get_loops(c_w)[-3]
+    sch.tensorize(sch.get_loops(c_w)[-2], names["store"])
+    (st,) = sch.get_child_blocks(store_parent)
+    sch.storage_align(st, 0, axis=-2, factor=32, offset=4)
+
+    if c.stages > 1:
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, c.stages - 1])
+        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k0, "software_pipeline_async_stages", [0])
+
+    out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return set_dynamic_k_extent(out)
+
+
+def set_dynamic_k_extent(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Replace the extent of the k loop annotated ``pit.tiles_dynamic_k`` (worst case K/BK)
+    by ``ceil(cnt_g * mk / BK)``, ``cnt_g = offsets[g+1] - offsets[g]`` read on the device,
+    ``g`` the loop annotated ``pit.tiles_strip`` (blockIdx.x)."""
+    from tvm.s_tir.stmt import SBlock, SBlockRealize
+
+    offsets = func.params[2]
+    strip = []
+    done = []
+
+    def visit(stmt):
+        if isinstance(stmt, tirx.For):
+            ann = stmt.annotations
+            extent = stmt.extent
+            body_stmt = stmt.body
+            if STRIP_ATTR in ann:
+                strip.append(stmt.loop_var)
+                ann = {k_: v for k_, v in ann.items() if k_ != STRIP_ATTR}
+            if DYN_K_ATTR in ann:
+                if not strip:
+                    raise ValueError("dynamic k loop outside the strip loop")
+                mk = int(ann[DYN_K_ATTR])
+                bk = int(ann[DYN_K_ATTR + ".bk"])
+                ann = {k_: v for k_, v in ann.items() if not k_.startswith(DYN_K_ATTR)}
+                gv = strip[-1]
+                g32 = gv if str(gv.ty.dtype) == "int32" else tirx.Cast("int32", gv)
+                cnt = (tirx.BufferLoad(offsets, [g32 + 1]) - tirx.BufferLoad(offsets, [g32]))
+                dt = str(stmt.loop_var.ty.dtype)
+                steps = tirx.floordiv(cnt * mk + (bk - 1), bk)
+                # a variable bound outside the loop (not the loads themselves): the software
+                # pipeline's analyzer can then prove its in-loop predicates, so the cp.async
+                # wait counts stay compile-time constants
+                nsteps = tirx.Var("pit_k_steps", dt)
+                done.append(bk)
+                loop = tirx.For(stmt.loop_var, stmt.min, nsteps, stmt.kind, visit(body_stmt),
+                                stmt.thread_binding, ann, stmt.step, stmt.span)
+                return tirx.SeqStmt([
+                    tirx.Bind(nsteps, steps if dt == "int32" else tirx.Cast(dt, steps)), loop])
+            body = visit(body_stmt)
+            if body.same_as(stmt.body) and len(ann) == len(stmt.annotations):
+                return stmt
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
+                            stmt.thread_binding, ann, stmt.step, stmt.span)
+        if isinstance(stmt, tirx.SeqStmt):
+            seq = [visit(x) for x in stmt.seq]
+            if all(x.same_as(y) for x, y in zip(seq, stmt.seq)):
+                return stmt
+            return tirx.SeqStmt(seq, stmt.span)
+        if isinstance(stmt, SBlockRealize):
+            blk = stmt.block
+            body = visit(blk.body)
+            init = visit(blk.init) if blk.init is not None else None
+            if body.same_as(blk.body) and (init is None or init.same_as(blk.init)):
+                return stmt
+            new_blk = SBlock(blk.iter_vars, blk.reads, blk.writes, blk.name_hint, body,
+                             init, blk.alloc_buffers, blk.match_buffers, blk.annotations,
+                             blk.span)
+            return SBlockRealize(stmt.iter_values, stmt.predicate, new_blk, stmt.span)
+        if isinstance(stmt, tirx.IfThenElse):
+            then = visit(stmt.then_case)
+            els = visit(stmt.else_case) if stmt.else_case is not None else None
+            return tirx.IfThenElse(stmt.condition, then, els, stmt.span)
+        return stmt
+
+    body = visit(func.body)
+    if not done:
+        raise ValueError("no loop annotated pit.tiles_dynamic_k")
+    return func.with_body(body)
+
+
+# --------------------------------------------------------------------------------------
+# Design space
+# --------------------------------------------------------------------------------------
+_CANDIDATES = (
+    TilesConfig(),                                                       # n128 k32, 32x32 warps
+    TilesConfig(stages=4),
+    TilesConfig(stages=2),
+    TilesConfig(stages=1),
+    TilesConfig(block_k=64, stages=3),
+    TilesConfig(block_n=256, warp_n=64, stages=3),
+    TilesConfig(block_n=128, warp_n=64, stages=4),
+    TilesConfig(block_n=64, stages=4),
+    TilesConfig(block_n=256, block_k=64, warp_n=64, stages=3),
+    TilesConfig(block_n=128, warp_m=16, warp_n=64, stages=3),
+    TilesConfig(block_n=256, warp_m=64, warp_n=64, stages=3),
+    TilesConfig(block_n=128, warp_m=64, warp_n=64, stages=4),
+    TilesConfig(block_n=128, block_k=16, stages=4),
+    # mr = 16 strips: fewer warps or a deeper k step keep the A tile >= one copy per thread
+    TilesConfig(block_n=128, block_k=64, warp_m=16, warp_n=32, stages=3),
+    TilesConfig(block_n=128, block_k=32, warp_m=16, warp_n=64, stages=4),
+    TilesConfig(block_n=256, block_k=64, warp_m=16, warp_n=64, stages=3),
+    TilesConfig(block_n=64, block_k=64, warp_m=16, warp_n=32, stages=4),
+)
+
+
+def valid_tiles_configs(k: int, n: int, micro_tile, dtype: str = "float16",
+                        arch: str = "sm_90") -> list[TilesConfig]:
+    """The candidate configs that fit a (K, N, micro_tile) problem, best guess first."""
+    out = []
+    for cfg in _CANDIDATES:
+        try:
+            check_tiles_config(k, n, micro_tile, dtype, cfg,
+                               MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]))
+        except ValueError:
+            continue
+        out.append(cfg)
+    return out
