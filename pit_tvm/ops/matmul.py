@@ -107,6 +107,25 @@ def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, tuning_log=Non
     return schedule_row_gather_matmul(row_gather_matmul_func(k, n, dtype, out_dtype), configs[0])
 
 
+def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
+                       tuning_log=None):
+    """The tensor-core PIT kernel for (mr, mk) micro-tiles with mk < K on CUDA, or None when it
+    does not apply (fp32, mr not in 16/32/64/128, K/N not multiples of any candidate tile: the
+    SIMT kernel is used then)."""
+    if dtype not in ("float16", "bfloat16"):
+        return None
+    from pit_tvm.schedules.tensorcore_tiles import (schedule_tiles_gather_matmul,
+                                                    tiles_gather_matmul_func,
+                                                    valid_tiles_configs)
+
+    arch = str(make_target(target).attrs.get("arch", "sm_90"))
+    configs = valid_tiles_configs(k, n, micro_tile, dtype, arch)
+    if not configs:
+        return None
+    return schedule_tiles_gather_matmul(
+        tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype), configs[0], arch)
+
+
 def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
                     tuning_log=None) -> tirx.PrimFunc:
     """The PIT kernel for ``micro_tile``, scheduled for ``target``.
@@ -118,6 +137,10 @@ def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, targ
     mr, mk = plan.micro_tile
     if plan.kind == "rows" and mr == 1 and is_gpu(target):
         tensor_core = _cuda_rows_kernel(k, n, dtype, out_dtype, tuning_log)
+        if tensor_core is not None:
+            return tensor_core
+    if plan.kind == "tiles" and is_gpu(target):
+        tensor_core = _cuda_tiles_kernel(k, n, dtype, out_dtype, plan.micro_tile, target, tuning_log)
         if tensor_core is not None:
             return tensor_core
     func = matmul_workload(k, n, dtype, out_dtype)
@@ -159,56 +182,6 @@ def dense_matmul_func(k: int, n: int, dtype: str, out_dtype: str, target) -> tir
     return schedule_dense_matmul(sch, target)
 
 
-def densify_func(threshold: float, target) -> tirx.PrimFunc:
-    """Device-side dense fallback: when the index lists more than ``threshold`` of all
-    micro-tiles, rewrite it to list every micro-tile, so the kernel computes densely.
-
-    Every group holds ``capacity / groups`` tiles; no value leaves the device. Two
-    stages: one thread decides (into ``dense``), then every entry is rewritten in parallel.
-    """
-    gpu = is_gpu(target)
-
-    @T.prim_func(s_tir=True)
-    def densify(offsets: T.handle, ids: T.handle):
-        T.func_attr({"global_symbol": "densify", "tirx.noalias": True})
-        g1 = T.int64()  # groups + 1 (a shape var must be a whole buffer dimension)
-        cap = T.int64()
-        OFF = T.match_buffer(offsets, (g1,), "int32")
-        IDS = T.match_buffer(ids, (cap,), "int32")
-        dense = T.sblock_alloc_buffer((1,), "int32")
-        with T.sblock("decide"):
-            T.reads(OFF[g1 - 1])
-            T.writes(dense[0])
-            dense[0] = T.Select(T.Cast("float64", OFF[g1 - 1]) > T.float64(threshold) * T.Cast("float64", cap), 1, 0)
-        for t in range(cap):
-            with T.sblock("rewrite_ids"):
-                vt = T.axis.spatial(cap, t)
-                if dense[0] == 1:
-                    IDS[vt] = T.Cast("int32", vt % (cap // (g1 - 1)))
-        for t in range(g1):
-            with T.sblock("rewrite_offsets"):
-                vt = T.axis.spatial(g1, t)
-                if dense[0] == 1:
-                    OFF[vt] = T.Cast("int32", vt * (cap // (g1 - 1)))
-
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"densify": densify}))
-    sch.work_on("densify")
-    if gpu:
-        for name in ("rewrite_ids", "rewrite_offsets"):
-            (loop,) = sch.get_loops(sch.get_sblock(name))
-            bx, tx = sch.split(loop, [None, 256])
-            sch.bind(bx, "blockIdx.x")
-            sch.bind(tx, "threadIdx.x")
-        decide = sch.get_sblock("decide")
-        sch.set_scope(decide, 0, "global")
-        # A single-thread kernel for the decision.
-        fused = sch.add_unit_loop(decide)
-        sch.bind(fused, "blockIdx.x")
-        inner = sch.add_unit_loop(decide)
-        sch.bind(inner, "threadIdx.x")
-    return sch.mod["densify"].with_attr("tirx.is_scheduled", True)
-
-
 class SparseMatmul:
     """``C = A @ B`` with A dynamically sparse; compiled once, the index built every call.
 
@@ -246,7 +219,7 @@ class SparseMatmul:
         self.executable = build(tvm.IRModule(funcs), self.target)
         self._index = self.executable["pit_index"]
         self._kernel = self.executable["pit_matmul"]
-        self._densify = None  # folded into pit_index (tile_index_func's density_threshold)
+        self._workspace = {}   # row count -> (offsets, ids): no device allocation per call
 
     # -- tensors in and out ---------------------------------------------------------
     def _as_tensor(self, x, name, shape_check):
@@ -272,16 +245,38 @@ class SparseMatmul:
         if shape != (self.k, self.n):
             raise ValueError(f"B must have shape ({self.k}, {self.n}), got {shape}")
 
+    WORKSPACE_SLOTS = 8
+
     def _index_buffers(self, m):
+        """The index buffers for ``m`` rows, allocated once per row count and reused: a device
+        allocation (and its free, which synchronises) per call would sit on the hot path."""
+        if m in self._workspace:
+            return self._workspace[m]
         mr, mc = self.plan.index_micro_tile
         tile_rows, tile_cols = -(-m // mr), -(-self.k // mc)
         groups = tile_cols if self.plan.index_group == "col" else tile_rows
-        offsets = tvm.runtime.empty((groups + 1,), "int32", self.device)
-        ids = tvm.runtime.empty((tile_rows * tile_cols,), "int32", self.device)
-        return offsets, ids
+        buffers = (tvm.runtime.empty((groups + 1,), "int32", self.device),
+                   tvm.runtime.empty((tile_rows * tile_cols,), "int32", self.device))
+        if len(self._workspace) >= self.WORKSPACE_SLOTS:
+            self._workspace.pop(next(iter(self._workspace)))
+        self._workspace[m] = buffers
+        return buffers
+
+    def _output(self, a, m):
+        """C: from torch's caching allocator when A is a torch tensor, else a TVM tensor."""
+        if not isinstance(a, (np.ndarray, tvm.runtime.Tensor)) and type(a).__module__.startswith("torch"):
+            import torch
+
+            c = torch.empty((m, self.n), dtype=getattr(torch, self.out_dtype), device=a.device)
+            return c, tvm.runtime.from_dlpack(c)
+        c = tvm.runtime.empty((m, self.n), self.out_dtype, self.device)
+        return c, c
 
     def index(self, a):
-        """Build the index of ``a`` on the device: ``(offsets, ids)``, CSR by group."""
+        """Build the index of ``a`` on the device: ``(offsets, ids)``, CSR by group.
+
+        The buffers are the op's workspace for this row count: the next call overwrites them.
+        """
         a_t = self._as_tensor(a, "A", self._check_a)
         offsets, ids = self._index_buffers(int(a_t.shape[0]))
         self._index(a_t, offsets, ids)
@@ -293,18 +288,13 @@ class SparseMatmul:
         m = int(a_t.shape[0])
         offsets, ids = self._index_buffers(m)
         self._index(a_t, offsets, ids)
-        if self._densify is not None:
-            self._densify(offsets, ids)
-        c = out if out is not None else tvm.runtime.empty((m, self.n), self.out_dtype, self.device)
-        self._kernel(a_t, b_t, offsets, ids, c)
-        if out is not None or isinstance(a, tvm.runtime.Tensor):
-            return c
-        if isinstance(a, np.ndarray):
-            return c.numpy()
-        if hasattr(a, "__dlpack__"):
-            import torch  # a DLPack producer that is not numpy: hand back the same kind
-
-            return torch.from_dlpack(c)
+        if out is not None:
+            self._kernel(a_t, b_t, offsets, ids, out)
+            return out
+        c, c_t = self._output(a, m)
+        self._kernel(a_t, b_t, offsets, ids, c_t)
+        if isinstance(a, tvm.runtime.Tensor) or c is not c_t:
+            return c            # a TVM tensor, or the torch tensor C was allocated as
         return c.numpy()
 
 
