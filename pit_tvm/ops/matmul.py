@@ -126,25 +126,6 @@ def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, t
         tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype), configs[0], arch)
 
 
-def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
-                       tuning_log=None):
-    """The tensor-core PIT kernel for (mr, mk) micro-tiles with mk < K on CUDA, or None when it
-    does not apply (fp32, mr not in 16/32/64/128, K/N not multiples of any candidate tile: the
-    SIMT kernel is used then)."""
-    if dtype not in ("float16", "bfloat16"):
-        return None
-    from pit_tvm.schedules.tensorcore_tiles import (schedule_tiles_gather_matmul,
-                                                    tiles_gather_matmul_func,
-                                                    valid_tiles_configs)
-
-    arch = str(make_target(target).attrs.get("arch", "sm_90"))
-    configs = valid_tiles_configs(k, n, micro_tile, dtype, arch)
-    if not configs:
-        return None
-    return schedule_tiles_gather_matmul(
-        tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype), configs[0], arch)
-
-
 def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
                     tuning_log=None) -> tirx.PrimFunc:
     """The PIT kernel for ``micro_tile``, scheduled for ``target``.
@@ -156,10 +137,6 @@ def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, targ
     mr, mk = plan.micro_tile
     if plan.kind == "rows" and mr == 1 and is_gpu(target):
         tensor_core = _cuda_rows_kernel(k, n, dtype, out_dtype, tuning_log)
-        if tensor_core is not None:
-            return tensor_core
-    if plan.kind == "tiles" and is_gpu(target):
-        tensor_core = _cuda_tiles_kernel(k, n, dtype, out_dtype, plan.micro_tile, target, tuning_log)
         if tensor_core is not None:
             return tensor_core
     if plan.kind == "tiles" and is_gpu(target):
