@@ -3,10 +3,15 @@
     python benchmarks/models.py --device cuda      # H100: fp16 TVM builds, torch eager + varlen
     python benchmarks/models.py --device cpu       # small sizes: fp32 TVM builds, onnxruntime
 
+Sizes: cuda uses the full ones below; cpu defaults to FFN d=512, hidden 2048, tokens 4x64 and a
+4-layer, 256-wide, 4-head encoder at batch 16, seq 64, lengths in [8, 64] (every size is a flag).
+
 Workloads (benchmarks/workloads.py, weights generated in code, seeded):
 
 * ``opt_ffn``: ``y = x + fc2(relu(fc1(LN(x))))``, d=2048, hidden 8192, ~90% of fc2's input
-  micro-tiles empty; tokens ``--ffn-batch x --ffn-seq`` (32x128 on cuda).
+  *elements* zero; tokens ``--ffn-batch x --ffn-seq`` (32x128 on cuda). The auto annotation's
+  (1, 64) micro-tiles are nearly all non-empty (occupancy ~1.0: PIT falls back to dense), so
+  ``--ffn-tiles`` (default 8x1) adds PIT rows with an explicit finer micro-tile for ``hidden``.
 * ``bert``: BERT-base-style post-LN encoder (12 layers, 768, 12 heads) at batch 32, seq 128,
   lengths uniform in [16, 128] (seeded); padding is the dynamic sparsity.
 
@@ -32,7 +37,6 @@ Writes models_<device>.json/.png under docs/results/ (or $OUT).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import sys
@@ -49,9 +53,9 @@ from workloads import (bert_encoder, bert_inputs, opt_ffn, opt_ffn_inputs, to_fl
 
 DEFAULTS = {
     "cuda": dict(dtype="float16", ffn_d=2048, ffn_hidden=8192, ffn_batch=32, ffn_seq=128,
-                 layers=12, hidden=768, heads=12, batch=32, seq=128, min_len=16, repeat=20),
+                 layers=12, hidden=768, heads=12, batch=32, seq=128, min_len=16, repeat=20, warmup=3),
     "cpu": dict(dtype="float32", ffn_d=512, ffn_hidden=2048, ffn_batch=4, ffn_seq=64,
-                layers=2, hidden=256, heads=4, batch=8, seq=64, min_len=8, repeat=5),
+                layers=4, hidden=256, heads=4, batch=16, seq=64, min_len=8, repeat=5, warmup=1),
 }
 TOLERANCE = {"float32": 1e-3, "float16": 2e-2}  # on max_rel_err (normalised by max|ref|)
 TABLE = ["workload", "method", "dtype", "median_ms", "speedup_vs_pit_off", "occupancy_mean",
@@ -297,7 +301,7 @@ class _TorchDevice:
         torch.cuda.synchronize()
 
 
-def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None):
+def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None, on_compiled=None):
     import tvm  # noqa: PLC0415
 
     from pit_tvm.compile import compile_onnx  # noqa: PLC0415
@@ -308,6 +312,8 @@ def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None):
         warnings.simplefilter("always")
         cm = compile_onnx(model_t, target, sparse=sparse, auto=auto)
     compile_s = time.perf_counter() - t0
+    if on_compiled is not None:
+        on_compiled(cm)
     dev = cm.device
     args = [tvm.runtime.tensor(np.ascontiguousarray(inputs_t[i["name"]], dtype=i["dtype"]), dev)
             for i in cm.inputs]
@@ -318,7 +324,7 @@ def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None):
 
     out = call()
     out = (out[0] if not hasattr(out, "numpy") else out).numpy()
-    ms = median_ms(call, dev, cfg.repeat, 3)
+    ms = median_ms(call, dev, cfg.repeat, cfg.warmup)
     extra = {"compile_s": compile_s,
              "pit_matmuls": sum(a.get("status") == "pit" for a in cm.annotations),
              "warnings": sorted({str(w.message)[:300] for w in caught})[:5]}
@@ -366,12 +372,14 @@ def run_workload(wl, cfg, device: str) -> list[dict]:
     occ_of = {}  # method -> {tensor: occupancy}
 
     def pit(method, sparse=None):
-        def fn():
-            ms, out, extra, cm = _tvm_method(wl, cfg, target, True, model_t, inputs_t, sparse)
+        def compiled(cm):  # occupancy even when running the build fails
             try:
                 occ_of[method] = occupancies(model, inputs, cm.annotations)
             except Exception as e:  # noqa: BLE001
                 print(f"[{wl['name']}] occupancy failed: {e}", flush=True)
+
+        def fn():
+            ms, out, extra, cm = _tvm_method(wl, cfg, target, True, model_t, inputs_t, sparse, compiled)
             extra["micro_tiles"] = sorted({"x".join(map(str, a["micro_tile"])) for a in cm.annotations
                                            if a.get("status") == "pit"})
             return ms, out, extra
@@ -390,7 +398,7 @@ def run_workload(wl, cfg, device: str) -> list[dict]:
 
             sess = ort_session(model)
             out = sess.run(None, inputs)[0]
-            return median_ms(lambda: sess.run(None, inputs), _HostDevice(), cfg.repeat, 2), out, {}
+            return median_ms(lambda: sess.run(None, inputs), _HostDevice(), cfg.repeat, cfg.warmup), out, {}
 
         record("onnxruntime", onnxrt, "float32")
     else:
@@ -432,7 +440,7 @@ def _torch_method(wl, cfg, dtype, padded: bool, dev="cuda"):
     out = call().float().cpu().numpy()
     if wl["name"] == "bert" and not padded:
         extra.update(impl())
-    ms = median_ms(call, _TorchDevice() if dev == "cuda" else _HostDevice(), cfg.repeat, 3)
+    ms = median_ms(call, _TorchDevice() if dev == "cuda" else _HostDevice(), cfg.repeat, cfg.warmup)
     return ms, out, extra
 
 
@@ -466,7 +474,7 @@ def plot(ax, rows):
     rs = [r for r in rows if r.get("median_ms")]
     labels = [f"{r['workload']}\n{r['method']}" for r in rs]
     vals = [r["speedup_vs_pit_off"] or 0.0 for r in rs]
-    colors = ["tab:green" if r["method"] == "tvm_pit" else "tab:gray" if r["method"] == "tvm_pit_off"
+    colors = ["tab:gray" if r["method"] == "tvm_pit_off" else "tab:green" if r["method"].startswith("tvm_pit")
               else "tab:blue" for r in rs]
     bars = ax.bar(range(len(rs)), vals, color=colors)
     for b, r in zip(bars, rs):
@@ -476,6 +484,7 @@ def plot(ax, rows):
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks(range(len(rs)))
     ax.set_xticklabels(labels, fontsize=6)
+    ax.set_yscale("log")
     ax.set_ylabel("speedup over TVM with PIT off (higher is better)")
 
 
@@ -485,7 +494,7 @@ def parse_args(argv=None):
     p.add_argument("--workloads", default="ffn,bert", help="comma list of ffn, bert")
     p.add_argument("--dtype", choices=["float16", "float32"], help="TVM/torch dtype (cuda: float16, cpu: float32)")
     for k in ("ffn_d", "ffn_hidden", "ffn_batch", "ffn_seq", "layers", "hidden", "heads", "batch", "seq",
-              "min_len", "repeat"):
+              "min_len", "repeat", "warmup"):
         p.add_argument("--" + k.replace("_", "-"), type=int, dest=k)
     p.add_argument("--ffn-tiles", default="8x1",
                    help="extra opt_ffn PIT rows with an explicit micro-tile for 'hidden' (comma list, '' for none)")
