@@ -64,6 +64,7 @@ __all__ = [
     "schedule_row_gather_matmul",
     "valid_configs",
     "add_early_exit",
+    "apply_row_gather_schedule",
     "build",
     "smem_bytes",
     "IN_DTYPES",
@@ -521,14 +522,27 @@ def schedule_row_gather_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     must be 0 (no masking on the tensor-core path), the tiles must divide into warps and
     16x16x16 mma tiles, and the dynamic shared memory must fit ``arch``.
     """
-    k, n, in_dtype, out_dtype, _ = _workload_params(func)
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    apply_row_gather_schedule(sch, config, arch)
+    out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return add_early_exit(out)
+
+
+def apply_row_gather_schedule(sch: s_tir.Schedule, config: TensorCoreConfig,
+                              arch: str = "sm_90") -> None:
+    """The schedule primitives of :func:`schedule_row_gather_matmul`, applied in place to
+    ``sch`` (its ``"main"`` function, the unscheduled workload): usable on a MetaSchedule
+    traced schedule.  Does *not* apply :func:`add_early_exit` (an IR post-process, not a
+    schedule primitive) nor set ``tirx.is_scheduled``.  Raises ValueError for a config
+    that does not fit the workload (before touching ``sch``)."""
+    sch.work_on("main")
+    k, n, in_dtype, out_dtype, _ = _workload_params(sch.mod["main"])
     c = config
     check_config(k, n, in_dtype, c, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype)
     names = _intrin_names(in_dtype)
     vec = 16 // _dtype_bytes(in_dtype)
     warps = c.warps
 
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     _schedule_zero_fill(sch, n, out_dtype, c)
 
     mm = sch.get_sblock("matmul")
@@ -634,9 +648,6 @@ def schedule_row_gather_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
         sch.annotate(k0, "software_pipeline_stage", [0, 0, c.stages - 1])
         sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
         sch.annotate(k0, "software_pipeline_async_stages", [0])
-
-    out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-    return add_early_exit(out)
 
 
 def add_early_exit(func: tirx.PrimFunc) -> tirx.PrimFunc:

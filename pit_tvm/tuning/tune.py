@@ -1,0 +1,435 @@
+"""MetaSchedule tuning of the tensor-core PIT row-gather matmul (XGBoost cost model).
+
+    path = tune_matmul(4096, 4096, "float16", target="cuda", trials=64)   # on a GPU box
+    func = load_best(path, 4096, 4096, "float16", "cuda")                 # scheduled PrimFunc
+
+Where the logs go
+-----------------
+``tune_matmul`` writes a MetaSchedule JSON database (``database_workload.json``,
+``database_tuning_record.json``, ``logs/``) into
+``<work_dir>/<gpu-name>/matmul_k{K}_n{N}_{dtype}/`` (``work_dir`` defaults to
+``tuning_logs`` in the current directory; ``gpu-name`` is the sanitised
+``torch.cuda.get_device_name()`` or ``nvidia-smi`` name, ``unknown-gpu`` without either)
+and returns that directory.  ``load_best`` and ``sparse_matmul(tuning_log=...)`` accept that
+directory, or a root above it (``tuning_logs``: the current GPU's subdirectory is preferred,
+then any GPU's).
+
+What is tuned, what is measured
+-------------------------------
+The design space is :mod:`pit_tvm.tuning.space` (tile shape, K tile, pipeline stages of
+:class:`~pit_tvm.schedules.tensorcore.TensorCoreConfig`).  MetaSchedule only measures static
+shapes, so the tuning workload fixes ``M`` (``m``, default 4104: a ragged last row tile as at
+run time) and lists *every* row (``offsets = [0, M]``, ``ids = arange(M)``: the runner's
+``f_alloc_argument`` builds a valid index; MetaSchedule's random int32 fill would index out
+of bounds).  The builder re-applies the early exit (:func:`space.build_candidate`), so the
+measured kernel is the one deployed.
+
+From log to kernel (early exit)
+-------------------------------
+The database holds traces of the *static-M* workload.  ``add_early_exit`` (CTAs past the
+count exit at once) is an IR post-process that no trace records: a trace replayed with
+``compile_tir`` yields a kernel without it.  ``load_best`` therefore replays the best
+record's trace (knob part) to read its :class:`TensorCoreConfig` back, checks that the whole
+trace replays on its workload, and schedules the *symbolic-M* workload with
+:func:`~pit_tvm.schedules.tensorcore.schedule_row_gather_matmul`, which re-applies the early
+exit.  Anyone replaying a trace with ``compile_tir`` must call ``add_early_exit`` on the
+result.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from pit_tvm.schedules.tensorcore import (
+    IN_DTYPES,
+    TensorCoreConfig,
+    row_gather_matmul_func,
+    schedule_row_gather_matmul,
+)
+from pit_tvm.target import make_target
+from pit_tvm.tuning import space as _space
+
+__all__ = [
+    "tune_matmul",
+    "load_best",
+    "best_record",
+    "BestRecord",
+    "gpu_name",
+    "log_dir",
+    "resolve_log_dir",
+    "alloc_pit_arguments",
+]
+
+OP = "matmul"
+DEFAULT_ROOT = "tuning_logs"
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+#: run_secs of a failed build/run as MetaSchedule records it (1e10 s)
+_FAILED_SECS = 1e9
+
+
+# --------------------------------------------------------------------------------------
+# Where
+# --------------------------------------------------------------------------------------
+def _sanitize(name: str) -> str:
+    s = re.sub(r"[^a-z0-9._-]+", "-", name.strip().lower()).strip("-._")
+    return s or "unknown-gpu"
+
+
+def gpu_name() -> str:
+    """Sanitised name of GPU 0 (``nvidia-h100-80gb-hbm3``), ``unknown-gpu`` if none is found."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return _sanitize(torch.cuda.get_device_name(0))
+    except Exception:  # noqa: BLE001 - torch missing or broken: try nvidia-smi
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and out.stdout.strip():
+                return _sanitize(out.stdout.strip().splitlines()[0])
+        except Exception:  # noqa: BLE001
+            pass
+    return "unknown-gpu"
+
+
+def _leaf(k: int, n: int, dtype: str) -> str:
+    return f"{OP}_k{int(k)}_n{int(n)}_{dtype}"
+
+
+def log_dir(k: int, n: int, dtype: str = "float16", work_dir=None, gpu: str | None = None) -> Path:
+    """``<work_dir or tuning_logs>/<gpu>/matmul_k{k}_n{n}_{dtype}``."""
+    root = Path(work_dir) if work_dir is not None else Path(DEFAULT_ROOT)
+    return root / (gpu or gpu_name()) / _leaf(k, n, dtype)
+
+
+def _is_db_dir(p: Path) -> bool:
+    return (p / "database_tuning_record.json").is_file() and (p / "database_workload.json").is_file()
+
+
+def resolve_log_dir(path, k: int, n: int, dtype: str = "float16") -> Path | None:
+    """The database directory for (k, n, dtype) given a database directory or a log root."""
+    p = Path(path)
+    if _is_db_dir(p):
+        return p
+    leaf = _leaf(k, n, dtype)
+    for cand in (p / leaf, p / gpu_name() / leaf):
+        if _is_db_dir(cand):
+            return cand
+    if p.is_dir():
+        others = sorted(c for c in p.glob(f"*/{leaf}") if _is_db_dir(c))
+        if others:
+            if len(others) > 1:
+                warnings.warn(f"tuning logs for {leaf} from several GPUs under {p}; using "
+                              f"{others[0]}", stacklevel=3)
+            return others[0]
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Measuring
+# --------------------------------------------------------------------------------------
+def alloc_pit_arguments(device, args_info, alloc_repeat):
+    """``LocalRunner`` ``f_alloc_argument`` for the row-gather workload: random A/B (and bias),
+    a *valid* index listing every row (``offsets=[0, M]``, ``ids=arange(M)``), C empty."""
+    import numpy as _np
+    import tvm as _tvm
+
+    infos = [tuple(a) for a in args_info]
+    out = []
+    for rep in range(alloc_repeat):
+        rng = _np.random.default_rng(rep)
+        m = int(infos[0][2][0])
+        args = []
+        for i, (_, dtype, shape) in enumerate(infos):
+            shape = [int(s) for s in shape]
+            if i == 2:
+                host = _np.array([0, m], "int32")
+            elif i == 3:
+                host = _np.arange(m, dtype="int32")
+            elif i == len(infos) - 1:
+                args.append(_tvm.runtime.empty(shape, dtype, device))
+                continue
+            else:
+                scale = 1.0 / math.sqrt(shape[0]) if i == 1 else 1.0
+                host = (rng.standard_normal(shape, dtype=_np.float32) * scale)
+                if dtype == "bfloat16":
+                    import ml_dtypes
+
+                    host = host.astype(ml_dtypes.bfloat16)
+                else:
+                    host = host.astype(dtype)
+            args.append(_tvm.runtime.tensor(host, device))
+        out.append(args)
+    return out
+
+
+@derived_object
+class _Progress(ms.measure_callback.PyMeasureCallback):
+    """tqdm bar advanced by the measured candidates of each MetaSchedule iteration."""
+
+    def __init__(self, bar) -> None:
+        super().__init__()
+        self.bar = bar
+        self.best = math.inf
+        self.failed = 0
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        for b, r in zip(builder_results, runner_results):
+            secs = [float(x) for x in (r.run_secs or [])]
+            if b.error_msg is not None or r.error_msg is not None or not secs:
+                self.failed += 1
+                continue
+            mean = sum(secs) / len(secs)
+            if mean < _FAILED_SECS:
+                self.best = min(self.best, mean)
+        self.bar.update(len(measure_candidates))
+        post = {"failed": self.failed}
+        if self.best < math.inf:
+            post["best_us"] = f"{self.best * 1e6:.1f}"
+        self.bar.set_postfix(post)
+
+
+def _ensure_worker_path() -> None:
+    """Builder/runner workers are fresh processes that unpickle our functions by reference:
+    put the project on their PYTHONPATH."""
+    pp = os.environ.get("PYTHONPATH", "")
+    if _PROJECT_ROOT not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (_PROJECT_ROOT, pp) if x)
+
+
+def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: int = 512,
+                work_dir=None, micro_tile=(1, None), *, m: int = _space.DEFAULT_TUNE_M,
+                out_dtype: str | None = None, trials_per_iter: int = 32,
+                population_size: int = 128, seed: int = 1, builder=None, runner=None,
+                number: int = 5, repeat: int = 3, min_repeat_ms: int = 40,
+                progress: bool = True) -> Path:
+    """Tune the tensor-core PIT kernel of ``C[M, n] = A[M, k] @ B[k, n]`` (whole-row
+    micro-tiles) with MetaSchedule + XGBoost; return the database directory.
+
+    ``trials``: measured candidates in all (the search may stop earlier when the space is
+    exhausted); ``trials_per_iter``: candidates per MetaSchedule iteration (the cost model is
+    refit between iterations).  ``builder``/``runner`` override the LocalBuilder/LocalRunner
+    (an ``RPCRunner``, or a fake runner in tests).  Re-running with the same directory
+    resumes: measured records seed the evolutionary search.
+    """
+    if dtype not in IN_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes {IN_DTYPES}, got {dtype!r}")
+    mr, mk = micro_tile
+    if int(mr) != 1 or (mk is not None and int(mk) < int(k)):
+        raise NotImplementedError(f"only whole-row micro-tiles (1, K) are tunable, got {micro_tile}")
+    tgt = make_target(target)
+    if tgt.kind.name != "cuda":
+        raise ValueError(f"tune_matmul tunes the CUDA tensor-core kernel, got target {tgt}")
+    arch = _space._arch_of(tgt)
+    if not _space.valid_knob_configs(int(k), int(n), dtype, out_dtype or dtype,
+                                     _space._arch_of_str(arch)):
+        raise ValueError(f"no tensor-core config fits K={k}, N={n} ({dtype})")
+    db_dir = log_dir(k, n, dtype, work_dir)
+    db_dir.mkdir(parents=True, exist_ok=True)
+
+    _ensure_worker_path()
+    cores = os.cpu_count() or 1
+    workload = _space.tuning_workload(int(k), int(n), dtype, out_dtype or dtype, m)
+    if builder is None:
+        builder = ms.builder.LocalBuilder(max_workers=cores, timeout_sec=600,
+                                          f_build=_space.build_candidate)
+    if runner is None:
+        runner = ms.runner.LocalRunner(
+            timeout_sec=120,
+            evaluator_config=ms.runner.EvaluatorConfig(
+                number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                enable_cpu_cache_flush=False),
+            f_alloc_argument=alloc_pit_arguments)
+    database = ms.database.JSONDatabase(work_dir=str(db_dir))
+    strategy = ms.search_strategy.EvolutionarySearch(
+        population_size=population_size,
+        init_measured_ratio=0.2,
+        init_min_unmeasured=min(population_size, max(16, trials_per_iter)),
+        genetic_num_iters=3,
+        genetic_mutate_prob=0.85,
+        genetic_max_fail_count=10,
+        eps_greedy=0.05)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=int(trials), desc=f"tune {_leaf(k, n, dtype)}", unit="trial",
+               disable=not progress)
+    callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_Progress(bar)]
+    try:
+        ms.tune_tir(
+            mod=tvm.IRModule({"main": workload}),
+            target=tgt,
+            work_dir=str(db_dir),
+            max_trials_global=int(trials),
+            num_trials_per_iter=min(int(trials_per_iter), int(trials)),
+            builder=builder,
+            runner=runner,
+            database=database,
+            cost_model="xgb",
+            measure_callbacks=callbacks,
+            space=_space.space_generator(arch),
+            strategy=strategy,
+            num_tuning_cores=cores,
+            seed=int(seed),
+        )
+    finally:
+        bar.close()
+    return db_dir
+
+
+# --------------------------------------------------------------------------------------
+# Reading the log
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BestRecord:
+    config: TensorCoreConfig
+    run_secs: float            # mean measured latency of the tuning workload (M = m)
+    m: int                     # rows of the tuning workload
+    log_dir: Path
+    target: str
+
+
+_WORKLOAD_RE = re.compile(r"^row_gather_matmul_k(\d+)_n(\d+)_([a-z0-9]+)_([a-z0-9]+)$")
+
+
+def _read_lines(path: Path, what: str):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except ValueError:
+                warnings.warn(f"{path.name}:{lineno}: skipping a malformed {what} line",
+                              stacklevel=4)
+
+
+def _workload_key(workload) -> tuple | None:
+    funcs = [f for _, f in workload.mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    func = funcs[0] if len(funcs) == 1 else None
+    if func is None or func.attrs is None or "pit.workload" not in func.attrs:
+        return None
+    mt = _WORKLOAD_RE.match(str(func.attrs["pit.workload"]))
+    if not mt:
+        return None
+    return int(mt.group(1)), int(mt.group(2)), mt.group(3), mt.group(4)
+
+
+def _same_target(rec_target, tgt) -> bool:
+    if rec_target.kind.name != tgt.kind.name:
+        return False
+    a, b = _space._arch_of(rec_target), _space._arch_of(tgt)
+    return _space._arch_of_str(a) == _space._arch_of_str(b)
+
+
+def _candidates(db_dir: Path, k, n, dtype, tgt):
+    """Valid-looking records for (k, n, dtype) on ``tgt``, best first; warns on the rest."""
+    workloads = {}
+    for lineno, obj in _read_lines(db_dir / "database_workload.json", "workload"):
+        try:
+            workloads[len(workloads)] = ms.database.Workload.from_json(obj)
+        except Exception:  # noqa: BLE001
+            warnings.warn(f"database_workload.json:{lineno}: skipping an undecodable workload",
+                          stacklevel=3)
+            workloads[len(workloads)] = None
+    foreign_wl, foreign_tgt, bad, failed = 0, 0, 0, 0
+    recs = []
+    for lineno, obj in _read_lines(db_dir / "database_tuning_record.json", "tuning record"):
+        try:
+            wl = workloads.get(int(obj[0]))
+            if wl is None:
+                raise ValueError("unknown workload index")
+            rec = ms.database.TuningRecord.from_json(obj[1], wl)
+        except Exception:  # noqa: BLE001
+            bad += 1
+            continue
+        key = _workload_key(rec.workload)
+        if key is None or key[:3] != (int(k), int(n), dtype):
+            foreign_wl += 1
+            continue
+        if rec.target is None or not _same_target(rec.target, tgt):
+            foreign_tgt += 1
+            continue
+        secs = [float(x) for x in (rec.run_secs or [])]
+        if not secs or not all(math.isfinite(s) and 0 < s < _FAILED_SECS for s in secs):
+            failed += 1       # a failed build/run: normal in a log, not a warning
+            continue
+        recs.append((sum(secs) / len(secs), lineno, rec))
+    if bad:
+        warnings.warn(f"{db_dir}: skipped {bad} undecodable tuning record(s)", stacklevel=3)
+    if foreign_wl:
+        warnings.warn(f"{db_dir}: skipped {foreign_wl} record(s) of another workload "
+                      f"(not row_gather_matmul K={k} N={n} {dtype})", stacklevel=3)
+    if foreign_tgt:
+        warnings.warn(f"{db_dir}: skipped {foreign_tgt} record(s) for another target than "
+                      f"{tgt}", stacklevel=3)
+    recs.sort(key=lambda x: (x[0], x[1]))
+    return recs
+
+
+def best_record(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
+                max_tries: int = 16) -> BestRecord | None:
+    """The fastest record of the log whose trace replays, as a :class:`BestRecord`."""
+    tgt = make_target(target)
+    db_dir = resolve_log_dir(work_dir, k, n, dtype)
+    if db_dir is None:
+        warnings.warn(f"no tuning log for {_leaf(k, n, dtype)} under {work_dir}", stacklevel=2)
+        return None
+    arch = _space._arch_of_str(_space._arch_of(tgt))
+    for secs, lineno, rec in _candidates(db_dir, k, n, dtype, tgt)[:max_tries]:
+        try:
+            func = rec.workload.mod["main"]
+            cfg = _space.config_from_trace(rec.trace, rec.workload.mod)
+            # the whole trace (knobs + postproc schedule) must replay on its workload too
+            sch = tvm.s_tir.Schedule(rec.workload.mod)
+            rec.trace.apply_to_schedule(sch, remove_postproc=False)
+            _space.check_config(k, n, dtype, cfg, _space._smem_limit(arch),
+                                str(func.params[-1].ty.dtype))
+            m = int(func.params[0].ty.shape[0])
+        except Exception as err:  # noqa: BLE001
+            warnings.warn(f"database_tuning_record.json:{lineno}: trace does not replay "
+                          f"({type(err).__name__}: {str(err).strip().splitlines()[-1][:200] if str(err).strip() else ''}); skipped",
+                          stacklevel=2)
+            continue
+        return BestRecord(cfg, secs, m, db_dir, str(tgt))
+    return None
+
+
+def load_best(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
+              out_dtype: str | None = None, bias: bool = False, relu: bool = False):
+    """The best tuned kernel as a scheduled (symbolic-M) PrimFunc, early exit included;
+    None (with a warning) when the log holds no valid record for (k, n, dtype, target).
+
+    Corrupt or foreign lines/records are skipped with a ``warnings.warn``, never fatal.
+    The kernel's signature is :func:`row_gather_matmul_func`'s (``out_dtype`` defaults to
+    ``dtype``; the tuned tile config does not depend on it).
+    """
+    best = best_record(work_dir, k, n, dtype, target)
+    if best is None:
+        return None
+    arch = _space._arch_of_str(_space._arch_of(make_target(target)))
+    func = row_gather_matmul_func(k, n, dtype, out_dtype or dtype, bias=bias, relu=relu)
+    try:
+        sched = schedule_row_gather_matmul(func, best.config, arch)
+    except Exception as err:  # noqa: BLE001
+        warnings.warn(f"tuned config {best.config} does not schedule: {err}", stacklevel=2)
+        return None
+    return sched.with_attr("pit.tuned", json.dumps(
+        {"config": best.config.as_dict(), "run_secs": best.run_secs, "tune_m": best.m,
+         "log": str(best.log_dir)}))
