@@ -98,6 +98,12 @@ def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, tuning_log=Non
     apply (fp32, or K/N not multiples of any candidate tile: the SIMT kernel is used then)."""
     if dtype not in ("float16", "bfloat16"):
         return None
+    if tuning_log is not None:  # MetaSchedule log (pit_tvm.tuning.tune); warns and falls back
+        from pit_tvm.tuning.tune import tuned_rows_kernel
+
+        tuned = tuned_rows_kernel(tuning_log, k, n, dtype, out_dtype)
+        if tuned is not None:
+            return tuned
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
                                               valid_configs)
 

@@ -36,7 +36,7 @@ draws again).  :class:`MutateKnob` moves one knob to another value (the stock mu
 know tile sizes, unroll, parallel and thread bindings).
 
 Not in the trace: :func:`~pit_tvm.schedules.tensorcore.add_early_exit` is an IR
-post-process, not a schedule primitive; :func:`build_candidate` (the builder) and
+post-process, not a schedule primitive; :class:`PitBuilder` (the builder) and
 :func:`pit_tvm.tuning.tune.load_best` re-apply it.
 """
 from __future__ import annotations
@@ -72,7 +72,8 @@ __all__ = [
     "space_generator",
     "config_from_schedule",
     "config_from_trace",
-    "build_candidate",
+    "prepare_candidate",
+    "PitBuilder",
 ]
 
 #: knob -> candidate values (the categorical supports)
@@ -300,12 +301,23 @@ def space_generator(arch: str | None = None) -> ms.space_generator.ScheduleFn:
     )
 
 
-def build_candidate(mod: tvm.IRModule, target, _params=None):
-    """``LocalBuilder`` ``f_build``: re-apply the early exit (not in the trace), mark the
-    function scheduled and build with cp.async on (:func:`pit_tvm.schedules.tensorcore.build`)."""
-    from pit_tvm.schedules.tensorcore import build
+def prepare_candidate(mod: tvm.IRModule) -> tvm.IRModule:
+    """What a measured candidate needs besides its trace: the early exit (an IR post-process,
+    :func:`~pit_tvm.schedules.tensorcore.add_early_exit`) and ``tirx.is_scheduled``."""
+    func = add_early_exit(mod["main"]).with_attr("tirx.is_scheduled", True)
+    return tvm.IRModule({"main": func})
 
-    func = mod["main"]
-    func = add_early_exit(func).with_attr("tirx.is_scheduled", True)
-    ex = build(tvm.IRModule({"main": func}), target)
-    return getattr(ex, "mod", ex)  # the runtime module (f_export calls export_library on it)
+
+@derived_object
+class PitBuilder(ms.builder.PyBuilder):
+    """Builder wrapper: :func:`prepare_candidate` in this process, then the inner builder
+    (a ``LocalBuilder`` with ``f_build=pit_tvm.tuning._worker.build_module``)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def build(self, build_inputs):
+        prepared = [ms.builder.BuilderInput(prepare_candidate(b.mod), b.target, b.params)
+                    for b in build_inputs]
+        return self.inner.build(prepared)

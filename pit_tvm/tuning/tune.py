@@ -21,7 +21,7 @@ The design space is :mod:`pit_tvm.tuning.space` (tile shape, K tile, pipeline st
 shapes, so the tuning workload fixes ``M`` (``m``, default 4104: a ragged last row tile as at
 run time) and lists *every* row (``offsets = [0, M]``, ``ids = arange(M)``: the runner's
 ``f_alloc_argument`` builds a valid index; MetaSchedule's random int32 fill would index out
-of bounds).  The builder re-applies the early exit (:func:`space.build_candidate`), so the
+of bounds).  The builder re-applies the early exit (:class:`space.PitBuilder`), so the
 measured kernel is the one deployed.
 
 From log to kernel (early exit)
@@ -60,6 +60,7 @@ from pit_tvm.schedules.tensorcore import (
 )
 from pit_tvm.target import make_target
 from pit_tvm.tuning import space as _space
+from pit_tvm.tuning._worker import alloc_pit_arguments, build_module
 
 __all__ = [
     "tune_matmul",
@@ -70,6 +71,7 @@ __all__ = [
     "log_dir",
     "resolve_log_dir",
     "alloc_pit_arguments",
+    "tuned_rows_kernel",
 ]
 
 OP = "matmul"
@@ -144,41 +146,6 @@ def resolve_log_dir(path, k: int, n: int, dtype: str = "float16") -> Path | None
 # --------------------------------------------------------------------------------------
 # Measuring
 # --------------------------------------------------------------------------------------
-def alloc_pit_arguments(device, args_info, alloc_repeat):
-    """``LocalRunner`` ``f_alloc_argument`` for the row-gather workload: random A/B (and bias),
-    a *valid* index listing every row (``offsets=[0, M]``, ``ids=arange(M)``), C empty."""
-    import numpy as _np
-    import tvm as _tvm
-
-    infos = [tuple(a) for a in args_info]
-    out = []
-    for rep in range(alloc_repeat):
-        rng = _np.random.default_rng(rep)
-        m = int(infos[0][2][0])
-        args = []
-        for i, (_, dtype, shape) in enumerate(infos):
-            shape = [int(s) for s in shape]
-            if i == 2:
-                host = _np.array([0, m], "int32")
-            elif i == 3:
-                host = _np.arange(m, dtype="int32")
-            elif i == len(infos) - 1:
-                args.append(_tvm.runtime.empty(shape, dtype, device))
-                continue
-            else:
-                scale = 1.0 / math.sqrt(shape[0]) if i == 1 else 1.0
-                host = (rng.standard_normal(shape, dtype=_np.float32) * scale)
-                if dtype == "bfloat16":
-                    import ml_dtypes
-
-                    host = host.astype(ml_dtypes.bfloat16)
-                else:
-                    host = host.astype(dtype)
-            args.append(_tvm.runtime.tensor(host, device))
-        out.append(args)
-    return out
-
-
 @derived_object
 class _Progress(ms.measure_callback.PyMeasureCallback):
     """tqdm bar advanced by the measured candidates of each MetaSchedule iteration."""
@@ -248,7 +215,8 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     workload = _space.tuning_workload(int(k), int(n), dtype, out_dtype or dtype, m)
     if builder is None:
         builder = ms.builder.LocalBuilder(max_workers=cores, timeout_sec=600,
-                                          f_build=_space.build_candidate)
+                                          f_build=build_module)
+    builder = _space.PitBuilder(builder)  # early exit + is_scheduled, in this process
     if runner is None:
         runner = ms.runner.LocalRunner(
             timeout_sec=120,
@@ -433,3 +401,22 @@ def load_best(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
     return sched.with_attr("pit.tuned", json.dumps(
         {"config": best.config.as_dict(), "run_secs": best.run_secs, "tune_m": best.m,
          "log": str(best.log_dir)}))
+
+
+def tuned_rows_kernel(tuning_log, k: int, n: int, dtype: str, out_dtype: str | None = None,
+                      target="cuda"):
+    """``sparse_matmul(..., tuning_log=...)``'s hook (whole-row micro-tiles, fp16/bf16, CUDA):
+    :func:`load_best`, or None with a warning (the caller then uses the untuned kernel)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            func = load_best(tuning_log, k, n, dtype, target, out_dtype=out_dtype)
+        except Exception as err:  # noqa: BLE001 - a broken log never breaks compilation
+            warnings.warn(f"reading tuning log {tuning_log} failed: {err}", stacklevel=2)
+            func = None
+    for w in caught:  # re-emit what load_best said, attributed to the caller
+        warnings.warn(w.message, w.category, stacklevel=3)
+    if func is None:
+        warnings.warn(f"no valid tuned schedule for {_leaf(k, n, dtype)} in {tuning_log}; "
+                      "using the untuned tensor-core kernel", stacklevel=3)
+    return func
