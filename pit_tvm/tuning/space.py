@@ -72,6 +72,7 @@ __all__ = [
     "space_generator",
     "config_from_schedule",
     "config_from_trace",
+    "knob_schedule",
     "prepare_candidate",
     "PitBuilder",
 ]
@@ -224,6 +225,20 @@ def pit_tc_space(sch: s_tir.Schedule, arch: str = "sm_90") -> s_tir.Schedule:
     sch.enter_postproc()
     if not _apply_annotated(sch, arch):  # cannot happen for a config of `valid`
         raise ValueError(f"config {cfg} failed to schedule")
+    return sch
+
+
+def knob_schedule(workload: tirx.PrimFunc, config: TensorCoreConfig, arch: str = "sm_90",
+                  seed: int = 1) -> s_tir.Schedule:
+    """A traced schedule of ``workload`` exactly as the search produces it for ``config``
+    (knob samples with these decisions, ``EnterPostproc``, the schedule): its ``trace`` is a
+    valid database record trace.  Raises ValueError for a config that does not fit."""
+    sch = s_tir.Schedule(tvm.IRModule({"main": workload}), seed=seed)
+    sch.work_on("main")
+    _sample_knobs(sch, config)
+    sch.enter_postproc()
+    if not _apply_annotated(sch, arch):
+        raise ValueError(f"config {config} does not fit the workload")
     return sch
 
 

@@ -146,6 +146,32 @@ def resolve_log_dir(path, k: int, n: int, dtype: str = "float16") -> Path | None
 # --------------------------------------------------------------------------------------
 # Measuring
 # --------------------------------------------------------------------------------------
+class _TextBar:
+    """Stand-in for tqdm where it is not installed: one line per MetaSchedule iteration."""
+
+    def __init__(self, total, desc, disable=False, **_):
+        self.n, self.total, self.desc, self.disable, self.post = 0, total, desc, disable, {}
+
+    def update(self, k):
+        self.n += k
+        if not self.disable:
+            print(f"{self.desc}: {self.n}/{self.total} trials {self.post}", flush=True)
+
+    def set_postfix(self, post):
+        self.post = dict(post)
+
+    def close(self):
+        pass
+
+
+def _progress_bar(**kw):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _TextBar(**kw)
+    return tqdm(**kw)
+
+
 @derived_object
 class _Progress(ms.measure_callback.PyMeasureCallback):
     """tqdm bar advanced by the measured candidates of each MetaSchedule iteration."""
@@ -165,11 +191,11 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
             mean = sum(secs) / len(secs)
             if mean < _FAILED_SECS:
                 self.best = min(self.best, mean)
-        self.bar.update(len(measure_candidates))
         post = {"failed": self.failed}
         if self.best < math.inf:
             post["best_us"] = f"{self.best * 1e6:.1f}"
         self.bar.set_postfix(post)
+        self.bar.update(len(measure_candidates))
 
 
 def _ensure_worker_path() -> None:
@@ -234,10 +260,8 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
         genetic_max_fail_count=10,
         eps_greedy=0.05)
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=int(trials), desc=f"tune {_leaf(k, n, dtype)}", unit="trial",
-               disable=not progress)
+    bar = _progress_bar(total=int(trials), desc=f"tune {_leaf(k, n, dtype)}", unit="trial",
+                        disable=not progress)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_Progress(bar)]
     try:
         ms.tune_tir(
@@ -340,7 +364,8 @@ def _candidates(db_dir: Path, k, n, dtype, tgt):
             continue
         recs.append((sum(secs) / len(secs), lineno, rec))
     if bad:
-        warnings.warn(f"{db_dir}: skipped {bad} undecodable tuning record(s)", stacklevel=3)
+        warnings.warn(f"{db_dir}: skipped {bad} tuning record(s) that do not decode or replay "
+                      "on their workload", stacklevel=3)
     if foreign_wl:
         warnings.warn(f"{db_dir}: skipped {foreign_wl} record(s) of another workload "
                       f"(not row_gather_matmul K={k} N={n} {dtype})", stacklevel=3)

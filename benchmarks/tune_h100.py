@@ -1,0 +1,121 @@
+"""Tune the shipped tensor-core PIT matmul logs on a GPU (the benchmark shapes).
+
+    python3 benchmarks/tune_h100.py [--sizes 4096 8192] [--trials 64 64] [--out DIR]
+
+For each size S: ``tune_matmul(S, S, "float16", "cuda", trials)`` (rows kind, tuning M = S + 8,
+every row listed) into ``DIR/tuning_logs/<gpu>/matmul_kS_nS_float16/``; then, from the log,
+``load_best`` (the symbolic-M kernel, early exit re-applied) is checked against numpy
+(M = 1000, 60 % zero rows) and timed at M = S (all rows listed) next to the untuned default
+config.  Writes ``DIR/tune_summary.json`` and prints one line per size.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _inputs(m, k, n, sparsity, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    nz = rng.random(m) >= sparsity
+    a[~nz] = 0
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    rows = np.nonzero(nz)[0].astype(np.int32)
+    ids = np.full(m, -1, np.int32)
+    ids[: len(rows)] = rows
+    return a.astype(np.float16), b.astype(np.float16), np.array([0, len(rows)], np.int32), ids
+
+
+def _check_and_time(func, default_func, size, number=20, repeat=5):
+    import tvm
+
+    from pit_tvm.schedules.tensorcore import build
+
+    dev = tvm.cuda(0)
+    out = {}
+    ex = build(func, "cuda")
+    # numerics (fp16 in, fp16 out) on a ragged M with 60 % zero rows
+    a, b, off, ids = _inputs(1000, size, size, 0.6, seed=1)
+    t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
+    c = t(np.full((1000, size), np.nan, np.float16))
+    ex["main"](t(a), t(b), t(off), t(ids), c)
+    got = c.numpy().astype(np.float32)
+    rows = ids[: off[1]]
+    ref = np.zeros_like(got)
+    ref[rows] = a[rows].astype(np.float32) @ b.astype(np.float32)
+    scale = float(np.abs(ref).max()) or 1.0
+    out["max_rel_err"] = float(np.nanmax(np.abs(got - ref)) / scale)
+    out["nan"] = bool(np.isnan(got).any())
+    # timing at M = size, every row listed
+    a, b, off, ids = _inputs(size, size, size, 0.0, seed=2)
+    args = [t(a), t(b), t(off), t(ids), t(np.zeros((size, size), np.float16))]
+    for name, f in (("tuned", ex), ("default", build(default_func, "cuda"))):
+        mod = f.jit() if hasattr(f, "jit") else f.mod
+        ev = mod.time_evaluator("main", dev, number=number, repeat=repeat)
+        ms = float(np.median(ev(*args).results)) * 1e3
+        out[f"{name}_ms"] = ms
+        out[f"{name}_tflops"] = 2.0 * size ** 3 / (ms * 1e-3) / 1e12
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
+    p.add_argument("--trials", type=int, nargs="+", default=[64, 64])
+    p.add_argument("--trials-per-iter", type=int, default=32)
+    p.add_argument("--out", default=os.environ.get("OUT", "out"))
+    p.add_argument("--no-check", action="store_true")
+    args = p.parse_args(argv)
+    trials = (args.trials * len(args.sizes))[: len(args.sizes)] if len(args.trials) == 1 \
+        else args.trials
+    from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
+                                              valid_configs)
+    from pit_tvm.tuning.tune import best_record, gpu_name, load_best, tune_matmul
+
+    root = os.path.join(args.out, "work", "tuning_logs")
+    summary = {"gpu": gpu_name(), "results": []}
+    for size, n_trials in zip(args.sizes, trials):
+        t0 = time.time()
+        entry = {"k": size, "n": size, "dtype": "float16", "trials": n_trials}
+        try:
+            path = tune_matmul(size, size, "float16", "cuda", trials=n_trials, work_dir=root,
+                               m=size + 8, trials_per_iter=args.trials_per_iter)
+            entry["tune_s"] = round(time.time() - t0, 1)
+            entry["log"] = os.path.relpath(path, os.path.join(args.out, "work"))
+            best = best_record(path, size, size, "float16", "cuda")
+            if best is None:
+                entry["error"] = "no valid record"
+            else:
+                entry["best_us"] = best.run_secs * 1e6
+                entry["best_tflops_tune_m"] = 2.0 * best.m * size * size / best.run_secs / 1e12
+                entry["config"] = best.config.as_dict()
+                if not args.no_check:
+                    func = load_best(path, size, size, "float16", "cuda")
+                    default = schedule_row_gather_matmul(
+                        row_gather_matmul_func(size, size, "float16", "float16"),
+                        valid_configs(size, size, "float16")[0])
+                    entry.update(_check_and_time(func, default, size))
+        except Exception:  # noqa: BLE001 - keep going, report
+            entry["error"] = traceback.format_exc()[-3000:]
+        entry["total_s"] = round(time.time() - t0, 1)
+        summary["results"].append(entry)
+        print("RESULT", json.dumps({k: v for k, v in entry.items() if k != "error"}),
+              "ERROR" if "error" in entry else "", flush=True)
+        if "error" in entry:
+            print(entry["error"], flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "tune_summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return 0 if all("error" not in e for e in summary["results"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""MetaSchedule tuning of the tensor-core PIT kernel (pit_tvm.tuning.space / .tune).
+
+CPU: the design space (sampled kernels build for sm_90 and pass nvcc; re-sampled traces stay
+consistent with their knobs; the workload is never written in place), the knob mutator, a
+hand-written JSON database round trip, corrupt/foreign records, an end-to-end ``tune_matmul``
+with a fake runner (real LocalBuilder, xgb cost model, evolutionary search), the
+``sparse_matmul(tuning_log=)`` hook and the CLI.  GPU (``@pytest.mark.gpu``): 8 real trials,
+the tuned kernel against numpy.
+"""
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import s_tir
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
+
+from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+from pit_tvm.schedules.tensorcore import TensorCoreConfig, build
+from pit_tvm.tuning import space as S
+from pit_tvm.tuning.tune import best_record, load_best, log_dir, tune_matmul
+
+K, N = 512, 256
+TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+
+def _workload(k=K, n=N, dtype="float16", m=S.DEFAULT_TUNE_M):
+    return S.tuning_workload(k, n, dtype, dtype, m)
+
+
+def _knobs(trace):
+    return [int(trace.get_decision(i)) for i in S._knob_insts(trace)]
+
+
+# ---------------------------------------------------------------------------------------
+# design space
+# ---------------------------------------------------------------------------------------
+def test_design_space_is_the_scheduled_kernel_and_builds():
+    func = _workload()
+    ctx = ms.TuneContext(mod=func, target=TARGET, space_generator=S.space_generator("sm_90"),
+                         task_name="pit", rand_state=7)
+    (space,) = ctx.generate_design_space()
+    cfg = S.config_from_trace(space.trace, func)
+    assert cfg in S.valid_knob_configs(K, N, "float16", "float16")
+    ex = build(S.prepare_candidate(space.mod)["main"], TARGET)
+    src = "\n".join(m.inspect_source("cuda") for m in ex.mod.imports)
+    assert "mma.sync.aligned.m16n8k16" in src and "ldmatrix" in src
+    assert "OFF_ptr[1]" in src   # the early exit / SWrite guard read the count on the device
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(ex, archs=("sm_90",)) >= 1
+
+
+def test_space_fn_seeds_give_different_valid_kernels_that_build():
+    func = _workload()
+    mod = tvm.IRModule({"main": func})
+    h0 = tvm_ffi.structural_hash(func)
+    configs = {}
+    for seed in range(1, 13):
+        sch = s_tir.Schedule(mod, seed=seed)
+        S.pit_tc_space(sch)
+        configs[S.config_from_trace(sch.trace, func)] = sch
+    assert len(configs) >= 4
+    # the unscheduled workload is never written in place (TVM 0.27 copy-on-write slip, see
+    # space.KNOB_BLOCK)
+    assert tvm_ffi.structural_hash(func) == h0
+    picked = sorted(configs, key=lambda c: (c.stages, c.block_m, c.block_n))
+    for cfg in (picked[0], picked[-1]):        # a 1-stage and a deep-pipeline kernel
+        sch = configs[cfg]
+        ex = build(S.prepare_candidate(sch.mod)["main"], TARGET)
+        src = "\n".join(m.inspect_source("cuda") for m in ex.mod.imports)
+        assert ("cp.async" in src) == (cfg.stages > 1), cfg
+        if find_nvcc() is not None:
+            assert check_cuda_compiles(ex, archs=("sm_90",)) >= 1
+
+
+def test_resampled_traces_are_consistent_with_their_knobs():
+    """What the evolutionary search does: replay the design space with its decisions cleared
+    (remove_postproc), run the postprocs; every valid sample is the kernel of its knobs."""
+    func = _workload()
+    mod = tvm.IRModule({"main": func})
+    space = s_tir.Schedule(mod, seed=3)
+    S.pit_tc_space(space)
+    knob_trace = space.trace.simplified(remove_postproc=True)
+    assert len(S._knob_insts(knob_trace)) == len(S.KNOBS)   # samples survive simplification
+    post = S.ApplyPitTensorCore("sm_90")
+    seen, ok = set(), 0
+    for seed in range(1, 25):
+        sch = s_tir.Schedule(mod, seed=seed)
+        s_tir.Trace(knob_trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+        cfg = S.config_from_schedule(sch)
+        sch.enter_postproc()
+        valid = cfg in S.valid_knob_configs(K, N, "float16", "float16")
+        assert post.apply(sch) == valid, cfg
+        if not valid:
+            continue
+        ok += 1
+        seen.add(cfg)
+        ref = S.knob_schedule(func, cfg)
+        assert tvm_ffi.structural_equal(sch.mod, ref.mod), cfg
+    assert ok >= 3 and len(seen) >= 3
+
+
+def test_mutator_moves_one_knob():
+    func = _workload()
+    sch = S.knob_schedule(func, TensorCoreConfig(block_k=32, stages=3))
+    before = _knobs(sch.trace)
+    mut = S.MutateKnob(seed=5)
+    moved = 0
+    for _ in range(10):
+        new = mut.apply(sch.trace)
+        after = _knobs(new)
+        assert sum(a != b for a, b in zip(before, after)) == 1
+        moved += 1
+        S.config_from_trace(new, func)   # replays
+    assert moved == 10
+
+
+# ---------------------------------------------------------------------------------------
+# database
+# ---------------------------------------------------------------------------------------
+CFG_FAST = TensorCoreConfig(block_m=128, block_n=128, block_k=32, warp_m=64, warp_n=64, stages=3)
+CFG_MID = TensorCoreConfig(block_m=64, block_n=128, block_k=32, warp_m=32, warp_n=64, stages=4)
+CFG_SLOW = TensorCoreConfig(block_m=64, block_n=64, block_k=32, warp_m=32, warp_n=32, stages=1)
+
+
+def _commit(db, workload, cfg, secs, target=TARGET):
+    wl = db.commit_workload(tvm.IRModule({"main": workload}))
+    sch = S.knob_schedule(workload, cfg)
+    rec = ms.database.TuningRecord(
+        sch.trace, wl, run_secs=[float(secs)] * 3, target=target,
+        args_info=ms.arg_info.ArgInfo.from_prim_func(workload))
+    db.commit_tuning_record(rec)
+
+
+def _write_db(path: Path, entries):
+    path.mkdir(parents=True, exist_ok=True)
+    db = ms.database.JSONDatabase(work_dir=str(path))
+    for workload, cfg, secs, *tgt in entries:
+        _commit(db, workload, cfg, secs, *tgt)
+    return path
+
+
+def _tuned_config(func) -> TensorCoreConfig:
+    return TensorCoreConfig(**json.loads(str(func.attrs["pit.tuned"]))["config"])
+
+
+def test_database_round_trip(tmp_path):
+    wl = _workload()
+    db_dir = _write_db(log_dir(K, N, "float16", tmp_path, gpu="test-gpu"),
+                       [(wl, CFG_SLOW, 3e-4), (wl, CFG_FAST, 1e-4), (wl, CFG_MID, 2e-4)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")           # a clean log warns about nothing
+        best = best_record(db_dir, K, N, "float16", "cuda")
+        func = load_best(db_dir, K, N, "float16", "cuda")
+        # the log root resolves too
+        assert load_best(tmp_path, K, N, "float16", "cuda") is not None
+    assert best.config == CFG_FAST and best.run_secs == pytest.approx(1e-4)
+    assert best.m == S.DEFAULT_TUNE_M
+    assert _tuned_config(func) == CFG_FAST
+    # the symbolic-M kernel with the early exit re-applied
+    assert not isinstance(func.params[0].ty.shape[0], tvm.tirx.IntImm)
+    text = func.script()
+    assert "tvm_thread_invariant" in text and "pit.early_exit_block_m" not in text
+    ex = build(func, TARGET)
+    src = "\n".join(m.inspect_source("cuda") for m in ex.mod.imports)
+    assert "mma.sync" in src
+
+
+def test_corrupt_and_foreign_records_are_skipped(tmp_path):
+    wl = _workload()
+    other = _workload(k=256)                                   # another workload
+    db_dir = _write_db(tmp_path / "db", [
+        (wl, CFG_SLOW, 3e-4), (wl, CFG_MID, 2e-4),
+        (other, CFG_FAST, 1e-6),                               # faster, other workload
+        (wl, CFG_FAST, 2e-6, tvm.target.Target({"kind": "cuda", "arch": "sm_80"})),  # other target
+        (wl, CFG_FAST, 5e-6, tvm.target.Target({"kind": "llvm", "num-cores": 1})),
+    ])
+    recs = db_dir / "database_tuning_record.json"
+    wls = db_dir / "database_workload.json"
+    lines = recs.read_text().splitlines()
+    # a record of `wl` whose trace does not replay (GetSBlock of a block that does not
+    # exist), and the fastest of all
+    bad_trace = json.loads(lines[0])
+    assert bad_trace[1][0][0][0][0] == "GetSBlock"
+    bad_trace[1][0][0][0][2][0] = "no_such_block"
+    bad_trace[1][1] = [1e-7]
+    with open(recs, "a") as f:
+        f.write("this is not json\n")
+        f.write('[0, ["truncated record"\n')
+        f.write(json.dumps([99, lines[0][1:]]) + "\n")          # unknown workload index
+        f.write(json.dumps(bad_trace) + "\n")
+        no_knobs = json.loads(lines[0])
+        no_knobs[1][0], no_knobs[1][1] = [[], []], [1e-9]      # an empty trace, the fastest
+        f.write(json.dumps(no_knobs) + "\n")
+    with open(wls, "a") as f:
+        f.write("{garbage\n")
+    with pytest.warns(UserWarning) as rec:
+        func = load_best(db_dir, K, N, "float16", "cuda")
+    msgs = "\n".join(str(w.message) for w in rec)
+    assert "malformed" in msgs
+    assert "another workload" in msgs
+    assert "another target" in msgs
+    assert "do not decode or replay" in msgs                   # the bad GetSBlock
+    assert "does not replay" in msgs                           # the empty trace (no knobs)
+    assert func is not None and _tuned_config(func) == CFG_MID
+
+
+def test_load_best_without_valid_records(tmp_path):
+    with pytest.warns(UserWarning, match="no tuning log"):
+        assert load_best(tmp_path, K, N, "float16", "cuda") is None
+    db_dir = tmp_path / "db"
+    db_dir.mkdir()
+    (db_dir / "database_workload.json").write_text("garbage\n")
+    (db_dir / "database_tuning_record.json").write_text("[0, 1]\n")
+    with pytest.warns(UserWarning):
+        assert load_best(db_dir, K, N, "float16", "cuda") is None
+
+
+# ---------------------------------------------------------------------------------------
+# tune_matmul end to end (fake runner), the sparse_matmul hook, the CLI
+# ---------------------------------------------------------------------------------------
+@derived_object
+class FakeRunner(ms.runner.PyRunner):
+    """Deterministic fake latencies: no GPU here.  Everything else is real (LocalBuilder,
+    xgb, evolutionary search, JSON database)."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def run(self, runner_inputs):
+        return [LocalRunnerFuture(res=[self.rng.uniform(1e-4, 1e-3)]) for _ in runner_inputs]
+
+
+@pytest.fixture(scope="module")
+def tuned_log(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tuning_logs")
+    path = tune_matmul(K, N, "float16", "cuda", trials=8, work_dir=root, runner=FakeRunner(),
+                       trials_per_iter=8, population_size=32, progress=False)
+    return root, path
+
+
+def test_tune_matmul_with_fake_runner(tuned_log):
+    root, path = tuned_log
+    assert path.parent.parent == root and path.name == f"matmul_k{K}_n{N}_float16"
+    lines = (path / "database_tuning_record.json").read_text().splitlines()
+    assert len(lines) == 8
+    db = ms.database.JSONDatabase(work_dir=str(path))
+    recs = db.get_all_tuning_records()
+    cfgs = {S.config_from_trace(r.trace, r.workload.mod) for r in recs}
+    assert len(cfgs) == 8                                      # 8 distinct kernels measured
+    fastest = min(recs, key=lambda r: float(np.mean([float(x) for x in r.run_secs])))
+    func = load_best(path, K, N, "float16", "cuda")
+    assert _tuned_config(func) == S.config_from_trace(fastest.trace, fastest.workload.mod)
+
+
+def test_sparse_matmul_tuning_log_hook(tuned_log):
+    from pit_tvm.ops.matmul import sparse_matmul
+
+    root, path = tuned_log
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        op = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda", tuning_log=root)
+    src = "\n".join(m.inspect_source("cuda") for m in op.executable.mod.imports)
+    assert "mma.sync" in src
+    with pytest.warns(UserWarning, match="untuned"):
+        sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda",
+                      tuning_log=root / "missing")
+
+
+def test_cli_tune(tuned_log, monkeypatch, capsys):
+    import pit_tvm.tuning.tune as tune_mod
+    from pit_tvm.cli.main import main
+
+    root, path = tuned_log
+    calls = {}
+
+    def fake_tune(k, n, dtype, **kw):
+        calls.update(k=k, n=n, dtype=dtype, **kw)
+        return path
+
+    monkeypatch.setattr(tune_mod, "tune_matmul", fake_tune)
+    rc = main(["tune", "--op", "matmul", "--k", str(K), "--n", str(N), "--dtype", "float16",
+               "--target", "cuda", "--trials", "8", "--work-dir", str(root)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert calls["trials"] == 8 and calls["work_dir"] == str(root) and calls["k"] == K
+    assert "best:" in out and " us " in out and str(path) in out
+
+
+# ---------------------------------------------------------------------------------------
+# GPU
+# ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_tune_8_trials_and_numerics(tmp_path):
+    k, n, m = 1024, 1024, 1000
+    path = tune_matmul(k, n, "float16", "cuda", trials=8, work_dir=tmp_path, trials_per_iter=8,
+                       population_size=32)
+    best = best_record(path, k, n, "float16", "cuda")
+    assert best is not None and 0 < best.run_secs < 1e-2
+    func = load_best(path, k, n, "float16", "cuda", out_dtype="float32")
+    ex = build(func, "cuda")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    nz = rng.random(m) >= 0.6
+    a[~nz] = 0
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    rows = np.nonzero(nz)[0].astype(np.int32)
+    ids = np.full(m, -1, np.int32)
+    ids[: len(rows)] = rows
+    offsets = np.array([0, len(rows)], np.int32)
+    a16, b16 = a.astype(np.float16), b.astype(np.float16)
+    dev = tvm.cuda(0)
+    c = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32), dev)
+    ex["main"](*(tvm.runtime.tensor(x, dev) for x in (a16, b16, offsets, ids)), c)
+    ref = np.zeros((m, n), np.float32)
+    ref[rows] = a16[rows].astype(np.float32) @ b16.astype(np.float32)
+    got = c.numpy()
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
