@@ -60,7 +60,7 @@ from pit_tvm.schedules.tensorcore import (
 )
 from pit_tvm.target import make_target
 from pit_tvm.tuning import space as _space
-from pit_tvm.tuning._worker import alloc_pit_arguments, build_module
+from pit_tvm.tuning._worker import alloc_pit_arguments, build_module, export_shared
 
 __all__ = [
     "tune_matmul",
@@ -241,7 +241,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     workload = _space.tuning_workload(int(k), int(n), dtype, out_dtype or dtype, m)
     if builder is None:
         builder = ms.builder.LocalBuilder(max_workers=cores, timeout_sec=600,
-                                          f_build=build_module)
+                                          f_build=build_module, f_export=export_shared)
     builder = _space.PitBuilder(builder)  # early exit + is_scheduled, in this process
     if runner is None:
         runner = ms.runner.LocalRunner(
