@@ -54,7 +54,7 @@ class _Graph:
         return model
 
 
-def ffn_biases(hidden: int, sparsity: float = 0.9, hot_fraction: float = 0.05, hot_rate: float = 0.85,
+def ffn_biases(hidden: int, sparsity: float = 0.9, hot_fraction: float = 0.1, hot_rate: float = 0.99,
                rng=None) -> np.ndarray:
     """fc1 biases giving ~``sparsity`` zeros after ReLU for ~N(bias, 1) pre-activations."""
     rng = rng or np.random.default_rng(0)

@@ -84,7 +84,7 @@ def test_relu_annotation_visible_in_ir():
     mod = annotate(relu_mlp())
     text = mod.script(show_meta=False)
     assert '"pit.source": "relu"' in text and '"pit.sparse_operand": "lhs"' in text
-    assert '"pit.rule": "K:SRead"' in text and '"pit.micro_tile": [1, 64]' in text
+    assert '"pit.rule": "K:SRead"' in text and '"pit.micro_tile": [32, 1]' in text
     assert "cls.pit_matmul_0(hidden" in text  # the annotated matmul now calls the wrapper
     notes = annotations_of(mod)
     assert [(n["tensor"], n["source"], n["status"]) for n in notes] == [("hidden", "relu", "pit")]
@@ -113,7 +113,7 @@ def test_explicit_annotation_by_name(sparse):
     assert len(notes) == 1 and notes[0]["source"] == "explicit"
     name = next(iter(sparse))
     assert notes[0]["tensor"] == name
-    tile = sparse[name] if isinstance(sparse, dict) else (1, 64)
+    tile = sparse[name] if isinstance(sparse, dict) else (32, 1)
     assert notes[0]["micro_tile"] == list(tile)
     assert f'"pit.tensor": "{name}"' in mod.script(show_meta=False)
 

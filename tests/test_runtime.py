@@ -18,19 +18,19 @@ ort = pytest.importorskip("onnxruntime")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def small_model(seed=0):
+def small_model(seed=0, n_out=16):
     """x[batch, seq, 32] -> MatMul -> Relu (hidden) -> MatMul -> y, plus a mean-pooled second output."""
     rng = np.random.default_rng(seed)
     inits = {"w1": rng.standard_normal((32, 64)).astype("float32"),
-             "w2": rng.standard_normal((64, 16)).astype("float32"), "axes": np.array([1], "int64")}
+             "w2": rng.standard_normal((64, n_out)).astype("float32"), "axes": np.array([1], "int64")}
     g = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hidden"]),
          helper.make_node("MatMul", ["hidden", "w2"], ["y"]),
          helper.make_node("ReduceMean", ["y", "axes"], ["pooled"], keepdims=0)],
         "small",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 16]),
-         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", n_out]),
+         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", n_out])],
         [numpy_helper.from_array(v, k) for k, v in inits.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 8
@@ -148,10 +148,13 @@ def test_cli_compile_then_run_runtime_only(tmp_path):
 
 @pytest.fixture(scope="module")
 def cuda_built(tmp_path_factory):
-    model = small_model(seed=2)
+    """fp16 with N=128: on CUDA PIT lowers only where a tensor-core kernel applies."""
+    from benchmarks.workloads import to_float16
+
+    model = small_model(seed=2, n_out=128)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cm = compile_onnx(model, target="cuda")
+        cm = compile_onnx(to_float16(model), target="cuda")
     path = tmp_path_factory.mktemp("cuda") / "small_cuda.so"
     cm.export(path)
     return model, cm, path
@@ -172,7 +175,7 @@ def test_cuda_build_source_compiles_with_nvcc(cuda_built):
 def test_cuda_runtime_only_roundtrip(cuda_built, tmp_path):
     model, _, path = cuda_built
     x = np.random.default_rng(5).standard_normal((3, 7, 32)).astype("float32")
-    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "x.npy", x.astype("float16"))
     code = """
         import sys, numpy as np
         import pit_tvm.runtime as rt
@@ -183,4 +186,5 @@ def test_cuda_runtime_only_roundtrip(cuda_built, tmp_path):
     code = textwrap.dedent(code) + textwrap.dedent(NO_COMPILER_CHECK)
     runtime_only(code, path, tmp_path / "x.npy", tmp_path / "y.npy", timeout=600)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), ref[0], rtol=1e-3, atol=1e-3)
+    y = np.load(tmp_path / "y.npy").astype("float32")
+    np.testing.assert_allclose(y, ref[0], rtol=3e-2, atol=3e-2 * np.abs(ref[0]).max())

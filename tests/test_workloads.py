@@ -28,7 +28,7 @@ def test_opt_ffn_hidden_sparsity_is_about_90_percent(d):
     assert 0.87 <= sparsity <= 0.93, sparsity
     # OPT's structure: a few hot neurons fire for most tokens, most neurons rarely
     rate = (hidden > 0).reshape(-1, hidden.shape[-1]).mean(0)
-    assert (rate > 0.5).mean() < 0.1 and np.median(rate) < 0.15
+    assert (rate > 0.5).mean() <= 0.12 and np.median(rate) < 0.15
 
 
 def test_opt_ffn_small_matches_onnxruntime():

@@ -132,6 +132,17 @@ def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, t
         tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype), configs[0], arch)
 
 
+def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tuning_log=None):
+    """The tensor-core PIT kernel for ``plan`` on CUDA, or None (CPU, fp32, unsupported shape)."""
+    if not is_gpu(target):
+        return None
+    if plan.kind == "rows":
+        if plan.micro_tile[0] != 1:
+            return None
+        return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, tuning_log)
+    return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, target, tuning_log)
+
+
 def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
                     tuning_log=None) -> tirx.PrimFunc:
     """The PIT kernel for ``micro_tile``, scheduled for ``target``.
@@ -141,14 +152,9 @@ def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, targ
     """
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     mr, mk = plan.micro_tile
-    if plan.kind == "rows" and mr == 1 and is_gpu(target):
-        tensor_core = _cuda_rows_kernel(k, n, dtype, out_dtype, tuning_log)
-        if tensor_core is not None:
-            return tensor_core
-    if plan.kind == "tiles" and is_gpu(target):
-        tensor_core = _cuda_tiles_kernel(k, n, dtype, out_dtype, plan.micro_tile, target, tuning_log)
-        if tensor_core is not None:
-            return tensor_core
+    tensor_core = tensor_core_kernel(plan, dtype, out_dtype, target, tuning_log)
+    if tensor_core is not None:
+        return tensor_core
     func = matmul_workload(k, n, dtype, out_dtype)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
     sch.work_on("matmul")
@@ -376,7 +382,16 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     dens_tag = "" if density_threshold is None else f"_d{int(round(float(density_threshold) * 1000))}"
     index_gv = add(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold),
                    f"pit_index_{tag}{dens_tag}")
-    kernel_gv = add(pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt), f"pit_kernel_{tag}")
+    if is_gpu(tgt):
+        kernel = tensor_core_kernel(plan, dtype, out_dtype, tgt)
+        if kernel is None:
+            # In a model the dense alternative is dlight's kernel; the SIMT PIT kernel only wins
+            # at extreme sparsity, so without a tensor-core kernel the matmul stays dense.
+            raise ValueError(f"no tensor-core PIT kernel for {dtype} K={k} N={n} micro-tile "
+                             f"{plan.micro_tile[0]}x{plan.micro_tile[1]} (needs fp16/bf16 and tile-aligned K, N)")
+    else:
+        kernel = pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt)
+    kernel_gv = add(kernel, f"pit_kernel_{tag}")
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
     index = bb.emit(relax.call_tir(index_gv, [a2], index_ty))
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))

@@ -3,7 +3,8 @@
 Sources detected on the Relax module imported from ONNX (``R.matmul`` from MatMul/Gemm):
 
 * ``relu``: the left operand is produced by ``R.nn.relu`` (possibly through reshape, permute_dims,
-  expand_dims, squeeze, astype): activation sparsity, micro-tile ``(1, 64)`` by default.
+  expand_dims, squeeze, astype): activation sparsity, micro-tile ``(32, 1)`` by default
+  (a strip of 32 tokens x one channel: neurons silent for most tokens, as in OPT).
 * ``mask:<input>``: the left operand is ``R.multiply(x, m)`` or ``R.where(m, x, 0)`` where ``m`` is
   computed only from runtime graph inputs that look like masks (name contains ``mask``, or an
   integer/bool input). A mask broadcast over the last axis (``[..., 1]``) zeroes whole rows:
@@ -36,7 +37,7 @@ from tvm import relax, tirx
 from .frontend import ONNX_NAMES_ATTR
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
-DEFAULT_MICRO_TILE = (1, 64)
+DEFAULT_MICRO_TILE = (32, 1)   # neuron-structured activation sparsity: strips of tokens x one channel
 PIT_RULE_ATTR = "pit.rule"
 ANNOTATIONS_ATTR = "pit.annotations"
 PADDING_INPUTS_ATTR = "pit.padding_inputs"

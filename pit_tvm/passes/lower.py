@@ -87,7 +87,7 @@ class LowerToPIT:
                             f"PIT lowering of {op.op.name_hint} ({f.attrs['pit.tensor']}) failed, "
                             f"stays dense: {err}"
                         )
-                        return relax.op.matmul(a, b, out_dtype=out_dtype or "void")
+                        return relax.op.matmul(a, b, out_dtype=out_dtype) if out_dtype else relax.op.matmul(a, b)
                 return self.visit_expr_post_order(op)
 
         lowerer = _Lower(mod)
