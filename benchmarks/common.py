@@ -58,3 +58,86 @@ def print_table(rows: list[dict], columns: list[str]):
     print("  ".join(f"{c:>14s}" for c in columns))
     for r in rows:
         print("  ".join(f"{r[c]:>14.3f}" if isinstance(r[c], float) else f"{str(r[c]):>14s}" for c in columns))
+
+
+# --------------------------------------------------------------------------------------
+# CUDA probes (gpu_tc_probe, gpu_tiles_probe, tune_h100): inputs, cuBLAS, TVM timing
+# --------------------------------------------------------------------------------------
+def row_sparse_inputs(m, k, n, sparsity, rng):
+    """fp16 ``A[m, k]`` with whole rows zero at ``sparsity``, ``B[k, n]`` (scaled by 1/sqrt(k))
+    and the rows-kind index of A: ``offsets = [0, count]``, ``ids`` (non-zero rows, then -1)."""
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    nz = rng.random(m) >= sparsity
+    a[~nz] = 0
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    rows = np.nonzero(nz)[0].astype(np.int32)
+    ids = np.full(m, -1, np.int32)
+    ids[: len(rows)] = rows
+    return a.astype(np.float16), b.astype(np.float16), np.array([0, len(rows)], np.int32), ids
+
+
+def torch_matmul_ms(m, k, n, number):
+    """Median ms of a dense fp16 ``torch.matmul`` (cuBLAS), or None without torch/CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        torch.matmul(a, b)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        for _ in range(number):
+            torch.matmul(a, b)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / number)
+    return float(np.median(times))
+
+
+def main_module(executable):
+    """The runtime module of a built TVM executable (``jit()`` when it has one)."""
+    return executable.jit() if hasattr(executable, "jit") else executable.mod
+
+
+def main_evaluator(executable, dev, number, repeat):
+    """``time_evaluator`` of the executable's ``main``."""
+    return main_module(executable).time_evaluator("main", dev, number=number, repeat=repeat)
+
+
+def median_ms(evaluator, args) -> float:
+    return float(np.median(evaluator(*args).results)) * 1e3
+
+
+def run_checked(mod, dev, inputs, shape, out_dtype, ref):
+    """Run ``mod["main"](*inputs, C)`` once with ``C`` (``shape``, ``out_dtype``) filled with
+    NaN; returns the device arguments (inputs + C) and the max relative error against
+    ``ref`` (NaN when any element of C was left unwritten)."""
+    import tvm
+
+    targs = [tvm.runtime.tensor(x, dev) for x in inputs]
+    c = tvm.runtime.tensor(np.full(shape, np.nan, np.float32).astype(out_dtype), dev)
+    targs.append(c)
+    mod["main"](*targs)
+    dev.sync()
+    got = c.numpy().astype(np.float32)
+    err = float(np.nanmax(np.abs(got - ref)) / max(np.abs(ref).max(), 1e-6))
+    if np.isnan(got).any():
+        err = float("nan")
+    return targs, err
+
+
+def write_out_json(filename: str, results) -> None:
+    """Write ``results`` to ``$OUT/<filename>`` when OUT is set."""
+    out = os.environ.get("OUT")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, filename), "w") as f:
+            json.dump(results, f, indent=1)
+        print("wrote", os.path.join(out, filename))

@@ -12,7 +12,6 @@ times torch.matmul (cuBLAS, dense) when torch is importable.  Prints a table; wr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,41 +20,9 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _inputs(m, k, n, sparsity, rng):
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    nz = rng.random(m) >= sparsity
-    a[~nz] = 0
-    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    rows = np.nonzero(nz)[0].astype(np.int32)
-    ids = np.full(m, -1, np.int32)
-    ids[: len(rows)] = rows
-    return a.astype(np.float16), b.astype(np.float16), np.array([0, len(rows)], np.int32), ids
-
-
-def _cublas_ms(m, k, n, number):
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
-    for _ in range(3):
-        torch.matmul(a, b)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(number):
-            torch.matmul(a, b)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / number)
-    return float(np.median(times))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (main_evaluator, main_module, median_ms, row_sparse_inputs,  # noqa: E402
+                    run_checked, torch_matmul_ms, write_out_json)
 
 
 def main(argv=None):
@@ -81,7 +48,7 @@ def main(argv=None):
     if not dev.exist:
         raise SystemExit("no CUDA device")
     rng = np.random.default_rng(0)
-    data = {s: _inputs(m, k, n, s, rng) for s in args.sparsity}
+    data = {s: row_sparse_inputs(m, k, n, s, rng) for s in args.sparsity}
     refs = {}
     for s, (a, b, off, ids) in data.items():
         ref = np.zeros((m, n), np.float32)
@@ -89,7 +56,7 @@ def main(argv=None):
         ref[rows] = a[rows].astype(np.float32) @ b.astype(np.float32)
         refs[s] = ref
 
-    cublas = _cublas_ms(m, k, n, args.number)
+    cublas = torch_matmul_ms(m, k, n, args.number)
     results = {"device": str(dev.device_name) if hasattr(dev, "device_name") else "cuda",
                "size": m, "out_dtype": args.out_dtype, "cublas_dense_ms": cublas,
                "cublas_dense_tflops": (2 * m * k * n / cublas / 1e9) if cublas else None,
@@ -104,8 +71,8 @@ def main(argv=None):
         t0 = time.time()
         try:
             ex = build(schedule_row_gather_matmul(func, cfg), "cuda")
-            mod = ex.jit() if hasattr(ex, "jit") else ex.mod
-            fev = mod.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
+            mod = main_module(ex)
+            fev = main_evaluator(ex, dev, args.number, args.repeat)
         except Exception as err:  # noqa: BLE001 - report and go on
             traceback.print_exc()
             results["rows"].append({"config": cfg.as_dict(), "error": repr(err)})
@@ -113,20 +80,12 @@ def main(argv=None):
             continue
         build_s = time.time() - t0
         for s, (a, b, off, ids) in data.items():
-            t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
-            c = t(np.full((m, n), np.nan, np.float32).astype(args.out_dtype))
-            targs = [t(a), t(b), t(off), t(ids), c]
             row = {"config": cfg.as_dict(), "name": name, "sparsity": s,
                    "smem_bytes": smem_bytes(cfg), "build_s": build_s}
             try:
-                mod["main"](*targs)
-                dev.sync()
-                got = c.numpy().astype(np.float32)
-                ref = refs[s]
-                err = float(np.nanmax(np.abs(got - ref)) / max(np.abs(ref).max(), 1e-6))
-                if np.isnan(got).any():
-                    err = float("nan")
-                ms = float(np.median(fev(*targs).results)) * 1e3
+                targs, err = run_checked(mod, dev, (a, b, off, ids), (m, n), args.out_dtype,
+                                         refs[s])
+                ms = median_ms(fev, targs)
                 useful = 2.0 * int(off[1]) * k * n
                 row.update(ms=ms, tflops=useful / ms / 1e9, max_rel_err=err,
                            speedup_vs_cublas=(cublas / ms) if cublas else None)
@@ -140,12 +99,7 @@ def main(argv=None):
     if cublas:
         print(f"{'torch.matmul (cuBLAS, dense)':<44} {'':>6} {'-':>8} {cublas:>9.4f} "
               f"{results['cublas_dense_tflops']:>7.1f}")
-    out = os.environ.get("OUT")
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "tc_probe.json"), "w") as f:
-            json.dump(results, f, indent=1)
-        print("wrote", os.path.join(out, "tc_probe.json"))
+    write_out_json("tc_probe.json", results)
     return results
 
 

@@ -15,7 +15,6 @@ when OUT is set.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,6 +23,9 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (main_evaluator, main_module, median_ms, run_checked,  # noqa: E402
+                    torch_matmul_ms, write_out_json)
 
 
 def _inputs(m, k, n, micro_tile, sparsity, rng):
@@ -36,30 +38,6 @@ def _inputs(m, k, n, micro_tile, sparsity, rng):
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
     off, ids = reference_tile_index(mask, micro_tile, "row")
     return a, b, off, ids
-
-
-def _torch_ms(m, k, n, number):
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
-    b = torch.randn(k, n, device="cuda", dtype=torch.float16)
-    for _ in range(3):
-        torch.matmul(a, b)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(number):
-            torch.matmul(a, b)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / number)
-    return float(np.median(times))
 
 
 def _ref(a, b):
@@ -100,7 +78,7 @@ def main(argv=None):
     dev = tvm.cuda(0)
     if not dev.exist:
         raise SystemExit("no CUDA device")
-    cublas = _torch_ms(m, k, n, args.number)
+    cublas = torch_matmul_ms(m, k, n, args.number)
     results = {"device": str(getattr(dev, "device_name", "cuda")), "size": m,
                "out_dtype": args.out_dtype, "cublas_dense_ms": cublas,
                "cublas_dense_tflops": (2 * m * k * n / cublas / 1e9) if cublas else None,
@@ -121,8 +99,8 @@ def main(argv=None):
             t0 = time.time()
             try:
                 ex = build(schedule_tiles_gather_matmul(func, cfg), "cuda")
-                mod = ex.jit() if hasattr(ex, "jit") else ex.mod
-                fev = mod.time_evaluator("main", dev, number=args.number, repeat=args.repeat)
+                mod = main_module(ex)
+                fev = main_evaluator(ex, dev, args.number, args.repeat)
             except Exception as err:  # noqa: BLE001 - report and go on
                 traceback.print_exc()
                 results["rows"].append({"micro_tile": mt, "config": cfg.as_dict(),
@@ -132,21 +110,13 @@ def main(argv=None):
             build_s = time.time() - t0
             smem = tiles_smem_bytes(cfg, mt[0])
             for s, (a, b, off, ids) in data.items():
-                t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
-                c = t(np.full((m, n), np.nan, np.float32).astype(args.out_dtype))
-                targs = [t(a), t(b), t(off), t(ids), c]
                 nnz = int(off[-1])
                 row = {"micro_tile": mt, "config": cfg.as_dict(), "name": name, "sparsity": s,
                        "nnz_tiles": nnz, "smem_bytes": smem, "build_s": build_s}
                 try:
-                    mod["main"](*targs)
-                    dev.sync()
-                    got = c.numpy().astype(np.float32)
-                    ref = refs[s]
-                    err = float(np.max(np.abs(got - ref)) / max(np.abs(ref).max(), 1e-6))
-                    if np.isnan(got).any():
-                        err = float("nan")
-                    ms = float(np.median(fev(*targs).results)) * 1e3
+                    targs, err = run_checked(mod, dev, (a, b, off, ids), (m, n),
+                                             args.out_dtype, refs[s])
+                    ms = median_ms(fev, targs)
                     useful = 2.0 * nnz * mt[0] * mt[1] * n
                     row.update(ms=ms, tflops=useful / ms / 1e9,
                                dense_equiv_tflops=2.0 * m * k * n / ms / 1e9, max_rel_err=err,
@@ -176,12 +146,7 @@ def main(argv=None):
     for key, r in best.items():
         print(f"  {key[0]:>6} {key[1]:>5.2f}: {r['name']:<22} {r['ms']:.4f} ms "
               f"{r['tflops']:.1f} TF/s err {r['max_rel_err']:.1e}")
-    out = os.environ.get("OUT")
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "tiles_probe.json"), "w") as f:
-            json.dump(results, f, indent=1)
-        print("wrote", os.path.join(out, "tiles_probe.json"))
+    write_out_json("tiles_probe.json", results)
     return results
 
 

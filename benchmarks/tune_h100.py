@@ -20,18 +20,12 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import main_evaluator, median_ms, row_sparse_inputs  # noqa: E402
 
 
 def _inputs(m, k, n, sparsity, seed=0):
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    nz = rng.random(m) >= sparsity
-    a[~nz] = 0
-    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    rows = np.nonzero(nz)[0].astype(np.int32)
-    ids = np.full(m, -1, np.int32)
-    ids[: len(rows)] = rows
-    return a.astype(np.float16), b.astype(np.float16), np.array([0, len(rows)], np.int32), ids
+    return row_sparse_inputs(m, k, n, sparsity, np.random.default_rng(seed))
 
 
 def _check_and_time(func, default_func, size, number=20, repeat=5):
@@ -58,9 +52,7 @@ def _check_and_time(func, default_func, size, number=20, repeat=5):
     a, b, off, ids = _inputs(size, size, size, 0.0, seed=2)
     args = [t(a), t(b), t(off), t(ids), t(np.zeros((size, size), np.float16))]
     for name, f in (("tuned", ex), ("default", build(default_func, "cuda"))):
-        mod = f.jit() if hasattr(f, "jit") else f.mod
-        ev = mod.time_evaluator("main", dev, number=number, repeat=repeat)
-        ms = float(np.median(ev(*args).results)) * 1e3
+        ms = median_ms(main_evaluator(f, dev, number, repeat), args)
         out[f"{name}_ms"] = ms
         out[f"{name}_tflops"] = 2.0 * size ** 3 / (ms * 1e-3) / 1e12
     return out

@@ -252,11 +252,42 @@ def _dtype_bytes(dtype: str) -> int:
 def smem_bytes(config: TensorCoreConfig, in_dtype: str = "float16") -> int:
     """Peak dynamic shared memory of the matmul kernel (pipeline buffers and the fp32 C
     tile live at different times; MergeSharedMemoryAllocations overlaps them)."""
-    c = config
+    return _tile_smem_bytes(config, config.block_m, in_dtype)
+
+
+def _tile_smem_bytes(c, rows: int, in_dtype: str) -> int:
+    """Peak shared memory of a ``rows`` x block_n CTA tile: the pipelined A/B tiles or the
+    fp32 C tile, whichever is larger."""
     e = _dtype_bytes(in_dtype)
-    pipe = c.stages * (c.block_m * (c.block_k + c.smem_pad) + c.block_k * (c.block_n + c.smem_pad)) * e
-    ctile = c.block_m * (c.block_n + 4) * 4
+    pipe = c.stages * (rows * (c.block_k + c.smem_pad) + c.block_k * (c.block_n + c.smem_pad)) * e
+    ctile = rows * (c.block_n + 4) * 4
     return max(pipe, ctile)
+
+
+def _check_dtypes(in_dtype: str, out_dtype: str) -> None:
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f"in_dtype must be one of {IN_DTYPES}, got {in_dtype!r}")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+
+
+def _check_mult16(c, names) -> None:
+    for name in names:
+        v = getattr(c, name)
+        if v <= 0 or v % 16:
+            raise ValueError(f"{name}={v} must be a positive multiple of 16")
+
+
+def _fitting(candidates, check) -> list:
+    """The candidates for which ``check(candidate)`` raises no ValueError, in order."""
+    out = []
+    for cfg in candidates:
+        try:
+            check(cfg)
+        except ValueError:
+            continue
+        out.append(cfg)
+    return out
 
 
 def check_config(k: int, n: int, in_dtype: str, config: TensorCoreConfig,
@@ -265,10 +296,7 @@ def check_config(k: int, n: int, in_dtype: str, config: TensorCoreConfig,
     c = config
     if in_dtype not in IN_DTYPES:
         raise ValueError(f"in_dtype must be one of {IN_DTYPES}, got {in_dtype!r}")
-    for name in ("block_m", "block_n", "block_k", "warp_m", "warp_n"):
-        v = getattr(c, name)
-        if v <= 0 or v % 16:
-            raise ValueError(f"{name}={v} must be a positive multiple of 16")
+    _check_mult16(c, ("block_m", "block_n", "block_k", "warp_m", "warp_n"))
     if c.block_m % c.warp_m or c.block_n % c.warp_n:
         raise ValueError(f"block tile {c.block_m}x{c.block_n} is not a multiple of the warp "
                          f"tile {c.warp_m}x{c.warp_n}")
@@ -325,12 +353,80 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
     ``matmul`` (fp32 accumulation), ``scatter`` (epilogue + SWrite, guarded by p < count).
     Builds and runs as is on llvm.
     """
-    if in_dtype not in IN_DTYPES:
-        raise ValueError(f"in_dtype must be one of {IN_DTYPES}, got {in_dtype!r}")
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+    _check_dtypes(in_dtype, out_dtype)
     K, N = int(k), int(n)
     zero = tirx.const(0, out_dtype)
+
+    @T.macro
+    def body(M, A, B, OFF, IDS, BIAS, C):
+        with T.sblock("zero_rows"):
+            # complement scatter of zeros: rows that are not in ids[0:count]
+            T.reads(OFF[1], IDS[0:M])
+            T.writes(C[0:M, 0:N])
+            Listed = T.sblock_alloc_buffer((M,), "int32")
+            for r in range(M):
+                with T.sblock("row_listed"):
+                    vr = T.axis.spatial(M, r)
+                    T.reads(OFF[1], IDS[0:M])
+                    T.writes(Listed[vr])
+                    # lower_bound of row vr in ids[0:count] (ascending)
+                    lo = T.sblock_alloc_buffer((1,), "int32", scope="local")
+                    ln = T.sblock_alloc_buffer((1,), "int32", scope="local")
+                    lo[0] = 0
+                    ln[0] = OFF[1]
+                    while ln[0] > 0:
+                        half = T.meta_var(ln[0] >> 1)
+                        if IDS[lo[0] + half] < T.Cast("int32", vr):
+                            lo[0] = lo[0] + half + 1
+                            ln[0] = ln[0] - half - 1
+                        else:
+                            ln[0] = half
+                    Listed[vr] = T.Select(lo[0] < OFF[1], T.Select(
+                        IDS[T.min(lo[0], T.Cast("int32", M) - 1)] == T.Cast("int32", vr),
+                        1, 0), 0)
+            for r, j in T.grid(M, N):
+                with T.sblock("zero_fill"):
+                    vr, vj = T.axis.remap("SS", [r, j])
+                    T.reads(Listed[vr])
+                    T.writes(C[vr, vj])
+                    if Listed[vr] == 0:
+                        C[vr, vj] = zero
+        with T.sblock("gather_matmul"):
+            if bias:
+                T.reads(OFF[1], IDS[0:M], A[0:M, 0:K], B[0:K, 0:N], BIAS[0:N])
+            else:
+                T.reads(OFF[1], IDS[0:M], A[0:M, 0:K], B[0:K, 0:N])
+            T.writes(C[0:M, 0:N])
+            Ag = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
+            Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
+            for p, kk in T.grid(T.Cast("int32", M), K):
+                with T.sblock("A_gather"):
+                    vp, vk = T.axis.remap("SS", [p, kk])
+                    # clamped: rows of a padded last tile never read past ids / A
+                    Ag[vp, vk] = A[T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)], 0), vk]
+            for p, j, kk in T.grid(T.Cast("int32", M), N, K):
+                with T.sblock("matmul"):
+                    vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
+                    with T.init():
+                        Acc[vp, vj] = T.float32(0)
+                    Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ag[vp, vk]) * T.Cast(
+                        "float32", B[vk, vj])
+            for p, j in T.grid(T.Cast("int32", M), N):
+                with T.sblock("scatter"):
+                    vp, vj = T.axis.remap("SS", [p, j])
+                    if bias:
+                        T.reads(OFF[1], IDS[T.min(vp, T.Cast("int32", M) - 1)], Acc[vp, vj],
+                                BIAS[vj])
+                    else:
+                        T.reads(OFF[1], IDS[T.min(vp, T.Cast("int32", M) - 1)], Acc[vp, vj])
+                    T.writes(C[0:M, vj])
+                    if OFF[1] > vp:
+                        if bias:
+                            C[IDS[T.min(vp, T.Cast("int32", M) - 1)], vj] = _epilogue(
+                                Acc[vp, vj], BIAS[vj], relu, out_dtype)
+                        else:
+                            C[IDS[T.min(vp, T.Cast("int32", M) - 1)], vj] = _epilogue(
+                                Acc[vp, vj], None, relu, out_dtype)
 
     if bias:
         @T.prim_func(s_tir=True)
@@ -344,63 +440,7 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
             IDS = T.match_buffer(ids, (M,), "int32")
             BIAS = T.match_buffer(bias_h, (N,), in_dtype)
             C = T.match_buffer(c, (M, N), out_dtype)
-            with T.sblock("zero_rows"):
-                # complement scatter of zeros: rows that are not in ids[0:count]
-                T.reads(OFF[1], IDS[0:M])
-                T.writes(C[0:M, 0:N])
-                Listed = T.sblock_alloc_buffer((M,), "int32")
-                for r in range(M):
-                    with T.sblock("row_listed"):
-                        vr = T.axis.spatial(M, r)
-                        T.reads(OFF[1], IDS[0:M])
-                        T.writes(Listed[vr])
-                        # lower_bound of row vr in ids[0:count] (ascending)
-                        lo = T.sblock_alloc_buffer((1,), "int32", scope="local")
-                        ln = T.sblock_alloc_buffer((1,), "int32", scope="local")
-                        lo[0] = 0
-                        ln[0] = OFF[1]
-                        while ln[0] > 0:
-                            half = T.meta_var(ln[0] >> 1)
-                            if IDS[lo[0] + half] < T.Cast("int32", vr):
-                                lo[0] = lo[0] + half + 1
-                                ln[0] = ln[0] - half - 1
-                            else:
-                                ln[0] = half
-                        Listed[vr] = T.Select(lo[0] < OFF[1], T.Select(
-                            IDS[T.min(lo[0], T.Cast("int32", M) - 1)] == T.Cast("int32", vr),
-                            1, 0), 0)
-                for r, j in T.grid(M, N):
-                    with T.sblock("zero_fill"):
-                        vr, vj = T.axis.remap("SS", [r, j])
-                        T.reads(Listed[vr])
-                        T.writes(C[vr, vj])
-                        if Listed[vr] == 0:
-                            C[vr, vj] = zero
-            with T.sblock("gather_matmul"):
-                T.reads(OFF[1], IDS[0:M], A[0:M, 0:K], B[0:K, 0:N], BIAS[0:N])
-                T.writes(C[0:M, 0:N])
-                Ag = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
-                Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
-                for p, kk in T.grid(T.Cast("int32", M), K):
-                    with T.sblock("A_gather"):
-                        vp, vk = T.axis.remap("SS", [p, kk])
-                        # clamped: rows of a padded last tile never read past ids / A
-                        Ag[vp, vk] = A[T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)], 0), vk]
-                for p, j, kk in T.grid(T.Cast("int32", M), N, K):
-                    with T.sblock("matmul"):
-                        vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
-                        with T.init():
-                            Acc[vp, vj] = T.float32(0)
-                        Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ag[vp, vk]) * T.Cast(
-                            "float32", B[vk, vj])
-                for p, j in T.grid(T.Cast("int32", M), N):
-                    with T.sblock("scatter"):
-                        vp, vj = T.axis.remap("SS", [p, j])
-                        T.reads(OFF[1], IDS[T.min(vp, T.Cast("int32", M) - 1)], Acc[vp, vj], BIAS[vj])
-                        T.writes(C[0:M, vj])
-                        if OFF[1] > vp:
-                            C[IDS[T.min(vp, T.Cast("int32", M) - 1)], vj] = _epilogue(
-                                Acc[vp, vj], BIAS[vj], relu, out_dtype)
+            body(M, A, B, OFF, IDS, BIAS, C)
     else:
         @T.prim_func(s_tir=True)
         def func(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
@@ -411,63 +451,7 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
             OFF = T.match_buffer(offsets, (2,), "int32")
             IDS = T.match_buffer(ids, (M,), "int32")
             C = T.match_buffer(c, (M, N), out_dtype)
-            with T.sblock("zero_rows"):
-                # complement scatter of zeros: rows that are not in ids[0:count]
-                T.reads(OFF[1], IDS[0:M])
-                T.writes(C[0:M, 0:N])
-                Listed = T.sblock_alloc_buffer((M,), "int32")
-                for r in range(M):
-                    with T.sblock("row_listed"):
-                        vr = T.axis.spatial(M, r)
-                        T.reads(OFF[1], IDS[0:M])
-                        T.writes(Listed[vr])
-                        # lower_bound of row vr in ids[0:count] (ascending)
-                        lo = T.sblock_alloc_buffer((1,), "int32", scope="local")
-                        ln = T.sblock_alloc_buffer((1,), "int32", scope="local")
-                        lo[0] = 0
-                        ln[0] = OFF[1]
-                        while ln[0] > 0:
-                            half = T.meta_var(ln[0] >> 1)
-                            if IDS[lo[0] + half] < T.Cast("int32", vr):
-                                lo[0] = lo[0] + half + 1
-                                ln[0] = ln[0] - half - 1
-                            else:
-                                ln[0] = half
-                        Listed[vr] = T.Select(lo[0] < OFF[1], T.Select(
-                            IDS[T.min(lo[0], T.Cast("int32", M) - 1)] == T.Cast("int32", vr),
-                            1, 0), 0)
-                for r, j in T.grid(M, N):
-                    with T.sblock("zero_fill"):
-                        vr, vj = T.axis.remap("SS", [r, j])
-                        T.reads(Listed[vr])
-                        T.writes(C[vr, vj])
-                        if Listed[vr] == 0:
-                            C[vr, vj] = zero
-            with T.sblock("gather_matmul"):
-                T.reads(OFF[1], IDS[0:M], A[0:M, 0:K], B[0:K, 0:N])
-                T.writes(C[0:M, 0:N])
-                Ag = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
-                Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
-                for p, kk in T.grid(T.Cast("int32", M), K):
-                    with T.sblock("A_gather"):
-                        vp, vk = T.axis.remap("SS", [p, kk])
-                        # clamped: rows of a padded last tile never read past ids / A
-                        Ag[vp, vk] = A[T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)], 0), vk]
-                for p, j, kk in T.grid(T.Cast("int32", M), N, K):
-                    with T.sblock("matmul"):
-                        vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
-                        with T.init():
-                            Acc[vp, vj] = T.float32(0)
-                        Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ag[vp, vk]) * T.Cast(
-                            "float32", B[vk, vj])
-                for p, j in T.grid(T.Cast("int32", M), N):
-                    with T.sblock("scatter"):
-                        vp, vj = T.axis.remap("SS", [p, j])
-                        T.reads(OFF[1], IDS[T.min(vp, T.Cast("int32", M) - 1)], Acc[vp, vj])
-                        T.writes(C[0:M, vj])
-                        if OFF[1] > vp:
-                            C[IDS[T.min(vp, T.Cast("int32", M) - 1)], vj] = _epilogue(
-                                Acc[vp, vj], None, relu, out_dtype)
+            body(M, A, B, OFF, IDS, None, C)
 
     return func.with_attr("pit.workload", f"row_gather_matmul_k{K}_n{N}_{in_dtype}_{out_dtype}"
                           f"{'_bias' if bias else ''}{'_relu' if relu else ''}")
@@ -556,59 +540,109 @@ def apply_row_gather_schedule(sch: s_tir.Schedule, config: TensorCoreConfig,
     sch.compute_inline(sch.get_sblock("Acc_pad"))
 
     # ---- 16x16x16 mma tiles
-    p, j, kk = sch.get_loops(mm)
-    p, p_tc = sch.split(p, [None, 16])
-    j, j_tc = sch.split(j, [None, 16])
-    kk, k_tc = sch.split(kk, [None, 16])
-    sch.reorder(p, j, kk, p_tc, j_tc, k_tc)
-    outer = sch.blockize(p_tc)
+    (p, j, kk), outer = _split_mma_tiles(sch, mm)
     p0, p1, p2 = sch.split(p, [None, c.block_m // c.warp_m, c.warp_m // 16])
-    j0, j1, j2 = sch.split(j, [n // c.block_n, c.block_n // c.warp_n, c.warp_n // 16])
-    k0, k1 = sch.split(kk, [k // c.block_k, c.block_k // 16])
+    j0, j1, j2, k0, k1 = _split_cta_n_k(sch, j, kk, n, k, c)
     sch.reorder(p0, j0, p1, j1, k0, k1, p2, j2)
     sch.annotate(p0, EARLY_EXIT_ATTR, c.block_m)
-    sch.bind(p0, "blockIdx.x")
-    sch.bind(j0, "blockIdx.y")
-    ty = sch.fuse(p1, j1)
-    sch.bind(ty, "threadIdx.y")
+    ty = _bind_cta(sch, p0, j0, p1, j1)
 
     # ---- accumulators: warp registers -> shared C tile (fp32) -> epilogue + SWrite
-    sch.set_scope(outer, 0, SMEM_SCOPE)
-    c_w = sch.cache_write(outer, 0, "warp")
-    sch.reverse_compute_at(c_w, ty)
-    sch.reverse_compute_at(scatter, j0)
-    f = sch.fuse(*sch.get_loops(scatter)[-2:])
-    _, fy, fx, fv = sch.split(f, [None, warps, 32, c.epilogue_vec])
-    sch.bind(fy, "threadIdx.y")
-    sch.bind(fx, "threadIdx.x")
-    sch.vectorize(fv)
+    c_w = _stage_epilogue(sch, outer, scatter, ty, j0, warps, c.epilogue_vec)
 
     # ---- SRead: row ids of the tile -> shared once per CTA; A rows gathered per K tile
     sch.set_scope(gather, 0, SMEM_SCOPE)
-    sch.compute_at(gather, k0)
-    f = sch.fuse(*sch.get_loops(gather)[-2:])
-    _, fy, fx, fv = sch.split(f, [None, warps, 32, vec])
-    sch.bind(fy, "threadIdx.y")
-    sch.bind(fx, "threadIdx.x")
-    sch.vectorize(fv)
-    if c.smem_pad:
-        sch.storage_align(gather, 0, axis=-2, factor=2 * c.smem_pad, offset=c.smem_pad)
-
+    _stage_shared(sch, gather, k0, warps, vec, c.smem_pad)
     b_s = sch.cache_read(outer, _read_index(sch, outer, "B"), SMEM_SCOPE)
-    sch.compute_at(b_s, k0)
-    f = sch.fuse(*sch.get_loops(b_s)[-2:])
-    _, fy, fx, fv = sch.split(f, [None, warps, 32, vec])
+    _stage_shared(sch, b_s, k0, warps, vec, c.smem_pad)
+
+    # ---- shared -> warp fragments (ldmatrix), mma.sync, fill, store; software pipeline
+    _tensorize_mma(sch, mm, outer, c_w, gather, b_s, k0, k1, names, c.stages)
+
+
+# --------------------------------------------------------------------------------------
+# Schedule steps shared with the tiles kernel (pit_tvm.schedules.tensorcore_tiles)
+# --------------------------------------------------------------------------------------
+def _split_mma_tiles(sch: s_tir.Schedule, mm):
+    """Split the last three loops (i, j, k) of ``mm`` into 16x16x16 mma tiles and blockize
+    the tile: returns the outer loops (leading batch loops, i, j, k) and the outer block."""
+    *batch, i, j, kk = sch.get_loops(mm)
+    i, i_tc = sch.split(i, [None, 16])
+    j, j_tc = sch.split(j, [None, 16])
+    kk, k_tc = sch.split(kk, [None, 16])
+    sch.reorder(*batch, i, j, kk, i_tc, j_tc, k_tc)
+    return (*batch, i, j, kk), sch.blockize(i_tc)
+
+
+def _split_cta_n_k(sch: s_tir.Schedule, j, kk, n: int, k: int, c):
+    """N tiles (CTA, warp, mma) and K tiles (block_k steps, mma steps) of the mma loops."""
+    j0, j1, j2 = sch.split(j, [n // c.block_n, c.block_n // c.warp_n, c.warp_n // 16])
+    k0, k1 = sch.split(kk, [k // c.block_k, c.block_k // 16])
+    return j0, j1, j2, k0, k1
+
+
+def _bind_cta(sch: s_tir.Schedule, bx, by, wy, wx):
+    """CTA grid (bx, by) and the fused warp loop (wy, wx) -> threadIdx.y, returned."""
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(by, "blockIdx.y")
+    ty = sch.fuse(wy, wx)
+    sch.bind(ty, "threadIdx.y")
+    return ty
+
+
+def _distribute(sch: s_tir.Schedule, blk, warps: int, vec: int | None) -> None:
+    """Spread the last two loops of ``blk`` over warps x 32 threads (x ``vec`` vector lanes;
+    ``vec=None``: one element per thread and step)."""
+    f = sch.fuse(*sch.get_loops(blk)[-2:])
+    if vec is None:
+        _, fy, fx = sch.split(f, [None, warps, 32])
+    else:
+        _, fy, fx, fv = sch.split(f, [None, warps, 32, vec])
     sch.bind(fy, "threadIdx.y")
     sch.bind(fx, "threadIdx.x")
-    sch.vectorize(fv)
-    if c.smem_pad:
-        sch.storage_align(b_s, 0, axis=-2, factor=2 * c.smem_pad, offset=c.smem_pad)
+    if vec is not None:
+        sch.vectorize(fv)
 
-    # ---- shared -> warp fragments (ldmatrix), mma.sync, fill, store
-    a_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(gather).writes[0].source.name),
+
+def _stage_epilogue(sch: s_tir.Schedule, outer, out_block, ty, j0, warps: int,
+                    epilogue_vec: int):
+    """Accumulators: warp registers -> shared C tile (fp32) -> ``out_block`` (epilogue,
+    vectorised stores) at the CTA's N tile ``j0``.  Returns the warp -> shared C block."""
+    sch.set_scope(outer, 0, SMEM_SCOPE)
+    c_w = sch.cache_write(outer, 0, "warp")
+    sch.reverse_compute_at(c_w, ty)
+    sch.reverse_compute_at(out_block, j0)
+    _distribute(sch, out_block, warps, epilogue_vec)
+    return c_w
+
+
+def _stage_shared(sch: s_tir.Schedule, blk, k0, warps: int, vec: int | None,
+                  smem_pad: int) -> None:
+    """A shared-memory tile (already in SMEM_SCOPE) filled per K step ``k0`` by all threads,
+    rows padded by ``smem_pad`` elements."""
+    sch.compute_at(blk, k0)
+    _distribute(sch, blk, warps, vec)
+    if smem_pad:
+        sch.storage_align(blk, 0, axis=-2, factor=2 * smem_pad, offset=smem_pad)
+
+
+def _frag_layout(i, j):
+    return (i // 16, j // 16, *shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
+
+
+def _frag_layout_batched(b_, i_, j_):
+    return (b_, i_ // 16, j_ // 16, *shared_16x16_to_ldmatrix_32x8_layout(i_ % 16, j_ % 16))
+
+
+def _tensorize_mma(sch: s_tir.Schedule, mm, outer, c_w, a_smem, b_smem, k0, k1,
+                   names: dict, stages: int, batched: bool = False) -> None:
+    """shared -> warp fragments (ldmatrix) at the mma step ``k1``, mma.sync, accumulator
+    fill and store tensorized; the C tile rows padded; software pipeline over ``k0`` (copies
+    staged ``stages - 1`` K tiles ahead).  ``batched``: the tiles carry a leading batch axis."""
+    a_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(a_smem).writes[0].source.name),
                          "warp")
     sch.compute_at(a_w, k1)
-    b_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(b_s).writes[0].source.name),
+    b_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(b_smem).writes[0].source.name),
                          "warp")
     sch.compute_at(b_w, k1)
 
@@ -627,12 +661,10 @@ def apply_row_gather_schedule(sch: s_tir.Schedule, config: TensorCoreConfig,
 
     la, lb = frag(a_w), frag(b_w)
 
-    def imap(i, j):
-        return (i // 16, j // 16, *shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
-
-    sch.transform_layout(a_w, ("write", 0), imap, )
-    sch.transform_layout(b_w, ("write", 0), imap, )
-    sch.transform_layout(c_w, ("read", 0), imap, )
+    imap = _frag_layout_batched if batched else _frag_layout
+    sch.transform_layout(a_w, ("write", 0), imap)
+    sch.transform_layout(b_w, ("write", 0), imap)
+    sch.transform_layout(c_w, ("read", 0), imap)
     sch.tensorize(la, names["load_a"])
     sch.tensorize(lb, names["load_b"])
     sch.tensorize(sch.get_loops(mm)[-3], names["compute"])
@@ -643,9 +675,8 @@ def apply_row_gather_schedule(sch: s_tir.Schedule, config: TensorCoreConfig,
     (store,) = sch.get_child_blocks(store_parent)
     sch.storage_align(store, 0, axis=-2, factor=32, offset=4)
 
-    # ---- software pipeline over the K tiles: stage the copies `stages - 1` tiles ahead
-    if c.stages > 1:
-        sch.annotate(k0, "software_pipeline_stage", [0, 0, c.stages - 1])
+    if stages > 1:
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, stages - 1])
         sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
         sch.annotate(k0, "software_pipeline_async_stages", [0])
 
@@ -656,8 +687,6 @@ def add_early_exit(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     A post-process of the scheduled IR (a MetaSchedule design space must apply it too,
     e.g. as a postproc, or call it on the best schedule)."""
-    from tvm.s_tir.stmt import SBlock, SBlockRealize
-
     offsets = func.params[2]
     found = []
 
@@ -673,19 +702,37 @@ def add_early_exit(func: tirx.PrimFunc) -> tirx.PrimFunc:
             return tirx.SeqStmt([guard(x, cond) for x in stmt.seq], stmt.span)
         return tirx.IfThenElse(cond, stmt, None)
 
+    def on_for(stmt, visit):
+        if EARLY_EXIT_ATTR not in stmt.annotations:
+            return None
+        bm = int(stmt.annotations[EARLY_EXIT_ATTR])
+        ann = {k: v for k, v in stmt.annotations.items() if k != EARLY_EXIT_ATTR}
+        # uniform across the CTA: lets ThreadSync place __syncthreads inside
+        cond = tirx.op.tvm_thread_invariant(
+            tirx.Cast("int64", stmt.loop_var) * bm
+            < tirx.Cast("int64", tirx.BufferLoad(offsets, [tirx.const(1, "int32")])))
+        found.append(bm)
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
+                        guard(stmt.body, cond), stmt.thread_binding,
+                        ann, stmt.step, stmt.span)
+
+    body = _rewrite_loops(func.body, on_for)
+    if not found:
+        return func
+    return func.with_body(body)
+
+
+def _rewrite_loops(stmt, on_for):
+    """Rebuild ``stmt`` through For / SeqStmt / SBlockRealize (body and init) / IfThenElse,
+    keeping every unchanged node.  ``on_for(loop, visit)`` returns the replacement of a
+    ``For`` (``visit`` rewrites a sub-statement) or None to go on into its body."""
+    from tvm.s_tir.stmt import SBlock, SBlockRealize
+
     def visit(stmt):
         if isinstance(stmt, tirx.For):
-            if EARLY_EXIT_ATTR in stmt.annotations:
-                bm = int(stmt.annotations[EARLY_EXIT_ATTR])
-                ann = {k: v for k, v in stmt.annotations.items() if k != EARLY_EXIT_ATTR}
-                # uniform across the CTA: lets ThreadSync place __syncthreads inside
-                cond = tirx.op.tvm_thread_invariant(
-                    tirx.Cast("int64", stmt.loop_var) * bm
-                    < tirx.Cast("int64", tirx.BufferLoad(offsets, [tirx.const(1, "int32")])))
-                found.append(bm)
-                return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
-                                guard(stmt.body, cond), stmt.thread_binding,
-                                ann, stmt.step, stmt.span)
+            new = on_for(stmt, visit)
+            if new is not None:
+                return new
             body = visit(stmt.body)
             if body.same_as(stmt.body):
                 return stmt
@@ -699,18 +746,22 @@ def add_early_exit(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if isinstance(stmt, SBlockRealize):
             blk = stmt.block
             body = visit(blk.body)
-            if body.same_as(blk.body):
+            init = visit(blk.init) if blk.init is not None else None
+            if body.same_as(blk.body) and (init is None or init.same_as(blk.init)):
                 return stmt
             new_blk = SBlock(blk.iter_vars, blk.reads, blk.writes, blk.name_hint, body,
-                             blk.init, blk.alloc_buffers, blk.match_buffers, blk.annotations,
+                             init, blk.alloc_buffers, blk.match_buffers, blk.annotations,
                              blk.span)
             return SBlockRealize(stmt.iter_values, stmt.predicate, new_blk, stmt.span)
+        if isinstance(stmt, tirx.IfThenElse):
+            then = visit(stmt.then_case)
+            els = visit(stmt.else_case) if stmt.else_case is not None else None
+            if then.same_as(stmt.then_case) and (els is None or els.same_as(stmt.else_case)):
+                return stmt
+            return tirx.IfThenElse(stmt.condition, then, els, stmt.span)
         return stmt
 
-    body = visit(func.body)
-    if not found:
-        return func
-    return func.with_body(body)
+    return visit(stmt)
 
 
 def build(mod, target="cuda"):
@@ -741,11 +792,5 @@ _CANDIDATES = (
 def valid_configs(k: int, n: int, in_dtype: str = "float16",
                   arch: str = "sm_90") -> list[TensorCoreConfig]:
     """The candidate configs (the design space's support) that fit a (K, N) problem."""
-    out = []
-    for cfg in _CANDIDATES:
-        try:
-            check_config(k, n, in_dtype, cfg, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]))
-        except ValueError:
-            continue
-        out.append(cfg)
-    return out
+    max_smem = MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"])
+    return _fitting(_CANDIDATES, lambda cfg: check_config(k, n, in_dtype, cfg, max_smem))

@@ -46,16 +46,23 @@ from dataclasses import asdict, dataclass
 import tvm
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
-from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout
 
 from pit_tvm.schedules.tensorcore import (
-    IN_DTYPES,
     MAX_SMEM_BYTES,
-    OUT_DTYPES,
     SMEM_SCOPE,
+    _bind_cta,
+    _check_dtypes,
+    _check_mult16,
     _dtype_bytes,
+    _fitting,
     _intrin_names,
-    _read_index,
+    _rewrite_loops,
+    _split_cta_n_k,
+    _split_mma_tiles,
+    _stage_epilogue,
+    _stage_shared,
+    _tensorize_mma,
+    _tile_smem_bytes,
     build,
 )
 
@@ -112,11 +119,7 @@ class TilesConfig:
 
 
 def tiles_smem_bytes(config: TilesConfig, mr: int, in_dtype: str = "float16") -> int:
-    c = config
-    e = _dtype_bytes(in_dtype)
-    pipe = c.stages * (mr * (c.block_k + c.smem_pad) + c.block_k * (c.block_n + c.smem_pad)) * e
-    ctile = mr * (c.block_n + 4) * 4
-    return max(pipe, ctile)
+    return _tile_smem_bytes(config, mr, in_dtype)
 
 
 def _a_vec(mk: int, in_dtype: str) -> int:
@@ -131,19 +134,13 @@ def check_tiles_config(k: int, n: int, micro_tile, in_dtype: str, config: TilesC
     """Raise ValueError when ``config`` cannot serve a (K, N, micro_tile) problem."""
     c = config
     mr, mk = (int(x) for x in micro_tile)
-    if in_dtype not in IN_DTYPES:
-        raise ValueError(f"in_dtype must be one of {IN_DTYPES}, got {in_dtype!r}")
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+    _check_dtypes(in_dtype, out_dtype)
     if mr not in SUPPORTED_MR:
         raise ValueError(f"micro-tile rows mr={mr} must be one of {SUPPORTED_MR} "
                          f"(one strip = one CTA row tile)")
     if mk <= 0 or mk >= k or k % mk:
         raise ValueError(f"micro-tile width mk={mk} must divide K={k} and be < K")
-    for name in ("block_n", "block_k", "warp_m", "warp_n"):
-        v = getattr(c, name)
-        if v <= 0 or v % 16:
-            raise ValueError(f"{name}={v} must be a positive multiple of 16")
+    _check_mult16(c, ("block_n", "block_k", "warp_m", "warp_n"))
     if mr % c.warp_m or c.block_n % c.warp_n:
         raise ValueError(f"CTA tile {mr}x{c.block_n} is not a multiple of the warp tile "
                          f"{c.warp_m}x{c.warp_n}")
@@ -186,10 +183,7 @@ def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float1
     Parameters ``(a, b, offsets, ids, c)`` with ``offsets: int32[ceil(M/mr)+1]`` and
     ``ids: int32[ceil(M/mr) * K/mk]``.  Builds and runs as is on llvm.
     """
-    if in_dtype not in IN_DTYPES:
-        raise ValueError(f"in_dtype must be one of {IN_DTYPES}, got {in_dtype!r}")
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}")
+    _check_dtypes(in_dtype, out_dtype)
     mr, mk = (int(x) for x in micro_tile)
     K, N = int(k), int(n)
     if mr <= 0 or mk <= 0 or K % mk:
@@ -294,95 +288,25 @@ def schedule_tiles_gather_matmul(func: tirx.PrimFunc, config: TilesConfig,
     b_g = sch.get_sblock("B_gather")
 
     # ---- 16x16x16 mma tiles; strip g -> blockIdx.x, N tiles -> blockIdx.y
-    g, i, j, q = sch.get_loops(mm)
-    i, i_tc = sch.split(i, [None, 16])
-    j, j_tc = sch.split(j, [None, 16])
-    q, k_tc = sch.split(q, [None, 16])
-    sch.reorder(g, i, j, q, i_tc, j_tc, k_tc)
-    outer = sch.blockize(i_tc)
+    (g, i, j, q), outer = _split_mma_tiles(sch, mm)
     i1, i2 = sch.split(i, [mr // c.warp_m, c.warp_m // 16])
-    j0, j1, j2 = sch.split(j, [n // c.block_n, c.block_n // c.warp_n, c.warp_n // 16])
-    k0, k1 = sch.split(q, [k // c.block_k, c.block_k // 16])
+    j0, j1, j2, k0, k1 = _split_cta_n_k(sch, j, q, n, k, c)
     sch.reorder(g, j0, i1, j1, k0, k1, i2, j2)
     sch.annotate(g, STRIP_ATTR, 1)
     sch.annotate(k0, DYN_K_ATTR, tirx.IntImm("int64", mk))
     sch.annotate(k0, DYN_K_ATTR + ".bk", tirx.IntImm("int64", c.block_k))
-    sch.bind(g, "blockIdx.x")
-    sch.bind(j0, "blockIdx.y")
-    ty = sch.fuse(i1, j1)
-    sch.bind(ty, "threadIdx.y")
+    ty = _bind_cta(sch, g, j0, i1, j1)
 
     # ---- accumulators: warp registers -> shared C tile (fp32) -> cast + guarded stores
-    sch.set_scope(outer, 0, SMEM_SCOPE)
-    c_w = sch.cache_write(outer, 0, "warp")
-    sch.reverse_compute_at(c_w, ty)
-    sch.reverse_compute_at(store, j0)
-    f = sch.fuse(*sch.get_loops(store)[-2:])
-    _, fy, fx, fv = sch.split(f, [None, warps, 32, c.epilogue_vec])
-    sch.bind(fy, "threadIdx.y")
-    sch.bind(fx, "threadIdx.x")
-    sch.vectorize(fv)
+    c_w = _stage_epilogue(sch, outer, store, ty, j0, warps, c.epilogue_vec)
 
     # ---- SRead: gathered A columns / B rows -> shared, per k step
-    def fetch(blk, v):
+    for blk, v in ((a_g, avec), (b_g, vec)):
         sch.set_scope(blk, 0, SMEM_SCOPE)
-        sch.compute_at(blk, k0)
-        ff = sch.fuse(*sch.get_loops(blk)[-2:])
-        if v > 1:
-            _, fy_, fx_, fv_ = sch.split(ff, [None, warps, 32, v])
-            sch.vectorize(fv_)
-        else:
-            _, fy_, fx_ = sch.split(ff, [None, warps, 32])
-        sch.bind(fy_, "threadIdx.y")
-        sch.bind(fx_, "threadIdx.x")
-        if c.smem_pad:
-            sch.storage_align(blk, 0, axis=-2, factor=2 * c.smem_pad, offset=c.smem_pad)
+        _stage_shared(sch, blk, k0, warps, v if v > 1 else None, c.smem_pad)
 
-    fetch(a_g, avec)
-    fetch(b_g, vec)
-
-    # ---- shared -> warp fragments (ldmatrix), mma.sync, fill, store
-    a_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(a_g).writes[0].source.name),
-                         "warp")
-    sch.compute_at(a_w, k1)
-    b_w = sch.cache_read(outer, _read_index(sch, outer, sch.get(b_g).writes[0].source.name),
-                         "warp")
-    sch.compute_at(b_w, k1)
-
-    ii, jj = sch.get_loops(c_w)[-2:]
-    io, ii = sch.split(ii, [None, 16])
-    jo, ji = sch.split(jj, [None, 16])
-    sch.reorder(io, jo, ii, ji)
-    sch.decompose_reduction(outer, k0)
-
-    def frag(b):
-        a, cc = sch.get_loops(b)[-2:]
-        a0, a1 = sch.split(a, [None, 16])
-        c0, c1 = sch.split(cc, [None, 16])
-        sch.reorder(a0, c0, a1, c1)
-        return a1
-
-    la, lb = frag(a_w), frag(b_w)
-
-    def imap(b_, i_, j_):
-        return (b_, i_ // 16, j_ // 16, *shared_16x16_to_ldmatrix_32x8_layout(i_ % 16, j_ % 16))
-
-    sch.transform_layout(a_w, ("write", 0), imap)
-    sch.transform_layout(b_w, ("write", 0), imap)
-    sch.transform_layout(c_w, ("read", 0), imap)
-    sch.tensorize(la, names["load_a"])
-    sch.tensorize(lb, names["load_b"])
-    sch.tensorize(sch.get_loops(mm)[-3], names["compute"])
-    sch.tensorize(sch.get_loops(sch.get_sblock("matmul_init"))[-2], names["init"])
-    store_parent = sch.get_loops(c_w)[-3]
-    sch.tensorize(sch.get_loops(c_w)[-2], names["store"])
-    (st,) = sch.get_child_blocks(store_parent)
-    sch.storage_align(st, 0, axis=-2, factor=32, offset=4)
-
-    if c.stages > 1:
-        sch.annotate(k0, "software_pipeline_stage", [0, 0, c.stages - 1])
-        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
-        sch.annotate(k0, "software_pipeline_async_stages", [0])
+    # ---- shared -> warp fragments (ldmatrix), mma.sync, fill, store; software pipeline
+    _tensorize_mma(sch, mm, outer, c_w, a_g, b_g, k0, k1, names, c.stages, batched=True)
 
     out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
     return set_dynamic_k_extent(out)
@@ -392,67 +316,40 @@ def set_dynamic_k_extent(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Replace the extent of the k loop annotated ``pit.tiles_dynamic_k`` (worst case K/BK)
     by ``ceil(cnt_g * mk / BK)``, ``cnt_g = offsets[g+1] - offsets[g]`` read on the device,
     ``g`` the loop annotated ``pit.tiles_strip`` (blockIdx.x)."""
-    from tvm.s_tir.stmt import SBlock, SBlockRealize
-
     offsets = func.params[2]
     strip = []
     done = []
 
-    def visit(stmt):
-        if isinstance(stmt, tirx.For):
-            ann = stmt.annotations
-            extent = stmt.extent
-            body_stmt = stmt.body
-            if STRIP_ATTR in ann:
-                strip.append(stmt.loop_var)
-                ann = {k_: v for k_, v in ann.items() if k_ != STRIP_ATTR}
-            if DYN_K_ATTR in ann:
-                if not strip:
-                    raise ValueError("dynamic k loop outside the strip loop")
-                mk = int(ann[DYN_K_ATTR])
-                bk = int(ann[DYN_K_ATTR + ".bk"])
-                ann = {k_: v for k_, v in ann.items() if not k_.startswith(DYN_K_ATTR)}
-                gv = strip[-1]
-                g32 = gv if str(gv.ty.dtype) == "int32" else tirx.Cast("int32", gv)
-                cnt = (tirx.BufferLoad(offsets, [g32 + 1]) - tirx.BufferLoad(offsets, [g32]))
-                dt = str(stmt.loop_var.ty.dtype)
-                steps = tirx.floordiv(cnt * mk + (bk - 1), bk)
-                # a variable bound outside the loop (not the loads themselves): the software
-                # pipeline's analyzer can then prove its in-loop predicates, so the cp.async
-                # wait counts stay compile-time constants
-                nsteps = tirx.Var("pit_k_steps", dt)
-                done.append(bk)
-                loop = tirx.For(stmt.loop_var, stmt.min, nsteps, stmt.kind, visit(body_stmt),
-                                stmt.thread_binding, ann, stmt.step, stmt.span)
-                return tirx.SeqStmt([
-                    tirx.Bind(nsteps, steps if dt == "int32" else tirx.Cast(dt, steps)), loop])
-            body = visit(body_stmt)
-            if body.same_as(stmt.body) and len(ann) == len(stmt.annotations):
-                return stmt
-            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body,
+    def on_for(stmt, visit):
+        ann = stmt.annotations
+        if STRIP_ATTR in ann:
+            strip.append(stmt.loop_var)
+            ann = {k_: v for k_, v in ann.items() if k_ != STRIP_ATTR}
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, visit(stmt.body),
                             stmt.thread_binding, ann, stmt.step, stmt.span)
-        if isinstance(stmt, tirx.SeqStmt):
-            seq = [visit(x) for x in stmt.seq]
-            if all(x.same_as(y) for x, y in zip(seq, stmt.seq)):
-                return stmt
-            return tirx.SeqStmt(seq, stmt.span)
-        if isinstance(stmt, SBlockRealize):
-            blk = stmt.block
-            body = visit(blk.body)
-            init = visit(blk.init) if blk.init is not None else None
-            if body.same_as(blk.body) and (init is None or init.same_as(blk.init)):
-                return stmt
-            new_blk = SBlock(blk.iter_vars, blk.reads, blk.writes, blk.name_hint, body,
-                             init, blk.alloc_buffers, blk.match_buffers, blk.annotations,
-                             blk.span)
-            return SBlockRealize(stmt.iter_values, stmt.predicate, new_blk, stmt.span)
-        if isinstance(stmt, tirx.IfThenElse):
-            then = visit(stmt.then_case)
-            els = visit(stmt.else_case) if stmt.else_case is not None else None
-            return tirx.IfThenElse(stmt.condition, then, els, stmt.span)
-        return stmt
+        if DYN_K_ATTR not in ann:
+            return None
+        if not strip:
+            raise ValueError("dynamic k loop outside the strip loop")
+        mk = int(ann[DYN_K_ATTR])
+        bk = int(ann[DYN_K_ATTR + ".bk"])
+        ann = {k_: v for k_, v in ann.items() if not k_.startswith(DYN_K_ATTR)}
+        gv = strip[-1]
+        g32 = gv if str(gv.ty.dtype) == "int32" else tirx.Cast("int32", gv)
+        cnt = (tirx.BufferLoad(offsets, [g32 + 1]) - tirx.BufferLoad(offsets, [g32]))
+        dt = str(stmt.loop_var.ty.dtype)
+        steps = tirx.floordiv(cnt * mk + (bk - 1), bk)
+        # a variable bound outside the loop (not the loads themselves): the software
+        # pipeline's analyzer can then prove its in-loop predicates, so the cp.async
+        # wait counts stay compile-time constants
+        nsteps = tirx.Var("pit_k_steps", dt)
+        done.append(bk)
+        loop = tirx.For(stmt.loop_var, stmt.min, nsteps, stmt.kind, visit(stmt.body),
+                        stmt.thread_binding, ann, stmt.step, stmt.span)
+        return tirx.SeqStmt([
+            tirx.Bind(nsteps, steps if dt == "int32" else tirx.Cast(dt, steps)), loop])
 
-    body = visit(func.body)
+    body = _rewrite_loops(func.body, on_for)
     if not done:
         raise ValueError("no loop annotated pit.tiles_dynamic_k")
     return func.with_body(body)
@@ -489,12 +386,6 @@ _CANDIDATES = (
 def valid_tiles_configs(k: int, n: int, micro_tile, dtype: str = "float16",
                         arch: str = "sm_90") -> list[TilesConfig]:
     """The candidate configs that fit a (K, N, micro_tile) problem, best guess first."""
-    out = []
-    for cfg in _CANDIDATES:
-        try:
-            check_tiles_config(k, n, micro_tile, dtype, cfg,
-                               MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]))
-        except ValueError:
-            continue
-        out.append(cfg)
-    return out
+    max_smem = MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"])
+    return _fitting(_CANDIDATES,
+                    lambda cfg: check_tiles_config(k, n, micro_tile, dtype, cfg, max_smem))
