@@ -42,6 +42,7 @@ CPU_BM = 8            # compact rows per tile (rows kind)
 CPU_BK = 16           # compact k positions per step (tiles kind, per micro-tile column)
 
 GPU_BM, GPU_BN, GPU_BK = 64, 64, 16
+INDEX_OFFSETS = "pit_offsets"   # the index buffers ops/matmul.py declares: PitIndex.create("pit", ...)
 GPU_TY, GPU_TX = 16, 16   # threads; each computes (BM/TY) x (BN/TX) outputs
 
 
@@ -56,14 +57,6 @@ def _has(sch, name):
 def _finish(sch, gpu):
     func = lower_pit(sch.mod[sch.func_working_on], gpu)
     return func.with_attr("tirx.is_scheduled", True)
-
-
-class _Guard:
-    """Arguments for guard_compact_loop without rebuilding a PitIndex from the function."""
-
-    def __init__(self, offsets_name, micro):
-        self.offsets = type("B", (), {"name": offsets_name})()
-        self.micro = micro
 
 
 def schedule_pit_matmul(sch, plan, target):
@@ -96,7 +89,7 @@ def _cpu_rows(sch, plan):
         sch.set_scope(cast, 0, "local")
         sch.reverse_compute_at(sch.get_sblock("C_swrite"), jo)
         sch.vectorize(sch.get_loops(sch.get_sblock("C_swrite"))[-1])
-        guard_compact_loop(sch, io, CPU_BM, _Guard("pit_offsets", plan.micro_tile[0]))
+        guard_compact_loop(sch, io, CPU_BM, INDEX_OFFSETS, plan.micro_tile[0])
     sch.vectorize(sch.get_loops(cast)[-1])
     sch.decompose_reduction(mm, k)
     return _finish(sch, gpu=False)
@@ -120,7 +113,7 @@ def _cpu_tiles(sch, plan):
     cast = sch.get_sblock("cast")
     sch.reverse_compute_at(cast, jo)
     sch.vectorize(sch.get_loops(cast)[-1])
-    guard_compact_loop(sch, ko, bk, _Guard("pit_offsets", mk), group_loop=io)
+    guard_compact_loop(sch, ko, bk, INDEX_OFFSETS, mk, group_loop=io)
     sch.decompose_reduction(mm, ko)
     return _finish(sch, gpu=False)
 
@@ -173,7 +166,7 @@ def _gpu_rows(sch, plan):
         scatter = sch.get_sblock("C_swrite")
         sch.compute_inline(acc)
         sch.reverse_compute_at(scatter, jx, preserve_unit_loops=True)
-        guard_compact_loop(sch, io, GPU_BM, _Guard("pit_offsets", plan.micro_tile[0]))
+        guard_compact_loop(sch, io, GPU_BM, INDEX_OFFSETS, plan.micro_tile[0])
     sch.decompose_reduction(mm, ko)
     return _finish(sch, gpu=True)
 
@@ -231,6 +224,6 @@ def _gpu_tiles(sch, plan):
         sch.bind(t_x, "threadIdx.x")
         auto_inline_producers(sch, blk)      # the padding blocks read inside the gather
     sch.reverse_compute_at(sch.get_sblock("cast"), jx, preserve_unit_loops=True)
-    guard_compact_loop(sch, ko, bk, _Guard("pit_offsets", mk), group_loop=io)
+    guard_compact_loop(sch, ko, bk, INDEX_OFFSETS, mk, group_loop=io)
     sch.decompose_reduction(mm, ko)
     return _finish(sch, gpu=True)

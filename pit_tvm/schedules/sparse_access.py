@@ -406,17 +406,18 @@ GUARD_KEY = "pit.guard"
 GROUP_KEY = "pit.group_loop"
 
 
-def guard_compact_loop(sch: Schedule, loop, positions_per_iter: int, index: PitIndex, group_loop=None):
-    """Mark ``loop`` (each iteration covers ``positions_per_iter`` compact positions) so that
-    :func:`lower_pit` skips iterations that start past the index's count.
+def guard_compact_loop(sch: Schedule, loop, positions_per_iter: int, offsets: str, micro: int, group_loop=None):
+    """Mark ``loop`` (each iteration covers ``positions_per_iter`` compact positions of the
+    index whose CSR pointer buffer is named ``offsets``, ``micro`` positions per listed tile)
+    so that :func:`lower_pit` skips iterations that start past the index's count.
 
     This is what turns sparsity into saved work: the grid/loop stays worst-case sized (no host
     synchronisation) and iterations with nothing valid exit at once. For a grouped index,
     ``group_loop`` is the loop whose each iteration is exactly one group.
     """
     sch.annotate(loop, GUARD_KEY, tirx.IntImm("int64", positions_per_iter))
-    sch.annotate(loop, GUARD_KEY + ".offsets", index.offsets.name)
-    sch.annotate(loop, GUARD_KEY + ".micro", tirx.IntImm("int64", index.micro))
+    sch.annotate(loop, GUARD_KEY + ".offsets", offsets)
+    sch.annotate(loop, GUARD_KEY + ".micro", tirx.IntImm("int64", micro))
     if group_loop is not None:
         sch.annotate(group_loop, GROUP_KEY, tirx.IntImm("int64", 1))
 

@@ -765,14 +765,13 @@ def _rewrite_loops(stmt, on_for):
 
 
 def build(mod, target="cuda"):
-    """``pit_tvm.target.build`` with ``tirx.use_async_copy`` on (cp.async for the
-    pipelined copies)."""
+    """Build a PrimFunc (as ``main``) or a module with :func:`pit_tvm.target.build`, which turns
+    ``tirx.use_async_copy`` on for CUDA (cp.async for the pipelined copies)."""
     from pit_tvm.target import build as _build  # local: avoid import cycles
 
     if isinstance(mod, tirx.PrimFunc):
         mod = tvm.IRModule({"main": mod})
-    with tvm.transform.PassContext(config={"tirx.use_async_copy": True}):
-        return _build(mod, target)
+    return _build(mod, target)
 
 
 _CANDIDATES = (
