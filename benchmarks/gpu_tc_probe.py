@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (main_evaluator, main_module, median_ms, row_sparse_inputs,  # noqa: E402
+from common import (main_evaluator, main_module, evaluator_median_ms, row_sparse_inputs,  # noqa: E402
                     run_checked, torch_matmul_ms, write_out_json)
 
 
@@ -85,7 +85,7 @@ def main(argv=None):
             try:
                 targs, err = run_checked(mod, dev, (a, b, off, ids), (m, n), args.out_dtype,
                                          refs[s])
-                ms = median_ms(fev, targs)
+                ms = evaluator_median_ms(fev, targs)
                 useful = 2.0 * int(off[1]) * k * n
                 row.update(ms=ms, tflops=useful / ms / 1e9, max_rel_err=err,
                            speedup_vs_cublas=(cublas / ms) if cublas else None)

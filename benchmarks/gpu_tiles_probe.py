@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (main_evaluator, main_module, median_ms, run_checked,  # noqa: E402
+from common import (main_evaluator, main_module, evaluator_median_ms, run_checked,  # noqa: E402
                     torch_matmul_ms, write_out_json)
 
 
@@ -116,7 +116,7 @@ def main(argv=None):
                 try:
                     targs, err = run_checked(mod, dev, (a, b, off, ids), (m, n),
                                              args.out_dtype, refs[s])
-                    ms = median_ms(fev, targs)
+                    ms = evaluator_median_ms(fev, targs)
                     useful = 2.0 * nnz * mt[0] * mt[1] * n
                     row.update(ms=ms, tflops=useful / ms / 1e9,
                                dense_equiv_tflops=2.0 * m * k * n / ms / 1e9, max_rel_err=err,

@@ -79,6 +79,14 @@ class MatmulPlan:
         mr, mk = self.micro_tile
         return (mr, self.k) if self.kind == "rows" else (mr, mk)
 
+    def index_sizes(self, m):
+        """(groups, capacity) of the index for ``m`` rows; ``m`` an int or a TIR expression."""
+        mr, mc = self.index_micro_tile
+        tile_rows = (m + mr - 1) // mr
+        tile_cols = (self.k + mc - 1) // mc
+        groups = tile_cols if self.index_group == "col" else tile_rows
+        return groups, tile_rows * tile_cols
+
 
 def _validate(k, n, dtype, micro_tile):
     if dtype not in SUPPORTED_DTYPES:
@@ -159,14 +167,12 @@ def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, targ
     sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
     sch.work_on("matmul")
     m = func.params[0].shape[0]
+    groups, capacity = plan.index_sizes(m)
     if plan.kind == "rows":
-        groups, capacity = tirx.const(1, "int64"), tirx.floordiv(m + mr - 1, mr)
         index = PitIndex.create("pit", capacity, groups, micro=mr)
         sch = sread(sch, "matmul", "A", "vi", index)
         sch = swrite(sch, "cast", "C", "vi", index)
     else:
-        groups = tirx.floordiv(m + mr - 1, mr)
-        capacity = groups * ((k + mk - 1) // mk)
         index = PitIndex.create("pit", capacity, groups, micro=mk, group_axis="vi", group_micro=mr)
         a_name, b_name = "A", "B"
         if is_gpu(target):
@@ -264,11 +270,9 @@ class SparseMatmul:
         allocation (and its free, which synchronises) per call would sit on the hot path."""
         if m in self._workspace:
             return self._workspace[m]
-        mr, mc = self.plan.index_micro_tile
-        tile_rows, tile_cols = -(-m // mr), -(-self.k // mc)
-        groups = tile_cols if self.plan.index_group == "col" else tile_rows
+        groups, capacity = self.plan.index_sizes(m)
         buffers = (tvm.runtime.empty((groups + 1,), "int32", self.device),
-                   tvm.runtime.empty((tile_rows * tile_cols,), "int32", self.device))
+                   tvm.runtime.empty((capacity,), "int32", self.device))
         if len(self._workspace) >= self.WORKSPACE_SLOTS:
             self._workspace.pop(next(iter(self._workspace)))
         self._workspace[m] = buffers
@@ -371,9 +375,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     a2 = bb.emit(relax.op.reshape(a, [m, k])) if len(lead) != 1 else a
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     mr, mc = plan.index_micro_tile
-    tile_rows = tirx.floordiv(m + mr - 1, mr)
-    groups = tirx.const(1, "int64") if plan.index_group == "col" else tile_rows
-    capacity = tile_rows * ((k + mc - 1) // mc)
+    groups, capacity = plan.index_sizes(m)
     tgt = make_target(target)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
     def add(func, name):
