@@ -110,9 +110,13 @@ class _AxisMap:
         return tirx.And(ok, self.orig(p) < _i64(self.extent))
 
 
-def _block_info(sch: Schedule, block):
-    blk_rv = sch.get_sblock(block) if isinstance(block, str) else block
-    return blk_rv, sch.get(blk_rv)
+def _working_func(sch: Schedule) -> tirx.PrimFunc:
+    return sch.mod[sch.func_working_on] if sch.func_working_on is not None else sch.mod["main"]
+
+
+def _block(sch: Schedule, block) -> SBlock:
+    """The SBlock statement of ``block`` (a name or a block RV)."""
+    return sch.get(sch.get_sblock(block) if isinstance(block, str) else block)
 
 
 def _iter_var(blk: SBlock, axis: str):
@@ -143,7 +147,7 @@ def _axis_dims(indices, var):
     return dims
 
 
-def _find_buffer(func: tirx.PrimFunc, blk: SBlock, name: str) -> tirx.Buffer:
+def _find_buffer(blk: SBlock, name: str) -> tirx.Buffer:
     for region in list(blk.reads) + list(blk.writes):
         if region.source.name == name:
             return region.source
@@ -213,14 +217,14 @@ def _with_regions(func, blk: SBlock, extra=()) -> SBlock:
                   list(blk.alloc_buffers), list(blk.match_buffers), blk.annotations)
 
 
-def _stage(name, extents, make_body, predicate=None):
+def _stage(name, extents, make_body):
     """A loop nest with one spatial sblock ``name`` over ``extents``; ``make_body(vars)``."""
     loop_vars = [tirx.Var(f"{name}_l{d}", "int64") for d in range(len(extents))]
     ivars = [tirx.IterVar(tvm.ir.Range(tirx.const(0, "int64"), _i64(e)), tirx.Var(f"v{d}", "int64"), 0)
              for d, e in enumerate(extents)]
     vars_ = [iv.var for iv in ivars]
     block = SBlock(ivars, [], [], name, make_body(vars_))
-    stmt = SBlockRealize(loop_vars, tirx.const(True, "bool") if predicate is None else predicate, block)
+    stmt = SBlockRealize(loop_vars, tirx.const(True, "bool"), block)
     for lv, e in reversed(list(zip(loop_vars, extents))):
         stmt = tirx.For(lv, tirx.const(0, "int64"), _i64(e), tirx.ForKind.SERIAL, stmt)
     return stmt
@@ -252,12 +256,12 @@ def _fill_regions(stage_stmt, func, extra=()):
 
 def sread(sch: Schedule, block, buffer: str, axis: str, index: PitIndex, *, check_rule: bool = True) -> Schedule:
     """SRead: ``block`` reads ``buffer`` through ``index`` along ``axis`` (a gather stage)."""
-    func = sch.mod[sch.func_working_on] if sch.func_working_on is not None else sch.mod["main"]
-    _, blk = _block_info(sch, block)
+    func = _working_func(sch)
+    blk = _block(sch, block)
     iv = _iter_var(blk, axis)
     if check_rule:
         _check_rule(func, blk, axis)
-    src = _find_buffer(func, blk, buffer)
+    src = _find_buffer(blk, buffer)
     group_var = _iter_var(blk, index.group_axis).var if index.group_axis else None
 
     # Which dims of `src` the axis (and the group axis) index in this block.
@@ -318,14 +322,14 @@ def swrite(sch: Schedule, block, buffer: str, axis: str, index: PitIndex, *, mod
     """SWrite: ``block`` writes a compact buffer that a scatter stage stores through ``index``."""
     if mode not in SWRITE_MODES:
         raise ValueError(f"unknown SWrite mode {mode!r}; use one of {SWRITE_MODES}")
-    func = sch.mod[sch.func_working_on] if sch.func_working_on is not None else sch.mod["main"]
-    _, blk = _block_info(sch, block)
+    func = _working_func(sch)
+    blk = _block(sch, block)
     iv = _iter_var(blk, axis)
     if iv.iter_type != 0:
         raise ValueError(f"SWrite needs a spatial axis; {axis!r} of {blk.name_hint!r} is a reduction axis")
     if check_rule:
         _check_rule(func, blk, axis)
-    dst = _find_buffer(func, blk, buffer)
+    dst = _find_buffer(blk, buffer)
     stores = []
     tvm_ffi.structural_walk(blk.body, (tirx.BufferStore, lambda n: stores.append(n) if n.buffer.same_as(dst) else None))
     if not stores:
@@ -339,9 +343,6 @@ def swrite(sch: Schedule, block, buffer: str, axis: str, index: PitIndex, *, mod
         raise ValueError("SWrite through a grouped index is not supported: group the index by a single group")
     shape = list(dst.shape)
     compact = tirx.decl_buffer(shape, dst.dtype, name=f"{dst.name}_swrite")
-
-    def zero_body(vs):
-        return tirx.BufferStore(dst, tirx.const(0, dst.dtype), vs)
 
     def scatter_body(vs):
         amap = _AxisMap(index, shape[dim], None)
@@ -378,7 +379,7 @@ def apply_pit_axis(sch: Schedule, block: str, axis: str, index: PitIndex, *, wri
     """Apply the PIT rule of ``axis``: SRead every input it indexes, SWrite the output if spatial."""
     from pit_tvm.rules import find_pit_rules
 
-    func = sch.mod[sch.func_working_on] if sch.func_working_on is not None else sch.mod["main"]
+    func = _working_func(sch)
     rule = next((r for r in find_pit_rules(func, block)[block] if r.axis == axis), None)
     if rule is None or not rule.is_pit:
         raise ValueError(f"axis {axis!r} of block {block!r} is not a PIT axis: {getattr(rule, 'reason', 'unknown axis')}")
