@@ -19,7 +19,6 @@ and the one not selected returns immediately.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import tvm

@@ -28,15 +28,11 @@ global->shared load; SWrite stores straight from registers; CTAs past the count 
 """
 from __future__ import annotations
 
-import tvm
-from tvm import tirx
-
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_producers
 
 from pit_tvm.schedules.sparse_access import guard_compact_loop, lower_pit
 from pit_tvm.target import is_gpu
 
-CPU_VEC = 16          # fp32 lanes per vector op on the host
 CPU_BN = 64           # columns per parallel task
 CPU_BM = 8            # compact rows per tile (rows kind)
 CPU_BK = 16           # compact k positions per step (tiles kind, per micro-tile column)
@@ -60,13 +56,14 @@ def _finish(sch, gpu):
 
 
 def schedule_pit_matmul(sch, plan, target):
-    mr, mk = plan.micro_tile
+    """Schedule the SRead/SWrite-rewritten matmul of ``plan`` for ``target``."""
     if plan.kind == "rows":
         return (_gpu_rows if is_gpu(target) else _cpu_rows)(sch, plan)
     return (_gpu_tiles if is_gpu(target) else _cpu_tiles)(sch, plan)
 
 
 def schedule_dense_matmul(sch, target):
+    """The same schedule without the PIT stages (``plan=None``)."""
     return (_gpu_rows if is_gpu(target) else _cpu_rows)(sch, None)
 
 

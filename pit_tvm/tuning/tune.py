@@ -47,7 +47,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
