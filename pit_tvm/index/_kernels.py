@@ -83,6 +83,25 @@ def num_chunks(nf):
     return (nf + (CH - 1)) // CH
 
 
+def make_block_scan(st: LoopStrategy):
+    """``block_scan(sA, sB)``: in-place inclusive scan of ``sA[0:NT]`` by one CTA
+    (Hillis-Steele, ``sB`` is the double buffer); shared by every index pipeline."""
+    TX = st.tx
+
+    @T.macro
+    def block_scan(sA, sB):
+        for step in T.unroll(LOG_NT):
+            for tx in TX(NT):
+                if tx >= T.shift_left(1, step):
+                    sB[tx] = sA[tx] + sA[tx - T.shift_left(1, step)]
+                else:
+                    sB[tx] = sA[tx]
+            for tx in TX(NT):
+                sA[tx] = sB[tx]
+
+    return block_scan
+
+
 def make_pipeline(
     st: LoopStrategy,
     flag_fn: Callable,
@@ -105,17 +124,7 @@ def make_pipeline(
                 if tx < T.shift_right(NT // 2, step):
                     sA[tx] = sA[tx] + sA[tx + T.shift_right(NT // 2, step)]
 
-    @T.macro
-    def block_scan(sA, sB):
-        # in-place inclusive scan of sA[0:NT] (Hillis-Steele, sB is the double buffer)
-        for step in T.unroll(LOG_NT):
-            for tx in TX(NT):
-                if tx >= T.shift_left(1, step):
-                    sB[tx] = sA[tx] + sA[tx - T.shift_left(1, step)]
-                else:
-                    sB[tx] = sA[tx]
-            for tx in TX(NT):
-                sA[tx] = sB[tx]
+    block_scan = make_block_scan(st)
 
     @T.macro
     def chunk_count(src, NF, CNT):

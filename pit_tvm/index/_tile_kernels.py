@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ._kernels import LoopStrategy
+from ._kernels import NT, LoopStrategy, make_block_scan
 
 WPB = 8  # warps per flag CTA
-NTC = 256  # threads per compaction CTA
+NTC = NT  # threads per compaction CTA (the shared block scan's width)
 KC = 32  # flags per compaction thread
 LOG_NTC = 8
 CHC_MIN = NTC * KC
@@ -225,16 +225,7 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                     sA[tx] = sA[tx] + sA[tx + T.shift_right(NTC // 2, step)]
                     sB[tx] = sB[tx] + sB[tx + T.shift_right(NTC // 2, step)]
 
-    @T.macro
-    def block_scan(sA, sB):
-        for step in T.unroll(LOG_NTC):
-            for tx in TX(NTC):
-                if tx >= T.shift_left(1, step):
-                    sB[tx] = sA[tx] + sA[tx - T.shift_left(1, step)]
-                else:
-                    sB[tx] = sA[tx]
-            for tx in TX(NTC):
-                sA[tx] = sB[tx]
+    block_scan = make_block_scan(st)   # one CTA of NTC == NT threads
 
     @T.macro
     def count(FL, NF, CNT):
