@@ -38,9 +38,8 @@ zero-filled, rows ``count <= p < M`` read row 0 through the clamped id; neither 
 Zeroing of unlisted rows: complement scatter (see above), not a full zero-fill of C.
 
 cp.async is emitted by TVM's ``InjectPTXAsyncCopy`` pass, which only runs under the pass
-config ``tirx.use_async_copy``: build with :func:`build` here (``pit_tvm.target.build``
-inside that PassContext).  Without it the pipelined kernel is still correct, but the
-global->shared copies are synchronous.
+config ``tirx.use_async_copy``, which :func:`pit_tvm.target.build` sets for every CUDA build.
+Without it the pipelined kernel is still correct, but the global->shared copies are synchronous.
 """
 from __future__ import annotations
 

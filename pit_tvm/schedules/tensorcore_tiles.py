@@ -37,7 +37,7 @@ strip's compact positions in steps of BK:
 Requirements (``ValueError`` otherwise, see :func:`check_tiles_config`): fp16/bf16 in,
 ``mr in (16, 32, 64, 128)``, ``K % mk == 0``, ``K % BK == 0``, ``mk % BK == 0`` or ``BK % mk
 == 0``, ``N % BN == 0``.  M is free (rows past M of the last strip read row M-1, never stored).
-Build with :func:`pit_tvm.schedules.tensorcore.build` (cp.async needs ``tirx.use_async_copy``).
+Build with :func:`pit_tvm.target.build` (it turns on ``tirx.use_async_copy``, which cp.async needs).
 """
 from __future__ import annotations
 
