@@ -347,12 +347,14 @@ class DenseMatmul:
         return c if (out is not None or isinstance(a, tvm.runtime.Tensor)) else c.numpy()
 
 
-def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None, density_threshold=0.9):
+def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None, density_threshold=0.9,
+                    tuning_log=None):
     """Emit the PIT matmul of ``a @ b`` into a Relax ``BlockBuilder``; return the result expr.
 
     ``a``: ``[..., K]`` (leading dims symbolic or static, flattened to M rows), ``b``: ``[K, N]``
-    with static K, N. Emits ``call_tir`` of the index build, the device-side dense fallback
-    (in place on the index) and the PIT kernel; no value is read on the host.
+    with static K, N. Emits ``call_tir`` of the index build (which applies the device-side dense
+    fallback) and of the PIT kernel; no value is read on the host. ``tuning_log``:
+    a MetaSchedule log whose best schedule the tensor-core kernel uses (``pit-tvm tune``).
     """
     from tvm import relax
 
@@ -384,7 +386,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     index_gv = add(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold),
                    f"pit_index_{tag}{dens_tag}")
     if is_gpu(tgt):
-        kernel = tensor_core_kernel(plan, dtype, out_dtype, tgt)
+        kernel = tensor_core_kernel(plan, dtype, out_dtype, tgt, tuning_log)
         if kernel is None:
             # In a model the dense alternative is dlight's kernel; the SIMT PIT kernel only wins
             # at extreme sparsity, so without a tensor-core kernel the matmul stays dense.

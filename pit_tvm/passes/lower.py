@@ -11,7 +11,6 @@ If the op layer raises for one matmul, that matmul is emitted dense with a warni
 """
 from __future__ import annotations
 
-import inspect
 import warnings
 
 import tvm
@@ -39,7 +38,7 @@ class LowerToPIT:
     target : str | dict | tvm.target.Target
         Passed through to ``emit_pit_matmul`` (``"llvm"`` or ``"cuda"``).
     tuning_log : str | None
-        Passed to ``emit_pit_matmul`` as ``tuning_log=`` when it accepts that keyword.
+        MetaSchedule log passed to ``emit_pit_matmul`` (picks the tuned tensor-core schedule).
     emit : callable | None
         Replacement for ``pit_tvm.ops.matmul.emit_pit_matmul`` (same signature); for tests.
     """
@@ -54,15 +53,7 @@ class LowerToPIT:
         if not pit:
             return mod
         emit = self.emit or _default_emit()
-        extra = {}
-        if self.tuning_log is not None:
-            try:
-                if "tuning_log" in inspect.signature(emit).parameters:
-                    extra["tuning_log"] = self.tuning_log
-                else:
-                    warnings.warn("emit_pit_matmul takes no tuning_log; the tuning log is ignored")
-            except (TypeError, ValueError):
-                pass
+        extra = {} if self.tuning_log is None else {"tuning_log": self.tuning_log}
         target = self.target
 
         @relax.expr_functor.mutator
