@@ -12,9 +12,11 @@ epilogue into C). PIT is applied to it by the primitives in :mod:`pit_tvm.schedu
 
 The index is built on the device every call (:mod:`pit_tvm.index`); its count never leaves
 the device: grids and loops are worst-case sized and the iterations past the count exit at
-once (:func:`pit_tvm.schedules.sparse_access.lower_pit`). A device-side density check
-(``density_threshold``) selects between the PIT kernel and the dense kernel: both are launched,
-and the one not selected returns immediately.
+once (:func:`pit_tvm.schedules.sparse_access.lower_pit`). Above ``density_threshold`` of
+non-zero micro-tiles the index kernel itself lists every micro-tile, so the same kernel runs
+densely (decided on the device). On CUDA, fp16/bf16 plans use the tensor-core kernels
+(:mod:`pit_tvm.schedules.tensorcore`, :mod:`pit_tvm.schedules.tensorcore_tiles`) where a
+configuration fits, else the SIMT schedule.
 """
 from __future__ import annotations
 
