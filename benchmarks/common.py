@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import platform
 
 import numpy as np
@@ -132,6 +133,36 @@ def run_checked(mod, dev, inputs, shape, out_dtype, ref):
     if np.isnan(got).any():
         err = float("nan")
     return targs, err
+
+
+def kernel_split_us(fn, iters: int = 20) -> dict[str, float]:
+    """Mean device time per call of each CUDA kernel ``fn()`` launches, in µs, from
+    ``torch.profiler`` (CUPTI sees TVM's launches too); {} without torch."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        return {}
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" and ev.count:
+            out[ev.key] = ev.device_time_total / iters
+    return out
+
+
+def parse_tc_config(spec: str, cls):
+    """``"128x128x32w64x32s3"`` (block m x n x k, warp m x n, stages) -> ``cls(...)``."""
+    m = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)x(\d+)s(\d+)", spec)
+    if not m:
+        raise ValueError(f"config {spec!r}: expected BMxBNxBKwWMxWNsS, e.g. 128x128x32w64x32s3")
+    bm, bn, bk, wm, wn, st = (int(x) for x in m.groups())
+    return cls(block_m=bm, block_n=bn, block_k=bk, warp_m=wm, warp_n=wn, stages=st)
 
 
 def write_out_json(filename: str, results) -> None:

@@ -1,12 +1,16 @@
 """Probe the tensor-core PIT row-gather matmul (pit_tvm.schedules.tensorcore) on a CUDA GPU.
 
     python benchmarks/gpu_tc_probe.py [--size 4096] [--sparsity 0 0.5 0.9] [--number 20]
+                                      [--configs 128x128x32w64x32s3 ...] [--kernels]
+                                      [--split-k auto|off|both]
 
-For every config of ``valid_configs(K, N)``: build, check numerics against a float32 reference
+For every config of ``valid_configs(K, N)`` (or of ``--configs``): build, check numerics against a float32 reference
 (max relative error), time the kernel with ``time_evaluator`` (the whole PrimFunc: the
 complement zero-fill kernel + the matmul kernel) at M=K=N=size, fp16 in, fp16 out, rows of A
 zero at the given sparsities.  TF/s counts *useful* FLOPs only: 2 * count * K * N.  Also
-times torch.matmul (cuBLAS, dense) when torch is importable.  Prints a table; writes
+times torch.matmul (cuBLAS, dense) when torch is importable.  ``--kernels`` adds the device time of
+each kernel (zero-fill, matmul, split-K) from torch.profiler.  ``--split-k``: the workload with
+the split-K path of ``split_plan`` (auto, as ``sparse_matmul`` builds it), without it, or both.  Prints a table; writes
 ``$OUT/tc_probe.json`` when OUT is set.
 """
 from __future__ import annotations
@@ -21,18 +25,21 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (main_evaluator, main_module, evaluator_median_ms, row_sparse_inputs,  # noqa: E402
-                    run_checked, torch_matmul_ms, write_out_json)
+from common import (kernel_split_us, main_evaluator, main_module, evaluator_median_ms,  # noqa: E402
+                    parse_tc_config, row_sparse_inputs, run_checked, torch_matmul_ms,
+                    write_out_json)
 
 
 def main(argv=None):
     import tvm
 
     from pit_tvm.schedules.tensorcore import (
+        TensorCoreConfig,
         build,
         row_gather_matmul_func,
         schedule_row_gather_matmul,
         smem_bytes,
+        split_plan,
         valid_configs,
     )
 
@@ -42,6 +49,11 @@ def main(argv=None):
     p.add_argument("--number", type=int, default=20)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--out-dtype", default="float16")
+    p.add_argument("--configs", nargs="+", default=None,
+                   help="configs to probe instead of valid_configs, e.g. 128x128x32w64x32s3")
+    p.add_argument("--kernels", action="store_true",
+                   help="also report each kernel's device time (torch.profiler)")
+    p.add_argument("--split-k", choices=("auto", "off", "both"), default="auto")
     args = p.parse_args(argv)
     m = k = n = args.size
     dev = tvm.cuda(0)
@@ -61,13 +73,18 @@ def main(argv=None):
                "size": m, "out_dtype": args.out_dtype, "cublas_dense_ms": cublas,
                "cublas_dense_tflops": (2 * m * k * n / cublas / 1e9) if cublas else None,
                "rows": []}
-    func = row_gather_matmul_func(k, n, "float16", args.out_dtype)
     header = f"{'config':<44} {'smem':>6} {'sparsity':>8} {'ms':>9} {'TF/s':>7} {'relerr':>8}"
     print(header)
     print("-" * len(header))
-    for cfg in valid_configs(k, n, "float16"):
+    configs = ([parse_tc_config(c, TensorCoreConfig) for c in args.configs] if args.configs
+               else valid_configs(k, n, "float16"))
+    variants = {"auto": (True,), "off": (False,), "both": (False, True)}[args.split_k]
+    for cfg, with_split in ((c, v) for c in configs for v in variants):
+        split_k, split_rows = split_plan(k, n, cfg) if with_split else (1, 0)
+        func = row_gather_matmul_func(k, n, "float16", args.out_dtype, split_k=split_k,
+                                      split_rows=split_rows)
         name = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.warp_m}x{cfg.warp_n} "
-                f"s{cfg.stages}")
+                f"s{cfg.stages}" + (f" split{split_k}x{split_rows}" if split_k > 1 else ""))
         t0 = time.time()
         try:
             ex = build(schedule_row_gather_matmul(func, cfg), "cuda")
@@ -81,6 +98,7 @@ def main(argv=None):
         build_s = time.time() - t0
         for s, (a, b, off, ids) in data.items():
             row = {"config": cfg.as_dict(), "name": name, "sparsity": s,
+                   "split_k": split_k, "split_rows": split_rows,
                    "smem_bytes": smem_bytes(cfg), "build_s": build_s}
             try:
                 targs, err = run_checked(mod, dev, (a, b, off, ids), (m, n), args.out_dtype,
@@ -89,8 +107,13 @@ def main(argv=None):
                 useful = 2.0 * int(off[1]) * k * n
                 row.update(ms=ms, tflops=useful / ms / 1e9, max_rel_err=err,
                            speedup_vs_cublas=(cublas / ms) if cublas else None)
+                split = ""
+                if args.kernels:
+                    row["kernels_us"] = kernel_split_us(lambda: mod["main"](*targs))
+                    split = "  " + ", ".join(f"{kn[-8:]} {us:.1f}us"
+                                             for kn, us in row["kernels_us"].items())
                 print(f"{name:<44} {smem_bytes(cfg) // 1024:>5}K {s:>8.2f} {ms:>9.4f} "
-                      f"{row['tflops']:>7.1f} {err:>8.1e}")
+                      f"{row['tflops']:>7.1f} {err:>8.1e}{split}")
             except Exception as e:  # noqa: BLE001
                 traceback.print_exc()
                 row["error"] = repr(e)

@@ -19,6 +19,8 @@ from pit_tvm.schedules.tensorcore import (
     row_gather_matmul_func,
     schedule_row_gather_matmul,
     smem_bytes,
+    split_config,
+    split_plan,
     valid_configs,
 )
 from pit_tvm.target import build as target_build
@@ -32,12 +34,16 @@ def _np_dtype(dtype: str):
     return np.dtype(dtype)
 
 
-def make_inputs(m, k, n, sparsity, in_dtype="float16", bias=False, seed=0):
-    """A with a fraction ``sparsity`` of all-zero rows, B, the (offsets, ids) index, bias."""
+def make_inputs(m, k, n, sparsity, in_dtype="float16", bias=False, seed=0, count=None):
+    """A with a fraction ``sparsity`` of all-zero rows (or exactly ``count`` non-zero rows),
+    B, the (offsets, ids) index, bias."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
     nz = rng.random(m) >= sparsity
-    if sparsity >= 1.0:
+    if count is not None:
+        nz[:] = False
+        nz[rng.choice(m, count, replace=False)] = True
+    elif sparsity >= 1.0:
         nz[:] = False
     elif sparsity <= 0.0:
         nz[:] = True
@@ -79,8 +85,9 @@ def run(ex, dev, a, b, offsets, ids, bias, out_dtype, fill=7.0):
 # CPU: the unscheduled workload
 # ---------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def _cpu_exe(k, n, in_dtype, out_dtype, bias, relu):
-    f = row_gather_matmul_func(k, n, in_dtype, out_dtype, bias=bias, relu=relu)
+def _cpu_exe(k, n, in_dtype, out_dtype, bias, relu, split_k=1, split_rows=0):
+    f = row_gather_matmul_func(k, n, in_dtype, out_dtype, bias=bias, relu=relu,
+                               split_k=split_k, split_rows=split_rows)
     return target_build(tvm.IRModule({"main": f}), "llvm")
 
 
@@ -117,6 +124,38 @@ def test_unscheduled_ignores_rows_past_count():
     np.testing.assert_allclose(got, reference(a, b, ids, offsets), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("count", [0, 1, 15, 16, 17, 29])
+@pytest.mark.parametrize("bias_relu", [False, True])
+def test_unscheduled_split_k_cpu_numerics(count, bias_relu):
+    """The split-K path (count <= split_rows = 16) and the full-K path (count > 16) give
+    the same rows, and only listed rows are written."""
+    m, k, n = 29, 64, 48
+    ex = _cpu_exe(k, n, "float16", "float32", bias_relu, bias_relu, 4, 16)
+    a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.0, "float16", bias_relu, seed=count,
+                                             count=count)
+    got = run(ex, tvm.cpu(), a, b, offsets, ids, bias_v, "float32")
+    ref = reference(a, b, ids, offsets, bias_v, bias_relu)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    unlisted = np.setdiff1d(np.arange(m), ids[: offsets[1]])
+    assert np.all(got[unlisted] == 0)
+
+
+def test_split_plan():
+    """Hand-computed for the H100 target of 132 SMs: N=4096 with 128-wide CTA tiles has 32
+    N tiles, so the full-K grid fills at most one CTA per SM up to 4 row tiles (512 rows);
+    4 K slices give 4 x 4 x 32 = 512 <= 4 x 132 CTAs (8 would give 1024)."""
+    cfg = TensorCoreConfig()
+    assert split_config(cfg, 4096, 4096) == TensorCoreConfig(block_k=64, stages=4)
+    assert split_plan(4096, 4096, cfg) == (4, 512)
+    # N=768: 6 N tiles -> 22 row tiles (2816 rows); 8 slices = 1056 > 528 CTAs, 4 = 528
+    assert split_plan(4096, 768, cfg) == (4, 22 * 128)
+    # K too short for 2 slices of 4 stages of 64 (nor of the 32-deep config's 3 stages x 2)
+    assert split_plan(128, 4096, cfg) == (1, 0)
+    # a config whose deep variant does not fit keeps its own K tile
+    assert split_config(TensorCoreConfig(block_m=256, block_n=256, warp_m=64, warp_n=64,
+                                         block_k=32, stages=2), 4096, 4096).block_k == 32
+
+
 # ---------------------------------------------------------------------------------------
 # CUDA builds (no GPU needed): TVM codegen + nvcc for sm_80 and sm_90
 # ---------------------------------------------------------------------------------------
@@ -146,6 +185,27 @@ def test_cuda_build(in_dtype, out_dtype, bias, relu, cfg):
         assert "cp.async.cg" not in src
     assert "OFF_ptr[1]" in src              # count read on the device (early exit, SWrite guard)
     assert "extern __shared__" in src       # dynamic shared memory
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 2
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype,bias,relu", [
+    ("float16", "float16", False, False), ("bfloat16", "float32", True, True)])
+def test_cuda_build_split_k(in_dtype, out_dtype, bias, relu):
+    """The workload with the split-K path: four kernels (zero fill, full-K, split-K, sum),
+    the two matmul paths guarded on the device by count against split_rows."""
+    k, n = 1024, 256
+    cfg = TensorCoreConfig()
+    sk, rows = split_plan(k, n, cfg, in_dtype)
+    assert sk > 1
+    func = schedule_row_gather_matmul(row_gather_matmul_func(
+        k, n, in_dtype, out_dtype, bias=bias, relu=relu, split_k=sk, split_rows=rows), cfg)
+    ex = build(func, "cuda")
+    src = "\n".join(m.inspect_source("cuda") for m in ex.mod.imports)
+    assert src.count("__global__") == 8          # 4 declarations + 4 definitions
+    assert f"({rows} < OFF_ptr[1])" in src and f"(OFF_ptr[1] <= {rows})" in src
+    assert "Part_ptr" in src and "blockIdx.z" in src
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 2
@@ -207,6 +267,31 @@ def test_gpu_numerics(sparsity, in_dtype, out_dtype, bias, relu, cfg):
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * max(1.0, np.abs(ref).max()))
     unlisted = np.setdiff1d(np.arange(m), ids[: offsets[1]])
     assert np.all(got[unlisted] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype,out_dtype,bias,relu", [
+    ("float16", "float16", False, False), ("bfloat16", "float32", True, True),
+    ("float16", "float32", True, False)])
+def test_gpu_split_k_numerics(in_dtype, out_dtype, bias, relu):
+    """Counts on both sides of split_rows, M not a multiple of any tile: the split-K path
+    below, the full-K path above, every unlisted row zero, nothing left unwritten."""
+    m, k, n = 1000, 1024, 4096
+    cfg = TensorCoreConfig()
+    sk, rows = split_plan(k, n, cfg, in_dtype)
+    assert rows < m
+    func = schedule_row_gather_matmul(row_gather_matmul_func(
+        k, n, in_dtype, out_dtype, bias=bias, relu=relu, split_k=sk, split_rows=rows), cfg)
+    ex = build(func, "cuda")
+    tol = {"float32": 2e-3, "float16": 1e-2, "bfloat16": 3e-2}[out_dtype]
+    for count in (0, 1, 37, min(rows, m) - 1, min(rows, m), min(rows + 1, m), m):
+        a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.0, in_dtype, bias, seed=count,
+                                                 count=count)
+        got = run(ex, tvm.cuda(0), a, b, offsets, ids, bias_v, out_dtype, fill=np.nan)
+        ref = reference(a, b, ids, offsets, bias_v, relu)
+        assert not np.isnan(got).any(), f"count={count}: rows left unwritten"
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * max(1.0, np.abs(ref).max()),
+                                   err_msg=f"count={count}")
 
 
 @pytest.mark.gpu

@@ -114,12 +114,15 @@ def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, tuning_log=Non
         if tuned is not None:
             return tuned
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
-                                              valid_configs)
+                                              split_plan, valid_configs)
 
     configs = valid_configs(k, n, dtype)
     if not configs:
         return None
-    return schedule_row_gather_matmul(row_gather_matmul_func(k, n, dtype, out_dtype), configs[0])
+    split_k, split_rows = split_plan(k, n, configs[0], dtype)
+    return schedule_row_gather_matmul(
+        row_gather_matmul_func(k, n, dtype, out_dtype, split_k=split_k, split_rows=split_rows),
+        configs[0])
 
 
 def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,

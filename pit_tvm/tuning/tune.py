@@ -55,6 +55,7 @@ from pit_tvm.schedules.tensorcore import (
     IN_DTYPES,
     TensorCoreConfig,
     row_gather_matmul_func,
+    split_plan,
     schedule_row_gather_matmul,
 )
 from pit_tvm.target import make_target
@@ -416,7 +417,10 @@ def load_best(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
     if best is None:
         return None
     arch = _space._arch_of_str(_space._arch_of(make_target(target)))
-    func = row_gather_matmul_func(k, n, dtype, out_dtype or dtype, bias=bias, relu=relu)
+    # the tuned tile config also drives the split-K path for few rows (tuned at one M)
+    split_k, split_rows = split_plan(k, n, best.config, dtype, arch)
+    func = row_gather_matmul_func(k, n, dtype, out_dtype or dtype, bias=bias, relu=relu,
+                                  split_k=split_k, split_rows=split_rows)
     try:
         sched = schedule_row_gather_matmul(func, best.config, arch)
     except Exception as err:  # noqa: BLE001
