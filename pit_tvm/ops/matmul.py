@@ -204,6 +204,33 @@ def dense_matmul_func(k: int, n: int, dtype: str, out_dtype: str, target) -> tir
     return schedule_dense_matmul(sch, target)
 
 
+def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_threshold,
+                         tuning_log):
+    """The executable of :class:`SparseMatmul`: a Relax ``main(a[M, k], b[k, n]) -> c`` made by
+    :func:`emit_pit_matmul` (the graph the compiler emits for a model), plus the names of
+    its index and kernel PrimFuncs."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    m = tirx.Var("m", "int64")
+    a = relax.Var("a", relax.TensorType([m, k], dtype))
+    b = relax.Var("b", relax.TensorType([k, n], dtype))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            c = emit_pit_matmul(bb, a, b, micro_tile=micro_tile, target=target,
+                                out_dtype=out_dtype, density_threshold=density_threshold,
+                                tuning_log=tuning_log, tensor_core_only=False)
+            out = bb.emit_output(c)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    names = {}
+    for gv in mod.functions:
+        for key, prefix in (("index", "pit_index_"), ("kernel", "pit_kernel_")):
+            if gv.name_hint.startswith(prefix):
+                names[key] = gv.name_hint
+    return build(mod, target), names
+
+
 class SparseMatmul:
     """``C = A @ B`` with A dynamically sparse; compiled once, the index built every call.
 
@@ -227,21 +254,16 @@ class SparseMatmul:
         self.target = make_target(target)
         self.device = device_for(self.target)
         self.density_threshold = density_threshold
-        from pit_tvm.index import tile_index_func
-
-        mr, mc = self.plan.index_micro_tile
-        funcs = {
-            # the dense fallback (density_threshold) is decided inside the index kernels
-            "pit_index": tile_index_func(self.k, (mr, mc), self.plan.index_group, self.dtype, self.target,
-                                         density_threshold=density_threshold)
-            .with_attr("global_symbol", "pit_index"),
-            "pit_matmul": pit_matmul_func(self.k, self.n, self.dtype, self.out_dtype, self.micro_tile, self.target,
-                                          tuning_log).with_attr("global_symbol", "pit_matmul"),
-        }
-        self.executable = build(tvm.IRModule(funcs), self.target)
-        self._index = self.executable["pit_index"]
-        self._kernel = self.executable["pit_matmul"]
-        self._workspace = {}   # row count -> (offsets, ids): no device allocation per call
+        self.executable, names = _build_sparse_matmul(
+            self.k, self.n, self.dtype, self.out_dtype, self.micro_tile, self.target,
+            density_threshold, tuning_log)
+        # op(a, b): one call of the Relax function (index + kernel), whose index and C come
+        # from the VM's pooled allocator: no cudaMalloc, and no cudaFree (which synchronises
+        # the device) per call.  op(a, b, out=C) and op.index(a) call the two kernels directly.
+        self._main = None      # the VM needs the device: made on the first call
+        self._index = self.executable[names["index"]]
+        self._kernel = self.executable[names["kernel"]]
+        self._workspace = {}   # row count -> (offsets, ids) for index() and out=
 
     # -- tensors in and out ---------------------------------------------------------
     def _as_tensor(self, x, name, shape_check):
@@ -282,16 +304,6 @@ class SparseMatmul:
         self._workspace[m] = buffers
         return buffers
 
-    def _output(self, a, m):
-        """C: from torch's caching allocator when A is a torch tensor, else a TVM tensor."""
-        if not isinstance(a, (np.ndarray, tvm.runtime.Tensor)) and type(a).__module__.startswith("torch"):
-            import torch
-
-            c = torch.empty((m, self.n), dtype=getattr(torch, self.out_dtype), device=a.device)
-            return c, tvm.runtime.from_dlpack(c)
-        c = tvm.runtime.empty((m, self.n), self.out_dtype, self.device)
-        return c, c
-
     def index(self, a):
         """Build the index of ``a`` on the device: ``(offsets, ids)``, CSR by group.
 
@@ -305,16 +317,22 @@ class SparseMatmul:
     def __call__(self, a, b, out=None):
         a_t = self._as_tensor(a, "A", self._check_a)
         b_t = self._as_tensor(b, "B", self._check_b)
-        m = int(a_t.shape[0])
-        offsets, ids = self._index_buffers(m)
-        self._index(a_t, offsets, ids)
         if out is not None:
+            offsets, ids = self._index_buffers(int(a_t.shape[0]))
+            self._index(a_t, offsets, ids)
             self._kernel(a_t, b_t, offsets, ids, out)
             return out
-        c, c_t = self._output(a, m)
-        self._kernel(a_t, b_t, offsets, ids, c_t)
-        if isinstance(a, tvm.runtime.Tensor) or c is not c_t:
-            return c            # a TVM tensor, or the torch tensor C was allocated as
+        if self._main is None:
+            from tvm import relax
+
+            self._main = relax.VirtualMachine(self.executable, self.device)["main"]
+        c = self._main(a_t, b_t)
+        if isinstance(a, tvm.runtime.Tensor):
+            return c
+        if type(a).__module__.startswith("torch"):
+            import torch
+
+            return torch.from_dlpack(c)
         return c.numpy()
 
 
@@ -353,13 +371,15 @@ class DenseMatmul:
 
 
 def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None, density_threshold=0.9,
-                    tuning_log=None):
+                    tuning_log=None, tensor_core_only=True):
     """Emit the PIT matmul of ``a @ b`` into a Relax ``BlockBuilder``; return the result expr.
 
     ``a``: ``[..., K]`` (leading dims symbolic or static, flattened to M rows), ``b``: ``[K, N]``
     with static K, N. Emits ``call_tir`` of the index build (which applies the device-side dense
     fallback) and of the PIT kernel; no value is read on the host. ``tuning_log``:
     a MetaSchedule log whose best schedule the tensor-core kernel uses (``pit-tvm tune``).
+    ``tensor_core_only`` (CUDA): raise ValueError when no tensor-core kernel fits (a model
+    then keeps the dense dlight kernel); False takes the SIMT PIT kernel instead.
     """
     from tvm import relax
 
@@ -392,6 +412,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                    f"pit_index_{tag}{dens_tag}")
     if is_gpu(tgt):
         kernel = tensor_core_kernel(plan, dtype, out_dtype, tgt, tuning_log)
+        if kernel is None and not tensor_core_only:
+            kernel = pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt)
         if kernel is None:
             # In a model the dense alternative is dlight's kernel; the SIMT PIT kernel only wins
             # at extreme sparsity, so without a tensor-core kernel the matmul stays dense.
