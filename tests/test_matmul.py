@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import pit_tvm
-from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
 from pit_tvm.ops.matmul import DenseMatmul
 
 K, N = 96, 80                       # N and (for 64-wide tiles) K do not divide the tiles
@@ -101,6 +101,33 @@ def test_bad_input_errors():
 def test_cuda_codegen_compiles_with_nvcc(micro_tile):
     op = op_for(micro_tile, "float16", "cuda")
     assert check_cuda_compiles(op.executable, archs=("sm_80", "sm_90")) >= 2
+
+
+def test_thin_micro_tile_runs_on_tensor_cores_as_16_row_cover():
+    """On CUDA a 1x64 micro-tile (thinner than an mma tile) is indexed and computed as
+    16x64 tiles by the tensor-core tiles kernel; on the CPU it stays 1x64."""
+    op = pit_tvm.sparse_matmul(256, 128, "float16", micro_tile=(1, 64), target="cuda")
+    assert op.micro_tile == (1, 64) and op.kernel_plan.micro_tile == (16, 64)
+    assert "mma.sync" in "\n".join(cuda_sources(op.executable))
+    # the CPU, fp32 (SIMT) and tile-unaligned N keep the requested micro-tile
+    assert op_for((1, 64), "float16").kernel_plan.micro_tile == (1, 64)
+    assert op_for((1, 64), "float16", "cuda").kernel_plan.micro_tile == (1, 64)     # N=80
+    assert pit_tvm.sparse_matmul(256, 128, "float32", micro_tile=(1, 64),
+                                 target="cuda").kernel_plan.micro_tile == (1, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_thin_micro_tile_cover_matches_numpy(dtype):
+    rng = np.random.default_rng(5)
+    k, n = 256, 128
+    op = pit_tvm.sparse_matmul(k, n, dtype, micro_tile=(1, 64), target="cuda")
+    for m, sparsity in ((300, 0.0), (300, 0.9), (77, 0.99), (64, 1.0), (33, 0.5)):
+        mask = rng.random((m, k // 64)) >= sparsity
+        a = (rng.standard_normal((m, k)) * np.kron(mask, np.ones((1, 64)))).astype(NP_DTYPE[dtype])
+        b = rng.standard_normal((k, n)).astype(NP_DTYPE[dtype])
+        np.testing.assert_allclose(op(a, b).astype(np.float32), reference(a, b, dtype),
+                                   rtol=TOL[dtype], atol=TOL[dtype] * 8)
 
 
 @pytest.mark.gpu

@@ -144,6 +144,23 @@ def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, t
         tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype), configs[0], arch)
 
 
+#: rows of the thinnest strip the tensor-core tiles kernel takes (one m16n8k16 tile)
+TC_MIN_STRIP = 16
+
+
+def tensor_core_plan(plan: MatmulPlan) -> MatmulPlan | None:
+    """The plan a tensor-core kernel runs for ``plan``: itself, or for a tiles micro-tile
+    thinner than an mma tile (e.g. 1x64) the ``16 x mk`` cover of it (a 16-row strip's
+    k-tile is listed when any of its rows' micro-tiles is non-zero: more zeros computed,
+    same result); None for whole rows of more than one row."""
+    mr, mk = plan.micro_tile
+    if plan.kind == "rows":
+        return plan if mr == 1 else None
+    if mr < TC_MIN_STRIP and TC_MIN_STRIP % mr == 0:
+        return MatmulPlan(plan.k, plan.n, (TC_MIN_STRIP, mk))
+    return plan
+
+
 def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tuning_log=None):
     """The tensor-core PIT kernel for ``plan`` on CUDA, or None (CPU, fp32, unsupported shape)."""
     if not is_gpu(target):
@@ -224,10 +241,12 @@ def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_thr
         bb.emit_func_output(out)
     mod = bb.get()
     names = {}
-    for gv in mod.functions:
+    for gv, func in mod.functions.items():
         for key, prefix in (("index", "pit_index_"), ("kernel", "pit_kernel_")):
             if gv.name_hint.startswith(prefix):
                 names[key] = gv.name_hint
+        if gv.name_hint.startswith("pit_kernel_"):
+            names["micro_tile"] = tuple(int(x) for x in func.attrs["pit.micro_tile"])
     return build(mod, target), names
 
 
@@ -261,6 +280,9 @@ class SparseMatmul:
         # from the VM's pooled allocator: no cudaMalloc, and no cudaFree (which synchronises
         # the device) per call.  op(a, b, out=C) and op.index(a) call the two kernels directly.
         self._main = None      # the VM needs the device: made on the first call
+        # the index and kernel work on this plan's micro-tile: the requested one, or on CUDA
+        # the tensor-core cover of a thinner one (tensor_core_plan)
+        self.kernel_plan = MatmulPlan(self.k, self.n, names["micro_tile"])
         self._index = self.executable[names["index"]]
         self._kernel = self.executable[names["kernel"]]
         self._workspace = {}   # row count -> (offsets, ids) for index() and out=
@@ -296,7 +318,7 @@ class SparseMatmul:
         allocation (and its free, which synchronises) per call would sit on the hot path."""
         if m in self._workspace:
             return self._workspace[m]
-        groups, capacity = self.plan.index_sizes(m)
+        groups, capacity = self.kernel_plan.index_sizes(m)
         buffers = (tvm.runtime.empty((groups + 1,), "int32", self.device),
                    tvm.runtime.empty((capacity,), "int32", self.device))
         if len(self._workspace) >= self.WORKSPACE_SLOTS:
@@ -400,18 +422,14 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         m = m * (d if str(d.ty.dtype) == "int64" else tirx.Cast("int64", d))
     a2 = bb.emit(relax.op.reshape(a, [m, k])) if len(lead) != 1 else a
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
-    mr, mc = plan.index_micro_tile
-    groups, capacity = plan.index_sizes(m)
     tgt = make_target(target)
-    tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
-    def add(func, name):
-        return bb.add_func(func.with_attr("global_symbol", name), name)
-
-    dens_tag = "" if density_threshold is None else f"_d{int(round(float(density_threshold) * 1000))}"
-    index_gv = add(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold),
-                   f"pit_index_{tag}{dens_tag}")
     if is_gpu(tgt):
-        kernel = tensor_core_kernel(plan, dtype, out_dtype, tgt, tuning_log)
+        kernel = None
+        tc_plan = tensor_core_plan(plan)
+        if tc_plan is not None:
+            kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log)
+            if kernel is not None:
+                plan = tc_plan            # the index is built for the kernel's micro-tile
         if kernel is None and not tensor_core_only:
             kernel = pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt)
         if kernel is None:
@@ -421,7 +439,19 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                              f"{plan.micro_tile[0]}x{plan.micro_tile[1]} (needs fp16/bf16 and tile-aligned K, N)")
     else:
         kernel = pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt)
-    kernel_gv = add(kernel, f"pit_kernel_{tag}")
+    mr, mc = plan.index_micro_tile
+    groups, capacity = plan.index_sizes(m)
+    tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
+
+    def add(func, name):
+        return bb.add_func(func.with_attr("global_symbol", name), name)
+
+    dens_tag = "" if density_threshold is None else f"_d{int(round(float(density_threshold) * 1000))}"
+    index_gv = add(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold),
+                   f"pit_index_{tag}{dens_tag}")
+    # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
+    kernel_gv = add(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile]),
+                    f"pit_kernel_{tag}")
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
     index = bb.emit(relax.call_tir(index_gv, [a2], index_ty))
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
