@@ -2,8 +2,10 @@
 
 Pipeline: :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's transposed weights
 become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` ->
-:class:`~pit_tvm.passes.LowerToPIT` -> ``DeadCodeElimination`` -> :func:`pit_tvm.target.build`
-(``tvm.compile``; on CUDA it applies the dlight default schedules to the dense operators).
+:class:`~pit_tvm.passes.LowerToPIT` -> :class:`~pit_tvm.passes.DenseMatmulToTensorCores` (CUDA:
+the remaining fp16/bf16 matmuls on the PIT kernels' tensor-core tiles) -> ``DeadCodeElimination``
+-> :func:`pit_tvm.target.build` (``tvm.compile``; on CUDA it applies the dlight default schedules
+to the other operators).
 
 ``CompiledModel.export(path)`` writes the library ``path`` plus ``path + ".json"`` (input names,
 dtypes, shapes, output names, target, annotations), which :func:`pit_tvm.runtime.load` reads.
@@ -19,6 +21,7 @@ import tvm
 from tvm import relax
 
 from .passes.annotate import AnnotateDynamicSparsity, annotations_of
+from .passes.dense import DenseMatmulToTensorCores
 from .passes.frontend import import_onnx, load_model
 from .passes.lower import LowerToPIT
 from .runtime.loader import flatten_outputs
@@ -117,6 +120,8 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True) 
             if n.get("status") == "pit":
                 n["status"] = "dense"
                 n["reason"] += "; op layer unavailable"
+    # dense matmuls on the PIT kernels' tensor-core tiles (CUDA; PIT-off builds too)
+    lowered = DenseMatmulToTensorCores(tgt)(lowered)
     lowered = relax.transform.DeadCodeElimination()(lowered)
     ex = build(lowered, tgt)
     init = {t.name for t in proto.graph.initializer}

@@ -221,3 +221,98 @@ def test_lower_with_op_layer_matches_onnxruntime():
     for b in (1, 9):
         x = RNG.standard_normal((b, 64)).astype("float32")
         np.testing.assert_allclose(cm.run({"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-4, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- dense matmuls on tensor cores
+def fp16_mlp(k=128, hidden=256, n=128):
+    """x[batch, seq, k] -MatMul-> h -Relu-> hidden -MatMul-> y, fp16, tile-aligned widths."""
+    return _model(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hidden"]),
+         helper.make_node("MatMul", ["hidden", "w2"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", "seq", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", "seq", n])],
+        {"w1": (RNG.standard_normal((k, hidden)) / np.sqrt(k)).astype("float16"),
+         "w2": (RNG.standard_normal((hidden, n)) / np.sqrt(hidden)).astype("float16")})
+
+
+def _tc_dense_funcs(mod):
+    return sorted(gv.name_hint for gv in mod.get_global_vars() if gv.name_hint.startswith("tc_dense_matmul"))
+
+
+def test_dense_matmuls_on_tensor_cores_for_cuda():
+    """PIT off: both matmuls on the tensor-core dense kernel; PIT on (relu source): the first
+    stays dense on tensor cores, the second is the PIT kernel. The CUDA compiles with nvcc."""
+    from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
+
+    off = compile_onnx(fp16_mlp(), "cuda", auto=False)
+    assert _tc_dense_funcs(off.lowered) == ["tc_dense_matmul_k128_n256_float16_float16",
+                                            "tc_dense_matmul_k256_n128_float16_float16"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on = compile_onnx(fp16_mlp(), "cuda")
+    assert _tc_dense_funcs(on.lowered) == ["tc_dense_matmul_k128_n256_float16_float16"]
+    assert any(gv.name_hint.startswith("pit_kernel_") for gv in on.lowered.get_global_vars())
+    assert "mma.sync" in "\n".join(cuda_sources(off.executable))
+    if find_nvcc() is not None:
+        assert check_cuda_compiles(off.executable, archs=("sm_90",)) >= 1
+
+
+def test_dense_tensor_core_pass_leaves_what_it_cannot_take():
+    """CPU target: no-op. CUDA: fp32 matmuls and a batched (runtime 3-D) right operand stay."""
+    from pit_tvm.passes import DenseMatmulToTensorCores
+
+    mod = relax.transform.FoldConstant()(import_onnx(fp16_mlp()))
+    assert DenseMatmulToTensorCores("llvm")(mod).same_as(mod)
+    for model in (relu_mlp(), batched_rhs_model()):
+        m = relax.transform.FoldConstant()(import_onnx(model))
+        assert _tc_dense_funcs(DenseMatmulToTensorCores("cuda")(m)) == []
+
+
+def test_dense_matmul_workload_cpu_numerics():
+    """The unscheduled dense workload (what the tensor-core schedule computes) on llvm."""
+    from pit_tvm.schedules.tensorcore import dense_matmul_func
+    from pit_tvm.target import build
+
+    ex = build(tvm.IRModule({"main": dense_matmul_func(64, 48, "float16", "float32")}), "llvm")
+    for m in (1, 37):
+        a = RNG.standard_normal((m, 64)).astype("float16")
+        b = RNG.standard_normal((64, 48)).astype("float16")
+        c = tvm.runtime.empty((m, 48), "float32")
+        ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
+        np.testing.assert_allclose(c.numpy(), a.astype("float32") @ b.astype("float32"), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype,out_dtype", [("float16", "float16"), ("bfloat16", "float32")])
+def test_gpu_dense_tensor_core_kernel(in_dtype, out_dtype):
+    import ml_dtypes
+
+    from pit_tvm.schedules.tensorcore import (TensorCoreConfig, dense_matmul_func,
+                                              schedule_dense_matmul)
+    from pit_tvm.target import build
+
+    np_in = ml_dtypes.bfloat16 if in_dtype == "bfloat16" else np.float16
+    k, n = 512, 256
+    ex = build(tvm.IRModule({"main": schedule_dense_matmul(
+        dense_matmul_func(k, n, in_dtype, out_dtype), TensorCoreConfig())}), "cuda")
+    dev = tvm.cuda(0)
+    for m in (1, 300, 1000):
+        a = RNG.standard_normal((m, k)).astype(np_in)
+        b = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np_in)
+        c = tvm.runtime.empty((m, n), out_dtype, dev)
+        ex["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
+        ref = a.astype(np.float32) @ b.astype(np.float32)
+        np.testing.assert_allclose(c.numpy().astype(np.float32), ref, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_mlp_pit_and_dense_match_onnxruntime():
+    model = fp16_mlp()
+    x = RNG.standard_normal((3, 50, 128)).astype("float16")
+    ref = ort_run(model, {"x": x})[0].astype(np.float32)
+    for auto in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cm = compile_onnx(model, "cuda", auto=auto)
+        got = cm.run({"x": x})[0].astype(np.float32)
+        np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())

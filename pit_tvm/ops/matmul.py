@@ -459,3 +459,45 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     if len(lead) != 1:
         c = bb.emit(relax.op.reshape(c, lead + [n]))
     return c
+
+
+def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None):
+    """Emit ``a @ b`` on the tensor-core dense kernel (:func:`pit_tvm.schedules.tensorcore.
+    schedule_dense_matmul`, the PIT kernels' tiles) into a Relax ``BlockBuilder``; return the
+    result expr, or None when it does not apply (not CUDA, not fp16/bf16, ``b`` not a static
+    2-D tensor, or no tile config fits K, N): the caller keeps its matmul then."""
+    from tvm import relax
+
+    from pit_tvm.schedules.tensorcore import (IN_DTYPES, OUT_DTYPES, dense_matmul_func,
+                                              schedule_dense_matmul, valid_configs)
+
+    if not is_gpu(make_target(target)):
+        return None
+    a_ty, b_ty = a.ty, b.ty
+    if not isinstance(a_ty, relax.TensorType) or not isinstance(b_ty, relax.TensorType):
+        return None
+    if a_ty.shape is None or b_ty.shape is None or len(b_ty.shape) != 2 or len(a_ty.shape) < 2:
+        return None
+    if not all(isinstance(d, tirx.IntImm) for d in b_ty.shape):
+        return None
+    k, n = (int(d) for d in b_ty.shape)
+    dtype, out_dtype = str(a_ty.dtype), str(out_dtype or a_ty.dtype)
+    last = a_ty.shape[-1]
+    if (dtype not in IN_DTYPES or str(b_ty.dtype) != dtype or out_dtype not in OUT_DTYPES
+            or not isinstance(last, tirx.IntImm) or int(last) != k):
+        return None
+    configs = valid_configs(k, n, dtype)
+    if not configs:
+        return None
+    lead = list(a_ty.shape)[:-1]
+    m = tirx.const(1, "int64")
+    for d in lead:
+        m = m * (d if str(d.ty.dtype) == "int64" else tirx.Cast("int64", d))
+    a2 = bb.emit(relax.op.reshape(a, [m, k])) if len(lead) != 1 else a
+    kernel = schedule_dense_matmul(dense_matmul_func(k, n, dtype, out_dtype), configs[0])
+    name = f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
+    gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
+    c = bb.emit(relax.call_tir(gv, [a2, b], relax.TensorType([m, n], out_dtype)))
+    if len(lead) != 1:
+        c = bb.emit(relax.op.reshape(c, lead + [n]))
+    return c

@@ -1,11 +1,13 @@
 """Relax passes: find dynamic sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels
-(``LowerToPIT``); ``import_onnx`` imports ONNX keeping tensor names. Compiler-side only."""
+(``LowerToPIT``), put the dense matmuls on tensor cores on CUDA (``DenseMatmulToTensorCores``);
+``import_onnx`` imports ONNX keeping tensor names. Compiler-side only."""
 from importlib import import_module
 
 _PUBLIC = {
     "AnnotateDynamicSparsity": "pit_tvm.passes.annotate",
     "annotations_of": "pit_tvm.passes.annotate",
     "LowerToPIT": "pit_tvm.passes.lower",
+    "DenseMatmulToTensorCores": "pit_tvm.passes.dense",
     "import_onnx": "pit_tvm.passes.frontend",
 }
 

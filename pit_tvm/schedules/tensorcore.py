@@ -61,6 +61,10 @@ __all__ = [
     "TensorCoreConfig",
     "row_gather_matmul_func",
     "schedule_row_gather_matmul",
+    "dense_matmul_func",
+    "schedule_dense_matmul",
+    "split_plan",
+    "split_config",
     "valid_configs",
     "add_early_exit",
     "apply_row_gather_schedule",
@@ -661,6 +665,72 @@ def apply_row_gather_schedule(sch: s_tir.Schedule, config: TensorCoreConfig,
     if split is not None:
         sch.annotate(p0, COUNT_GT_ATTR, split[1])
         _schedule_split_k(sch, small, n, k, split, names, vec)
+
+
+# --------------------------------------------------------------------------------------
+# The dense kernel with the same tiles (unannotated matmuls of a model on CUDA)
+# --------------------------------------------------------------------------------------
+def dense_matmul_func(k: int, n: int, in_dtype: str = "float16",
+                      out_dtype: str = "float16") -> tirx.PrimFunc:
+    """``C[M, n] = A[M, k] @ B[k, n]`` (fp32 accumulation, M symbolic): the dense matmul that
+    :func:`schedule_dense_matmul` puts on the same tensor-core tiles as the PIT kernels, so a
+    model's dense layers do not fall back to dlight's SIMT kernel (~80 TF/s on the H100)."""
+    _check_dtypes(in_dtype, out_dtype)
+    K, N = int(k), int(n)
+
+    @T.prim_func(s_tir=True)
+    def func(a: T.handle, b: T.handle, c: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        M = T.int64()
+        A = T.match_buffer(a, (M, K), in_dtype)
+        B = T.match_buffer(b, (K, N), in_dtype)
+        C = T.match_buffer(c, (M, N), out_dtype)
+        with T.sblock("root"):
+            Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
+            for p, j, kk in T.grid(T.Cast("int32", M), N, K):
+                with T.sblock("matmul"):
+                    vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
+                    with T.init():
+                        Acc[vp, vj] = T.float32(0)
+                    Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", A[vp, vk]) * T.Cast(
+                        "float32", B[vk, vj])
+            for p, j in T.grid(T.Cast("int32", M), N):
+                with T.sblock("store"):
+                    vp, vj = T.axis.remap("SS", [p, j])
+                    C[vp, vj] = _epilogue(Acc[vp, vj], None, False, out_dtype)
+
+    return func.with_attr("pit.workload", f"dense_matmul_k{K}_n{N}_{in_dtype}_{out_dtype}")
+
+
+def schedule_dense_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
+                          arch: str = "sm_90") -> tirx.PrimFunc:
+    """:func:`dense_matmul_func` on tensor cores: the full-K kernel of
+    :func:`schedule_row_gather_matmul` without the gather and the scatter (rows past M
+    of the last tile are zero-filled by the predicated copy and never stored)."""
+    a_t, b_t, c_t = (p.ty for p in func.params)
+    k, n, in_dtype, out_dtype = int(b_t.shape[0]), int(b_t.shape[1]), str(a_t.dtype), str(c_t.dtype)
+    c = config
+    check_config(k, n, in_dtype, c, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype)
+    names = _intrin_names(in_dtype)
+    vec = 16 // _dtype_bytes(in_dtype)
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    mm = sch.get_sblock("matmul")
+    store = sch.get_sblock("store")
+    sch.pad_einsum(mm, [c.block_m, 16, 16])
+    a_pad = sch.get_sblock("A_pad")
+    sch.compute_inline(sch.get_sblock("Acc_pad"))
+    (p, j, kk), outer = _split_mma_tiles(sch, mm)
+    p0, p1, p2 = sch.split(p, [None, c.block_m // c.warp_m, c.warp_m // 16])
+    j0, j1, j2, k0, k1 = _split_cta_n_k(sch, j, kk, n, k, c)
+    sch.reorder(p0, j0, p1, j1, k0, k1, p2, j2)
+    ty = _bind_cta(sch, p0, j0, p1, j1)
+    c_w = _stage_epilogue(sch, outer, store, ty, j0, c.warps, c.epilogue_vec)
+    sch.set_scope(a_pad, 0, SMEM_SCOPE)
+    _stage_shared(sch, a_pad, k0, c.warps, vec, c.smem_pad)
+    b_s = sch.cache_read(outer, _read_index(sch, outer, "B"), SMEM_SCOPE)
+    _stage_shared(sch, b_s, k0, c.warps, vec, c.smem_pad)
+    _tensorize_mma(sch, mm, outer, c_w, a_pad, b_s, k0, k1, names, c.stages)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
 def split_config(config: TensorCoreConfig, k: int, n: int, in_dtype: str = "float16",
