@@ -686,13 +686,21 @@ def dense_matmul_func(k: int, n: int, in_dtype: str = "float16",
         B = T.match_buffer(b, (K, N), in_dtype)
         C = T.match_buffer(c, (M, N), out_dtype)
         with T.sblock("root"):
+            # A through an int32-indexed copy (inlined by the schedule), as the PIT kernels'
+            # gather: then the padded tile load becomes a predicated 16-byte cp.async (read
+            # straight from the int64-shaped A, TVM scalarised it into synchronous loads)
+            Ac = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
             Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
+            for p, kk in T.grid(T.Cast("int32", M), K):
+                with T.sblock("A_load"):
+                    vp, vk = T.axis.remap("SS", [p, kk])
+                    Ac[vp, vk] = A[vp, vk]
             for p, j, kk in T.grid(T.Cast("int32", M), N, K):
                 with T.sblock("matmul"):
                     vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
                     with T.init():
                         Acc[vp, vj] = T.float32(0)
-                    Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", A[vp, vk]) * T.Cast(
+                    Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ac[vp, vk]) * T.Cast(
                         "float32", B[vk, vj])
             for p, j in T.grid(T.Cast("int32", M), N):
                 with T.sblock("store"):
@@ -717,7 +725,8 @@ def schedule_dense_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     mm = sch.get_sblock("matmul")
     store = sch.get_sblock("store")
     sch.pad_einsum(mm, [c.block_m, 16, 16])
-    a_pad = sch.get_sblock("A_pad")
+    a_pad = sch.get_sblock("Ac_pad")
+    sch.compute_inline(sch.get_sblock("A_load"))
     sch.compute_inline(sch.get_sblock("Acc_pad"))
     (p, j, kk), outer = _split_mma_tiles(sch, mm)
     p0, p1, p2 = sch.split(p, [None, c.block_m // c.warp_m, c.warp_m // 16])

@@ -1,0 +1,31 @@
+"""Per-kernel device time of one compiled-model call (torch.profiler), top kernels first.
+
+    python3 benchmarks/_model_kernels.py ffn|bert [--pit]
+"""
+import sys, warnings
+import numpy as np
+import tvm
+sys.path.insert(0, "benchmarks")
+import workloads as W
+from common import kernel_split_us
+from pit_tvm.compile import compile_onnx
+
+name, pit = sys.argv[1], "--pit" in sys.argv
+if name == "ffn":
+    model, inputs = W.opt_ffn(), W.opt_ffn_inputs(2048, batch=32, seq=128, seed=1)
+else:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(16, 129, size=32)
+    model, inputs = W.bert_encoder(12, 768, 12), W.bert_inputs(768, batch=32, seq=128, lengths=lengths, seed=1)
+model = W.to_float16(model)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    cm = compile_onnx(model, "cuda", auto=pit)
+dev = cm.device
+args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev) for i in cm.inputs]
+main = cm._machine()["main"]
+split = kernel_split_us(lambda: main(*args), iters=10)
+total = sum(split.values())
+print(f"{name} pit={pit}: device total {total:.0f} us over {len(split)} kernels")
+for k, v in sorted(split.items(), key=lambda kv: -kv[1])[:14]:
+    print(f"  {v:8.1f} us  {k[:90]}")
