@@ -86,9 +86,6 @@ COUNT_GT_ATTR = "pit.run_if_count_gt"
 COUNT_LE_ATTR = "pit.run_if_count_le"
 #: SMs the split-K heuristic fills (the H100 SXM has 132)
 SPLIT_TARGET_SMS = 132
-#: shallowest K slice of the split-K path: below it the fp32 partials' round trip costs more
-#: than the parallelism gains (BERT's 768-deep layers on the H100: PIT slower than dense)
-SPLIT_MIN_K = 1024
 #: rows per CTA of the split-K sum kernel (split_rows is a multiple of every block_m >= 16)
 _SPLIT_SUM_ROWS = 8
 
@@ -768,8 +765,7 @@ def split_plan(k: int, n: int, config: TensorCoreConfig, in_dtype: str = "float1
     one per SM) the kernel is latency bound: on the H100 at 4096^3, 41 rows took as long as
     410.  Below ``split_rows`` rows (the full-K grid fills at most one CTA per SM) the K axis
     is cut into ``split_k`` slices, so the grid has up to ~4 CTAs per SM, and a small kernel
-    sums the fp32 partials.  Each slice stays at least ``SPLIT_MIN_K`` deep.  The split
-    kernel's tiles are :func:`split_config`'s.
+    sums the fp32 partials.  The split kernel's tiles are :func:`split_config`'s.
     """
     c = split_config(config, k, n, in_dtype, arch)
     n_tiles = n // c.block_n
@@ -778,8 +774,7 @@ def split_plan(k: int, n: int, config: TensorCoreConfig, in_dtype: str = "float1
     m_tiles = max(1, sms // n_tiles)
     steps = k // c.block_k
     for s in (8, 4, 2):
-        if (s * m_tiles * n_tiles <= 4 * sms and steps % s == 0 and k // s >= SPLIT_MIN_K
-                and steps // s >= max(c.stages, 2)):
+        if s * m_tiles * n_tiles <= 4 * sms and steps % s == 0 and steps // s >= max(c.stages, 2):
             return s, m_tiles * c.block_m
     return 1, 0
 
