@@ -3,6 +3,7 @@ import functools
 
 import ml_dtypes
 import numpy as np
+import tvm
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -59,6 +60,30 @@ def test_without_dense_fallback_and_index(micro_tile):
     np.testing.assert_allclose(op(a, b), a @ b, rtol=1e-4, atol=1e-4)
     offsets, ids = op.index(a)
     assert offsets.numpy()[-1] == ids.numpy().size  # every micro-tile listed
+
+
+def test_out_argument_and_independent_results():
+    """out= writes C in place (TVM tensor or numpy through DLPack) and is checked; results of
+    successive calls (VM pooled allocator) do not alias each other."""
+    rng = np.random.default_rng(4)
+    op = op_for((1, K), "float32")
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    a1 = sparse_input(40, (1, K), 0.5, "float32", rng)
+    a2 = sparse_input(40, (1, K), 0.5, "float32", rng)
+    c1 = op(tvm.runtime.tensor(a1), tvm.runtime.tensor(b))
+    c2 = op(tvm.runtime.tensor(a2), tvm.runtime.tensor(b))
+    np.testing.assert_allclose(c1.numpy(), a1 @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(c2.numpy(), a2 @ b, rtol=1e-4, atol=1e-4)
+    for out in (tvm.runtime.empty((40, N), "float32"), np.full((40, N), np.nan, np.float32)):
+        assert op(a1, b, out=out) is out
+        got = out.numpy() if isinstance(out, tvm.runtime.Tensor) else out
+        np.testing.assert_allclose(got, a1 @ b, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="out must have shape"):
+        op(a1, b, out=np.zeros((41, N), np.float32))
+    with pytest.raises(ValueError, match="out: dtype"):
+        op(a1, b, out=np.zeros((40, N), np.float64))
+    with pytest.raises(ValueError, match="TVM or DLPack"):
+        op(a1, b, out=[[0.0]])
 
 
 def test_dense_baseline_matches():

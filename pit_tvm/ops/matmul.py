@@ -303,6 +303,22 @@ class SparseMatmul:
             raise ValueError(f"{name} is on {t.device}, the op runs on {self.device}")
         return t
 
+    def _as_out(self, out, m):
+        """``out`` (a TVM tensor or any DLPack tensor, written in place) checked against C."""
+        if isinstance(out, tvm.runtime.Tensor):
+            t = out
+        elif hasattr(out, "__dlpack__"):
+            t = tvm.runtime.from_dlpack(out)
+        else:
+            raise ValueError(f"out must be a TVM or DLPack tensor, got {type(out).__name__}")
+        if str(t.dtype) != self.out_dtype:
+            raise ValueError(f"out: dtype {t.dtype} given, {self.out_dtype} expected")
+        if tuple(int(x) for x in t.shape) != (m, self.n):
+            raise ValueError(f"out must have shape ({m}, {self.n}), got {tuple(t.shape)}")
+        if t.device.dlpack_device_type() != self.device.dlpack_device_type():
+            raise ValueError(f"out is on {t.device}, the op runs on {self.device}")
+        return t
+
     def _check_a(self, shape):
         if len(shape) != 2 or shape[1] != self.k:
             raise ValueError(f"A must have shape (M, {self.k}), got {shape}")
@@ -339,10 +355,21 @@ class SparseMatmul:
     def __call__(self, a, b, out=None):
         a_t = self._as_tensor(a, "A", self._check_a)
         b_t = self._as_tensor(b, "B", self._check_b)
+        if isinstance(out, np.ndarray):
+            # numpy memory is not 64-byte aligned, so TVM cannot write it in place: copy into it
+            m = int(a_t.shape[0])
+            if str(out.dtype) != self.out_dtype:
+                raise ValueError(f"out: dtype {out.dtype} given, {self.out_dtype} expected")
+            if out.shape != (m, self.n):
+                raise ValueError(f"out must have shape ({m}, {self.n}), got {out.shape}")
+            out[...] = self(a_t, b_t).numpy()
+            return out
         if out is not None:
-            offsets, ids = self._index_buffers(int(a_t.shape[0]))
+            m = int(a_t.shape[0])
+            out_t = self._as_out(out, m)
+            offsets, ids = self._index_buffers(m)
             self._index(a_t, offsets, ids)
-            self._kernel(a_t, b_t, offsets, ids, out)
+            self._kernel(a_t, b_t, offsets, ids, out_t)
             return out
         if self._main is None:
             from tvm import relax
