@@ -254,8 +254,11 @@ class SparseMatmul:
     """``C = A @ B`` with A dynamically sparse; compiled once, the index built every call.
 
     Use :func:`sparse_matmul` to create one. ``op(a, b)`` takes DLPack tensors (numpy, torch,
-    tvm) and returns C of the same kind as ``a``; ``op.index(a)`` returns the device index
-    ``(offsets, ids)`` for inspection (:func:`pit_tvm.index.tiles_from_index` decodes it).
+    tvm) and returns C of the same kind as ``a`` (one call of the Relax graph
+    :func:`emit_pit_matmul` emits, C from the VM's pooled allocator); ``op(a, b, out=c)``
+    writes ``c`` instead; ``op.index(a)`` returns the device index ``(offsets, ids)`` for
+    inspection (:func:`pit_tvm.index.tiles_from_index` decodes it) for ``op.kernel_plan``'s
+    micro-tile.
     """
 
     def __init__(self, k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_dtype=None,
