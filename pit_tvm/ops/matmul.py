@@ -422,6 +422,24 @@ class DenseMatmul:
         return c if (out is not None or isinstance(a, tvm.runtime.Tensor)) else c.numpy()
 
 
+def _as_rows(bb, a, k):
+    """``a[..., k]`` as the 2-D ``[M, k]`` the kernels take: ``(a2, M, leading dims)``."""
+    from tvm import relax
+
+    lead = list(a.ty.shape)[:-1]
+    m = tirx.const(1, "int64")
+    for d in lead:
+        m = m * (d if str(d.ty.dtype) == "int64" else tirx.Cast("int64", d))
+    return (bb.emit(relax.op.reshape(a, [m, k])) if len(lead) != 1 else a), m, lead
+
+
+def _from_rows(bb, c, lead, n):
+    """The kernel's ``c[M, n]`` back in ``a``'s leading dims."""
+    from tvm import relax
+
+    return bb.emit(relax.op.reshape(c, lead + [n])) if len(lead) != 1 else c
+
+
 def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None, density_threshold=0.9,
                     tuning_log=None, tensor_core_only=True):
     """Emit the PIT matmul of ``a @ b`` into a Relax ``BlockBuilder``; return the result expr.
@@ -444,13 +462,9 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     dtype = str(a_ty.dtype)
     _validate(k, n, dtype, micro_tile)
     out_dtype = str(out_dtype or dtype)
-    lead = list(a_ty.shape)[:-1]
     if int(a_ty.shape[-1]) != k:
         raise ValueError(f"A's last dimension {a_ty.shape[-1]} does not match B's K={k}")
-    m = tirx.const(1, "int64")
-    for d in lead:
-        m = m * (d if str(d.ty.dtype) == "int64" else tirx.Cast("int64", d))
-    a2 = bb.emit(relax.op.reshape(a, [m, k])) if len(lead) != 1 else a
+    a2, m, lead = _as_rows(bb, a, k)
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     tgt = make_target(target)
     if is_gpu(tgt):
@@ -486,9 +500,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     index = bb.emit(relax.call_tir(index_gv, [a2], index_ty))
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids], relax.TensorType([m, n], out_dtype)))
-    if len(lead) != 1:
-        c = bb.emit(relax.op.reshape(c, lead + [n]))
-    return c
+    return _from_rows(bb, c, lead, n)
 
 
 def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None):
@@ -519,15 +531,9 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None):
     configs = valid_configs(k, n, dtype)
     if not configs:
         return None
-    lead = list(a_ty.shape)[:-1]
-    m = tirx.const(1, "int64")
-    for d in lead:
-        m = m * (d if str(d.ty.dtype) == "int64" else tirx.Cast("int64", d))
-    a2 = bb.emit(relax.op.reshape(a, [m, k])) if len(lead) != 1 else a
+    a2, m, lead = _as_rows(bb, a, k)
     kernel = schedule_dense_matmul(dense_matmul_func(k, n, dtype, out_dtype), configs[0])
     name = f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
     gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
     c = bb.emit(relax.call_tir(gv, [a2, b], relax.TensorType([m, n], out_dtype)))
-    if len(lead) != 1:
-        c = bb.emit(relax.op.reshape(c, lead + [n]))
-    return c
+    return _from_rows(bb, c, lead, n)
