@@ -395,8 +395,10 @@ def sparse_matmul(k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_
     ``micro_tile=(mr, mk)``: ``(1, k)`` whole rows (SRead+SWrite along M), ``(32, 1)`` along K,
     ``(32, 64)`` blocks (SRead along K per strip). ``density_threshold``: above this fraction of
     non-zero micro-tiles the kernel runs densely (decided on the device); None disables.
-    On CUDA, fp16/bf16 whole-row micro-tiles use the tensor-core kernel
-    (:mod:`pit_tvm.schedules.tensorcore`); ``tuning_log`` picks its tuned schedule.
+    On CUDA, fp16/bf16 use the tensor-core kernels where a tile config fits K, N
+    (:mod:`pit_tvm.schedules.tensorcore` for rows, with a split-K path for few rows;
+    :mod:`pit_tvm.schedules.tensorcore_tiles` for tiles, thin ones as their 16-row cover);
+    ``tuning_log`` picks the tuned schedule of the rows kernel.
     """
     return SparseMatmul(k, n, dtype, micro_tile, target, out_dtype, density_threshold, tuning_log)
 
