@@ -20,6 +20,7 @@ configuration fits, else the SIMT schedule.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,31 +103,27 @@ def _validate(k, n, dtype, micro_tile):
     return mr, mk
 
 
-def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, tuning_log=None):
-    """The tensor-core PIT kernel for whole-row micro-tiles on CUDA, or None when it does not
-    apply (fp32, or K/N not multiples of any candidate tile: the SIMT kernel is used then)."""
+@functools.lru_cache(maxsize=64)
+def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str):
+    """The (untuned) tensor-core PIT kernel for whole-row micro-tiles on CUDA, or None when it
+    does not apply (fp32, or K/N not multiples of any candidate tile: the SIMT kernel is used
+    then)."""
     if dtype not in ("float16", "bfloat16"):
         return None
-    if tuning_log is not None:  # MetaSchedule log (pit_tvm.tuning.tune); warns and falls back
-        from pit_tvm.tuning.tune import tuned_rows_kernel
-
-        tuned = tuned_rows_kernel(tuning_log, k, n, dtype, out_dtype)
-        if tuned is not None:
-            return tuned
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
                                               split_plan, valid_configs)
 
-    configs = valid_configs(k, n, dtype)
+    configs = valid_configs(k, n, dtype, arch)
     if not configs:
         return None
-    split_k, split_rows = split_plan(k, n, configs[0], dtype)
+    split_k, split_rows = split_plan(k, n, configs[0], dtype, arch)
     return schedule_row_gather_matmul(
         row_gather_matmul_func(k, n, dtype, out_dtype, split_k=split_k, split_rows=split_rows),
-        configs[0])
+        configs[0], arch)
 
 
-def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
-                       tuning_log=None):
+@functools.lru_cache(maxsize=64)
+def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, arch: str):
     """The tensor-core PIT kernel for (mr, mk) micro-tiles with mk < K on CUDA, or None when it
     does not apply (fp32, mr not in 16/32/64/128, K/N not multiples of any candidate tile: the
     SIMT kernel is used then)."""
@@ -136,7 +133,6 @@ def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, t
                                                     tiles_gather_matmul_func,
                                                     valid_tiles_configs)
 
-    arch = str(make_target(target).attrs.get("arch", "sm_90"))
     configs = valid_tiles_configs(k, n, micro_tile, dtype, arch)
     if not configs:
         return None
@@ -162,28 +158,49 @@ def tensor_core_plan(plan: MatmulPlan) -> MatmulPlan | None:
 
 
 def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tuning_log=None):
-    """The tensor-core PIT kernel for ``plan`` on CUDA, or None (CPU, fp32, unsupported shape)."""
+    """The tensor-core PIT kernel for ``plan`` on CUDA, or None (CPU, fp32, unsupported shape).
+
+    ``tuning_log`` (rows): the best schedule of a MetaSchedule log (read every time: a log can
+    grow during a process); otherwise the default schedule, made once per (plan, dtypes,
+    arch) in a process, so a model's layers of one shape share it."""
+    target = make_target(target)
     if not is_gpu(target):
         return None
+    arch = str(target.attrs.get("arch", "sm_90"))
     if plan.kind == "rows":
         if plan.micro_tile[0] != 1:
             return None
-        return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, tuning_log)
-    return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, target, tuning_log)
+        if tuning_log is not None and dtype in ("float16", "bfloat16"):
+            from pit_tvm.tuning.tune import tuned_rows_kernel   # warns and falls back
+
+            tuned = tuned_rows_kernel(tuning_log, plan.k, plan.n, dtype, out_dtype)
+            if tuned is not None:
+                return tuned
+        return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch)
+    return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, arch)
 
 
 def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
                     tuning_log=None) -> tirx.PrimFunc:
-    """The PIT kernel for ``micro_tile``, scheduled for ``target``.
+    """The PIT kernel for exactly ``micro_tile``, scheduled for ``target``: the tensor-core
+    kernel where one applies, else the SRead/SWrite schedule (:func:`simt_matmul_func`).
+    (:func:`emit_pit_matmul` may instead cover a thin micro-tile, see :func:`tensor_core_plan`.)
 
     Signature: ``(A[M,K], B[K,N], offsets, ids, C[M,N])`` with the index layout of
     :func:`pit_tvm.index.tile_index_func` for :class:`MatmulPlan` ``.index_group``/``.index_micro_tile``.
     """
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
-    mr, mk = plan.micro_tile
     tensor_core = tensor_core_kernel(plan, dtype, out_dtype, target, tuning_log)
     if tensor_core is not None:
         return tensor_core
+    return simt_matmul_func(plan, dtype, out_dtype, target)
+
+
+def simt_matmul_func(plan: MatmulPlan, dtype: str, out_dtype: str, target) -> tirx.PrimFunc:
+    """The PIT kernel derived from :func:`matmul_workload` by ``sread``/``swrite``, scheduled
+    for the CPU or as a CUDA SIMT kernel (no tensor cores)."""
+    k, n = plan.k, plan.n
+    mr, mk = plan.micro_tile
     func = matmul_workload(k, n, dtype, out_dtype)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
     sch.work_on("matmul")
@@ -477,14 +494,14 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             if kernel is not None:
                 plan = tc_plan            # the index is built for the kernel's micro-tile
         if kernel is None and not tensor_core_only:
-            kernel = pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt)
+            kernel = simt_matmul_func(plan, dtype, out_dtype, tgt)
         if kernel is None:
             # In a model the dense alternative is dlight's kernel; the SIMT PIT kernel only wins
             # at extreme sparsity, so without a tensor-core kernel the matmul stays dense.
             raise ValueError(f"no tensor-core PIT kernel for {dtype} K={k} N={n} micro-tile "
                              f"{plan.micro_tile[0]}x{plan.micro_tile[1]} (needs fp16/bf16 and tile-aligned K, N)")
     else:
-        kernel = pit_matmul_func(k, n, dtype, out_dtype, plan.micro_tile, tgt)
+        kernel = simt_matmul_func(plan, dtype, out_dtype, tgt)
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
@@ -505,6 +522,18 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     return _from_rows(bb, c, lead, n)
 
 
+@functools.lru_cache(maxsize=64)
+def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str):
+    """The tensor-core dense kernel for (K, N), or None when no tile config fits;
+    scheduled once per shape in a process."""
+    from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
+
+    configs = valid_configs(k, n, dtype)
+    if not configs:
+        return None
+    return schedule_dense_matmul(dense_matmul_func(k, n, dtype, out_dtype), configs[0])
+
+
 def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None):
     """Emit ``a @ b`` on the tensor-core dense kernel (:func:`pit_tvm.schedules.tensorcore.
     schedule_dense_matmul`, the PIT kernels' tiles) into a Relax ``BlockBuilder``; return the
@@ -512,8 +541,7 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None):
     2-D tensor, or no tile config fits K, N): the caller keeps its matmul then."""
     from tvm import relax
 
-    from pit_tvm.schedules.tensorcore import (IN_DTYPES, OUT_DTYPES, dense_matmul_func,
-                                              schedule_dense_matmul, valid_configs)
+    from pit_tvm.schedules.tensorcore import IN_DTYPES, OUT_DTYPES
 
     if not is_gpu(make_target(target)):
         return None
@@ -530,11 +558,10 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None):
     if (dtype not in IN_DTYPES or str(b_ty.dtype) != dtype or out_dtype not in OUT_DTYPES
             or not isinstance(last, tirx.IntImm) or int(last) != k):
         return None
-    configs = valid_configs(k, n, dtype)
-    if not configs:
+    kernel = _cuda_dense_kernel(k, n, dtype, out_dtype)
+    if kernel is None:
         return None
     a2, m, lead = _as_rows(bb, a, k)
-    kernel = schedule_dense_matmul(dense_matmul_func(k, n, dtype, out_dtype), configs[0])
     name = f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
     gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
     c = bb.emit(relax.call_tir(gv, [a2, b], relax.TensorType([m, n], out_dtype)))

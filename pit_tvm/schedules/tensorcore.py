@@ -100,6 +100,8 @@ EARLY_EXIT_ATTR = "pit.early_exit_block_m"
 #: split-K kernels when count <= R (see :func:`add_early_exit`)
 COUNT_GT_ATTR = "pit.run_if_count_gt"
 COUNT_LE_ATTR = "pit.run_if_count_le"
+#: (split_k, split_rows) of a row-gather workload built with the split-K path
+SPLIT_ATTR = "pit.split_k_rows"
 #: SMs the split-K heuristic fills (the H100 SXM has 132)
 SPLIT_TARGET_SMS = 132
 #: rows per CTA of the split-K sum kernel (split_rows is a multiple of every block_m >= 16)
@@ -561,9 +563,10 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
             C = T.match_buffer(c, (M, N), out_dtype)
             body(M, A, B, OFF, IDS, None, C)
 
-    return func.with_attr("pit.workload", f"row_gather_matmul_k{K}_n{N}_{in_dtype}_{out_dtype}"
+    func = func.with_attr("pit.workload", f"row_gather_matmul_k{K}_n{N}_{in_dtype}_{out_dtype}"
                           f"{'_bias' if bias else ''}{'_relu' if relu else ''}"
                           f"{f'_split{S}x{R}' if split else ''}")
+    return func.with_attr(SPLIT_ATTR, [S, R]) if split else func
 
 
 # --------------------------------------------------------------------------------------
@@ -644,43 +647,51 @@ def apply_row_gather_schedule(sch: s_tir.Schedule, config: TensorCoreConfig,
                              f"stages={small.stages} K tiles")
     names = _intrin_names(in_dtype)
     vec = 16 // _dtype_bytes(in_dtype)
-    warps = c.warps
 
     _schedule_zero_fill(sch, n, out_dtype, c)
+    # SRead: the A rows gathered through ids (A_gather, inlined into the padded tile Ag_pad);
+    # SWrite: the scatter epilogue
+    p0 = _schedule_full_k_mma(sch, c, n, k, "A_gather", "Ag_pad", "scatter", names, vec)
+    sch.annotate(p0, EARLY_EXIT_ATTR, c.block_m)
+    if split is not None:
+        sch.annotate(p0, COUNT_GT_ATTR, split[1])
+        _schedule_split_k(sch, small, n, k, split, names, vec)
 
+
+def _schedule_full_k_mma(sch: s_tir.Schedule, c: TensorCoreConfig, n: int, k: int,
+                         a_producer: str, a_tile: str, out_block: str, names: dict,
+                         vec: int):
+    """The full-K tensor-core kernel of the ``matmul`` block over rows p: p padded to
+    block_m (``a_producer`` inlined into the padded A tile ``a_tile``, read only for p < M),
+    CTA tile block_m x block_n, A and B tiles in padded shared memory per K tile (cp.async,
+    ``stages``-deep pipeline), ldmatrix + mma.sync into fp32 registers, accumulators through
+    a shared C tile into ``out_block`` (vectorised).  Returns the CTA row-tile loop."""
     mm = sch.get_sblock("matmul")
-    scatter = sch.get_sblock("scatter")
-
-    # ---- pad the compacted row axis p to a multiple of block_m: Ag_pad (the A tile) reads
-    # A[ids[p]] only for p < M (the gather is inlined into it), Acc_pad feeds the scatter.
+    out = sch.get_sblock(out_block)
     sch.pad_einsum(mm, [c.block_m, 16, 16])
-    gather = sch.get_sblock("Ag_pad")
-    sch.compute_inline(sch.get_sblock("A_gather"))
+    a_s = sch.get_sblock(a_tile)
+    sch.compute_inline(sch.get_sblock(a_producer))
     sch.compute_inline(sch.get_sblock("Acc_pad"))
 
-    # ---- 16x16x16 mma tiles
+    # ---- 16x16x16 mma tiles, CTA grid (p tile, N tile), warps
     (p, j, kk), outer = _split_mma_tiles(sch, mm)
     p0, p1, p2 = sch.split(p, [None, c.block_m // c.warp_m, c.warp_m // 16])
     j0, j1, j2, k0, k1 = _split_cta_n_k(sch, j, kk, n, k, c)
     sch.reorder(p0, j0, p1, j1, k0, k1, p2, j2)
-    sch.annotate(p0, EARLY_EXIT_ATTR, c.block_m)
     ty = _bind_cta(sch, p0, j0, p1, j1)
 
-    # ---- accumulators: warp registers -> shared C tile (fp32) -> epilogue + SWrite
-    c_w = _stage_epilogue(sch, outer, scatter, ty, j0, warps, c.epilogue_vec)
+    # ---- accumulators: warp registers -> shared C tile (fp32) -> out_block
+    c_w = _stage_epilogue(sch, outer, out, ty, j0, c.warps, c.epilogue_vec)
 
-    # ---- SRead: row ids of the tile -> shared once per CTA; A rows gathered per K tile
-    sch.set_scope(gather, 0, SMEM_SCOPE)
-    _stage_shared(sch, gather, k0, warps, vec, c.smem_pad)
+    # ---- A and B tiles in shared memory per K tile
+    sch.set_scope(a_s, 0, SMEM_SCOPE)
+    _stage_shared(sch, a_s, k0, c.warps, vec, c.smem_pad)
     b_s = sch.cache_read(outer, _read_index(sch, outer, "B"), SMEM_SCOPE)
-    _stage_shared(sch, b_s, k0, warps, vec, c.smem_pad)
+    _stage_shared(sch, b_s, k0, c.warps, vec, c.smem_pad)
 
     # ---- shared -> warp fragments (ldmatrix), mma.sync, fill, store; software pipeline
-    _tensorize_mma(sch, mm, outer, c_w, gather, b_s, k0, k1, names, c.stages)
-
-    if split is not None:
-        sch.annotate(p0, COUNT_GT_ATTR, split[1])
-        _schedule_split_k(sch, small, n, k, split, names, vec)
+    _tensorize_mma(sch, mm, outer, c_w, a_s, b_s, k0, k1, names, c.stages)
+    return p0
 
 
 # --------------------------------------------------------------------------------------
@@ -735,26 +746,9 @@ def schedule_dense_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     k, n, in_dtype, out_dtype = int(b_t.shape[0]), int(b_t.shape[1]), str(a_t.dtype), str(c_t.dtype)
     c = config
     check_config(k, n, in_dtype, c, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype)
-    names = _intrin_names(in_dtype)
-    vec = 16 // _dtype_bytes(in_dtype)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
-    mm = sch.get_sblock("matmul")
-    store = sch.get_sblock("store")
-    sch.pad_einsum(mm, [c.block_m, 16, 16])
-    a_pad = sch.get_sblock("Ac_pad")
-    sch.compute_inline(sch.get_sblock("A_load"))
-    sch.compute_inline(sch.get_sblock("Acc_pad"))
-    (p, j, kk), outer = _split_mma_tiles(sch, mm)
-    p0, p1, p2 = sch.split(p, [None, c.block_m // c.warp_m, c.warp_m // 16])
-    j0, j1, j2, k0, k1 = _split_cta_n_k(sch, j, kk, n, k, c)
-    sch.reorder(p0, j0, p1, j1, k0, k1, p2, j2)
-    ty = _bind_cta(sch, p0, j0, p1, j1)
-    c_w = _stage_epilogue(sch, outer, store, ty, j0, c.warps, c.epilogue_vec)
-    sch.set_scope(a_pad, 0, SMEM_SCOPE)
-    _stage_shared(sch, a_pad, k0, c.warps, vec, c.smem_pad)
-    b_s = sch.cache_read(outer, _read_index(sch, outer, "B"), SMEM_SCOPE)
-    _stage_shared(sch, b_s, k0, c.warps, vec, c.smem_pad)
-    _tensorize_mma(sch, mm, outer, c_w, a_pad, b_s, k0, k1, names, c.stages)
+    _schedule_full_k_mma(sch, c, n, k, "A_load", "Ac_pad", "store", _intrin_names(in_dtype),
+                         16 // _dtype_bytes(in_dtype))
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
@@ -797,12 +791,10 @@ def split_plan(k: int, n: int, config: TensorCoreConfig, in_dtype: str = "float1
 
 def _split_of(func: tirx.PrimFunc):
     """(split_k, split_rows) of a workload with the split-K path, else None."""
-    tag = str(func.attrs["pit.workload"]) if func.attrs and "pit.workload" in func.attrs else ""
-    tail = tag.rsplit("_split", 1)
-    if len(tail) != 2:
+    if not func.attrs or SPLIT_ATTR not in func.attrs:
         return None
-    s_, r_ = tail[1].split("x")
-    return int(s_), int(r_)
+    s_k, rows = (int(x) for x in func.attrs[SPLIT_ATTR])
+    return s_k, rows
 
 
 def _schedule_split_k(sch: s_tir.Schedule, c: TensorCoreConfig, n: int, k: int, split,
