@@ -2,13 +2,13 @@
 checked with nvcc, and GPU runs (skipped without a device)."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import pytest
 import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _helpers import np_dtype
 from pit_tvm.index import (
     IndexBuilder,
     build_tile_index,
@@ -32,10 +32,6 @@ COLS = 150  # divisible by none of 64, 4 (and 150 % 32 != 0)
 ROWS = [33, 131]  # do not divide 32 or 4
 
 
-def _np_dtype(dtype):
-    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-
-
 def _mt(mt, cols):
     return (mt[0], cols if mt[1] == "cols" else mt[1])
 
@@ -54,12 +50,12 @@ def make_data(rows, cols, micro_tile, sparsity, dtype, rng):
             x[tr * mr + rng.integers(0, h), tc * mc + rng.integers(0, w)] = rng.uniform(0.5, 2.0) * rng.choice([-1, 1])
     if dtype == "bool":
         return x != 0
-    return x.astype(_np_dtype(dtype))
+    return x.astype(np_dtype(dtype))
 
 
 def dense_data(rows, cols, dtype, rng):
     x = rng.uniform(0.5, 2.0, size=(rows, cols)).astype(np.float32)
-    return np.ones((rows, cols), bool) if dtype == "bool" else x.astype(_np_dtype(dtype))
+    return np.ones((rows, cols), bool) if dtype == "bool" else x.astype(np_dtype(dtype))
 
 
 def check_tile_index(data, micro_tile, group, offsets, ids):

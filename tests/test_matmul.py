@@ -1,20 +1,19 @@
 """PIT matmul against numpy: every micro-tile kind, dtype and sparsity; CUDA codegen via nvcc."""
 import functools
 
-import ml_dtypes
 import numpy as np
 import tvm
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import pit_tvm
+from _helpers import np_dtype
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
 from pit_tvm.ops.matmul import DenseMatmul
 
 K, N = 96, 80                       # N and (for 64-wide tiles) K do not divide the tiles
 MICRO_TILES = [(1, K), (32, 1), (32, 64), (1, 64)]
 DTYPES = ["float32", "float16", "bfloat16"]
-NP_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 TOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 
@@ -29,11 +28,11 @@ def sparse_input(m, micro_tile, sparsity, dtype, rng):
     mr, mk = micro_tile
     mask = rng.random((-(-m // mr), -(-K // mk))) >= sparsity
     a = rng.standard_normal((m, K)) * np.kron(mask, np.ones((mr, mk)))[:m, :K]
-    return a.astype(NP_DTYPE[dtype])
+    return a.astype(np_dtype(dtype))
 
 
 def reference(a, b, dtype):
-    return (a.astype(np.float32) @ b.astype(np.float32)).astype(NP_DTYPE[dtype]).astype(np.float32)
+    return (a.astype(np.float32) @ b.astype(np.float32)).astype(np_dtype(dtype)).astype(np.float32)
 
 
 @pytest.mark.parametrize("micro_tile", MICRO_TILES, ids=lambda t: f"{t[0]}x{t[1]}")
@@ -44,9 +43,9 @@ def test_matches_numpy(micro_tile, dtype, sparsity):
     op = op_for(micro_tile, dtype)
     for m in (77, 64):
         a = sparse_input(m, micro_tile, sparsity, dtype, rng)
-        b = rng.standard_normal((K, N)).astype(NP_DTYPE[dtype])
+        b = rng.standard_normal((K, N)).astype(np_dtype(dtype))
         c = op(a, b)
-        assert c.shape == (m, N) and c.dtype == NP_DTYPE[dtype]
+        assert c.shape == (m, N) and c.dtype == np_dtype(dtype)
         np.testing.assert_allclose(c.astype(np.float32), reference(a, b, dtype), rtol=TOL[dtype], atol=TOL[dtype] * 4)
 
 
@@ -149,8 +148,8 @@ def test_cuda_thin_micro_tile_cover_matches_numpy(dtype):
     op = pit_tvm.sparse_matmul(k, n, dtype, micro_tile=(1, 64), target="cuda")
     for m, sparsity in ((300, 0.0), (300, 0.9), (77, 0.99), (64, 1.0), (33, 0.5)):
         mask = rng.random((m, k // 64)) >= sparsity
-        a = (rng.standard_normal((m, k)) * np.kron(mask, np.ones((1, 64)))).astype(NP_DTYPE[dtype])
-        b = rng.standard_normal((k, n)).astype(NP_DTYPE[dtype])
+        a = (rng.standard_normal((m, k)) * np.kron(mask, np.ones((1, 64)))).astype(np_dtype(dtype))
+        b = rng.standard_normal((k, n)).astype(np_dtype(dtype))
         np.testing.assert_allclose(op(a, b).astype(np.float32), reference(a, b, dtype),
                                    rtol=TOL[dtype], atol=TOL[dtype] * 8)
 
@@ -164,7 +163,7 @@ def test_cuda_matches_numpy(micro_tile, dtype, sparsity):
     op = op_for(micro_tile, dtype, "cuda")
     for m in (300, 64):
         a = sparse_input(m, micro_tile, sparsity, dtype, rng)
-        b = rng.standard_normal((K, N)).astype(NP_DTYPE[dtype])
+        b = rng.standard_normal((K, N)).astype(np_dtype(dtype))
         c = op(a, b)
         np.testing.assert_allclose(c.astype(np.float32), reference(a, b, dtype), rtol=TOL[dtype], atol=TOL[dtype] * 4)
 
@@ -202,7 +201,7 @@ def test_cuda_rows_fp16_uses_tensor_cores():
 def test_cuda_tensor_core_rows_match(dtype, sparsity):
     rng = np.random.default_rng(11)
     op = pit_tvm.sparse_matmul(256, 256, dtype, micro_tile=(1, 256), target="cuda")
-    a = (rng.standard_normal((333, 256)) * (rng.random((333, 1)) >= sparsity)).astype(NP_DTYPE[dtype])
-    b = rng.standard_normal((256, 256)).astype(NP_DTYPE[dtype])
-    ref = (a.astype(np.float32) @ b.astype(np.float32)).astype(NP_DTYPE[dtype]).astype(np.float32)
+    a = (rng.standard_normal((333, 256)) * (rng.random((333, 1)) >= sparsity)).astype(np_dtype(dtype))
+    b = rng.standard_normal((256, 256)).astype(np_dtype(dtype))
+    ref = (a.astype(np.float32) @ b.astype(np.float32)).astype(np_dtype(dtype)).astype(np.float32)
     np.testing.assert_allclose(op(a, b).astype(np.float32), ref, rtol=TOL[dtype], atol=TOL[dtype] * 8)

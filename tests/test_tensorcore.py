@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tvm
 
+from _helpers import np_dtype, rows_index
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.tensorcore import (
     TensorCoreConfig,
@@ -24,14 +25,6 @@ from pit_tvm.schedules.tensorcore import (
     valid_configs,
 )
 from pit_tvm.target import build as target_build
-
-
-def _np_dtype(dtype: str):
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return np.dtype(dtype)
 
 
 def make_inputs(m, k, n, sparsity, in_dtype="float16", bias=False, seed=0, count=None):
@@ -49,11 +42,8 @@ def make_inputs(m, k, n, sparsity, in_dtype="float16", bias=False, seed=0, count
         nz[:] = True
     a[~nz] = 0
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    rows = np.nonzero(nz)[0].astype(np.int32)
-    ids = np.full(m, -1, np.int32)
-    ids[: len(rows)] = rows
-    offsets = np.array([0, len(rows)], np.int32)
-    dt = _np_dtype(in_dtype)
+    offsets, ids = rows_index(nz)
+    dt = np_dtype(in_dtype)
     a, b = a.astype(dt), b.astype(dt)
     bias_v = rng.standard_normal(n).astype(dt) if bias else None
     return a, b, offsets, ids, bias_v
@@ -75,7 +65,7 @@ def reference(a, b, ids, offsets, bias=None, relu=False):
 
 def run(ex, dev, a, b, offsets, ids, bias, out_dtype, fill=7.0):
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
-    c = t(np.full((a.shape[0], b.shape[1]), fill, np.float32).astype(_np_dtype(out_dtype)))
+    c = t(np.full((a.shape[0], b.shape[1]), fill, np.float32).astype(np_dtype(out_dtype)))
     args = [t(a), t(b), t(offsets), t(ids)] + ([t(bias)] if bias is not None else []) + [c]
     ex["main"](*args)
     return c.numpy().astype(np.float32)

@@ -23,15 +23,8 @@ from pit_tvm.schedules.tensorcore_tiles import (
     tiles_smem_bytes,
     valid_tiles_configs,
 )
+from _helpers import np_dtype
 from pit_tvm.target import build as target_build
-
-
-def _np_dtype(dtype: str):
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return np.dtype(dtype)
 
 
 def make_inputs(m, k, n, micro_tile, sparsity, in_dtype="float16", seed=0):
@@ -48,7 +41,7 @@ def make_inputs(m, k, n, micro_tile, sparsity, in_dtype="float16", seed=0):
     mask = np.repeat(np.repeat(keep, mr, 0), mk, 1)[:m]
     a = a * mask
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    dt = _np_dtype(in_dtype)
+    dt = np_dtype(in_dtype)
     a, b = a.astype(dt), b.astype(dt)
     offsets, ids = reference_tile_index(a.astype(np.float32), micro_tile, "row")
     return a, b, offsets, ids
@@ -60,7 +53,7 @@ def reference(a, b):
 
 def run(ex, dev, a, b, offsets, ids, out_dtype, fill=7.0):
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
-    c = t(np.full((a.shape[0], b.shape[1]), fill, np.float32).astype(_np_dtype(out_dtype)))
+    c = t(np.full((a.shape[0], b.shape[1]), fill, np.float32).astype(np_dtype(out_dtype)))
     ex["main"](t(a), t(b), t(offsets), t(ids), c)
     return c.numpy().astype(np.float32)
 

@@ -23,6 +23,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
 
+from _helpers import rows_index
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.tensorcore import TensorCoreConfig, build
 from pit_tvm.tuning import space as S
@@ -317,10 +318,8 @@ def test_gpu_tune_8_trials_and_numerics(tmp_path):
     nz = rng.random(m) >= 0.6
     a[~nz] = 0
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    rows = np.nonzero(nz)[0].astype(np.int32)
-    ids = np.full(m, -1, np.int32)
-    ids[: len(rows)] = rows
-    offsets = np.array([0, len(rows)], np.int32)
+    offsets, ids = rows_index(nz)
+    rows = ids[: offsets[1]]
     a16, b16 = a.astype(np.float16), b.astype(np.float16)
     dev = tvm.cuda(0)
     c = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32), dev)
