@@ -1,6 +1,6 @@
 """Per-kernel device time of one compiled-model call (torch.profiler), top kernels first.
 
-    python3 benchmarks/_model_kernels.py ffn|bert [--pit]
+    python3 benchmarks/_model_kernels.py ffn|bert [--pit] [--symbolic]
 """
 import sys, warnings
 import numpy as np
@@ -20,7 +20,8 @@ else:
 model = W.to_float16(model)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    cm = compile_onnx(model, "cuda", auto=pit)
+    shapes = None if "--symbolic" in sys.argv else {n: list(v.shape) for n, v in inputs.items()}
+    cm = compile_onnx(model, "cuda", auto=pit, shapes=shapes)
 dev = cm.device
 args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev) for i in cm.inputs]
 main = cm._machine()["main"]

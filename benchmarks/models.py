@@ -310,7 +310,8 @@ def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None, on_compil
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cm = compile_onnx(model_t, target, sparse=sparse, auto=auto)
+        shapes = None if cfg.symbolic else {n: list(np.shape(v)) for n, v in inputs_t.items()}
+        cm = compile_onnx(model_t, target, sparse=sparse, auto=auto, shapes=shapes)
     compile_s = time.perf_counter() - t0
     if on_compiled is not None:
         on_compiled(cm)
@@ -498,6 +499,9 @@ def parse_args(argv=None):
         p.add_argument("--" + k.replace("_", "-"), type=int, dest=k)
     p.add_argument("--ffn-tiles", default="8x1",
                    help="extra opt_ffn PIT rows with an explicit micro-tile for 'hidden' (comma list, '' for none)")
+    p.add_argument("--symbolic", action="store_true",
+                   help="keep the ONNX batch/sequence dims symbolic (default: compile for the benchmark's "
+                        "padded input shapes, as a deployment with a fixed maximum batch would)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", help="results name (default models_<device>)")
     args = p.parse_args(argv)

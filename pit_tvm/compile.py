@@ -24,7 +24,7 @@ from .passes.annotate import AnnotateDynamicSparsity, annotations_of
 from .passes.dense import DenseMatmulToTensorCores
 from .passes.frontend import import_onnx, load_model
 from .passes.lower import LowerToPIT
-from .runtime.loader import flatten_outputs
+from .runtime.loader import check_input_shapes, flatten_outputs
 from .target import build, device_for, make_target
 
 META_SUFFIX = ".json"
@@ -73,6 +73,7 @@ class CompiledModel:
         dev = self.device
         args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev)
                 for i in self.inputs]
+        check_input_shapes(self.inputs, args)
         return flatten_outputs(self._machine()["main"](*args))
 
     def metadata(self) -> dict:
@@ -96,16 +97,41 @@ class CompiledModel:
 
 
 
-def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True) -> CompiledModel:
+def static_shapes(proto, shapes) -> dict:
+    """Check ``{input name: shape}`` against the graph inputs; return it as ``{name: [int]}``.
+
+    A shape must name a graph input, have its rank, and agree with its static dims; its symbolic
+    (``dim_param``) dims are what it fixes."""
+    if not shapes:
+        return {}
+    init = {t.name for t in proto.graph.initializer}
+    graph_inputs = {i.name: _dims(i) for i in proto.graph.input if i.name not in init}
+    out = {}
+    for name, shape in shapes.items():
+        if name not in graph_inputs:
+            raise ValueError(f"shapes: unknown input {name!r}; the model's inputs are {sorted(graph_inputs)}")
+        dims = graph_inputs[name]
+        shape = [int(d) for d in shape]
+        if len(shape) != len(dims) or any(isinstance(d, int) and d > 0 and d != s for d, s in zip(dims, shape)):
+            raise ValueError(f"shapes: {name!r} is {dims} in the model, cannot be {shape}")
+        out[name] = shape
+    return out
+
+
+def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None) -> CompiledModel:
     """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
 
     ``sparse``: explicit annotations by ONNX tensor name, ``{"hidden": (1, 64)}`` or ``["hidden"]``;
     ``auto``: also detect relu / mask / padding sources; ``tuning_log``: passed to the op layer.
-    Symbolic (``dim_param``) batch/sequence dims stay symbolic.
+    ``shapes``: ``{input name: shape}`` fixes the symbolic (``dim_param``) dims of those inputs, e.g.
+    the padded batch of a variable-length workload: static shapes let the generic kernels
+    (elementwise, softmax, layer norm) drop run-time index arithmetic. Without it symbolic dims
+    stay symbolic.
     """
     proto = load_model(model)
     tgt = make_target(target)
-    mod = import_onnx(proto)
+    fixed = static_shapes(proto, shapes)
+    mod = import_onnx(proto, shape_dict=fixed or None)
     mod = relax.transform.FoldConstant()(mod)
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
     notes = annotations_of(annotated)
@@ -122,10 +148,12 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True) 
                 n["reason"] += "; op layer unavailable"
     # dense matmuls on the PIT kernels' tensor-core tiles (CUDA; PIT-off builds too)
     lowered = DenseMatmulToTensorCores(tgt)(lowered)
+    # one rows index per row mask (LowerToPIT emits the same call for each matmul it masks)
+    lowered = relax.transform.EliminateCommonSubexpr()(lowered)
     lowered = relax.transform.DeadCodeElimination()(lowered)
     ex = build(lowered, tgt)
     init = {t.name for t in proto.graph.initializer}
-    inputs = [{"name": i.name, "dtype": _onnx_dtype(i), "shape": _dims(i)}
+    inputs = [{"name": i.name, "dtype": _onnx_dtype(i), "shape": fixed.get(i.name, _dims(i))}
               for i in proto.graph.input if i.name not in init]
     outputs = [o.name for o in proto.graph.output]
     return CompiledModel(ex, tgt, inputs, outputs, notes, annotated, lowered)

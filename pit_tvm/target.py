@@ -38,12 +38,39 @@ def device_for(target, index: int = 0):
     return tvm.cuda(index) if is_gpu(target) else tvm.cpu(index)
 
 
+def cuda_schedule_rules() -> list:
+    """The dlight rules for the operators no PIT or tensor-core kernel took, in order: TVM's
+    CUDA defaults with :class:`~pit_tvm.schedules.row_reduction.RowReduction` ahead of
+    ``GeneralReduction`` (softmax / layer norm over short static rows)."""
+    from tvm.s_tir import dlight as dl  # noqa: PLC0415
+
+    from pit_tvm.schedules.row_reduction import RowReduction  # noqa: PLC0415
+
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), RowReduction(),
+            dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+
+
+def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
+    """TVM 0.27's CUDA Relax pipeline with :func:`cuda_schedule_rules` as its dlight stage."""
+    from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
+    from tvm.s_tir import dlight as dl  # noqa: PLC0415
+
+    legalize = [p for p in cuda.legalize_passes(tgt) if p.info.name != "ApplyDefaultSchedule"]
+    passes = (cuda.library_dispatch_passes(tgt) + legalize
+              + [dl.ApplyDefaultSchedule(*cuda_schedule_rules())]
+              + cuda.dataflow_lower_passes(tgt) + cuda.finalize_passes(tgt))
+    return tvm.transform.Sequential(passes, name="pit_cuda_pipeline")
+
+
 def build(mod, target):
     """``tvm.compile`` with the target current (the CUDA callback reads it).
 
-    On CUDA ``tirx.use_async_copy`` is on, so pipelined shared-memory copies become cp.async.
+    On CUDA ``tirx.use_async_copy`` is on, so pipelined shared-memory copies become cp.async,
+    and the Relax pipeline is :func:`cuda_relax_pipeline`.
     """
     tgt = make_target(target)
-    config = {"tirx.use_async_copy": True} if tgt.kind.name == "cuda" else {}
-    with tgt, tvm.transform.PassContext(opt_level=3, config=config):
-        return tvm.compile(mod, target=tgt)
+    if tgt.kind.name != "cuda":
+        with tgt, tvm.transform.PassContext(opt_level=3):
+            return tvm.compile(mod, target=tgt)
+    with tgt, tvm.transform.PassContext(opt_level=3, config={"tirx.use_async_copy": True}):
+        return tvm.compile(mod, target=tgt, relax_pipeline=cuda_relax_pipeline(tgt))

@@ -316,3 +316,82 @@ def test_gpu_fp16_mlp_pit_and_dense_match_onnxruntime():
             cm = compile_onnx(model, "cuda", auto=auto)
         got = cm.run({"x": x})[0].astype(np.float32)
         np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
+
+# ----------------------------------------------------------------------------- one rows index per padding mask
+def two_layer_padded_model():
+    """Two linear layers, each reading ``h * mask`` ([batch, seq, 1]): both are padding rows."""
+    return _model(
+        [helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+         helper.make_node("Unsqueeze", ["mask_f", "axes"], ["rows"]),
+         helper.make_node("Mul", ["x", "rows"], ["xm"]),
+         helper.make_node("MatMul", ["xm", "w1"], ["h"]),
+         helper.make_node("Mul", ["h", "rows"], ["hm"]),
+         helper.make_node("MatMul", ["hm", "w2"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 16])],
+        {"w1": RNG.standard_normal((32, 48)).astype("float32"),
+         "w2": RNG.standard_normal((48, 16)).astype("float32"), "axes": np.array([2], "int64")})
+
+
+def _padded_inputs(b, s, lengths=None):
+    lengths = RNG.integers(1, s + 1, size=b) if lengths is None else np.asarray(lengths)
+    return {"x": RNG.standard_normal((b, s, 32)).astype("float32"),
+            "attention_mask": (np.arange(s)[None] < lengths[:, None]).astype("int64")}
+
+
+def test_padding_matmuls_share_one_rows_index_from_the_mask():
+    """Both matmuls are masked by the same [batch, seq, 1] tensor: the wrapper gets it as a
+    third argument, and the lowered main builds one rows index (from the mask, M values)
+    instead of one per matmul (from each activation, M x K values)."""
+    model = two_layer_padded_model()
+    ir = annotate(model).script()
+    assert ir.count('"pit.row_mask_arg": 1') == 2
+    cm = _check(model, [_padded_inputs(2, 5), _padded_inputs(3, 17), _padded_inputs(2, 4, [0, 0]),
+                        _padded_inputs(2, 4, [4, 4])])
+    main = cm.lowered["main"].script()
+    assert main.count("R.call_tir(pit_row_index_") == 1
+    assert "pit_index_" not in main
+    assert [a["status"] for a in cm.annotations] == ["pit", "pit"]
+
+
+def test_row_mask_not_used_through_a_transpose():
+    """A mask whose rows are not A's rows (A is transposed after masking) builds no shared
+    index: the matmul keeps its own index over A (never a wrong answer)."""
+    model = _model(
+        [helper.make_node("Unsqueeze", ["mask", "axes"], ["rows"]),
+         helper.make_node("Mul", ["x", "rows"], ["xm"]),
+         helper.make_node("Transpose", ["xm"], ["xt"], perm=[1, 0, 2]),
+         helper.make_node("MatMul", ["xt", "w"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 32]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 4, 16])],
+        {"w": RNG.standard_normal((32, 16)).astype("float32"), "axes": np.array([2], "int64")})
+    assert "pit.row_mask_arg" not in annotate(model).script()
+    mask = (RNG.random((4, 6)) < 0.5).astype("float32")
+    _check(model, [{"x": RNG.standard_normal((4, 6, 32)).astype("float32"), "mask": mask}])
+
+
+# ----------------------------------------------------------------------------- static shapes
+def test_static_shapes_match_symbolic_build():
+    model = two_layer_padded_model()
+    inputs = _padded_inputs(3, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(model, shapes={"x": [3, 8, 32], "attention_mask": [3, 8]})
+    assert [i["shape"] for i in cm.inputs] == [[3, 8, 32], [3, 8]]
+    assert "batch" not in str(cm.lowered["main"].params[0].ty)
+    np.testing.assert_allclose(cm.run(inputs)[0], ort_run(model, inputs)[0], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"input 'x' has shape \[2, 8, 32\].*\[3, 8, 32\]"):
+        cm.run(_padded_inputs(2, 8))
+
+
+@pytest.mark.parametrize("shapes,match", [
+    ({"y": [1, 2]}, r"unknown input 'y'.*\['attention_mask', 'x'\]"),
+    ({"x": [3, 8]}, r"'x' is \['batch', 'seq', 32\] in the model, cannot be \[3, 8\]"),
+    ({"x": [3, 8, 31]}, r"cannot be \[3, 8, 31\]"),
+])
+def test_static_shapes_bad_input(shapes, match):
+    with pytest.raises(ValueError, match=match):
+        compile_onnx(two_layer_padded_model(), shapes=shapes)

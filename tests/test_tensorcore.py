@@ -141,6 +141,10 @@ def test_split_plan():
     assert split_plan(4096, 768, cfg) == (4, 22 * 128)
     # K too short for 2 slices of 4 stages of 64 (nor of the 32-deep config's 3 stages x 2)
     assert split_plan(128, 4096, cfg) == (1, 0)
+    # slices shallower than SPLIT_MIN_SLICE_K are not cut: BERT-base's 768-deep layers stay
+    # full-K; 3072 deep takes 2 slices of 1536 (4 would be 768)
+    assert split_plan(768, 768, cfg) == (1, 0)
+    assert split_plan(3072, 768, cfg) == (2, 22 * 128)
     # a config whose deep variant does not fit keeps its own K tile
     assert split_config(TensorCoreConfig(block_m=256, block_n=256, warp_m=64, warp_n=64,
                                          block_k=32, stages=2), 4096, 4096).block_k == 32
@@ -185,7 +189,7 @@ def test_cuda_build(in_dtype, out_dtype, bias, relu, cfg):
 def test_cuda_build_split_k(in_dtype, out_dtype, bias, relu):
     """The workload with the split-K path: four kernels (zero fill, full-K, split-K, sum),
     the two matmul paths guarded on the device by count against split_rows."""
-    k, n = 1024, 256
+    k, n = 2048, 256
     cfg = TensorCoreConfig()
     sk, rows = split_plan(k, n, cfg, in_dtype)
     assert sk > 1
@@ -266,10 +270,10 @@ def test_gpu_numerics(sparsity, in_dtype, out_dtype, bias, relu, cfg):
 def test_gpu_split_k_numerics(in_dtype, out_dtype, bias, relu):
     """Counts on both sides of split_rows, M not a multiple of any tile: the split-K path
     below, the full-K path above, every unlisted row zero, nothing left unwritten."""
-    m, k, n = 1000, 1024, 4096
+    m, k, n = 1000, 2048, 4096
     cfg = TensorCoreConfig()
     sk, rows = split_plan(k, n, cfg, in_dtype)
-    assert rows < m
+    assert sk > 1 and rows < m
     func = schedule_row_gather_matmul(row_gather_matmul_func(
         k, n, in_dtype, out_dtype, bias=bias, relu=relu, split_k=sk, split_rows=rows), cfg)
     ex = build(func, "cuda")

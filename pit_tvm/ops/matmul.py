@@ -460,7 +460,7 @@ def _from_rows(bb, c, lead, n):
 
 
 def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None, density_threshold=0.9,
-                    tuning_log=None, tensor_core_only=True):
+                    tuning_log=None, tensor_core_only=True, row_mask=None):
     """Emit the PIT matmul of ``a @ b`` into a Relax ``BlockBuilder``; return the result expr.
 
     ``a``: ``[..., K]`` (leading dims symbolic or static, flattened to M rows), ``b``: ``[K, N]``
@@ -469,6 +469,10 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     a MetaSchedule log whose best schedule the tensor-core kernel uses (``pit-tvm tune``).
     ``tensor_core_only`` (CUDA): raise ValueError when no tensor-core kernel fits (a model
     then keeps the dense dlight kernel); False takes the SIMT PIT kernel instead.
+    ``row_mask``: for whole-row micro-tiles, a tensor with one value per row of ``a``
+    (``a``'s leading shape + ``[1]``) that is zero wherever ``a``'s row is; the rows index is
+    then built from it (M elements read instead of M x K, and the same call for every matmul
+    the mask guards, so common-subexpression elimination builds it once).
     """
     from tvm import relax
 
@@ -516,10 +520,31 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     kernel_gv = add(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile]),
                     f"pit_kernel_{tag}")
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
-    index = bb.emit(relax.call_tir(index_gv, [a2], index_ty))
+    if row_mask is not None and plan.kind == "rows":
+        index_gv, index_src = _row_mask_index(bb, row_mask, m, tgt, density_threshold, dens_tag)
+    else:
+        index_src = a2
+    index = bb.emit(relax.call_tir(index_gv, [index_src], index_ty))
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids], relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)
+
+
+def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):
+    """(index PrimFunc, its ``[M, 1]`` input) listing the rows where ``row_mask`` is non-zero:
+    the rows-index layout (one group, ``ids`` ascending row ids) of a ``[M, K]`` operand."""
+    from tvm import relax
+
+    from pit_tvm.index import tile_index_func
+    from pit_tvm.index.tiles import SUPPORTED_DTYPES as INDEX_DTYPES
+
+    mask = bb.emit(relax.op.reshape(row_mask, [m, 1]))
+    dtype = str(mask.ty.dtype)
+    if dtype not in INDEX_DTYPES:  # integer masks: float32 keeps every non-zero value non-zero
+        mask, dtype = bb.emit(relax.op.astype(mask, "float32")), "float32"
+    func = tile_index_func(1, (1, 1), "col", dtype, target, density_threshold=density_threshold)
+    name = f"pit_row_index_{dtype}{dens_tag}"
+    return bb.add_func(func.with_attr("global_symbol", name), name), mask
 
 
 @functools.lru_cache(maxsize=64)

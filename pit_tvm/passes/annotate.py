@@ -32,6 +32,7 @@ import warnings
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 from .frontend import ONNX_NAMES_ATTR
@@ -41,6 +42,8 @@ DEFAULT_MICRO_TILE = (32, 1)   # neuron-structured activation sparsity: strips o
 PIT_RULE_ATTR = "pit.rule"
 ANNOTATIONS_ATTR = "pit.annotations"
 PADDING_INPUTS_ATTR = "pit.padding_inputs"
+#: wrapper attr: the wrapper takes a third argument, the row mask its rows index is built from
+ROW_MASK_ATTR = "pit.row_mask_arg"
 
 # zero-preserving, shape-only ops between the sparse producer and the matmul
 _TRANSPARENT = {
@@ -189,11 +192,14 @@ class AnnotateDynamicSparsity:
         return (self.default_micro_tile[0], tk)
 
     def _auto_source(self, g: _FuncGraph, lhs):
-        """(source, rows_only, reason) for the producer of ``lhs`` or None."""
+        """(source, rows_only, reason, row_mask) for the producer of ``lhs`` or None.
+
+        ``row_mask``: the mask var when it zeroes whole rows of ``lhs`` row for row (see
+        :func:`_row_mask_of`), else None."""
         _, prod = g.chain(lhs)
         op = _op_name(prod)
         if op == "relax.nn.relu":
-            return "relu", False, "left operand is produced by R.nn.relu (activation sparsity)"
+            return "relu", False, "left operand is produced by R.nn.relu (activation sparsity)", None
         mask, data = None, None
         if op == "relax.multiply":
             for d, m in ((prod.args[0], prod.args[1]), (prod.args[1], prod.args[0])):
@@ -221,6 +227,7 @@ class AnnotateDynamicSparsity:
             and _static_int(mshape.values[-1]) == 1
         )
         src = f"{kind}:{name}"
+        row_mask = _row_mask_of(g, lhs, prod, mask) if rows_only else None
         _, dprod = g.chain(data)
         if _op_name(dprod) == "relax.nn.relu":
             src = f"relu+{src}"
@@ -229,7 +236,7 @@ class AnnotateDynamicSparsity:
             f"left operand is masked ({how}) by graph input {name!r}"
             + (" (padding: whole rows are zero)" if rows_only else "")
         )
-        return src, rows_only, reason
+        return src, rows_only, reason, row_mask
 
     def _unsupported(self, call) -> str | None:
         a, b = call.args
@@ -278,8 +285,9 @@ class AnnotateDynamicSparsity:
             for mv, call in matmuls:
                 found = self._auto_source(g, call.args[0])
                 if found is not None:
-                    src, rows_only, reason = found
-                    decisions[mv] = {"source": src, "rows_only": rows_only, "reason": reason, "tile": None}
+                    src, rows_only, reason, row_mask = found
+                    decisions[mv] = {"source": src, "rows_only": rows_only, "reason": reason, "tile": None,
+                                     "row_mask": row_mask}
 
         # explicit annotations (override auto)
         if self.sparse:
@@ -333,7 +341,10 @@ class AnnotateDynamicSparsity:
             }
             fname = f"pit_matmul_{len(targets)}"
             attrs["pit.id"] = len(targets)  # keeps same-shape wrappers from being deduplicated
-            targets.append((call, fname, attrs))
+            row_mask = d.get("row_mask") if d["rows_only"] and tile[1] >= k else None
+            if row_mask is not None:
+                attrs[ROW_MASK_ATTR] = 1
+            targets.append((call, fname, attrs, row_mask))
             rec = {"tensor": lhs_name, "source": d["source"], "status": "pit", "function": fname,
                    "micro_tile": [tile[0], tile[1]], "rule": attrs[PIT_RULE_ATTR], "reason": d["reason"]}
             records.append(rec)
@@ -348,6 +359,36 @@ class AnnotateDynamicSparsity:
         return mod
 
 
+def _row_mask_of(g: _FuncGraph, lhs, prod, mask):
+    """``mask`` when row ``i`` of the matmul operand ``lhs`` is row ``i`` of ``prod`` (= data *
+    mask, or where(mask, data, 0)) and ``mask`` is ``prod``'s leading shape + ``[1]``: then the
+    non-zero rows of ``mask`` are a superset of the non-zero rows of ``lhs``, and one row index
+    built from ``mask`` serves every matmul it masks. None otherwise (a transpose between them,
+    a mask broadcast over rows, ...)."""
+    if not isinstance(mask, relax.Var) or not isinstance(prod.ty, relax.TensorType):
+        return None
+    k = prod.ty.shape.values[-1] if prod.ty.shape is not None else None
+    expr = lhs
+    while not (isinstance(expr, relax.Call) and expr.same_as(prod)):
+        value = g.bound.get(expr) if isinstance(expr, relax.Var) else None
+        if value is None:
+            return None
+        if value.same_as(prod):
+            break
+        if _op_name(value) not in ("relax.reshape", "relax.astype"):
+            return None
+        shape = value.ty.shape
+        if shape is None or k is None or not tvm_ffi.structural_equal(shape.values[-1], k):
+            return None
+        expr = value.args[0]
+    mshape, pshape = getattr(mask.ty, "shape", None), prod.ty.shape
+    if mshape is None or pshape is None or len(mshape.values) != len(pshape.values):
+        return None
+    if not all(tvm_ffi.structural_equal(a, b) for a, b in zip(mshape.values[:-1], pshape.values[:-1])):
+        return None
+    return mask
+
+
 def _fresh_ty(ty: relax.TensorType, prefix: str) -> relax.TensorType:
     dims = []
     for i, d in enumerate(ty.shape.values):
@@ -360,23 +401,25 @@ def _wrap_matmuls(mod, gv_main, targets):
         return mod
     bb = relax.BlockBuilder(mod)
     gvs = []
-    for call, fname, attrs in targets:
+    for call, fname, attrs, row_mask in targets:
         a, b = call.args
         pa = relax.Var("a", _fresh_ty(a.ty, "m"))
         pb = relax.Var("b", _fresh_ty(b.ty, "k"))
-        with bb.function(fname, [pa, pb], attrs=attrs, private=True):
+        params = [pa, pb] + ([] if row_mask is None else [relax.Var("row_mask", _fresh_ty(row_mask.ty, "r"))])
+        with bb.function(fname, params, attrs=attrs, private=True):
             out = bb.emit(relax.Call(call.op, [pa, pb], call.attrs))
             bb.emit_func_output(out)
         gvs.append(bb.get().get_global_var(fname))
     new_mod = bb.get()
-    mapping = [(call, gv) for (call, _, _), gv in zip(targets, gvs)]
+    mapping = [(call, gv, row_mask) for (call, _, _, row_mask), gv in zip(targets, gvs)]
 
     @relax.expr_functor.mutator
     class _Wrap(relax.PyExprMutator):
         def visit_call_(self, op):
-            for c, gv in mapping:
+            for c, gv, row_mask in mapping:
                 if op.same_as(c):
-                    return relax.Call(gv, [self.visit_expr(x) for x in op.args])
+                    args = list(op.args) + ([] if row_mask is None else [row_mask])
+                    return relax.Call(gv, [self.visit_expr(x) for x in args])
             return self.visit_expr_post_order(op)
 
     new_main = _Wrap(new_mod).visit_expr(new_mod[gv_main])

@@ -7,6 +7,11 @@ whatever ``pit_tvm.ops.matmul.emit_pit_matmul(bb, a, b, micro_tile=, target=, ou
 the wrapper functions are then removed. Everything else is left to the normal TVM path (on CUDA,
 ``tvm.compile`` applies the dlight default schedules to the unannotated operators).
 
+A wrapper with a third argument (a row mask, see ``pit.row_mask_arg``) passes it on as
+``row_mask=``: the op layer builds the rows index from the mask, so every matmul masked by it
+emits the same index call, which ``EliminateCommonSubexpr`` (run by ``compile_onnx``) merges
+into one build per call of the model.
+
 If the op layer raises for one matmul, that matmul is emitted dense with a warning.
 """
 from __future__ import annotations
@@ -61,7 +66,11 @@ class LowerToPIT:
             def visit_call_(self, op):
                 if isinstance(op.op, tvm.ir.GlobalVar) and op.op.name_hint in pit:
                     f = pit[op.op.name_hint]
-                    a, b = (self.visit_expr(x) for x in op.args)
+                    a, b, *rest = (self.visit_expr(x) for x in op.args)
+                    if rest:  # the row mask the wrapper was given (AnnotateDynamicSparsity)
+                        extra_args = dict(extra, row_mask=rest[0])
+                    else:
+                        extra_args = extra
                     tile = tuple(int(x) for x in f.attrs["pit.micro_tile"])
                     inner = f.body.body if isinstance(f.body, relax.SeqExpr) else f.body
                     if isinstance(inner, relax.Var):  # the wrapper returns its single binding
@@ -72,7 +81,7 @@ class LowerToPIT:
                         out_dtype = str(attrs.out_dtype)
                     try:
                         return emit(self.builder_, a, b, micro_tile=tile, target=target,
-                                    out_dtype=out_dtype, **extra)
+                                    out_dtype=out_dtype, **extra_args)
                     except Exception as err:  # noqa: BLE001 - keep the model compiling
                         warnings.warn(
                             f"PIT lowering of {op.op.name_hint} ({f.attrs['pit.tensor']}) failed, "

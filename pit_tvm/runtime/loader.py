@@ -82,6 +82,19 @@ def _register_nvcc_callback() -> None:
     _CALLBACK_DONE = True
 
 
+def check_input_shapes(inputs_meta, args) -> None:
+    """Raise ``ValueError`` naming the input when an argument's shape contradicts a static
+    dimension recorded in ``inputs_meta`` (``[{"name", "shape"}]``; symbolic dims are strings)."""
+    for meta, arg in zip(inputs_meta, args):
+        want = meta.get("shape")
+        if not want:
+            continue
+        got = tuple(int(d) for d in arg.shape)
+        if len(got) != len(want) or any(isinstance(w, int) and w != g for w, g in zip(want, got)):
+            raise ValueError(f"input {meta['name']!r} has shape {list(got)}, the model was compiled for "
+                             f"{list(want)}")
+
+
 def flatten_outputs(out) -> list[np.ndarray]:
     """A VM result (tensor or nested tuple) as a flat list of numpy arrays."""
     if hasattr(out, "numpy"):
@@ -153,7 +166,9 @@ class Model:
         missing = [n for n in self.input_names if n not in inputs]
         if missing:
             raise KeyError(f"missing inputs {missing}; expected {self.input_names}")
-        return [self._arg(inputs[i["name"]], i.get("dtype")) for i in self.inputs]
+        args = [self._arg(inputs[i["name"]], i.get("dtype")) for i in self.inputs]
+        check_input_shapes(self.inputs, args)
+        return args
 
     def run(self, inputs) -> list[np.ndarray]:
         """Run on ``{input name: numpy array or DLPack tensor}`` (or a list in input order)."""

@@ -104,6 +104,9 @@ COUNT_LE_ATTR = "pit.run_if_count_le"
 SPLIT_ATTR = "pit.split_k_rows"
 #: SMs the split-K heuristic fills (the H100 SXM has 132)
 SPLIT_TARGET_SMS = 132
+#: shallowest K slice the split-K path cuts: a shallower slice saves less latency than the fp32
+#: partials' round trip and the sum kernel cost (BERT-base's 768-deep layers ran slower split)
+SPLIT_MIN_SLICE_K = 1024
 #: rows per CTA of the split-K sum kernel (split_rows is a multiple of every block_m >= 16)
 _SPLIT_SUM_ROWS = 8
 
@@ -784,7 +787,8 @@ def split_plan(k: int, n: int, config: TensorCoreConfig, in_dtype: str = "float1
     m_tiles = max(1, sms // n_tiles)
     steps = k // c.block_k
     for s in (8, 4, 2):
-        if s * m_tiles * n_tiles <= 4 * sms and steps % s == 0 and steps // s >= max(c.stages, 2):
+        if (s * m_tiles * n_tiles <= 4 * sms and steps % s == 0 and steps // s >= max(c.stages, 2)
+                and k // s >= SPLIT_MIN_SLICE_K):
             return s, m_tiles * c.block_m
     return 1, 0
 
