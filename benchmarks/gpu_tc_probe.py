@@ -1,6 +1,6 @@
 """Probe the tensor-core PIT row-gather matmul (pit_tvm.schedules.tensorcore) on a CUDA GPU.
 
-    python benchmarks/gpu_tc_probe.py [--size 4096] [--sparsity 0 0.5 0.9] [--number 20]
+    python benchmarks/gpu_tc_probe.py [--size 4096] [--k K --n N] [--sparsity 0 0.5 0.9] [--number 20]
                                       [--configs 128x128x32w64x32s3 ...] [--kernels]
                                       [--split-k auto|off|both]
 
@@ -45,6 +45,8 @@ def main(argv=None):
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=4096)
+    p.add_argument("--k", type=int, default=None, help="K (default: --size); M is --size")
+    p.add_argument("--n", type=int, default=None, help="N (default: --size)")
     p.add_argument("--sparsity", type=float, nargs="+", default=[0.0, 0.5, 0.9])
     p.add_argument("--number", type=int, default=20)
     p.add_argument("--repeat", type=int, default=5)
@@ -55,7 +57,8 @@ def main(argv=None):
                    help="also report each kernel's device time (torch.profiler)")
     p.add_argument("--split-k", choices=("auto", "off", "both"), default="auto")
     args = p.parse_args(argv)
-    m = k = n = args.size
+    m = args.size
+    k, n = args.k or m, args.n or m
     dev = tvm.cuda(0)
     if not dev.exist:
         raise SystemExit("no CUDA device")
@@ -70,7 +73,7 @@ def main(argv=None):
 
     cublas = torch_matmul_ms(m, k, n, args.number)
     results = {"device": str(dev.device_name) if hasattr(dev, "device_name") else "cuda",
-               "size": m, "out_dtype": args.out_dtype, "cublas_dense_ms": cublas,
+               "size": m, "k": k, "n": n, "out_dtype": args.out_dtype, "cublas_dense_ms": cublas,
                "cublas_dense_tflops": (2 * m * k * n / cublas / 1e9) if cublas else None,
                "rows": []}
     header = f"{'config':<44} {'smem':>6} {'sparsity':>8} {'ms':>9} {'TF/s':>7} {'relerr':>8}"

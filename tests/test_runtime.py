@@ -144,6 +144,16 @@ def test_cli_compile_then_run_runtime_only(tmp_path):
                            "--sparse", "nope", "-o", str(tmp_path / "bad.so")],
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "valid tensor names" in proc.stderr and "hidden" in proc.stderr
+    # --shape: a static build; a wrong rank is an error naming the input
+    proc = subprocess.run([sys.executable, "-m", "pit_tvm.cli.main", "compile", str(tmp_path / "m.onnx"),
+                           "--shape", "x=2x4x32", "-o", str(tmp_path / "static.so")],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.load(open(tmp_path / "static.so.json"))["inputs"][0]["shape"] == [2, 4, 32]
+    proc = subprocess.run([sys.executable, "-m", "pit_tvm.cli.main", "compile", str(tmp_path / "m.onnx"),
+                           "--shape", "x=2x4", "-o", str(tmp_path / "bad.so")],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "'x'" in proc.stderr and "cannot be [2, 4]" in proc.stderr
 
 
 @pytest.fixture(scope="module")

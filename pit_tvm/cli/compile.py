@@ -1,4 +1,5 @@
-"""``pit-tvm compile MODEL.onnx --target cuda|llvm [--sparse NAME[:MxK]]... [--tuning-log DIR] -o OUT.so``.
+"""``pit-tvm compile MODEL.onnx --target cuda|llvm [--sparse NAME[:MxK]]... [--shape NAME=DxDx..]...
+[--tuning-log DIR] -o OUT.so``.
 
 Imports the ONNX model, annotates its dynamic sparsity (automatically: relu, masks, padding; and
 the ``--sparse`` tensors by ONNX name, with an optional micro-tile ``MxK``), lowers the annotated
@@ -11,6 +12,18 @@ import re
 import sys
 
 _TILE = re.compile(r"^(?P<name>.+):(?P<m>\d+)x(?P<k>\d+)$")
+_SHAPE = re.compile(r"^(?P<name>.+)=(?P<dims>\d+(x\d+)*)$")
+
+
+def parse_shapes(items) -> dict:
+    """``["x=32x128x768", "mask=32x128"]`` -> ``{"x": [32, 128, 768], "mask": [32, 128]}``."""
+    out = {}
+    for item in items or []:
+        mt = _SHAPE.match(item)
+        if not mt:
+            raise ValueError(f"--shape {item!r}: expected NAME=DIMxDIM..., e.g. input_ids=32x128")
+        out[mt["name"]] = [int(d) for d in mt["dims"].split("x")]
+    return out
 
 
 def parse_sparse(items) -> dict:
@@ -32,6 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--sparse", action="append", default=[], metavar="NAME[:MxK]",
                    help="annotate ONNX tensor NAME as a sparse matmul operand (repeatable)")
     p.add_argument("--no-auto", action="store_true", help="only the --sparse annotations")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=DxD..",
+                   help="compile for this static shape of input NAME (repeatable; default: symbolic dims stay symbolic)")
     p.add_argument("--tuning-log", default=None, metavar="DIR", help="tuning database for the PIT kernels")
     p.add_argument("-o", "--output", required=True, help="output library (.so)")
     p.set_defaults(func=run)
@@ -58,7 +73,8 @@ def run(args) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             cm = compile_onnx(args.model, target=args.target, sparse=parse_sparse(args.sparse) or None,
-                              tuning_log=args.tuning_log, auto=not args.no_auto)
+                              tuning_log=args.tuning_log, auto=not args.no_auto,
+                              shapes=parse_shapes(args.shape) or None)
     except (ValueError, FileNotFoundError) as err:
         print(f"pit-tvm compile: error: {err}", file=sys.stderr)
         return 2
