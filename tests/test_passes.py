@@ -235,6 +235,37 @@ def fp16_mlp(k=128, hidden=256, n=128):
          "w2": (RNG.standard_normal((hidden, n)) / np.sqrt(hidden)).astype("float16")})
 
 
+def fp16_biased_mlp(k=128, hidden=256, n=128, extra_use=False):
+    """x -MatMul-> +b1 -Relu-> -MatMul-> +b2 -> y (fp16). ``extra_use``: the first add is also
+    a graph output, so its epilogue cannot be folded into the matmul."""
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", "seq", n])]
+    if extra_use:
+        outs.append(helper.make_tensor_value_info("pre", TensorProto.FLOAT16, ["batch", "seq", hidden]))
+    return _model(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["pre"]),
+         helper.make_node("Relu", ["pre"], ["hidden"]), helper.make_node("MatMul", ["hidden", "w2"], ["h2"]),
+         helper.make_node("Add", ["b2", "h2"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", "seq", k])], outs,
+        {"w1": (RNG.standard_normal((k, hidden)) / np.sqrt(k)).astype("float16"),
+         "b1": RNG.standard_normal(hidden).astype("float16"),
+         "w2": (RNG.standard_normal((hidden, n)) / np.sqrt(hidden)).astype("float16"),
+         "b2": RNG.standard_normal(n).astype("float16")})
+
+
+def test_bias_and_relu_run_in_the_dense_kernel_epilogue():
+    """add(matmul, bias) -> relu chains become one tensor-core kernel with the epilogue; when
+    the add has another use (a graph output) only the bias is folded and the relu stays."""
+    off = compile_onnx(fp16_biased_mlp(), "cuda", auto=False)
+    assert _tc_dense_funcs(off.lowered) == ["tc_dense_matmul_k128_n256_float16_float16_bias_relu",
+                                            "tc_dense_matmul_k256_n128_float16_float16_bias"]
+    main = off.lowered["main"].script()
+    assert "R.nn.relu" not in main and "R.add" not in main and "R.matmul" not in main
+    kept = compile_onnx(fp16_biased_mlp(extra_use=True), "cuda", auto=False)
+    assert _tc_dense_funcs(kept.lowered) == ["tc_dense_matmul_k128_n256_float16_float16_bias",
+                                             "tc_dense_matmul_k256_n128_float16_float16_bias"]
+    assert "R.nn.relu" in kept.lowered["main"].script()
+
+
 def _tc_dense_funcs(mod):
     return sorted(gv.name_hint for gv in mod.get_global_vars() if gv.name_hint.startswith("tc_dense_matmul"))
 
@@ -273,13 +304,17 @@ def test_dense_matmul_workload_cpu_numerics():
     from pit_tvm.schedules.tensorcore import dense_matmul_func
     from pit_tvm.target import build
 
-    ex = build(tvm.IRModule({"main": dense_matmul_func(64, 48, "float16", "float32")}), "llvm")
-    for m in (1, 37):
-        a = RNG.standard_normal((m, 64)).astype("float16")
-        b = RNG.standard_normal((64, 48)).astype("float16")
-        c = tvm.runtime.empty((m, 48), "float32")
-        ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), c)
-        np.testing.assert_allclose(c.numpy(), a.astype("float32") @ b.astype("float32"), rtol=1e-5, atol=1e-4)
+    for bias, relu in ((False, False), (True, True), (True, False)):
+        ex = build(tvm.IRModule({"main": dense_matmul_func(64, 48, "float16", "float32", bias, relu)}), "llvm")
+        for m in (1, 37):
+            a = RNG.standard_normal((m, 64)).astype("float16")
+            b = RNG.standard_normal((64, 48)).astype("float16")
+            bv = RNG.standard_normal(48).astype("float16")
+            c = tvm.runtime.empty((m, 48), "float32")
+            ex["main"](*[tvm.runtime.tensor(v) for v in ([a, b, bv] if bias else [a, b])], c)
+            ref = a.astype("float32") @ b.astype("float32") + (bv.astype("float32") if bias else 0)
+            ref = np.maximum(ref, 0) if relu else ref
+            np.testing.assert_allclose(c.numpy(), ref, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.gpu
@@ -306,8 +341,9 @@ def test_gpu_dense_tensor_core_kernel(in_dtype, out_dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_fp16_mlp_pit_and_dense_match_onnxruntime():
-    model = fp16_mlp()
+@pytest.mark.parametrize("model_fn", [fp16_mlp, fp16_biased_mlp])
+def test_gpu_fp16_mlp_pit_and_dense_match_onnxruntime(model_fn):
+    model = model_fn()
     x = RNG.standard_normal((3, 50, 128)).astype("float16")
     ref = ort_run(model, {"x": x})[0].astype(np.float32)
     for auto in (False, True):

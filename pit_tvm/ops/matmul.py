@@ -548,22 +548,24 @@ def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):
 
 
 @functools.lru_cache(maxsize=64)
-def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str):
-    """The tensor-core dense kernel for (K, N), or None when no tile config fits;
-    scheduled once per shape in a process."""
+def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool = False, relu: bool = False):
+    """The tensor-core dense kernel for (K, N) (with the bias / ReLU epilogue), or None when no
+    tile config fits; scheduled once per shape in a process."""
     from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
 
     configs = valid_configs(k, n, dtype)
     if not configs:
         return None
-    return schedule_dense_matmul(dense_matmul_func(k, n, dtype, out_dtype), configs[0])
+    return schedule_dense_matmul(dense_matmul_func(k, n, dtype, out_dtype, bias=bias, relu=relu), configs[0])
 
 
-def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None):
+def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, relu=False):
     """Emit ``a @ b`` on the tensor-core dense kernel (:func:`pit_tvm.schedules.tensorcore.
     schedule_dense_matmul`, the PIT kernels' tiles) into a Relax ``BlockBuilder``; return the
     result expr, or None when it does not apply (not CUDA, not fp16/bf16, ``b`` not a static
-    2-D tensor, or no tile config fits K, N): the caller keeps its matmul then."""
+    2-D tensor, or no tile config fits K, N): the caller keeps its matmul then.
+    ``bias`` (a ``[N]`` tensor of ``a``'s dtype) and ``relu`` run in the kernel's epilogue;
+    a ``bias`` of another shape or dtype also returns None."""
     from tvm import relax
 
     from pit_tvm.schedules.tensorcore import IN_DTYPES, OUT_DTYPES
@@ -583,11 +585,18 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None):
     if (dtype not in IN_DTYPES or str(b_ty.dtype) != dtype or out_dtype not in OUT_DTYPES
             or not isinstance(last, tirx.IntImm) or int(last) != k):
         return None
-    kernel = _cuda_dense_kernel(k, n, dtype, out_dtype)
+    if bias is not None:
+        b_shape = getattr(bias.ty, "shape", None)
+        if (str(getattr(bias.ty, "dtype", "")) != dtype or b_shape is None or len(b_shape) != 1
+                or not isinstance(b_shape[0], tirx.IntImm) or int(b_shape[0]) != n):
+            return None
+    kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, bool(relu))
     if kernel is None:
         return None
     a2, m, lead = _as_rows(bb, a, k)
-    name = f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
+    name = (f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
+            f"{'_bias' if bias is not None else ''}{'_relu' if relu else ''}")
     gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
-    c = bb.emit(relax.call_tir(gv, [a2, b], relax.TensorType([m, n], out_dtype)))
+    args = [a2, b] + ([bias] if bias is not None else [])
+    c = bb.emit(relax.call_tir(gv, args, relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)

@@ -701,43 +701,65 @@ def _schedule_full_k_mma(sch: s_tir.Schedule, c: TensorCoreConfig, n: int, k: in
 # The dense kernel with the same tiles (unannotated matmuls of a model on CUDA)
 # --------------------------------------------------------------------------------------
 def dense_matmul_func(k: int, n: int, in_dtype: str = "float16",
-                      out_dtype: str = "float16") -> tirx.PrimFunc:
-    """``C[M, n] = A[M, k] @ B[k, n]`` (fp32 accumulation, M symbolic): the dense matmul that
-    :func:`schedule_dense_matmul` puts on the same tensor-core tiles as the PIT kernels, so a
-    model's dense layers do not fall back to dlight's SIMT kernel (~80 TF/s on the H100)."""
+                      out_dtype: str = "float16", bias: bool = False, relu: bool = False) -> tirx.PrimFunc:
+    """``C[M, n] = A[M, k] @ B[k, n] (+ bias[n]) (relu)`` (fp32 accumulation, M symbolic): the
+    dense matmul that :func:`schedule_dense_matmul` puts on the same tensor-core tiles as the
+    PIT kernels, so a model's dense layers do not fall back to dlight's SIMT kernel (~80 TF/s
+    on the H100). Parameters ``(a, b, [bias,] c)``; the optional bias / ReLU run in the
+    epilogue, in fp32, as in :func:`row_gather_matmul_func`."""
     _check_dtypes(in_dtype, out_dtype)
     K, N = int(k), int(n)
 
-    @T.prim_func(s_tir=True)
-    def func(a: T.handle, b: T.handle, c: T.handle):
-        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-        M = T.int64()
-        A = T.match_buffer(a, (M, K), in_dtype)
-        B = T.match_buffer(b, (K, N), in_dtype)
-        C = T.match_buffer(c, (M, N), out_dtype)
-        with T.sblock("root"):
-            # A through an int32-indexed copy (inlined by the schedule), as the PIT kernels'
-            # gather: then the padded tile load becomes a predicated 16-byte cp.async (read
-            # straight from the int64-shaped A, TVM scalarised it into synchronous loads)
-            Ac = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
-            Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
-            for p, kk in T.grid(T.Cast("int32", M), K):
-                with T.sblock("A_load"):
-                    vp, vk = T.axis.remap("SS", [p, kk])
-                    Ac[vp, vk] = A[vp, vk]
-            for p, j, kk in T.grid(T.Cast("int32", M), N, K):
-                with T.sblock("matmul"):
-                    vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
-                    with T.init():
-                        Acc[vp, vj] = T.float32(0)
-                    Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ac[vp, vk]) * T.Cast(
-                        "float32", B[vk, vj])
-            for p, j in T.grid(T.Cast("int32", M), N):
-                with T.sblock("store"):
-                    vp, vj = T.axis.remap("SS", [p, j])
-                    C[vp, vj] = _epilogue(Acc[vp, vj], None, False, out_dtype)
+    @T.macro
+    def body(M, A, B, BIAS, C):
+        # A through an int32-indexed copy (inlined by the schedule), as the PIT kernels'
+        # gather: then the padded tile load becomes a predicated 16-byte cp.async (read
+        # straight from the int64-shaped A, TVM scalarised it into synchronous loads)
+        Ac = T.sblock_alloc_buffer((T.Cast("int32", M), K), in_dtype)
+        Acc = T.sblock_alloc_buffer((T.Cast("int32", M), N), "float32")
+        for p, kk in T.grid(T.Cast("int32", M), K):
+            with T.sblock("A_load"):
+                vp, vk = T.axis.remap("SS", [p, kk])
+                Ac[vp, vk] = A[vp, vk]
+        for p, j, kk in T.grid(T.Cast("int32", M), N, K):
+            with T.sblock("matmul"):
+                vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
+                with T.init():
+                    Acc[vp, vj] = T.float32(0)
+                Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ac[vp, vk]) * T.Cast(
+                    "float32", B[vk, vj])
+        for p, j in T.grid(T.Cast("int32", M), N):
+            with T.sblock("store"):
+                vp, vj = T.axis.remap("SS", [p, j])
+                if bias:
+                    C[vp, vj] = _epilogue(Acc[vp, vj], BIAS[vj], relu, out_dtype)
+                else:
+                    C[vp, vj] = _epilogue(Acc[vp, vj], None, relu, out_dtype)
 
-    return func.with_attr("pit.workload", f"dense_matmul_k{K}_n{N}_{in_dtype}_{out_dtype}")
+    if bias:
+        @T.prim_func(s_tir=True)
+        def func(a: T.handle, b: T.handle, bias_h: T.handle, c: T.handle):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            M = T.int64()
+            A = T.match_buffer(a, (M, K), in_dtype)
+            B = T.match_buffer(b, (K, N), in_dtype)
+            BIAS = T.match_buffer(bias_h, (N,), in_dtype)
+            C = T.match_buffer(c, (M, N), out_dtype)
+            with T.sblock("root"):
+                body(M, A, B, BIAS, C)
+    else:
+        @T.prim_func(s_tir=True)
+        def func(a: T.handle, b: T.handle, c: T.handle):
+            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+            M = T.int64()
+            A = T.match_buffer(a, (M, K), in_dtype)
+            B = T.match_buffer(b, (K, N), in_dtype)
+            C = T.match_buffer(c, (M, N), out_dtype)
+            with T.sblock("root"):
+                body(M, A, B, None, C)
+
+    return func.with_attr("pit.workload", f"dense_matmul_k{K}_n{N}_{in_dtype}_{out_dtype}"
+                          f"{'_bias' if bias else ''}{'_relu' if relu else ''}")
 
 
 def schedule_dense_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
@@ -745,7 +767,7 @@ def schedule_dense_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     """:func:`dense_matmul_func` on tensor cores: the full-K kernel of
     :func:`schedule_row_gather_matmul` without the gather and the scatter (rows past M
     of the last tile are zero-filled by the predicated copy and never stored)."""
-    a_t, b_t, c_t = (p.ty for p in func.params)
+    a_t, b_t, c_t = (func.params[i].ty for i in (0, 1, -1))
     k, n, in_dtype, out_dtype = int(b_t.shape[0]), int(b_t.shape[1]), str(a_t.dtype), str(c_t.dtype)
     c = config
     check_config(k, n, in_dtype, c, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype)
