@@ -62,25 +62,30 @@ def run(ex, dev, a, b, offsets, ids, out_dtype, fill=7.0):
 # CPU: the unscheduled workload
 # ---------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def _cpu_exe(k, n, micro_tile, in_dtype, out_dtype):
-    f = tiles_gather_matmul_func(k, n, micro_tile, in_dtype, out_dtype)
+def _cpu_exe(k, n, micro_tile, in_dtype, out_dtype, a_compact=False):
+    f = tiles_gather_matmul_func(k, n, micro_tile, in_dtype, out_dtype, a_compact=a_compact)
     return target_build(tvm.IRModule({"main": f}), "llvm")
 
 
 @pytest.mark.parametrize(
-    "m,micro_tile,sparsity,in_dtype,out_dtype",
+    "m,micro_tile,sparsity,in_dtype,out_dtype,a_compact",
     [
-        (70, (32, 8), 0.5, "float16", "float32"),     # M not a multiple of mr
-        (64, (32, 16), 0.0, "float16", "float32"),    # dense
-        (64, (32, 16), 1.0, "float16", "float32"),    # empty: every row written with 0
-        (40, (16, 1), 0.7, "float16", "float16"),     # 2-byte column gather
-        (50, (16, 32), 0.5, "bfloat16", "float32"),
-        (5, (16, 4), 0.3, "float16", "float32"),      # M < mr
+        (70, (32, 8), 0.5, "float16", "float32", False),     # M not a multiple of mr
+        (64, (32, 16), 0.0, "float16", "float32", False),    # dense
+        (64, (32, 16), 1.0, "float16", "float32", False),    # empty: every row written with 0
+        (40, (16, 1), 0.7, "float16", "float16", False),     # 2-byte column gather
+        (50, (16, 32), 0.5, "bfloat16", "float32", False),
+        (5, (16, 4), 0.3, "float16", "float32", False),      # M < mr
+        # A gathered by its own kernel (A_compact) first: ragged strips, dense, empty, M < mr
+        (70, (32, 1), 0.8, "float16", "float32", True),
+        (64, (32, 1), 0.0, "float16", "float16", True),
+        (64, (16, 1), 1.0, "bfloat16", "float32", True),
+        (5, (16, 4), 0.3, "float16", "float32", True),
     ],
 )
-def test_unscheduled_cpu_numerics(m, micro_tile, sparsity, in_dtype, out_dtype):
+def test_unscheduled_cpu_numerics(m, micro_tile, sparsity, in_dtype, out_dtype, a_compact):
     k, n = 64, 48
-    ex = _cpu_exe(k, n, micro_tile, in_dtype, out_dtype)
+    ex = _cpu_exe(k, n, micro_tile, in_dtype, out_dtype, a_compact)
     a, b, offsets, ids = make_inputs(m, k, n, micro_tile, sparsity, in_dtype, seed=m)
     got = run(ex, tvm.cpu(), a, b, offsets, ids, out_dtype)
     tol = 1e-5 if out_dtype == "float32" else 1e-2
@@ -144,6 +149,27 @@ def test_cuda_build(micro_tile, in_dtype, out_dtype, cfg):
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 2
+
+
+def test_compact_a_kernel_then_vectorised_a_gather():
+    """mk = 1 with a_compact: a separate A_compact kernel, then the GEMM reads A with 16-byte
+    cp.async (no 2-byte predicated gather in the GEMM kernel); configs need block_k <= pad."""
+    from pit_tvm.schedules.tensorcore_tiles import COMPACT_PAD, needs_compact_a
+
+    assert needs_compact_a((32, 1), "float16") and not needs_compact_a((32, 8), "float16")
+    k, n = 512, 256
+    func = schedule_tiles_gather_matmul(
+        tiles_gather_matmul_func(k, n, (32, 1), "float16", "float16", a_compact=True), TilesConfig())
+    src = _source(build(func, "cuda"))
+    assert src.count("__global__") == 4           # A_compact + the GEMM (decl + def each)
+    gemm = src[src.rindex("__global__"):]
+    gemm = gemm if "mma.sync" in gemm else src[src.index("__global__"):src.rindex("__global__")]
+    assert "mma.sync" in gemm and "condval" not in gemm
+    assert all(c.block_k <= COMPACT_PAD for c in valid_tiles_configs(k, n, (32, 1), a_compact=True))
+    with pytest.raises(ValueError, match="COMPACT_PAD"):
+        check_tiles_config(k, n, (32, 1), "float16", TilesConfig(block_k=128, stages=1), a_compact=True)
+    if find_nvcc() is not None:
+        assert check_cuda_compiles(build(func, "cuda"), archs=("sm_80", "sm_90")) >= 2
 
 
 def test_a_gather_vectorised_when_runs_are_16_bytes():
@@ -230,9 +256,9 @@ def _all_sources(ex):
 # GPU: the scheduled kernel on CUDA
 # ---------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def _gpu_exe(k, n, micro_tile, in_dtype, out_dtype, cfg):
+def _gpu_exe(k, n, micro_tile, in_dtype, out_dtype, cfg, a_compact=False):
     func = schedule_tiles_gather_matmul(
-        tiles_gather_matmul_func(k, n, micro_tile, in_dtype, out_dtype), cfg)
+        tiles_gather_matmul_func(k, n, micro_tile, in_dtype, out_dtype, a_compact=a_compact), cfg)
     return build(func, "cuda")
 
 
@@ -245,15 +271,19 @@ GPU_CASES = [
     ((32, 1), "bfloat16", "float32", TilesConfig(stages=2)),
     ((64, 64), "float16", "float32", TilesConfig(block_n=128, warp_m=64, warp_n=64, stages=4)),
     ((16, 32), "float16", "float32", TilesConfig(block_n=128, block_k=64, warp_m=16, warp_n=32)),
+    ((32, 1), "float16", "float32", TilesConfig(), True),              # A_compact first
+    ((32, 1), "bfloat16", "float16", TilesConfig(block_k=64, stages=3), True),
+    ((128, 1), "float16", "float32", TilesConfig(block_n=128, warp_m=64, warp_n=64, stages=4), True),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99, 1.0])
-@pytest.mark.parametrize("micro_tile,in_dtype,out_dtype,cfg", GPU_CASES)
-def test_gpu_numerics(sparsity, micro_tile, in_dtype, out_dtype, cfg):
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_gpu_numerics(sparsity, case):
+    micro_tile, in_dtype, out_dtype, cfg, *compact = case
     m, k, n = 1000, 512, 256          # M not a multiple of mr: ragged last strip
-    ex = _gpu_exe(k, n, micro_tile, in_dtype, out_dtype, cfg)
+    ex = _gpu_exe(k, n, micro_tile, in_dtype, out_dtype, cfg, bool(compact and compact[0]))
     a, b, offsets, ids = make_inputs(m, k, n, micro_tile, sparsity, in_dtype, seed=7)
     got = run(ex, tvm.cuda(0), a, b, offsets, ids, out_dtype, fill=np.nan)
     ref = reference(a, b)

@@ -129,15 +129,16 @@ def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, a
     SIMT kernel is used then)."""
     if dtype not in ("float16", "bfloat16"):
         return None
-    from pit_tvm.schedules.tensorcore_tiles import (schedule_tiles_gather_matmul,
+    from pit_tvm.schedules.tensorcore_tiles import (needs_compact_a, schedule_tiles_gather_matmul,
                                                     tiles_gather_matmul_func,
                                                     valid_tiles_configs)
 
-    configs = valid_tiles_configs(k, n, micro_tile, dtype, arch)
+    a_compact = needs_compact_a(micro_tile, dtype)
+    configs = valid_tiles_configs(k, n, micro_tile, dtype, arch, a_compact=a_compact)
     if not configs:
         return None
     return schedule_tiles_gather_matmul(
-        tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype), configs[0], arch)
+        tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype, a_compact=a_compact), configs[0], arch)
 
 
 #: rows of the thinnest strip the tensor-core tiles kernel takes (one m16n8k16 tile)

@@ -68,6 +68,8 @@ from pit_tvm.schedules.tensorcore import (
 
 __all__ = [
     "TilesConfig",
+    "COMPACT_PAD",
+    "needs_compact_a",
     "SUPPORTED_MR",
     "tiles_gather_matmul_func",
     "schedule_tiles_gather_matmul",
@@ -79,6 +81,9 @@ __all__ = [
 ]
 
 SUPPORTED_MR = (16, 32, 64, 128)
+#: compact positions :func:`compact_a_func` zero-fills past a strip's count: a multiple of
+#: every candidate block_k, so the tiles kernel's last k step reads zeros (no per-element guard)
+COMPACT_PAD = 64
 DYN_K_ATTR = "pit.tiles_dynamic_k"
 STRIP_ATTR = "pit.tiles_strip"
 
@@ -122,6 +127,12 @@ def tiles_smem_bytes(config: TilesConfig, mr: int, in_dtype: str = "float16") ->
     return _tile_smem_bytes(config, mr, in_dtype)
 
 
+def needs_compact_a(micro_tile, in_dtype: str) -> bool:
+    """True when the micro-tile's A runs are narrower than 16 bytes (e.g. ``mk = 1``): the
+    CUDA path then gathers A with :func:`compact_a_func` ahead of the tiles kernel."""
+    return _a_vec(int(micro_tile[1]), in_dtype) == 1
+
+
 def _a_vec(mk: int, in_dtype: str) -> int:
     """Elements per A-gather copy: 16 bytes when a micro-tile holds whole 16-byte runs."""
     vec = 16 // _dtype_bytes(in_dtype)
@@ -130,8 +141,9 @@ def _a_vec(mk: int, in_dtype: str) -> int:
 
 def check_tiles_config(k: int, n: int, micro_tile, in_dtype: str, config: TilesConfig,
                        max_smem: int = MAX_SMEM_BYTES["sm_90"],
-                       out_dtype: str = "float32") -> None:
-    """Raise ValueError when ``config`` cannot serve a (K, N, micro_tile) problem."""
+                       out_dtype: str = "float32", a_compact: bool = False) -> None:
+    """Raise ValueError when ``config`` cannot serve a (K, N, micro_tile) problem
+    (``a_compact``: A pre-gathered by :func:`compact_a_func`)."""
     c = config
     mr, mk = (int(x) for x in micro_tile)
     _check_dtypes(in_dtype, out_dtype)
@@ -158,7 +170,9 @@ def check_tiles_config(k: int, n: int, micro_tile, in_dtype: str, config: TilesC
     vec = 16 // _dtype_bytes(in_dtype)
     if c.smem_pad % vec:
         raise ValueError(f"smem_pad={c.smem_pad} must keep rows 16-byte aligned (multiple of {vec})")
-    avec = _a_vec(mk, in_dtype)
+    avec = vec if a_compact else _a_vec(mk, in_dtype)
+    if a_compact and c.block_k > COMPACT_PAD:
+        raise ValueError(f"block_k={c.block_k} > COMPACT_PAD={COMPACT_PAD}")
     if (mr * c.block_k) % (threads * avec):
         raise ValueError(f"A tile ({mr * c.block_k} elements) is not a multiple of threads x {avec}")
     if (c.block_k * c.block_n) % (threads * vec):
@@ -177,11 +191,19 @@ def check_tiles_config(k: int, n: int, micro_tile, in_dtype: str, config: TilesC
 # Workload
 # --------------------------------------------------------------------------------------
 def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float16",
-                             out_dtype: str = "float32") -> tirx.PrimFunc:
+                             out_dtype: str = "float32", a_compact: bool = False) -> tirx.PrimFunc:
     """The unscheduled PIT tiles matmul (module docstring); ``M`` symbolic int64.
 
     Parameters ``(a, b, offsets, ids, c)`` with ``offsets: int32[ceil(M/mr)+1]`` and
     ``ids: int32[ceil(M/mr) * K/mk]``.  Builds and runs as is on llvm.
+
+    ``a_compact`` (for ``mk`` narrower than 16 bytes, see :func:`needs_compact_a`): SRead of A
+    as a kernel of its own. Block ``A_compact`` writes ``Ac[g*mr + i, q] = A[g*mr + i, col(q)]``
+    for ``q < cnt_g * mk`` and zeros up to ``roundup(cnt_g * mk, COMPACT_PAD)`` into a global
+    workspace; the GEMM's ``A_gather`` then reads contiguous runs of ``Ac`` (16-byte cp.async).
+    Why: inside the GEMM an ``mk = 1`` gather is a 2-byte synchronous load per element on the
+    critical path (the OPT FFN's 32x1 kernel took 223 us at 13 % occupancy, ~4x its dense
+    share); as its own kernel every load is independent.
     """
     _check_dtypes(in_dtype, out_dtype)
     mr, mk = (int(x) for x in micro_tile)
@@ -201,6 +223,22 @@ def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float1
         IDS = T.match_buffer(ids, ((M + mr - 1) // mr * KT,), "int32")
         C = T.match_buffer(c, (M, N), out_dtype)
         Ag = T.sblock_alloc_buffer((T.Cast("int32", (M + mr - 1) // mr), mr, K), in_dtype)
+        Ac = T.sblock_alloc_buffer((M, K) if a_compact else (1, 1), in_dtype)
+        if a_compact:
+            for g, i, q in T.grid(T.Cast("int32", (M + mr - 1) // mr), mr, K):
+                with T.sblock("A_compact"):
+                    vg, vi, vq = T.axis.remap("SSS", [g, i, q])
+                    T.reads(OFF[vg:vg + 2], IDS[0:(M + mr - 1) // mr * KT], A[0:M, 0:K])
+                    T.writes(Ac[T.Cast("int64", vg * mr + vi), vq])
+                    if (vq < ((OFF[vg + 1] - OFF[vg]) * mk + (COMPACT_PAD - 1)) // COMPACT_PAD * COMPACT_PAD
+                            and T.Cast("int64", vg * mr + vi) < M):
+                        Ac[T.Cast("int64", vg * mr + vi), vq] = T.if_then_else(
+                            (OFF[vg + 1] - OFF[vg]) * mk > vq,
+                            A[T.Cast("int64", vg * mr + vi),
+                              T.max(IDS[T.min(OFF[vg] + vq // mk,
+                                              T.Cast("int32", (M + mr - 1) // mr * KT - 1))], 0) * mk
+                              + vq % mk],
+                            zero)
         Bg = T.sblock_alloc_buffer((T.Cast("int32", (M + mr - 1) // mr), K, N), in_dtype)
         Acc = T.sblock_alloc_buffer((T.Cast("int32", (M + mr - 1) // mr), mr, N), "float32")
         for g, i, q in T.grid(T.Cast("int32", (M + mr - 1) // mr), mr, K):
@@ -208,14 +246,20 @@ def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float1
                 vg, vi, vq = T.axis.remap("SSS", [g, i, q])
                 T.reads(OFF[vg:vg + 2], IDS[0:(M + mr - 1) // mr * KT], A[0:M, 0:K])
                 T.writes(Ag[vg, vi, vq])
-                # column of compact position vq; index reads clamped (never past ids, never -1)
-                Ag[vg, vi, vq] = T.if_then_else(
-                    (OFF[vg + 1] - OFF[vg]) * mk > vq,
-                    A[T.min(T.Cast("int64", vg * mr + vi), M - 1),
-                      T.max(IDS[T.min(OFF[vg] + vq // mk,
-                                      T.Cast("int32", (M + mr - 1) // mr * KT - 1))], 0) * mk
-                      + vq % mk],
-                    zero)
+                if a_compact:
+                    # gathered by A_compact; its padded tail holds zeros, past it read zero
+                    Ag[vg, vi, vq] = T.if_then_else(
+                        ((OFF[vg + 1] - OFF[vg]) * mk + (COMPACT_PAD - 1)) // COMPACT_PAD * COMPACT_PAD > vq,
+                        Ac[T.min(T.Cast("int64", vg * mr + vi), M - 1), vq], zero)
+                else:
+                    # column of compact position vq; index reads clamped (never past ids, never -1)
+                    Ag[vg, vi, vq] = T.if_then_else(
+                        (OFF[vg + 1] - OFF[vg]) * mk > vq,
+                        A[T.min(T.Cast("int64", vg * mr + vi), M - 1),
+                          T.max(IDS[T.min(OFF[vg] + vq // mk,
+                                          T.Cast("int32", (M + mr - 1) // mr * KT - 1))], 0) * mk
+                          + vq % mk],
+                        zero)
         for g, q, j in T.grid(T.Cast("int32", (M + mr - 1) // mr), K, N):
             with T.sblock("B_gather"):
                 vg, vq, vj = T.axis.remap("SSS", [g, q, j])
@@ -243,7 +287,9 @@ def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float1
                     C[T.Cast("int64", vg * mr + vi), vj] = T.Cast(out_dtype, Acc[vg, vi, vj])
 
     return func.with_attr("pit.workload",
-                          f"tiles_gather_matmul_{mr}x{mk}_k{K}_n{N}_{in_dtype}_{out_dtype}")
+                          f"tiles_gather_matmul_{mr}x{mk}_k{K}_n{N}_{in_dtype}_{out_dtype}"
+                          f"{'_acompact' if a_compact else ''}")
+
 
 
 # --------------------------------------------------------------------------------------
@@ -273,12 +319,13 @@ def schedule_tiles_gather_matmul(func: tirx.PrimFunc, config: TilesConfig,
     """
     k, n, in_dtype, out_dtype = _workload_params(func)
     mr, mk = _micro_tile_of(func)
+    a_compact = str(func.attrs["pit.workload"]).endswith("_acompact")
     c = config
     check_tiles_config(k, n, (mr, mk), in_dtype, c,
-                       MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype)
+                       MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype, a_compact)
     names = _intrin_names(in_dtype)
     vec = 16 // _dtype_bytes(in_dtype)
-    avec = _a_vec(mk, in_dtype)
+    avec = vec if a_compact else _a_vec(mk, in_dtype)
     warps = c.warps(mr)
 
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
@@ -299,6 +346,17 @@ def schedule_tiles_gather_matmul(func: tirx.PrimFunc, config: TilesConfig,
 
     # ---- accumulators: warp registers -> shared C tile (fp32) -> cast + guarded stores
     c_w = _stage_epilogue(sch, outer, store, ty, j0, warps, c.epilogue_vec)
+
+    # ---- A_compact (mk narrower than 16 bytes): its own kernel, one CTA per (strip, 256
+    # compact positions), a thread per position over the strip's rows
+    if a_compact:
+        blk = sch.get_sblock("A_compact")
+        cg, ci, cq = sch.get_loops(blk)
+        cq0, cq1 = sch.split(cq, [None, 256])
+        sch.reorder(cg, cq0, cq1, ci)
+        sch.bind(sch.fuse(cg, cq0), "blockIdx.x")
+        sch.bind(cq1, "threadIdx.x")
+        sch.unroll(ci)
 
     # ---- SRead: gathered A columns / B rows -> shared, per k step
     for blk, v in ((a_g, avec), (b_g, vec)):
@@ -384,8 +442,9 @@ _CANDIDATES = (
 
 
 def valid_tiles_configs(k: int, n: int, micro_tile, dtype: str = "float16",
-                        arch: str = "sm_90") -> list[TilesConfig]:
+                        arch: str = "sm_90", a_compact: bool = False) -> list[TilesConfig]:
     """The candidate configs that fit a (K, N, micro_tile) problem, best guess first."""
     max_smem = MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"])
     return _fitting(_CANDIDATES,
-                    lambda cfg: check_tiles_config(k, n, micro_tile, dtype, cfg, max_smem))
+                    lambda cfg: check_tiles_config(k, n, micro_tile, dtype, cfg, max_smem,
+                                                   a_compact=a_compact))
