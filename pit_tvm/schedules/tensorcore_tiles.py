@@ -22,9 +22,11 @@ The schedule (:func:`schedule_tiles_gather_matmul`): one CTA per (strip, BN colu
 strip's compact positions in steps of BK:
 
 * ``A_gather`` (SRead): for ``mk >= 8`` (fp16/bf16: 16 bytes) the gathered A columns are
-  contiguous 16-byte runs -> vectorised, predicated zero-fill cp.async; for smaller ``mk``
-  (e.g. ``mk = 1``: BK different columns per step) a 2-byte element gather (synchronous
-  loads, threads of a warp on consecutive q of the same row).
+  contiguous 16-byte runs -> vectorised, predicated zero-fill cp.async. For smaller ``mk``
+  (e.g. ``mk = 1``: BK different columns per step) the workload built with ``a_compact``
+  (what ``sparse_matmul`` uses, see :func:`needs_compact_a`) first gathers A into a
+  workspace in a kernel of its own (``A_compact``), then reads it like the 16-byte case;
+  without it, a 2-byte element gather inside the GEMM (synchronous loads).
 * ``B_gather`` (SRead): gathered rows of B, contiguous -> 16-byte cp.async.
 * ldmatrix + mma.sync m16n8k16 (the fp16/bf16 intrinsics of :mod:`.tensorcore`), fp32
   accumulators in registers, multi-stage software pipeline over the k steps.
