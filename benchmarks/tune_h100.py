@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import main_evaluator, median_ms, row_sparse_inputs  # noqa: E402
+from common import evaluator_median_ms, main_evaluator, row_sparse_inputs  # noqa: E402
 
 
 def _inputs(m, k, n, sparsity, seed=0):
@@ -52,7 +52,7 @@ def _check_and_time(func, default_func, size, number=20, repeat=5):
     a, b, off, ids = _inputs(size, size, size, 0.0, seed=2)
     args = [t(a), t(b), t(off), t(ids), t(np.zeros((size, size), np.float16))]
     for name, f in (("tuned", ex), ("default", build(default_func, "cuda"))):
-        ms = median_ms(main_evaluator(f, dev, number, repeat), args)
+        ms = evaluator_median_ms(main_evaluator(f, dev, number, repeat), args)
         out[f"{name}_ms"] = ms
         out[f"{name}_tflops"] = 2.0 * size ** 3 / (ms * 1e-3) / 1e12
     return out

@@ -329,3 +329,27 @@ def test_gpu_tune_8_trials_and_numerics(tmp_path):
     got = c.numpy()
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
+# ----------------------------------------------------------------------------- the shipped logs
+SHIPPED = sorted(Path(__file__).resolve().parent.parent.glob("tuning_logs/*/matmul_k*_n*_*"))
+
+
+@pytest.mark.parametrize("log", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_shipped_logs_build_for_sm80_and_sm90(log):
+    """Every database the repo ships yields a tuned kernel that compiles to device code."""
+    import re
+
+    from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+    from pit_tvm.target import build
+    from pit_tvm.tuning.tune import load_best
+
+    k, n, dtype = re.match(r"matmul_k(\d+)_n(\d+)_(\w+)$", log.name).groups()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no corrupt or foreign record in a shipped log
+        func = load_best(str(log), int(k), int(n), dtype, "cuda")
+    assert func is not None
+    ex = build(func, "cuda")
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 2
