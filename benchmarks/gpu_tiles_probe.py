@@ -1,6 +1,6 @@
 """Probe the tensor-core PIT tiles kernel (pit_tvm.schedules.tensorcore_tiles) on a CUDA GPU.
 
-    python benchmarks/gpu_tiles_probe.py [--size 4096] [--micro-tiles 32x64 32x1]
+    python benchmarks/gpu_tiles_probe.py [--size 4096] [--k K --n N] [--micro-tiles 32x64 32x1]
                                          [--sparsity 0 0.5 0.9 0.99] [--number 20]
 
 For every micro-tile and every config of ``valid_tiles_configs(K, N, micro_tile)``: build,
@@ -60,6 +60,7 @@ def main(argv=None):
     from pit_tvm.schedules.tensorcore_tiles import (
         build,
         schedule_tiles_gather_matmul,
+        needs_compact_a,
         tiles_gather_matmul_func,
         tiles_smem_bytes,
         valid_tiles_configs,
@@ -73,13 +74,16 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--out-dtype", default="float16")
     p.add_argument("--max-configs", type=int, default=None)
+    p.add_argument("--k", type=int, default=None, help="K (default: --size); M is --size")
+    p.add_argument("--n", type=int, default=None, help="N (default: --size)")
     args = p.parse_args(argv)
-    m = k = n = args.size
+    m = args.size
+    k, n = args.k or m, args.n or m
     dev = tvm.cuda(0)
     if not dev.exist:
         raise SystemExit("no CUDA device")
     cublas = torch_matmul_ms(m, k, n, args.number)
-    results = {"device": str(getattr(dev, "device_name", "cuda")), "size": m,
+    results = {"device": str(getattr(dev, "device_name", "cuda")), "size": m, "k": k, "n": n,
                "out_dtype": args.out_dtype, "cublas_dense_ms": cublas,
                "cublas_dense_tflops": (2 * m * k * n / cublas / 1e9) if cublas else None,
                "rows": []}
@@ -92,8 +96,10 @@ def main(argv=None):
         rng = np.random.default_rng(0)
         data = {s: _inputs(m, k, n, mt, s, rng) for s in args.sparsity}
         refs = {s: _ref(a, b) for s, (a, b, _, _) in data.items()}
-        func = tiles_gather_matmul_func(k, n, mt, "float16", args.out_dtype)
-        cfgs = valid_tiles_configs(k, n, mt, "float16")[: args.max_configs]
+        # as sparse_matmul builds it: A gathered by its own kernel when mk is under 16 bytes
+        compact = needs_compact_a(mt, "float16")
+        func = tiles_gather_matmul_func(k, n, mt, "float16", args.out_dtype, a_compact=compact)
+        cfgs = valid_tiles_configs(k, n, mt, "float16", a_compact=compact)[: args.max_configs]
         for cfg in cfgs:
             name = cfg.name()
             t0 = time.time()

@@ -41,13 +41,15 @@ def device_for(target, index: int = 0):
 def cuda_schedule_rules() -> list:
     """The dlight rules for the operators no PIT or tensor-core kernel took, in order: TVM's
     CUDA defaults with :class:`~pit_tvm.schedules.row_reduction.RowReduction` ahead of
-    ``GeneralReduction`` (softmax / layer norm over short static rows)."""
+    ``GeneralReduction`` (softmax / layer norm over short static rows) and
+    :class:`~pit_tvm.schedules.elementwise.VectorizedElementwise` ahead of ``Fallback``."""
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
+    from pit_tvm.schedules.elementwise import VectorizedElementwise  # noqa: PLC0415
     from pit_tvm.schedules.row_reduction import RowReduction  # noqa: PLC0415
 
     return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), RowReduction(),
-            dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
+            dl.gpu.GeneralReduction(), VectorizedElementwise(), dl.gpu.Fallback()]
 
 
 def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:

@@ -3,26 +3,13 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax, tirx
-from tvm.s_tir import dlight as dl
 
+from _helpers import build_with_cuda_rules, legalized_cuda_module
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.row_reduction import RowReduction
-from pit_tvm.target import build, cuda_schedule_rules, make_target
+from pit_tvm.target import cuda_schedule_rules, make_target
 
 CUDA = make_target("cuda")
-
-
-def _legalized(build_fn, *shapes, dtype="float16"):
-    """A Relax module of one operator, legalized and fused (what dlight sees in a model)."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(s, dtype)) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build_fn(*params))
-        bb.emit_func_output(out)
-    with CUDA:
-        return tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-                                         relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
 
 
 def _prim(mod):
@@ -30,11 +17,12 @@ def _prim(mod):
 
 
 def softmax_mod(shape=(4, 3, 40, 40)):
-    return _legalized(lambda x: relax.op.nn.softmax(x, axis=-1), shape)
+    return legalized_cuda_module(lambda x: relax.op.nn.softmax(x, axis=-1), shape)[0]
 
 
 def layer_norm_mod(rows=(4, 40), d=96):
-    return _legalized(lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1]), (*rows, d), (d,), (d,))
+    return legalized_cuda_module(lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1]),
+                                 (*rows, d), (d,), (d,))[0]
 
 
 def test_applies_to_softmax_and_layer_norm_with_static_shapes():
@@ -58,15 +46,9 @@ def test_is_ahead_of_general_reduction():
     assert names.index("RowReduction") < names.index("GeneralReduction")
 
 
-def _built(mod):
-    with CUDA:
-        mod = dl.ApplyDefaultSchedule(*cuda_schedule_rules())(mod)
-    return build(mod, CUDA)
-
-
 @pytest.mark.parametrize("mod_fn", [softmax_mod, layer_norm_mod])
 def test_cuda_build(mod_fn):
-    ex = _built(mod_fn())
+    ex = build_with_cuda_rules(mod_fn())
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 1
@@ -78,13 +60,13 @@ def test_gpu_softmax_and_layer_norm_match_numpy():
     dev = tvm.cuda(0)
     # rows not a multiple of the CTA's rows (40 % 8 == 0, 3 heads) and a row of 40 (not 32k)
     x = rng.standard_normal((4, 3, 40, 40)).astype("float16")
-    vm = relax.VirtualMachine(_built(softmax_mod()), dev)
+    vm = relax.VirtualMachine(build_with_cuda_rules(softmax_mod()), dev)
     got = vm["main"](tvm.runtime.tensor(x, dev)).numpy().astype("float32")
     e = np.exp(x.astype("float32") - x.astype("float32").max(-1, keepdims=True))
     np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), atol=3e-3)
     x = rng.standard_normal((4, 40, 96)).astype("float16")
     g, b = rng.standard_normal(96).astype("float16"), rng.standard_normal(96).astype("float16")
-    vm = relax.VirtualMachine(_built(layer_norm_mod()), dev)
+    vm = relax.VirtualMachine(build_with_cuda_rules(layer_norm_mod()), dev)
     got = vm["main"](*(tvm.runtime.tensor(v, dev) for v in (x, g, b))).numpy().astype("float32")
     xf = x.astype("float32")
     ref = (xf - xf.mean(-1, keepdims=True)) / np.sqrt(xf.var(-1, keepdims=True) + 1e-5) * g + b

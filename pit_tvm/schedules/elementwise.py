@@ -1,0 +1,63 @@
+"""dlight rule for elementwise (injective) kernels with static shapes: vectorised accesses.
+
+dlight's ``Fallback`` binds the fused iteration space to 1024-thread CTAs with one element per
+thread: every load and store is a scalar of 2 bytes for fp16.  On the H100 the BERT-base
+encoder's fused GELU over [4096, 3072] fp16 took ~52 us per layer, ~3x its HBM time.
+
+This rule takes single-block injective functions whose block writes its output at exactly its
+iteration variables (so the innermost iteration walks the output's contiguous axis) and whose
+innermost extent is a multiple of ``VEC``::
+
+    CTA  : THREADS threads                (blockIdx.x)
+    thread: VEC consecutive output elements (threadIdx.x, vectorised inner loop)
+
+Inputs read along the same axis become vector loads; broadcast inputs stay scalar; a transposed
+input is gathered lane by lane (still correct).  Anything else returns None (``Fallback`` then
+applies).  Registered in :func:`pit_tvm.target.cuda_schedule_rules` ahead of ``Fallback``.
+"""
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+
+#: elements per thread (half4 / float4: types the CUDA codegen has for every operation)
+VEC = 4
+THREADS = 256
+
+
+class VectorizedElementwise(GPUScheduleRule):
+    """``VEC`` contiguous elements per thread for static-shape injective kernels."""
+
+    def apply(self, func, target, _tunable):  # noqa: D102 - see the module docstring
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        infos = try_inline_contiguous_spatial(sch, infos) if infos else None
+        if not infos or len(infos) != 1:
+            return None
+        info = infos[0]
+        if not info.is_injective() or not all(isinstance(d, (int, tirx.IntImm)) for d in info.dom()):
+            return None
+        block = sch.get(info.block_rv)
+        if len(block.writes) != 1:
+            return None
+        region = block.writes[0].region
+        iters = [iv.var for iv in block.iter_vars]
+        if len(region) != len(iters) or not all(
+                isinstance(r.min, tirx.Var) and r.min.same_as(v) and int(r.extent) == 1
+                for r, v in zip(region, iters)):
+            return None
+        if int(info.dom()[-1]) % VEC:
+            return None
+        loops = sch.get_loops(info.block_rv)
+        if len(loops) != len(iters):
+            return None
+        fused = sch.fuse(*loops)
+        bx, tx, vec = sch.split(fused, [None, THREADS, VEC])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(vec)
+        return sch
