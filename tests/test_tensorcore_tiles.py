@@ -11,6 +11,8 @@ import functools
 import numpy as np
 import pytest
 import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pit_tvm.index.tiles import reference_tile_index
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
@@ -90,6 +92,21 @@ def test_unscheduled_cpu_numerics(m, micro_tile, sparsity, in_dtype, out_dtype, 
     got = run(ex, tvm.cpu(), a, b, offsets, ids, out_dtype)
     tol = 1e-5 if out_dtype == "float32" else 1e-2
     np.testing.assert_allclose(got, reference(a, b), rtol=tol, atol=tol)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=st.integers(1, 100), micro_tile=st.sampled_from([(16, 1), (32, 1), (16, 4)]),
+       sparsity=st.floats(0.0, 1.0), seed=st.integers(0, 2**16))
+def test_fuzz_compact_a_matches_the_in_kernel_gather(m, micro_tile, sparsity, seed):
+    """The A_compact workload (A gathered by its own block first, zero pad) computes what the
+    plain tiles workload does, for any M, pattern and thin micro-tile."""
+    k, n = 64, 32
+    a, b, offsets, ids = make_inputs(m, k, n, micro_tile, sparsity, "float16", seed=seed)
+    plain = run(_cpu_exe(k, n, micro_tile, "float16", "float32"), tvm.cpu(), a, b, offsets, ids, "float32")
+    compact = run(_cpu_exe(k, n, micro_tile, "float16", "float32", True), tvm.cpu(), a, b, offsets, ids,
+                  "float32")
+    np.testing.assert_array_equal(compact, plain)
+    np.testing.assert_allclose(compact, reference(a, b), rtol=1e-5, atol=1e-4)
 
 
 def test_unscheduled_uses_only_listed_tiles():
