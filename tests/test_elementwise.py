@@ -83,3 +83,24 @@ def test_gpu_matches_numpy(case):
     vm = relax.VirtualMachine(build_with_cuda_rules(legalized_cuda_module(fn, *shapes)[0]), dev)
     got = vm["main"](*(tvm.runtime.tensor(a, dev) for a in arrays)).numpy().astype("float32")
     np.testing.assert_allclose(got, _reference(case, arrays), atol=2e-2, rtol=1e-2)
+
+
+def test_declines_misaligned_reads():
+    """A slice starting one element in would make misaligned vector loads: declined; one
+    starting on a VEC boundary of VEC-multiple rows is vectorised."""
+    shifted = legalized_cuda_module(
+        lambda x: relax.op.strided_slice(x, axes=[1], begin=[1], end=[65]), (8, 68))[1]
+    assert VectorizedElementwise().apply(shifted, CUDA, False) is None
+    aligned = legalized_cuda_module(
+        lambda x: relax.op.strided_slice(x, axes=[1], begin=[4], end=[68]), (8, 68))[1]
+    assert VectorizedElementwise().apply(aligned, CUDA, False) is not None  # starts at 4, rows of 68
+
+
+def test_reads_through_a_vec_multiple_modulo_are_vectorised():
+    """Merging heads reads ``x[b, h, s, v % 64]``-style indices: a vector never wraps 64."""
+    merge = legalized_cuda_module(
+        lambda x: relax.op.reshape(relax.op.permute_dims(x, [0, 2, 1, 3]), (2, 24, 48)), (2, 3, 24, 16))[1]
+    assert VectorizedElementwise().apply(merge, CUDA, False) is not None
+    odd = legalized_cuda_module(
+        lambda x: relax.op.reshape(relax.op.permute_dims(x, [0, 2, 1, 3]), (2, 24, 18)), (2, 3, 24, 6))[1]
+    assert VectorizedElementwise().apply(odd, CUDA, False) is None       # v % 6 wraps inside a vector

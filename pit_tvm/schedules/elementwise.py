@@ -11,13 +11,14 @@ innermost extent is a multiple of ``VEC``::
     CTA  : THREADS threads                (blockIdx.x)
     thread: VEC consecutive output elements (threadIdx.x, vectorised inner loop)
 
-Inputs read along the same axis become vector loads; broadcast inputs stay scalar; a transposed
-input is gathered lane by lane (still correct).  Anything else returns None (``Fallback`` then
-applies).  Registered in :func:`pit_tvm.target.cuda_schedule_rules` ahead of ``Fallback``.
+Inputs read along the same axis become vector loads, so each such read must start on a ``VEC``
+boundary (``A[..., w*64 + v]``: yes; a slice ``A[..., v + 1]``: no, the rule declines);
+broadcast inputs stay scalar; a transposed input is gathered lane by lane.  Anything else
+returns None (``Fallback`` then applies).  Registered in :func:`pit_tvm.target.cuda_schedule_rules` ahead of ``Fallback``.
 """
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import s_tir, sym, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
@@ -25,6 +26,31 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 #: elements per thread (half4 / float4: types the CUDA codegen has for every operation)
 VEC = 4
 THREADS = 256
+
+
+def _reads_vectorise_aligned(block, inner) -> bool:
+    """Every read indexed by the innermost iteration variable ``inner`` in its last dimension
+    walks it with stride 1 from a ``VEC``-aligned start (vector loads are not misaligned);
+    reads that use ``inner`` elsewhere (transposes) or not at all are loaded lane by lane."""
+    analyzer = sym.Analyzer()
+    for region in block.reads:
+        if any(not isinstance(r.extent, tirx.IntImm) or int(r.extent) != 1 for r in region.region):
+            return False
+        last = region.region[-1].min
+        if (isinstance(last, tirx.FloorMod) and isinstance(last.b, tirx.IntImm)
+                and int(last.b.value) % VEC == 0):
+            last = last.a      # (v + base) % c, c a multiple of VEC: a vector never wraps
+        coef_base = sym.detect_linear_equation(last, [inner])
+        if len(coef_base) != 2 or not isinstance(coef_base[0], tirx.IntImm):
+            return False                   # non-linear in inner (e.g. inner % 64): decline
+        coef, base = int(coef_base[0]), coef_base[1]
+        if coef == 0:
+            continue
+        shape = region.source.shape
+        if (coef != 1 or not isinstance(shape[-1], tirx.IntImm) or int(shape[-1]) % VEC
+                or not analyzer.can_prove(tirx.floormod(base, VEC) == 0)):
+            return False
+    return True
 
 
 class VectorizedElementwise(GPUScheduleRule):
@@ -50,7 +76,7 @@ class VectorizedElementwise(GPUScheduleRule):
                 isinstance(r.min, tirx.Var) and r.min.same_as(v) and int(r.extent) == 1
                 for r, v in zip(region, iters)):
             return None
-        if int(info.dom()[-1]) % VEC:
+        if int(info.dom()[-1]) % VEC or not _reads_vectorise_aligned(block, iters[-1]):
             return None
         loops = sch.get_loops(info.block_rv)
         if len(loops) != len(iters):
