@@ -390,6 +390,7 @@ def test_padding_matmuls_share_one_rows_index_from_the_mask():
     assert main.count("R.call_tir(pit_row_index_") == 1
     assert "pit_index_" not in main
     assert [a["status"] for a in cm.annotations] == ["pit", "pit"]
+    assert all("rows index built from the mask" in a["reason"] for a in cm.annotations)
 
 
 def test_row_mask_not_used_through_a_transpose():

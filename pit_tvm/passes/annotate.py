@@ -345,8 +345,10 @@ class AnnotateDynamicSparsity:
             if row_mask is not None:
                 attrs[ROW_MASK_ATTR] = 1
             targets.append((call, fname, attrs, row_mask))
+            reason = d["reason"] + ("; rows index built from the mask, shared by the matmuls it masks"
+                                    if row_mask is not None else "")
             rec = {"tensor": lhs_name, "source": d["source"], "status": "pit", "function": fname,
-                   "micro_tile": [tile[0], tile[1]], "rule": attrs[PIT_RULE_ATTR], "reason": d["reason"]}
+                   "micro_tile": [tile[0], tile[1]], "rule": attrs[PIT_RULE_ATTR], "reason": reason}
             records.append(rec)
             del idx
 
