@@ -29,7 +29,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from pit_tvm.schedules.sparse_access import PitIndex, sread, swrite
-from pit_tvm.target import build, device_for, is_gpu, make_target
+from pit_tvm.target import DEFAULT_CUDA_ARCH, build, device_for, is_gpu, make_target
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -141,6 +141,10 @@ def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, a
         tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype, a_compact=a_compact), configs[0], arch)
 
 
+def _arch_of(target: tvm.target.Target) -> str:
+    return str(target.attrs.get("arch", DEFAULT_CUDA_ARCH))
+
+
 #: rows of the thinnest strip the tensor-core tiles kernel takes (one m16n8k16 tile)
 TC_MIN_STRIP = 16
 
@@ -167,7 +171,7 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
     target = make_target(target)
     if not is_gpu(target):
         return None
-    arch = str(target.attrs.get("arch", "sm_90"))
+    arch = _arch_of(target)
     if plan.kind == "rows":
         if plan.micro_tile[0] != 1:
             return None
@@ -511,20 +515,18 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     groups, capacity = plan.index_sizes(m)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
 
-    def add(func, name):
-        return bb.add_func(func.with_attr("global_symbol", name), name)
-
     dens_tag = "" if density_threshold is None else f"_d{int(round(float(density_threshold) * 1000))}"
-    index_gv = add(tile_index_func(k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold),
-                   f"pit_index_{tag}{dens_tag}")
-    # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
-    kernel_gv = add(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile]),
-                    f"pit_kernel_{tag}")
-    index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
     if row_mask is not None and plan.kind == "rows":
         index_gv, index_src = _row_mask_index(bb, row_mask, m, tgt, density_threshold, dens_tag)
     else:
+        index_gv = _add_once(bb, f"pit_index_{tag}{dens_tag}", lambda: tile_index_func(
+            k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold))
         index_src = a2
+    # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
+    name = f"pit_kernel_{tag}"
+    kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
+                            .with_attr("global_symbol", name), name)
+    index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
     index = bb.emit(relax.call_tir(index_gv, [index_src], index_ty))
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids], relax.TensorType([m, n], out_dtype)))
@@ -543,21 +545,32 @@ def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):
     dtype = str(mask.ty.dtype)
     if dtype not in INDEX_DTYPES:  # integer masks: float32 keeps every non-zero value non-zero
         mask, dtype = bb.emit(relax.op.astype(mask, "float32")), "float32"
-    func = tile_index_func(1, (1, 1), "col", dtype, target, density_threshold=density_threshold)
-    name = f"pit_row_index_{dtype}{dens_tag}"
-    return bb.add_func(func.with_attr("global_symbol", name), name), mask
+    index_gv = _add_once(bb, f"pit_row_index_{dtype}{dens_tag}", lambda: tile_index_func(
+        1, (1, 1), "col", dtype, target, density_threshold=density_threshold))
+    return index_gv, mask
+
+
+def _add_once(bb, name, make):
+    """The function ``name`` of the module being built: ``make()`` added on first use only (an
+    index PrimFunc is fully named by its shape, dtype and threshold, and takes ~0.1 s to
+    generate; a model asks for the same one for every matmul of a shape)."""
+    mod = bb.get()
+    if any(gv.name_hint == name for gv in mod.get_global_vars()):
+        return mod.get_global_var(name)
+    return bb.add_func(make().with_attr("global_symbol", name), name)
 
 
 @functools.lru_cache(maxsize=64)
-def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool = False, relu: bool = False):
+def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, relu: bool, arch: str):
     """The tensor-core dense kernel for (K, N) (with the bias / ReLU epilogue), or None when no
     tile config fits; scheduled once per shape in a process."""
     from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
 
-    configs = valid_configs(k, n, dtype)
+    configs = valid_configs(k, n, dtype, arch)
     if not configs:
         return None
-    return schedule_dense_matmul(dense_matmul_func(k, n, dtype, out_dtype, bias=bias, relu=relu), configs[0])
+    return schedule_dense_matmul(dense_matmul_func(k, n, dtype, out_dtype, bias=bias, relu=relu),
+                                 configs[0], arch)
 
 
 def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, relu=False):
@@ -571,7 +584,8 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, rel
 
     from pit_tvm.schedules.tensorcore import IN_DTYPES, OUT_DTYPES
 
-    if not is_gpu(make_target(target)):
+    target = make_target(target)
+    if not is_gpu(target):
         return None
     a_ty, b_ty = a.ty, b.ty
     if not isinstance(a_ty, relax.TensorType) or not isinstance(b_ty, relax.TensorType):
@@ -591,7 +605,8 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, rel
         if (str(getattr(bias.ty, "dtype", "")) != dtype or b_shape is None or len(b_shape) != 1
                 or not isinstance(b_shape[0], tirx.IntImm) or int(b_shape[0]) != n):
             return None
-    kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, bool(relu))
+    kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, bool(relu),
+                                _arch_of(target))
     if kernel is None:
         return None
     a2, m, lead = _as_rows(bb, a, k)

@@ -366,25 +366,16 @@ def _row_mask_of(g: _FuncGraph, lhs, prod, mask):
     mask, or where(mask, data, 0)) and ``mask`` is ``prod``'s leading shape + ``[1]``: then the
     non-zero rows of ``mask`` are a superset of the non-zero rows of ``lhs``, and one row index
     built from ``mask`` serves every matmul it masks. None otherwise (a transpose between them,
-    a mask broadcast over rows, ...)."""
-    if not isinstance(mask, relax.Var) or not isinstance(prod.ty, relax.TensorType):
+    a mask broadcast over rows, ...). Reshapes and casts keep rows in order while they keep K."""
+    if not isinstance(mask, relax.Var) or prod.ty.shape is None:
         return None
-    k = prod.ty.shape.values[-1] if prod.ty.shape is not None else None
-    expr = lhs
-    while not (isinstance(expr, relax.Call) and expr.same_as(prod)):
-        value = g.bound.get(expr) if isinstance(expr, relax.Var) else None
-        if value is None:
-            return None
-        if value.same_as(prod):
-            break
-        if _op_name(value) not in ("relax.reshape", "relax.astype"):
-            return None
-        shape = value.ty.shape
-        if shape is None or k is None or not tvm_ffi.structural_equal(shape.values[-1], k):
-            return None
-        expr = value.args[0]
+    passed, producer = g.chain(lhs, through={"relax.reshape", "relax.astype"})
+    k = prod.ty.shape.values[-1]
+    if not producer.same_as(prod) or any(
+            v.ty.shape is None or not tvm_ffi.structural_equal(v.ty.shape.values[-1], k) for v in passed):
+        return None
     mshape, pshape = getattr(mask.ty, "shape", None), prod.ty.shape
-    if mshape is None or pshape is None or len(mshape.values) != len(pshape.values):
+    if mshape is None or len(mshape.values) != len(pshape.values):
         return None
     if not all(tvm_ffi.structural_equal(a, b) for a, b in zip(mshape.values[:-1], pshape.values[:-1])):
         return None

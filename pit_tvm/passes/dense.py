@@ -49,14 +49,13 @@ def _epilogue_chains(func: relax.Function) -> tuple[dict, set]:
 
     ends, heads = {}, set()
     relu_of = {b_val.args[0]: b_val for b_val in bound.values() if op_is(b_val, "relax.nn.relu")}
-    for value in bound.values():
+    for add_var, value in bound.items():
         if not op_is(value, "relax.add"):
             continue
         for mm_var, bias in (value.args, value.args[::-1]):
             mm = bound.get(mm_var) if isinstance(mm_var, relax.Var) else None
             if (op_is(mm, "relax.matmul") and uses.get(mm_var) == 1 and isinstance(bias, tvm.ir.GenericConst)
                     and len(bias.ty.shape) == 1):
-                add_var = next(v for v, x in bound.items() if x.same_as(value))
                 relu = relu_of.get(add_var) if uses.get(add_var) == 1 else None
                 ends[relu if relu is not None else value] = (mm, bias, relu is not None)
                 heads.add(mm)
@@ -91,18 +90,18 @@ class DenseMatmulToTensorCores:
         @relax.expr_functor.mutator
         class _Rewrite(relax.PyExprMutator):
             def visit_call_(self, op):
-                ends, heads = chains["ends"], chains["heads"]
-                for end, (mm, bias, relu) in ends.items():
-                    if op.same_as(end):
-                        out_dtype = str(mm.attrs.out_dtype) if mm.attrs.out_dtype else None
-                        a, b = (self.visit_expr(x) for x in mm.args)
-                        new = emit(self.builder_, a, b, target=target, out_dtype=out_dtype, bias=bias, relu=relu)
-                        if new is not None:
-                            return new
+                chain = chains["ends"].get(op)
+                if chain is not None:
+                    mm, bias, relu = chain
+                    out_dtype = str(mm.attrs.out_dtype) if mm.attrs.out_dtype else None
+                    a, b = (self.visit_expr(x) for x in mm.args)
+                    new = emit(self.builder_, a, b, target=target, out_dtype=out_dtype, bias=bias, relu=relu)
+                    if new is not None:
+                        return new
                 call = self.visit_expr_post_order(op)
                 if not (isinstance(call, relax.Call) and call.op.same_as(matmul_op)):
                     return call
-                if any(op.same_as(h) for h in heads):  # emitted with its epilogue at the chain's end
+                if op in chains["heads"]:  # emitted with its epilogue at the chain's end
                     return call
                 a, b = call.args
                 out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype else None

@@ -66,11 +66,9 @@ class LowerToPIT:
             def visit_call_(self, op):
                 if isinstance(op.op, tvm.ir.GlobalVar) and op.op.name_hint in pit:
                     f = pit[op.op.name_hint]
-                    a, b, *rest = (self.visit_expr(x) for x in op.args)
-                    if rest:  # the row mask the wrapper was given (AnnotateDynamicSparsity)
-                        extra_args = dict(extra, row_mask=rest[0])
-                    else:
-                        extra_args = extra
+                    a, b, *row_mask = (self.visit_expr(x) for x in op.args)
+                    # the row mask the wrapper was given (AnnotateDynamicSparsity), if any
+                    extra_args = dict(extra, row_mask=row_mask[0]) if row_mask else extra
                     tile = tuple(int(x) for x in f.attrs["pit.micro_tile"])
                     inner = f.body.body if isinstance(f.body, relax.SeqExpr) else f.body
                     if isinstance(inner, relax.Var):  # the wrapper returns its single binding

@@ -18,10 +18,10 @@ returns None (``Fallback`` then applies).  Registered in :func:`pit_tvm.target.c
 """
 from __future__ import annotations
 
-from tvm import s_tir, sym, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+from tvm import sym, tirx
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+
+from pit_tvm.schedules._dlight import cuda_blocks, is_static
 
 #: elements per thread (half4 / float4: types the CUDA codegen has for every operation)
 VEC = 4
@@ -42,7 +42,7 @@ def _reads_vectorise_aligned(block, inner) -> bool:
             last = last.a      # (v + base) % c, c a multiple of VEC: a vector never wraps
         coef_base = sym.detect_linear_equation(last, [inner])
         if len(coef_base) != 2 or not isinstance(coef_base[0], tirx.IntImm):
-            return False                   # non-linear in inner (e.g. inner % 64): decline
+            return False                   # non-linear in inner (e.g. inner % 6): decline
         coef, base = int(coef_base[0]), coef_base[1]
         if coef == 0:
             continue
@@ -57,15 +57,11 @@ class VectorizedElementwise(GPUScheduleRule):
     """``VEC`` contiguous elements per thread for static-shape injective kernels."""
 
     def apply(self, func, target, _tunable):  # noqa: D102 - see the module docstring
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+        found = cuda_blocks(func, target)
+        if found is None or len(found[1]) != 1:
             return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        infos = try_inline_contiguous_spatial(sch, infos) if infos else None
-        if not infos or len(infos) != 1:
-            return None
-        info = infos[0]
-        if not info.is_injective() or not all(isinstance(d, (int, tirx.IntImm)) for d in info.dom()):
+        sch, (info,) = found
+        if not info.is_injective() or not is_static(info.dom()):
             return None
         block = sch.get(info.block_rv)
         if len(block.writes) != 1:

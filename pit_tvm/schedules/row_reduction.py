@@ -19,19 +19,14 @@ applies. Registered ahead of it in :func:`pit_tvm.target.cuda_schedule_rules`.
 """
 from __future__ import annotations
 
-from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+
+from pit_tvm.schedules._dlight import cuda_blocks, is_static
 
 WARP = 32
 MAX_ROW = 4096
 ROWS_PER_CTA = (8, 4, 2, 1)
 UNROLL = 64
-
-
-def _static(extents):
-    return all(isinstance(e, (int, tirx.IntImm)) for e in extents)
 
 
 def _prod(extents) -> int:
@@ -45,13 +40,10 @@ class RowReduction(GPUScheduleRule):
     """Warp-per-row schedule for multi-block row reductions (softmax, layer norm) with static shapes."""
 
     def apply(self, func, target, _tunable):  # noqa: D102 - see the module docstring
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+        found = cuda_blocks(func, target)
+        if found is None or len(found[1]) < 2:
             return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        infos = try_inline_contiguous_spatial(sch, infos) if infos else None
-        if not infos or len(infos) < 2:
-            return None
+        sch, infos = found
         kind = infos[0].dom_kind()
         n_s = len(kind) - len(kind.lstrip("S"))
         if n_s == 0 or kind[n_s:] != "R" * (len(kind) - n_s):
@@ -59,9 +51,9 @@ class RowReduction(GPUScheduleRule):
         if any(info.dom_kind() != kind for info in infos[:-1]):
             return None
         last = infos[-1]
-        if last.dom_kind() != "S" * len(kind) or not _static(last.dom()):
+        if last.dom_kind() != "S" * len(kind) or not is_static(last.dom()):
             return None
-        if any(not _static(info.dom()) for info in infos[:-1]):
+        if any(not is_static(info.dom()) for info in infos[:-1]):
             return None
         # the last block must walk the same rows as the reductions, then the same columns
         if [int(d) for d in last.dom()[:n_s]] != [int(d) for d in infos[0].dom()[:n_s]]:

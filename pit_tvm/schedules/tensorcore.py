@@ -375,6 +375,22 @@ def _epilogue(acc, bias_val, relu: bool, out_dtype: str):
     return T.Cast(out_dtype, v) if out_dtype != "float32" else v
 
 
+def _fp32_matmul_macro(k: int, n: int):
+    """The ``matmul`` block of the full-K workloads (row gather, dense):
+    ``Acc[p, j] = sum_kk X[p, kk] * B[kk, j]`` in fp32 over the int32 rows ``p`` of ``X``."""
+
+    @T.macro
+    def fp32_matmul(M, X, B, Acc):
+        for p, j, kk in T.grid(T.Cast("int32", M), n, k):
+            with T.sblock("matmul"):
+                vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
+                with T.init():
+                    Acc[vp, vj] = T.float32(0)
+                Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", X[vp, vk]) * T.Cast("float32", B[vk, vj])
+
+    return fp32_matmul
+
+
 def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype: str = "float32",
                            bias: bool = False, relu: bool = False, split_k: int = 1,
                            split_rows: int = 0) -> tirx.PrimFunc:
@@ -405,6 +421,7 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
     zero_in = tirx.const(0, in_dtype)
     # the full-K path stores when there are more rows than the split path takes
     full_path = (lambda cnt: cnt > R) if split else (lambda cnt: True)
+    fp32_matmul = _fp32_matmul_macro(K, N)
 
     @T.macro
     def body(M, A, B, OFF, IDS, BIAS, C):
@@ -457,13 +474,7 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
                     # row of every CTA on one L2 sector: the whole kernel serialised on it.)
                     Ag[vp, vk] = A[T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)],
                                          T.min(vp, T.Cast("int32", M) - 1)), vk]
-            for p, j, kk in T.grid(T.Cast("int32", M), N, K):
-                with T.sblock("matmul"):
-                    vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
-                    with T.init():
-                        Acc[vp, vj] = T.float32(0)
-                    Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ag[vp, vk]) * T.Cast(
-                        "float32", B[vk, vj])
+            fp32_matmul(M, Ag, B, Acc)
             for p, j in T.grid(T.Cast("int32", M), N):
                 with T.sblock("scatter"):
                     vp, vj = T.axis.remap("SS", [p, j])
@@ -709,6 +720,7 @@ def dense_matmul_func(k: int, n: int, in_dtype: str = "float16",
     epilogue, in fp32, as in :func:`row_gather_matmul_func`."""
     _check_dtypes(in_dtype, out_dtype)
     K, N = int(k), int(n)
+    fp32_matmul = _fp32_matmul_macro(K, N)
 
     @T.macro
     def body(M, A, B, BIAS, C):
@@ -721,13 +733,7 @@ def dense_matmul_func(k: int, n: int, in_dtype: str = "float16",
             with T.sblock("A_load"):
                 vp, vk = T.axis.remap("SS", [p, kk])
                 Ac[vp, vk] = A[vp, vk]
-        for p, j, kk in T.grid(T.Cast("int32", M), N, K):
-            with T.sblock("matmul"):
-                vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
-                with T.init():
-                    Acc[vp, vj] = T.float32(0)
-                Acc[vp, vj] = Acc[vp, vj] + T.Cast("float32", Ac[vp, vk]) * T.Cast(
-                    "float32", B[vk, vj])
+        fp32_matmul(M, Ac, B, Acc)
         for p, j in T.grid(T.Cast("int32", M), N):
             with T.sblock("store"):
                 vp, vj = T.axis.remap("SS", [p, j])

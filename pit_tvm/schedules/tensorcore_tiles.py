@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 SUPPORTED_MR = (16, 32, 64, 128)
-#: compact positions :func:`compact_a_func` zero-fills past a strip's count: a multiple of
+#: compact positions the ``A_compact`` block zero-fills past a strip's count: a multiple of
 #: every candidate block_k, so the tiles kernel's last k step reads zeros (no per-element guard)
 COMPACT_PAD = 64
 DYN_K_ATTR = "pit.tiles_dynamic_k"
@@ -131,7 +131,7 @@ def tiles_smem_bytes(config: TilesConfig, mr: int, in_dtype: str = "float16") ->
 
 def needs_compact_a(micro_tile, in_dtype: str) -> bool:
     """True when the micro-tile's A runs are narrower than 16 bytes (e.g. ``mk = 1``): the
-    CUDA path then gathers A with :func:`compact_a_func` ahead of the tiles kernel."""
+    CUDA path builds the tiles workload with ``a_compact`` (A gathered by a kernel of its own)."""
     return _a_vec(int(micro_tile[1]), in_dtype) == 1
 
 
@@ -145,7 +145,7 @@ def check_tiles_config(k: int, n: int, micro_tile, in_dtype: str, config: TilesC
                        max_smem: int = MAX_SMEM_BYTES["sm_90"],
                        out_dtype: str = "float32", a_compact: bool = False) -> None:
     """Raise ValueError when ``config`` cannot serve a (K, N, micro_tile) problem
-    (``a_compact``: A pre-gathered by :func:`compact_a_func`)."""
+    (``a_compact``: A gathered by the workload's ``A_compact`` kernel first)."""
     c = config
     mr, mk = (int(x) for x in micro_tile)
     _check_dtypes(in_dtype, out_dtype)
@@ -215,6 +215,19 @@ def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float1
     KT = K // mk
     zero = tirx.const(0, in_dtype)
 
+    def n_valid(OFF, vg):
+        """compact positions of strip vg (its non-zero micro-tiles x mk)"""
+        return (OFF[vg + 1] - OFF[vg]) * mk
+
+    def n_padded(OFF, vg):
+        """n_valid rounded up to COMPACT_PAD: A_compact writes zeros up to there"""
+        return (n_valid(OFF, vg) + (COMPACT_PAD - 1)) // COMPACT_PAD * COMPACT_PAD
+
+    def column(OFF, IDS, M, vg, vq):
+        """the column of compact position vq; index reads clamped (never past ids, never -1)"""
+        return T.max(IDS[T.min(OFF[vg] + vq // mk, T.Cast("int32", (M + mr - 1) // mr * KT - 1))],
+                     0) * mk + vq % mk
+
     @T.prim_func(s_tir=True)
     def func(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
         T.func_attr({"global_symbol": "main", "tirx.noalias": True})
@@ -232,15 +245,10 @@ def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float1
                     vg, vi, vq = T.axis.remap("SSS", [g, i, q])
                     T.reads(OFF[vg:vg + 2], IDS[0:(M + mr - 1) // mr * KT], A[0:M, 0:K])
                     T.writes(Ac[T.Cast("int64", vg * mr + vi), vq])
-                    if (vq < ((OFF[vg + 1] - OFF[vg]) * mk + (COMPACT_PAD - 1)) // COMPACT_PAD * COMPACT_PAD
-                            and T.Cast("int64", vg * mr + vi) < M):
+                    if vq < n_padded(OFF, vg) and T.Cast("int64", vg * mr + vi) < M:
                         Ac[T.Cast("int64", vg * mr + vi), vq] = T.if_then_else(
-                            (OFF[vg + 1] - OFF[vg]) * mk > vq,
-                            A[T.Cast("int64", vg * mr + vi),
-                              T.max(IDS[T.min(OFF[vg] + vq // mk,
-                                              T.Cast("int32", (M + mr - 1) // mr * KT - 1))], 0) * mk
-                              + vq % mk],
-                            zero)
+                            n_valid(OFF, vg) > vq,
+                            A[T.Cast("int64", vg * mr + vi), column(OFF, IDS, M, vg, vq)], zero)
         Bg = T.sblock_alloc_buffer((T.Cast("int32", (M + mr - 1) // mr), K, N), in_dtype)
         Acc = T.sblock_alloc_buffer((T.Cast("int32", (M + mr - 1) // mr), mr, N), "float32")
         for g, i, q in T.grid(T.Cast("int32", (M + mr - 1) // mr), mr, K):
@@ -251,28 +259,17 @@ def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float1
                 if a_compact:
                     # gathered by A_compact; its padded tail holds zeros, past it read zero
                     Ag[vg, vi, vq] = T.if_then_else(
-                        ((OFF[vg + 1] - OFF[vg]) * mk + (COMPACT_PAD - 1)) // COMPACT_PAD * COMPACT_PAD > vq,
-                        Ac[T.min(T.Cast("int64", vg * mr + vi), M - 1), vq], zero)
+                        n_padded(OFF, vg) > vq, Ac[T.min(T.Cast("int64", vg * mr + vi), M - 1), vq], zero)
                 else:
-                    # column of compact position vq; index reads clamped (never past ids, never -1)
                     Ag[vg, vi, vq] = T.if_then_else(
-                        (OFF[vg + 1] - OFF[vg]) * mk > vq,
-                        A[T.min(T.Cast("int64", vg * mr + vi), M - 1),
-                          T.max(IDS[T.min(OFF[vg] + vq // mk,
-                                          T.Cast("int32", (M + mr - 1) // mr * KT - 1))], 0) * mk
-                          + vq % mk],
-                        zero)
+                        n_valid(OFF, vg) > vq,
+                        A[T.min(T.Cast("int64", vg * mr + vi), M - 1), column(OFF, IDS, M, vg, vq)], zero)
         for g, q, j in T.grid(T.Cast("int32", (M + mr - 1) // mr), K, N):
             with T.sblock("B_gather"):
                 vg, vq, vj = T.axis.remap("SSS", [g, q, j])
                 T.reads(OFF[vg:vg + 2], IDS[0:(M + mr - 1) // mr * KT], B[0:K, vj])
                 T.writes(Bg[vg, vq, vj])
-                Bg[vg, vq, vj] = T.if_then_else(
-                    (OFF[vg + 1] - OFF[vg]) * mk > vq,
-                    B[T.max(IDS[T.min(OFF[vg] + vq // mk,
-                                      T.Cast("int32", (M + mr - 1) // mr * KT - 1))], 0) * mk
-                      + vq % mk, vj],
-                    zero)
+                Bg[vg, vq, vj] = T.if_then_else(n_valid(OFF, vg) > vq, B[column(OFF, IDS, M, vg, vq), vj], zero)
         for g, i, j, q in T.grid(T.Cast("int32", (M + mr - 1) // mr), mr, N, K):
             with T.sblock("matmul"):
                 vg, vi, vj, vq = T.axis.remap("SSSR", [g, i, j, q])
