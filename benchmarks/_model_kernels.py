@@ -28,5 +28,5 @@ main = cm._machine()["main"]
 split = kernel_split_us(lambda: main(*args), iters=10)
 total = sum(split.values())
 print(f"{name} pit={pit}: device total {total:.0f} us over {len(split)} kernels")
-for k, v in sorted(split.items(), key=lambda kv: -kv[1])[:14]:
+for k, v in sorted(split.items(), key=lambda kv: -kv[1])[:40]:
     print(f"  {v:8.1f} us  {k[:90]}")

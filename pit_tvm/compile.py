@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 
 from .passes.annotate import AnnotateDynamicSparsity, annotations_of
+from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToTensorCores
 from .passes.frontend import import_onnx, load_model
 from .passes.lower import LowerToPIT
@@ -133,6 +134,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     fixed = static_shapes(proto, shapes)
     mod = import_onnx(proto, shape_dict=fixed or None)
     mod = relax.transform.FoldConstant()(mod)
+    mod = CombineParallelMatmuls()(mod)   # Q, K, V: one GEMM (both builds)
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
     notes = annotations_of(annotated)
     try:

@@ -432,3 +432,59 @@ def test_static_shapes_match_symbolic_build():
 def test_static_shapes_bad_input(shapes, match):
     with pytest.raises(ValueError, match=match):
         compile_onnx(two_layer_padded_model(), shapes=shapes)
+
+
+# ----------------------------------------------------------------------------- parallel matmuls
+def qkv_model(with_bias=(True, True, True), k=32, n=(48, 48, 16)):
+    """Three MatMuls of one masked input (attention's Q, K, V projections), each with an
+    optional bias Add; a fourth MatMul of another input stays apart."""
+    nodes = [helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["mask_f", "axes"], ["rows"]),
+             helper.make_node("Mul", ["x", "rows"], ["xm"])]
+    inits, outs = {"axes": np.array([2], "int64"), "wo": RNG.standard_normal((k, 8)).astype("float32")}, []
+    for i, (nb, b) in enumerate(zip(n, with_bias)):
+        inits[f"w{i}"] = RNG.standard_normal((k, nb)).astype("float32")
+        nodes.append(helper.make_node("MatMul", ["xm", f"w{i}"], [f"mm{i}" if b else f"y{i}"]))
+        if b:
+            inits[f"b{i}"] = RNG.standard_normal(nb).astype("float32")
+            nodes.append(helper.make_node("Add", [f"mm{i}", f"b{i}"], [f"y{i}"]))
+        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["batch", "seq", nb]))
+    nodes.append(helper.make_node("MatMul", ["x", "wo"], ["yo"]))
+    outs.append(helper.make_tensor_value_info("yo", TensorProto.FLOAT, ["batch", "seq", 8]))
+    return _model(nodes,
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k]),
+                   helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+                  outs, inits)
+
+
+def _matmul_widths(mod):
+    """The N of every R.matmul left in ``mod``'s main."""
+    out = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: out.append(int(e.ty.shape[-1])) if (
+        isinstance(e, relax.Call) and e.op.same_as(tvm.ir.Op.get("relax.matmul"))) else None)
+    return out
+
+
+@pytest.mark.parametrize("with_bias", [(True, True, True), (False, False, False), (True, False, True)])
+def test_parallel_matmuls_become_one(with_bias):
+    """The three projections of one input are one matmul on the concatenated constant weights
+    (biases concatenated where every branch has one), both with PIT and without; the results
+    equal onnxruntime's, and PIT annotates the one matmul once."""
+    from pit_tvm.passes import CombineParallelMatmuls
+
+    model = qkv_model(with_bias)
+    mod = CombineParallelMatmuls()(relax.transform.FoldConstant()(import_onnx(model)))
+    assert sorted(_matmul_widths(mod)) == [8, 112]
+    inputs = [_padded_inputs(2, 5), _padded_inputs(3, 4, [0, 2, 4])]
+    for auto in (True, False):
+        cm = _check(model, inputs, auto=auto)
+        assert [a["tensor"] for a in cm.annotations if a["status"] == "pit"] == (["xm"] if auto else [])
+
+
+def test_matmuls_of_distinct_inputs_stay_apart():
+    """A lone matmul (no other matmul of its input) is left as it is."""
+    from pit_tvm.passes import CombineParallelMatmuls
+
+    mod = relax.transform.FoldConstant()(import_onnx(masked_model()))
+    assert _matmul_widths(CombineParallelMatmuls()(mod)) == [48]
+    assert CombineParallelMatmuls()(mod)["main"].same_as(mod["main"])

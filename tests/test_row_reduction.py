@@ -41,6 +41,13 @@ def test_declines_symbolic_rows_and_long_rows():
     assert RowReduction().apply(_prim(softmax_mod()), make_target("llvm"), False) is None
 
 
+def test_declines_multi_block_spatial_functions():
+    """A split (one spatial block per output, no reduction) is not a row reduction."""
+    mod, prim = legalized_cuda_module(lambda x: relax.op.split(x, [64, 128], axis=-1), (8, 192))
+    assert RowReduction().apply(prim, CUDA, False) is None
+    build_with_cuda_rules(mod)
+
+
 def test_is_ahead_of_general_reduction():
     names = [type(r).__name__ for r in cuda_schedule_rules()]
     assert names.index("RowReduction") < names.index("GeneralReduction")

@@ -1,5 +1,5 @@
 """Relax passes: find dynamic sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels
-(``LowerToPIT``), put the dense matmuls on tensor cores on CUDA (``DenseMatmulToTensorCores``);
+(``LowerToPIT``), merge matmuls that share an input (``CombineParallelMatmuls``), put the dense matmuls on tensor cores on CUDA (``DenseMatmulToTensorCores``);
 ``import_onnx`` imports ONNX keeping tensor names. Compiler-side only."""
 from importlib import import_module
 
@@ -8,6 +8,7 @@ _PUBLIC = {
     "annotations_of": "pit_tvm.passes.annotate",
     "LowerToPIT": "pit_tvm.passes.lower",
     "DenseMatmulToTensorCores": "pit_tvm.passes.dense",
+    "CombineParallelMatmuls": "pit_tvm.passes.combine",
     "import_onnx": "pit_tvm.passes.frontend",
 }
 

@@ -46,7 +46,7 @@ class RowReduction(GPUScheduleRule):
         sch, infos = found
         kind = infos[0].dom_kind()
         n_s = len(kind) - len(kind.lstrip("S"))
-        if n_s == 0 or kind[n_s:] != "R" * (len(kind) - n_s):
+        if n_s in (0, len(kind)) or kind[n_s:] != "R" * (len(kind) - n_s):  # no reduction: not ours
             return None
         if any(info.dom_kind() != kind for info in infos[:-1]):
             return None
