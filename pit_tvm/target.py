@@ -42,13 +42,16 @@ def cuda_schedule_rules() -> list:
     """The dlight rules for the operators no PIT or tensor-core kernel took, in order: TVM's
     CUDA defaults with :class:`~pit_tvm.schedules.row_reduction.RowReduction` ahead of
     ``GeneralReduction`` (softmax / layer norm over short static rows) and
-    :class:`~pit_tvm.schedules.elementwise.VectorizedElementwise` ahead of ``Fallback``."""
+    :class:`~pit_tvm.schedules.elementwise.VectorizedElementwise` ahead of ``Fallback``, and
+    :class:`~pit_tvm.schedules.small_matmul.SmallMatmulTensorization` ahead of ``Matmul``
+    (tensor cores for attention's small batched matmuls)."""
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
     from pit_tvm.schedules.elementwise import VectorizedElementwise  # noqa: PLC0415
     from pit_tvm.schedules.row_reduction import RowReduction  # noqa: PLC0415
+    from pit_tvm.schedules.small_matmul import SmallMatmulTensorization  # noqa: PLC0415
 
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), RowReduction(),
+    return [SmallMatmulTensorization(), dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), RowReduction(),
             dl.gpu.GeneralReduction(), VectorizedElementwise(), dl.gpu.Fallback()]
 
 

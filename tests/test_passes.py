@@ -475,6 +475,10 @@ def test_parallel_matmuls_become_one(with_bias):
     model = qkv_model(with_bias)
     mod = CombineParallelMatmuls()(relax.transform.FoldConstant()(import_onnx(model)))
     assert sorted(_matmul_widths(mod)) == [8, 112]
+    # one slice per branch, each fusable with its consumer (a split would be a kernel of its own)
+    script = mod["main"].script()
+    assert "R.split" not in script and script.count("R.strided_slice") == 3
+    assert script.count("R.add") == sum(with_bias)    # each bias added to its own part
     inputs = [_padded_inputs(2, 5), _padded_inputs(3, 4, [0, 2, 4])]
     for auto in (True, False):
         cm = _check(model, inputs, auto=auto)

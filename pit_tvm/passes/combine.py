@@ -10,6 +10,9 @@ TVM's ``relax.transform.CombineParallelMatmul`` does the rewrite (concat of the 
 the bias adds, one matmul, split), but only matches weights that are variables, and an ONNX
 import binds them as constants. This pass lifts the constant weights and biases to function
 parameters, runs TVM's pass, binds them back and folds the concatenations into new constants.
+Each output of the split then becomes a ``strided_slice``: a split is a multi-output kernel
+that no consumer fuses with (three extra copies of the projections, ~11 us each per BERT
+layer on the H100), while a slice fuses into the bias add and the head transpose after it.
 """
 from __future__ import annotations
 
@@ -50,11 +53,48 @@ def _with_params(func: relax.Function, constants: list) -> tuple[relax.Function,
     return lifted, {var: c.value for c, var in params.items()}
 
 
+def _split_to_slices(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every ``split(x)[i]`` becomes ``strided_slice(x)`` of its part (the split is dead). For
+    ``x = add(y, bias)`` with a constant bias along the split axis, the part is
+    ``add(strided_slice(y), bias part)``: one bias add over the whole concatenation would be a
+    kernel of its own (it has a use per part), each part's add fuses into its slice."""
+    split, add = tvm.ir.Op.get("relax.split"), tvm.ir.Op.get("relax.add")
+
+    @relax.expr_functor.mutator
+    class _Slices(relax.PyExprMutator):
+        def bound(self, expr, op):
+            call = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+            return call if isinstance(call, relax.Call) and call.op.same_as(op) else None
+
+        def visit_tuple_getitem_(self, op):
+            new = self.visit_expr_post_order(op)
+            parts = self.bound(new.tuple_value, split)
+            if parts is None:
+                return new
+            x = parts.args[0]
+            rank = len(x.ty.shape)
+            axis = int(parts.attrs.axis) % rank
+            cuts = [0] + [int(i) for i in parts.attrs.indices_or_sections] + [int(x.ty.shape[axis])]
+            lo, hi = cuts[new.index], cuts[new.index + 1]
+            biased = self.bound(x, add)
+            if (biased is not None and axis == rank - 1 and isinstance(biased.args[1], tvm.ir.GenericConst)
+                    and len(biased.args[1].ty.shape) == 1):
+                part = self.builder_.emit(relax.op.strided_slice(biased.args[0], [axis], [lo], [hi]))
+                return relax.op.add(part, relax.const(biased.args[1].value.numpy()[lo:hi]))
+            return relax.op.strided_slice(x, [axis], [lo], [hi])
+
+    rewriter = _Slices(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+
 @tvm.transform.module_pass(opt_level=0, name="CombineParallelMatmuls")
 class CombineParallelMatmuls:
     """Module pass: every Relax function's matmuls that share their left operand and have
     constant right operands of one rank become one matmul on the concatenated weights (with
-    the concatenated bias add where every branch has one), followed by a split."""
+    the concatenated bias add where every branch has one), followed by one slice per branch."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
         out, changed = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs), False
@@ -70,4 +110,4 @@ class CombineParallelMatmuls:
             one = relax.transform.BindParams(gv.name_hint, values)(one)
             out.update_func(gv, one[gv.name_hint])
             changed = True
-        return relax.transform.FoldConstant()(out) if changed else mod
+        return _split_to_slices(relax.transform.FoldConstant()(out)) if changed else mod
