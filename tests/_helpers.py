@@ -11,10 +11,10 @@ def np_dtype(dtype: str):
 
 def rows_index(nonzero_rows: np.ndarray):
     """The rows-kind PIT index of a boolean row mask: ``offsets = [0, count]`` and ``ids``
-    (the non-zero rows ascending, then -1), as the device index kernel lays it out."""
+    (the non-zero rows ascending, then the others ascending), as the device index kernel
+    lays it out."""
     rows = np.nonzero(nonzero_rows)[0].astype(np.int32)
-    ids = np.full(len(nonzero_rows), -1, np.int32)
-    ids[: len(rows)] = rows
+    ids = np.concatenate([rows, np.nonzero(~np.asarray(nonzero_rows, bool))[0]]).astype(np.int32)
     return np.array([0, len(rows)], np.int32), ids
 
 

@@ -106,7 +106,7 @@ def test_unscheduled_cpu_numerics(m, sparsity, in_dtype, out_dtype, bias, relu):
 
 
 def test_unscheduled_ignores_rows_past_count():
-    """ids[count:] are -1 and must never be touched; a listed row that is all zero gives 0."""
+    """Rows ids[count:] are zeroed, never computed into; a listed row that is all zero gives 0."""
     k, n, m = 32, 48, 20
     ex = _cpu_exe(k, n, "float16", "float32", False, False)
     a, b, offsets, ids, _ = make_inputs(m, k, n, 0.5, seed=3)

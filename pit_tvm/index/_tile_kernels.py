@@ -102,9 +102,11 @@ def nz_bits(dtype):
     return lambda v: T.bitwise_and(T.Cast("int32", T.reinterpret("uint16", v)), T.int32(0x7FFF))
 
 
-def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, density_threshold=None):
+def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, density_threshold=None,
+                      complement=False):
     """Macros ``flags_gpu(D, FL, CNT, R, NU_T, flat)``, ``count(FL, NF, CNT)`` and
-    ``compact(FL, NF, P, G, CNT, NB, OFF, IDS)`` plus the geometry."""
+    ``compact(FL, NF, P, G, CNT, NB, OFF, IDS)`` plus the geometry.  ``complement`` (one
+    group only): ``compact`` lists the unflagged ids after the count instead of ``-1``."""
     g = flag_geometry(cols, mr, mc, dtype)
     gpu = st.gpu
     BX, TX, TY, SH = st.bx, st.tx, st.ty, st.shared
@@ -304,10 +306,15 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                             if FL[c * CHC + tx * K + k] != T.int8(0):
                                 IDS[pos[0]] = T.Cast("int32", T.truncmod(c * CHC + tx * K + k, P))
                                 pos[0] = pos[0] + 1
-                    for k in range(K):
-                        if c * CHC + k * NTC + tx < NF:
-                            if c * CHC + k * NTC + tx >= T.Cast("int64", total[0]):
-                                IDS[c * CHC + k * NTC + tx] = -1
+                            elif complement:
+                                # flat id f is the (f - pos)-th unflagged one
+                                IDS[total[0] + T.Cast("int32", c * CHC + tx * K + k) - pos[0]] = T.Cast(
+                                    "int32", T.truncmod(c * CHC + tx * K + k, P))
+                    if not complement:
+                        for k in range(K):
+                            if c * CHC + k * NTC + tx < NF:
+                                if c * CHC + k * NTC + tx >= T.Cast("int64", total[0]):
+                                    IDS[c * CHC + k * NTC + tx] = -1
                 if c == 0:
                     if tx == 0:
                         if dense[0] == 1:

@@ -5,7 +5,9 @@ Layout (CSR over groups) shared by every consumer (matmul kernels, Relax passes)
 * ``offsets`` int32 ``[G + 1]``: group ``g``'s entries are ``ids[offsets[g]:offsets[g+1]]``,
   ``offsets[0] = 0``, ``offsets[G]`` = total count.
 * ``ids`` int32 ``[capacity]`` (capacity = worst case, never read back to the host), ascending
-  within each group, unused tail filled with ``-1``.
+  within each group, unused tail filled with ``-1`` -- except with a single group (``group="col"``
+  and one tile-column: the rows index of a matmul), where the tail lists the *unlisted* ids,
+  ascending: a kernel zeroes exactly ``ids[count:]`` without searching ``ids[:count]``.
 
 ``group="row"``: G = ceil(R/mr) tile-rows, ids are tile-column ids.
 ``group="col"``: G = ceil(cols/mc) tile-columns, ids are tile-row ids.
@@ -161,7 +163,8 @@ def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False, 
         return tr * NTC + tc if row_group else tc * ntr(R) + tr
 
     geo, NU, flags_gpu, count, compact = make_tile_kernels(
-        st, C, mr, mc, dtype, row_major_flat and gpu, density_threshold
+        st, C, mr, mc, dtype, row_major_flat and gpu, density_threshold,
+        complement=not row_group and NTC == 1,
     )
     TPV = geo.tpv
     fused = gpu and row_major_flat
@@ -454,6 +457,8 @@ def reference_tile_index(data, micro_tile, group):
     ids = np.full(ntr * ntc, -1, dtype=np.int32)
     listed = np.nonzero(flags)[1].astype(np.int32)  # row-major nonzero: group order, ascending
     ids[: len(listed)] = listed
+    if group == "col" and ntc == 1:  # one group whatever the rows: the unlisted ids follow
+        ids[len(listed):] = np.nonzero(~flags[0])[0]
     return offsets, ids
 
 

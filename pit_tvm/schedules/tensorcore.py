@@ -5,16 +5,15 @@ micro-tile (1, K) = whole rows of A::
 
     row_gather_matmul(A[M, K], B[K, N], offsets: int32[2], ids: int32[M], [bias: N,] C[M, N])
     count = offsets[1]                      # read on the device only
-    ids[0:count] ascending ids of the non-zero rows of A, ids[count:] == -1
+    ids[0:count] ascending ids of the non-zero rows of A, ids[count:M] the other rows
     C[ids[p], :] = epilogue(A[ids[p], :] @ B)   for p < count    (fp32 accumulation)
-    C[r, :]      = 0                             for every r not in ids[0:count]
+    C[ids[p], :] = 0                             for p >= count
 
 ``epilogue`` is the optional ``+ bias[n]`` and ``relu``.  Rows that are not listed are
-zeroed by a *complement scatter* inside the same PrimFunc: a ``row_listed`` block finds
-out, by a binary search in ``ids[0:count]``, whether a row is listed, and ``zero_fill``
-writes zeros only to the rows that are not.  On CUDA that is a separate, cheap kernel
-(one launch, ``(M - count) * N`` stores plus ``M`` binary searches over ``ids``); it
-writes rows disjoint from the matmul kernel's rows, so their order does not matter.
+zeroed by a *complement scatter* inside the same PrimFunc: ``zero_fill`` stores zeros to
+the rows ``ids[count:M]``, which the rows index lists there.  On CUDA that is a separate,
+cheap kernel (one launch, ``(M - count) * N`` stores); it writes rows disjoint from the
+matmul kernel's rows, so their order does not matter.
 
 The PIT part (:func:`schedule_row_gather_matmul`):
 
@@ -397,8 +396,8 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
     """The unscheduled PIT row-gather matmul (see the module docstring).
 
     Parameters ``(a, b, offsets, ids, [bias,] c)``; ``M`` is a symbolic ``int64``; ``K=k`` and
-    ``N=n`` are compile-time.  Blocks: ``row_listed`` + ``zero_fill`` (zero the rows that
-    are not listed), ``A_gather`` (SRead, ids clamped so rows p >= count read row 0),
+    ``N=n`` are compile-time.  Blocks: ``zero_fill`` (zero the rows ``ids[count:M]``, which
+    are not listed), ``A_gather`` (SRead; a position p >= count reads a row never stored),
     ``matmul`` (fp32 accumulation), ``scatter`` (epilogue + SWrite, guarded by p < count).
     Builds and runs as is on llvm.
 
@@ -425,38 +424,14 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
 
     @T.macro
     def body(M, A, B, OFF, IDS, BIAS, C):
-        with T.sblock("zero_rows"):
-            # complement scatter of zeros: rows that are not in ids[0:count]
-            T.reads(OFF[1], IDS[0:M])
-            T.writes(C[0:M, 0:N])
-            Listed = T.sblock_alloc_buffer((M,), "int32")
-            for r in range(M):
-                with T.sblock("row_listed"):
-                    vr = T.axis.spatial(M, r)
-                    T.reads(OFF[1], IDS[0:M])
-                    T.writes(Listed[vr])
-                    # lower_bound of row vr in ids[0:count] (ascending)
-                    lo = T.sblock_alloc_buffer((1,), "int32", scope="local")
-                    ln = T.sblock_alloc_buffer((1,), "int32", scope="local")
-                    lo[0] = 0
-                    ln[0] = OFF[1]
-                    while ln[0] > 0:
-                        half = T.meta_var(ln[0] >> 1)
-                        if IDS[lo[0] + half] < T.Cast("int32", vr):
-                            lo[0] = lo[0] + half + 1
-                            ln[0] = ln[0] - half - 1
-                        else:
-                            ln[0] = half
-                    Listed[vr] = T.Select(lo[0] < OFF[1], T.Select(
-                        IDS[T.min(lo[0], T.Cast("int32", M) - 1)] == T.Cast("int32", vr),
-                        1, 0), 0)
-            for r, j in T.grid(M, N):
-                with T.sblock("zero_fill"):
-                    vr, vj = T.axis.remap("SS", [r, j])
-                    T.reads(Listed[vr])
-                    T.writes(C[vr, vj])
-                    if Listed[vr] == 0:
-                        C[vr, vj] = zero
+        for p, j in T.grid(M, N):
+            with T.sblock("zero_fill"):
+                # the rows that are not listed: ids[count:M] (the index lists them there)
+                vp, vj = T.axis.remap("SS", [p, j])
+                T.reads(OFF[1], IDS[vp])
+                T.writes(C[0:M, vj])
+                if T.Cast("int64", OFF[1]) <= vp:
+                    C[IDS[vp], vj] = zero
         with T.sblock("gather_matmul"):
             if bias:
                 T.reads(OFF[1], IDS[0:M], A[0:M, 0:K], B[0:K, 0:N], BIAS[0:N])
@@ -468,10 +443,10 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
             for p, kk in T.grid(T.Cast("int32", M), K):
                 with T.sblock("A_gather"):
                     vp, vk = T.axis.remap("SS", [p, kk])
-                    # row max(ids[p], p): ids ascend, so ids[p] >= p for listed rows, and a
-                    # position p >= count (ids[p] == -1) reads its own row p, whose product
-                    # is never stored.  (Reading one clamped row 0 there put every unlisted
-                    # row of every CTA on one L2 sector: the whole kernel serialised on it.)
+                    # row max(ids[p], p): ids ascend, so ids[p] >= p for listed rows; a
+                    # position p >= count reads a row whose product is never stored, and
+                    # positions read distinct rows.  (Reading one clamped row 0 there put every
+                    # unlisted row of every CTA on one L2 sector: the kernel serialised on it.)
                     Ag[vp, vk] = A[T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)],
                                          T.min(vp, T.Cast("int32", M) - 1)), vk]
             fp32_matmul(M, Ag, B, Acc)
@@ -604,10 +579,9 @@ def _read_index(sch: s_tir.Schedule, block, buffer_name: str) -> int:
 
 
 def _schedule_zero_fill(sch: s_tir.Schedule, n: int, out_dtype: str, c: TensorCoreConfig):
-    """Complement zero-fill kernel: blockIdx.x over row groups, threadIdx.y = row,
-    threadIdx.x x vector over the columns; each thread finds its row's flag itself."""
+    """Zero-fill kernel: blockIdx.x over position groups, threadIdx.y = position p (the ones
+    at or past count store), threadIdx.x x vector over the columns of row ``ids[p]``."""
     zf = sch.get_sblock("zero_fill")
-    rl = sch.get_sblock("row_listed")
     r, j = sch.get_loops(zf)
     vec = max(1, min(16 // _dtype_bytes(out_dtype), c.epilogue_vec * 2))
     while n % vec:
@@ -620,8 +594,6 @@ def _schedule_zero_fill(sch: s_tir.Schedule, n: int, out_dtype: str, c: TensorCo
     sch.bind(ri, "threadIdx.y")
     sch.bind(j1, "threadIdx.x")
     sch.vectorize(j2)
-    sch.set_scope(rl, 0, "local")
-    sch.compute_at(rl, j1)
 
 
 def schedule_row_gather_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
