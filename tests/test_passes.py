@@ -492,3 +492,29 @@ def test_matmuls_of_distinct_inputs_stay_apart():
     mod = relax.transform.FoldConstant()(import_onnx(masked_model()))
     assert _matmul_widths(CombineParallelMatmuls()(mod)) == [48]
     assert CombineParallelMatmuls()(mod)["main"].same_as(mod["main"])
+
+
+def test_split_to_slices_keeps_other_splits():
+    """Splits into equal sections or along a symbolic axis stay splits; listed indices on a
+    static axis become slices with the same values."""
+    from pit_tvm.passes.combine import _split_to_slices
+
+    n = tvm.tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 12), "float32"))
+    y = relax.Var("y", relax.TensorType((n, 12), "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            sx = bb.emit(relax.op.split(x, 2, axis=1))
+            sy = bb.emit(relax.op.split(y, [3], axis=0))
+            sl = bb.emit(relax.op.split(x, [5], axis=1))
+            out = bb.emit_output(relax.Tuple([relax.TupleGetItem(s, i) for s in (sx, sy, sl) for i in (0, 1)]))
+        bb.emit_func_output(out)
+    script = _split_to_slices(bb.get())["main"].script()
+    assert script.count("R.split") == 2 and script.count("R.strided_slice") == 2
+    ex = relax.build(_split_to_slices(bb.get()), "llvm")
+    xv, yv = RNG.standard_normal((4, 12)).astype("float32"), RNG.standard_normal((6, 12)).astype("float32")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(yv))
+    want = [xv[:, :6], xv[:, 6:], yv[:3], yv[3:], xv[:, :5], xv[:, 5:]]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w)

@@ -54,7 +54,8 @@ def _with_params(func: relax.Function, constants: list) -> tuple[relax.Function,
 
 
 def _split_to_slices(mod: tvm.IRModule) -> tvm.IRModule:
-    """Every ``split(x)[i]`` becomes ``strided_slice(x)`` of its part (the split is dead). For
+    """Every ``split(x)[i]`` at listed indices of a static axis becomes ``strided_slice(x)`` of
+    its part (the split is dead). For
     ``x = add(y, bias)`` with a constant bias along the split axis, the part is
     ``add(strided_slice(y), bias part)``: one bias add over the whole concatenation would be a
     kernel of its own (it has a use per part), each part's add fuses into its slice."""
@@ -74,7 +75,12 @@ def _split_to_slices(mod: tvm.IRModule) -> tvm.IRModule:
             x = parts.args[0]
             rank = len(x.ty.shape)
             axis = int(parts.attrs.axis) % rank
-            cuts = [0] + [int(i) for i in parts.attrs.indices_or_sections] + [int(x.ty.shape[axis])]
+            indices = parts.attrs.indices_or_sections
+            # CombineParallelMatmul's splits: a static axis cut at listed indices (an
+            # equal-sections or symbolic split stays a split)
+            if not isinstance(x.ty.shape[axis], tvm.tirx.IntImm) or not hasattr(indices, "__len__"):
+                return new
+            cuts = [0] + [int(i) for i in indices] + [int(x.ty.shape[axis])]
             lo, hi = cuts[new.index], cuts[new.index + 1]
             biased = self.bound(x, add)
             if (biased is not None and axis == rank - 1 and isinstance(biased.args[1], tvm.ir.GenericConst)
