@@ -40,9 +40,9 @@ class SmallMatmulTensorization(GPUScheduleRule):
         if any(str(r.source.dtype) != "float16" for r in block.reads):
             return None
         out_shape = list(block.writes[0].source.shape)
-        reduce = [iv.dom.extent for iv in block.iter_vars if iv.iter_type == iv.CommReduce]
-        extents = out_shape[-2:] + reduce
-        if len(out_shape) < 2 or len(reduce) != 1 or not is_static(out_shape + reduce):
+        reduction = [iv.dom.extent for iv in block.iter_vars if iv.iter_type == iv.CommReduce]
+        extents = out_shape[-2:] + reduction
+        if len(out_shape) < 2 or len(reduction) != 1 or not is_static(out_shape + reduction):
             return None
         if any(int(e) < MIN_EXTENT for e in extents):
             return None
