@@ -66,15 +66,14 @@ def print_table(rows: list[dict], columns: list[str]):
 # --------------------------------------------------------------------------------------
 def row_sparse_inputs(m, k, n, sparsity, rng):
     """fp16 ``A[m, k]`` with whole rows zero at ``sparsity``, ``B[k, n]`` (scaled by 1/sqrt(k))
-    and the rows-kind index of A: ``offsets = [0, count]``, ``ids`` (non-zero rows, then -1)."""
+    and the rows-kind index of A: ``offsets = [0, count]``, ``ids`` (non-zero rows, then the
+    zero rows, as :func:`pit_tvm.index.tile_index_func` lays a rows index out)."""
     a = rng.standard_normal((m, k)).astype(np.float32)
     nz = rng.random(m) >= sparsity
     a[~nz] = 0
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    rows = np.nonzero(nz)[0].astype(np.int32)
-    ids = np.full(m, -1, np.int32)
-    ids[: len(rows)] = rows
-    return a.astype(np.float16), b.astype(np.float16), np.array([0, len(rows)], np.int32), ids
+    ids = np.concatenate([np.nonzero(nz)[0], np.nonzero(~nz)[0]]).astype(np.int32)
+    return a.astype(np.float16), b.astype(np.float16), np.array([0, int(nz.sum())], np.int32), ids
 
 
 def torch_matmul_ms(m, k, n, number):

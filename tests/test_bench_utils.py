@@ -207,3 +207,16 @@ def test_methods_cover_what_the_benchmark_records():
     recorded = set(re.findall(r'record\("([a-z_]+)"', src)) | set(re.findall(r'"(triton_gather_[a-z_]+)"', src))
     assert recorded <= set(rr.METHODS), recorded - set(rr.METHODS)
     assert set(rr.PLOTTED) <= set(rr.METHODS)
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.6, 1.0])
+def test_row_sparse_inputs_use_the_device_rows_index_layout(sparsity):
+    """The probes' hand-built index equals the device index kernel's reference layout (listed
+    rows, then the unlisted ones: the rows kernel zeroes C[ids[count:]])."""
+    from common import row_sparse_inputs
+    from pit_tvm.index import reference_tile_index
+
+    a, _, off, ids = row_sparse_inputs(37, 16, 8, sparsity, np.random.default_rng(1))
+    ref_off, ref_ids = reference_tile_index(a, (1, 16), "col")
+    np.testing.assert_array_equal(off, ref_off)
+    np.testing.assert_array_equal(ids, ref_ids)

@@ -1,6 +1,7 @@
-"""Relax passes: find dynamic sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels
-(``LowerToPIT``), merge matmuls that share an input (``CombineParallelMatmuls``), put the dense matmuls on tensor cores on CUDA (``DenseMatmulToTensorCores``);
-``import_onnx`` imports ONNX keeping tensor names. Compiler-side only."""
+"""Relax passes: merge matmuls that share an input (``CombineParallelMatmuls``), find dynamic
+sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels (``LowerToPIT``), put the
+dense matmuls on tensor cores on CUDA (``DenseMatmulToTensorCores``); ``import_onnx`` imports
+ONNX keeping tensor names. Compiler-side only."""
 from importlib import import_module
 
 _PUBLIC = {

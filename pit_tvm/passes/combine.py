@@ -55,10 +55,10 @@ def _with_params(func: relax.Function, constants: list) -> tuple[relax.Function,
 
 def _split_to_slices(mod: tvm.IRModule) -> tvm.IRModule:
     """Every ``split(x)[i]`` at listed indices of a static axis becomes ``strided_slice(x)`` of
-    its part (the split is dead). For
-    ``x = add(y, bias)`` with a constant bias along the split axis, the part is
-    ``add(strided_slice(y), bias part)``: one bias add over the whole concatenation would be a
-    kernel of its own (it has a use per part), each part's add fuses into its slice."""
+    its part (the split is dead). For ``x = add(y, bias)`` with a constant bias along the split
+    axis, the part is ``add(strided_slice(y), bias part)``: one bias add over the whole
+    concatenation would be a kernel of its own (it has a use per part), each part's add fuses
+    into its slice."""
     split, add = tvm.ir.Op.get("relax.split"), tvm.ir.Op.get("relax.add")
 
     @relax.expr_functor.mutator

@@ -41,9 +41,8 @@ class SmallMatmulTensorization(GPUScheduleRule):
             return None
         out_shape = list(block.writes[0].source.shape)
         reduction = [iv.dom.extent for iv in block.iter_vars if iv.iter_type == iv.CommReduce]
-        extents = out_shape[-2:] + reduction
         if len(out_shape) < 2 or len(reduction) != 1 or not is_static(out_shape + reduction):
             return None
-        if any(int(e) < MIN_EXTENT for e in extents):
+        if any(int(e) < MIN_EXTENT for e in out_shape[-2:] + reduction):
             return None
         return MatmulTensorization().apply(func, target, tunable)

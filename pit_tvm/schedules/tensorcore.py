@@ -443,12 +443,11 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
             for p, kk in T.grid(T.Cast("int32", M), K):
                 with T.sblock("A_gather"):
                     vp, vk = T.axis.remap("SS", [p, kk])
-                    # row max(ids[p], p): ids ascend, so ids[p] >= p for listed rows; a
-                    # position p >= count reads a row whose product is never stored, and
-                    # positions read distinct rows.  (Reading one clamped row 0 there put every
-                    # unlisted row of every CTA on one L2 sector: the kernel serialised on it.)
-                    Ag[vp, vk] = A[T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)],
-                                         T.min(vp, T.Cast("int32", M) - 1)), vk]
+                    # row ids[p]: ids[0:M] is a permutation of the rows, so positions read
+                    # distinct rows; a position p >= count reads an unlisted row, whose product
+                    # is never stored.  (Reading one clamped row there put every unlisted row
+                    # of every CTA on one L2 sector: the kernel serialised on it.)
+                    Ag[vp, vk] = A[IDS[T.min(vp, T.Cast("int32", M) - 1)], vk]
             fp32_matmul(M, Ag, B, Acc)
             for p, j in T.grid(T.Cast("int32", M), N):
                 with T.sblock("scatter"):
@@ -483,13 +482,11 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
                         vs, vp, vq = T.axis.remap("SSS", [s_, p, q])
                         T.reads(IDS[0:M], A[0:M, 0:K])
                         T.writes(As[vs, vp, vq])
-                        # rows past M read nothing (M may be below split_rows); past count,
-                        # row max(ids[p], p) as in A_gather
+                        # rows past M read nothing (M may be below split_rows); row ids[p]
+                        # as in A_gather
                         As[vs, vp, vq] = T.if_then_else(
                             vp < T.Cast("int32", M),
-                            A[T.max(IDS[T.min(vp, T.Cast("int32", M) - 1)],
-                                    T.min(vp, T.Cast("int32", M) - 1)), vs * KS + vq],
-                            zero_in)
+                            A[IDS[T.min(vp, T.Cast("int32", M) - 1)], vs * KS + vq], zero_in)
                 for s_, q, j in T.grid(S, KS, N):
                     with T.sblock("B_split"):
                         vs, vq, vj = T.axis.remap("SSS", [s_, q, j])
