@@ -1,0 +1,293 @@
+"""wgmma dense tiles for the PIT row-gather matmul on the H100 (sm_90a).
+
+The mma.sync kernels of :mod:`pit_tvm.schedules.tensorcore` top out near 0.4x cuBLAS on the
+H100: Hopper's tensor cores reach full rate only through the asynchronous warpgroup MMA
+(``wgmma.mma_async``), which reads both operands straight from shared memory.  TVM 0.27 has
+no schedule primitive or tensor intrinsic for it, so this kernel is written explicitly in
+TIRx (``T.ptx`` wgmma / cp.async, ``T.cuda.wgmma.encode_matrix_descriptor``) and lowered to
+plain TIR (:func:`lower_tirx`), which the ordinary s_tir build (and a Relax ``call_tir``)
+takes like any scheduled PrimFunc.
+
+Workload: the same as :func:`pit_tvm.schedules.tensorcore.row_gather_matmul_func`::
+
+    wgmma_row_gather(A[M, K], B[K, N], offsets: int32[2], ids: int32[M], [bias: N,] C[M, N])
+    count = offsets[1]                 # read on the device only
+    C[ids[p], :] = epilogue(A[ids[p], :] @ B)   for p < count    (fp32 accumulation)
+    C[ids[p], :] = 0                             for count <= p < M
+
+``dense=True`` drops ``offsets`` and ``ids`` (``ids[p] = p``, ``count = M``): a model's dense
+layers use that.  The unlisted rows are zeroed by the CTA whose p-tile holds them (CTAs past
+``count`` only store zeros), so there is no separate zero-fill launch.
+
+One CTA = 2 warpgroups (256 threads) computes a 128 x BN tile of compacted rows::
+
+    for each 64-deep K tile kt (STAGES-deep ring in shared memory, prefetch distance STAGES-2):
+        SRead   A_s[128, 64]  <- A[ids[p0:p0+128], k0:k0+64]   cp.async, 16 B per row chunk,
+                                   128B-swizzled K-major (chunk c of row r at c ^ (r % 8))
+                B_s[64, BN]   <- B[k0:k0+64, n0:n0+BN]           cp.async, MN-major, 64-column
+                                   atoms of 64 rows x 128 B, 128B-swizzled (chunk ^ (k % 8))
+        warpgroup g: 4 x wgmma m64nBNk16, A_s[64g:64g+64, 16i:16i+16] x B_s[16i:16i+16, :]
+                     -> acc[BN / 2] fp32 registers per thread; one wgmma group kept in flight
+    SWrite  acc -> epilogue (bias, relu, cast) -> C_s[128, BN + pad] -> 16 B stores to rows
+            ids[p] of C (zeros for count <= p < M)
+
+Shared memory per CTA: STAGES * (128 * 64 + 64 * BN) * 2 bytes (BN=256, 4 stages: 192 KiB).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+
+__all__ = ["WgmmaConfig", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
+           "lower_tirx"]
+
+#: the only arch with wgmma (the ``a`` suffix: arch-specific features, H100 / H200)
+WGMMA_ARCH = "sm_90a"
+IN_DTYPES = ("float16", "bfloat16")
+OUT_DTYPES = ("float16", "bfloat16", "float32")
+BLOCK_M = 128          # 2 warpgroups x wgmma M=64
+BLOCK_K = 64           # one 128-byte swizzle atom of fp16/bf16 along K
+THREADS = 256
+MAX_SMEM_BYTES = 227 * 1024
+_PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
+_SWIZZLE_128B = 3      # encode_matrix_descriptor's code for the 128-byte swizzle
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """Tile knobs: ``block_n`` (wgmma N, 64..256, multiple of 64) and ``stages`` (shared-memory
+    ring depth, >= 3: two tiles load while one computes)."""
+
+    block_n: int = 256
+    stages: int = 4
+
+    def smem_bytes(self, out_dtype: str = "float16") -> int:
+        ring = self.stages * (BLOCK_M * BLOCK_K + BLOCK_K * self.block_n) * 2
+        return max(ring, _c_stage_elems(self.block_n, out_dtype) * _bytes(out_dtype))
+
+
+def _bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def _c_row(block_n: int, out_dtype: str) -> int:
+    """Row pitch of the staged C tile in elements: 16 bytes of padding spreads the 8 rows one
+    warp's fragments hit over all banks."""
+    return block_n + 16 // _bytes(out_dtype)
+
+
+def _c_stage_elems(block_n: int, out_dtype: str) -> int:
+    return BLOCK_M * _c_row(block_n, out_dtype)
+
+
+def wgmma_applies(k: int, n: int, in_dtype: str, out_dtype: str, arch: str) -> bool:
+    return (arch == WGMMA_ARCH and in_dtype in IN_DTYPES and out_dtype in OUT_DTYPES
+            and k % BLOCK_K == 0 and wgmma_config(n) is not None)
+
+
+def wgmma_config(n: int) -> WgmmaConfig | None:
+    """The default tiles for N: the widest wgmma N (256, else 128, else 64) that divides it,
+    and the deepest ring that fits (measured on the H100 at 4096^3: 256 x 4 stages 0.72x
+    cuBLAS, 128 x 6 stages 0.64x)."""
+    for block_n in (256, 128, 64):
+        if n % block_n == 0:
+            stages = 3
+            while WgmmaConfig(block_n, stages + 1).smem_bytes("float32") <= MAX_SMEM_BYTES and stages < 6:
+                stages += 1
+            return WgmmaConfig(block_n, stages)
+    return None
+
+
+def lower_tirx(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
+    """Lower an explicit TIRx kernel (``T.device_entry``, ``T.cta_id``...) to plain TIR with
+    launch_thread bindings, so that the s_tir build pipeline (Relax's) compiles it."""
+    mod = tvm.IRModule({"main": func.with_attr("target", target)})
+    with target:
+        mod = tvm.transform.Sequential([tirx.transform.LowerTIRx(),
+                                        tirx.transform.LowerTIRxOpaque()])(mod)
+    return mod["main"].without_attr("target").with_attr("tirx.is_scheduled", True)
+
+
+@functools.lru_cache(maxsize=64)
+def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: str = "float16",
+                          bias: bool = False, relu: bool = False, dense: bool = False,
+                          config: WgmmaConfig | None = None) -> tirx.PrimFunc:
+    """The lowered wgmma row-gather (or, ``dense=True``, plain) matmul PrimFunc; ``M`` is a
+    symbolic int64, K and N compile-time.  Raises ValueError when the shape or dtypes do not
+    fit (see :func:`wgmma_applies`)."""
+    config = config or wgmma_config(n)
+    if config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64:
+        raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0 and N % block_n == 0 "
+                         f"(block_n a multiple of 64), got K={k}, N={n}, {config}")
+    if in_dtype not in IN_DTYPES or out_dtype not in OUT_DTYPES:
+        raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
+    if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
+        raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
+    func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), bool(relu), bool(dense), config)
+    return lower_tirx(func, tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH}))
+
+
+def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, dense, cfg):  # noqa: C901 - one kernel
+    BN, STAGES = cfg.block_n, cfg.stages
+    BM, BK = BLOCK_M, BLOCK_K
+    KT = K // BK
+    PREFETCH = STAGES - 2                 # K tiles in flight ahead of the one computed
+    A_TILE, B_TILE = BM * BK, BK * BN     # elements per ring slot
+    B_BASE = STAGES * A_TILE              # B ring after the A ring (one dynamic allocation)
+    ACC = BN // 2                         # fp32 accumulators per thread (m64 x BN / 128)
+    A_CHUNKS = BM * BK // 8 // THREADS    # 16-byte chunks per thread per K tile
+    B_CHUNKS = BK * BN // 8 // THREADS
+    B_ROW_CHUNKS = BN // 8
+    C_ROW = _c_row(BN, out_dtype)
+    C_VEC = 16 // _bytes(out_dtype)       # elements per 16-byte store
+    C_CHUNKS = BM * BN // C_VEC // THREADS
+    C_ROW_CHUNKS = BN // C_VEC
+    smem_elems = max(STAGES * (A_TILE + B_TILE), (_c_stage_elems(BN, out_dtype) * _bytes(out_dtype) + 1) // 2)
+    t = _PTX_TYPE[in_dtype]
+    wgmma = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{t}.{t}"
+    # descriptor offsets are in 16-byte units: A (K-major, 128B swizzle): 8-row groups 1024 B
+    # apart (LBO unused); B (MN-major, 128B swizzle): 64-column atoms BK * 128 B apart (LBO),
+    # 8-row groups 1024 B apart (SBO)
+    A_LBO, A_SBO = 1, 1024 // 16
+    B_LBO, B_SBO = BK * 128 // 16, 1024 // 16
+    zero_out = tirx.const(0, out_dtype)
+
+    def epilogue(v, bias_buf, col):
+        if has_bias:
+            v = v + T.Cast("float32", bias_buf[col])
+        if relu:
+            v = T.max(v, T.float32(0))
+        return T.Cast(out_dtype, v)
+
+    def row_of(ids_buf, p):
+        return p if dense else ids_buf[p]
+
+    def count_of(off_buf, m):
+        return m if dense else off_buf[1]
+
+    @T.macro
+    def body(M, A, B, OFF, IDS, BIAS, C):
+        T.device_entry()
+        bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
+        tid = T.thread_id([THREADS])
+        smem = T.alloc_buffer([smem_elems], in_dtype, scope="shared.dyn", align=1024)
+        acc = T.alloc_local([ACC], "float32")
+        a_row = T.alloc_local([A_CHUNKS], "int64")
+        desc_a = T.alloc_local([1], "uint64")
+        desc_b = T.alloc_local([1], "uint64")
+        m = T.Cast("int32", M)
+        count = count_of(OFF, m)
+        p0 = bm * BM
+        if p0 < count:
+            wg = tid // 128
+            for i in T.unroll(ACC):
+                acc[i] = T.float32(0)
+            # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
+            for j in T.unroll(A_CHUNKS):
+                a_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // 8, m - 1)))
+            for kt in T.serial(KT + PREFETCH):
+                if kt >= PREFETCH:
+                    # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
+                    T.ptx["cp.async.wait_group"](PREFETCH - 1)
+                    T.ptx["fence.proxy.async.shared::cta"]()
+                T.cuda.cta_sync()
+                if kt < KT:
+                    # SRead of K tile kt into slot kt % STAGES (last read by wgmma kt - STAGES,
+                    # retired: one wgmma group stays in flight and STAGES > PREFETCH + 1)
+                    slot_w = kt % STAGES
+                    for j in T.unroll(A_CHUNKS):
+                        r = (tid + THREADS * j) // 8
+                        ch = (tid + THREADS * j) % 8
+                        T.ptx["cp.async.cg.shared.global"](
+                            smem.ptr_to([slot_w * A_TILE + r * 64 + T.bitwise_xor(ch, r % 8) * 8]),
+                            A.ptr_to([a_row[j], kt * BK + ch * 8]), 16)
+                    for j in T.unroll(B_CHUNKS):
+                        kr = (tid + THREADS * j) // B_ROW_CHUNKS
+                        gch = (tid + THREADS * j) % B_ROW_CHUNKS
+                        T.ptx["cp.async.cg.shared.global"](
+                            smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
+                                         + T.bitwise_xor(gch % 8, kr % 8) * 8]),
+                            B.ptr_to([kt * BK + kr, bn * BN + gch * 8]), 16)
+                T.ptx["cp.async.commit_group"]()
+                if kt >= PREFETCH:
+                    slot = (kt - PREFETCH) % STAGES
+                    T.ptx.wgmma.fence.sync.aligned()
+                    for kk in T.unroll(BK // 16):
+                        T.cuda.wgmma.encode_matrix_descriptor(
+                            T.address_of(desc_a[0]),
+                            smem.ptr_to([slot * A_TILE + wg * 64 * BK + kk * 16]), A_LBO, A_SBO,
+                            _SWIZZLE_128B)
+                        T.cuda.wgmma.encode_matrix_descriptor(
+                            T.address_of(desc_b[0]),
+                            smem.ptr_to([B_BASE + slot * B_TILE + kk * 16 * 64]), B_LBO, B_SBO,
+                            _SWIZZLE_128B)
+                        T.ptx[wgmma](*[acc[i] for i in range(ACC)], desc_a[0], desc_b[0],
+                                     True, 1, 1, 0, 1)
+                    T.ptx.wgmma.commit_group.sync.aligned()
+                    T.ptx.wgmma.wait_group.sync.aligned(1)
+            T.ptx.wgmma.wait_group.sync.aligned(0)
+            T.ptx["cp.async.wait_group"](0)
+            T.cuda.cta_sync()
+            # fragments -> staged C tile: thread (warp w, lane l) of warpgroup g holds rows
+            # 64g + 16w + l/4 (+8) and columns 8nb + 2(l%4) (+1) in acc[4nb + 2i + e]
+            w = (tid % 128) // 32
+            lane = tid % 32
+            for nb in T.unroll(BN // 8):
+                for i in T.unroll(2):
+                    # (no assignment in a vectorized loop: TIRx makes it a one-element local)
+                    for e in T.vectorized(2):
+                        smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
+                                             + nb * 8 + (lane % 4) * 2 + e] = epilogue(
+                            acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e)
+            T.cuda.cta_sync()
+        T.cuda.cta_sync()
+        # SWrite: 16-byte row chunks to C[ids[p]] (zeros for count <= p < M)
+        for j in T.unroll(C_CHUNKS):
+            r = (tid + THREADS * j) // C_ROW_CHUNKS
+            ch = (tid + THREADS * j) % C_ROW_CHUNKS
+            if p0 + r < m:
+                if p0 + r < count:
+                    for e in T.vectorized(C_VEC):
+                        C[row_of(IDS, p0 + r), bn * BN + ch * C_VEC + e] = \
+                            smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e]
+                else:
+                    for e in T.vectorized(C_VEC):
+                        C[row_of(IDS, p0 + r), bn * BN + ch * C_VEC + e] = zero_out
+
+    return _signature(K, N, in_dtype, out_dtype, has_bias, dense, body)
+
+
+def _signature(K, N, in_dtype, out_dtype, has_bias, dense, body):
+    """The PrimFunc around ``body`` with exactly the parameters its variant takes."""
+    if dense and has_bias:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, bias: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None,
+                 None, T.match_buffer(bias, (N,), in_dtype), T.match_buffer(c, (M, N), out_dtype))
+    elif dense:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None,
+                 None, None, T.match_buffer(c, (M, N), out_dtype))
+    elif has_bias:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle,
+                   c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"),
+                 T.match_buffer(bias, (N,), in_dtype), T.match_buffer(c, (M, N), out_dtype))
+    else:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"), None,
+                 T.match_buffer(c, (M, N), out_dtype))
+    return kernel

@@ -1,0 +1,132 @@
+"""wgmma dense tiles (pit_tvm.schedules.wgmma) for the row-gather and dense matmul on sm_90a.
+
+CPU part: the lowered kernels build through the ordinary s_tir pipeline, carry the wgmma /
+cp.async instructions, and nvcc compiles them for sm_90a; config choice and bad shapes.
+GPU part (``@pytest.mark.gpu``, an H100): results against a float32 numpy reference at every
+sparsity, ragged M, bias / ReLU, bf16 and fp32 out, the dense variant.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import tvm
+
+from _helpers import np_dtype
+from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+from pit_tvm.schedules.wgmma import (
+    MAX_SMEM_BYTES,
+    WgmmaConfig,
+    wgmma_applies,
+    wgmma_config,
+    wgmma_row_gather_func,
+)
+from pit_tvm.target import build
+from test_tensorcore import make_inputs, reference, run
+
+TARGET = "cuda:sm_90a"
+
+
+@functools.lru_cache(maxsize=None)
+def _exe(k, n, in_dtype, out_dtype, bias, relu, dense=False, config=None):
+    f = wgmma_row_gather_func(k, n, in_dtype, out_dtype, bias=bias, relu=relu, dense=dense,
+                              config=config)
+    return build(tvm.IRModule({"main": f}), TARGET)
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: configs, builds, nvcc
+# ---------------------------------------------------------------------------------------
+def test_config_choice():
+    """Widest wgmma N dividing N, deepest ring (<= 6) fitting 227 KiB with an fp32 C stage."""
+    assert wgmma_config(4096) == WgmmaConfig(256, 4)      # 4 x (16 + 32) KiB = 192 KiB
+    assert wgmma_config(2304) == WgmmaConfig(256, 4)      # 2304 = 9 x 256
+    assert wgmma_config(384) == WgmmaConfig(128, 6)       # 6 x (16 + 16) KiB = 192 KiB
+    assert wgmma_config(192) == WgmmaConfig(64, 6)
+    assert wgmma_config(100) is None
+    for n in (4096, 384, 192):
+        assert wgmma_config(n).smem_bytes("float32") <= MAX_SMEM_BYTES
+    assert wgmma_applies(768, 3072, "float16", "float16", "sm_90a")
+    assert not wgmma_applies(768, 3072, "float16", "float16", "sm_90")   # no wgmma without 'a'
+    assert not wgmma_applies(96, 3072, "float16", "float16", "sm_90a")   # K % 64
+    assert not wgmma_applies(768, 3072, "float32", "float32", "sm_90a")
+
+
+def test_bad_shapes_raise():
+    with pytest.raises(ValueError, match="K % 64"):
+        wgmma_row_gather_func(100, 256)
+    with pytest.raises(ValueError, match="float16"):
+        wgmma_row_gather_func(128, 256, "float32", "float32")
+    with pytest.raises(ValueError, match="shared memory"):
+        wgmma_row_gather_func(128, 256, config=WgmmaConfig(256, 5))
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype,bias,relu,dense", [
+    ("float16", "float16", False, False, False),
+    ("bfloat16", "float32", True, True, False),
+    ("float16", "bfloat16", True, False, True),
+    ("float16", "float32", False, True, True),
+])
+def test_cuda_build(in_dtype, out_dtype, bias, relu, dense):
+    ex = _exe(256, 512, in_dtype, out_dtype, bias, relu, dense)
+    src = "\n".join(m.inspect_source("cuda") for m in ex.mod.imports)
+    t = "bf16" if in_dtype == "bfloat16" else "f16"
+    assert f"wgmma.mma_async.sync.aligned.m64n256k16.f32.{t}.{t}" in src
+    assert "cp.async.cg.shared.global" in src and "wgmma.wait_group.sync.aligned" in src
+    assert "extern __shared__" in src
+    signature = src[src.index('extern "C" __global__'):].split(")", 2)[1]
+    assert signature.count("int* __restrict__") == (0 if dense else 2)   # offsets, ids
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(ex, archs=("sm_90a",)) >= 1
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: numerics
+# ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,sparsity", [(4096, 0.0), (4096, 0.5), (4096, 0.9), (4096, 0.99),
+                                        (1000, 0.3), (77, 0.0), (300, 1.0)])
+def test_gpu_rows(m, sparsity):
+    k, n = 1024, 1024
+    a, b, offsets, ids, _ = make_inputs(m, k, n, sparsity, seed=m)
+    got = run(_exe(k, n, "float16", "float16", False, False), tvm.cuda(), a, b, offsets, ids,
+              None, "float16")
+    ref = reference(a, b, ids, offsets)
+    np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2)
+    unlisted = np.setdiff1d(np.arange(m), ids[: offsets[1]])
+    assert np.all(got[unlisted] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype,out_dtype,n,config", [
+    ("float16", "float32", 768, None), ("bfloat16", "bfloat16", 384, None),
+    ("float16", "float16", 512, WgmmaConfig(128, 3)), ("bfloat16", "float32", 192, None)])
+def test_gpu_rows_bias_relu_dtypes(in_dtype, out_dtype, n, config):
+    m, k = 333, 640
+    a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.4, in_dtype, bias=True, seed=n)
+    got = run(_exe(k, n, in_dtype, out_dtype, True, True, config=config), tvm.cuda(), a, b,
+              offsets, ids, bias_v, out_dtype)
+    ref = reference(a, b, ids, offsets, bias_v, relu=True)
+    tol = 3e-2 if "bfloat16" in (in_dtype, out_dtype) else 1e-2
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,bias", [(4096, False), (129, True), (5, False)])
+def test_gpu_dense(m, bias):
+    k, n = 768, 2304
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    bias_v = rng.standard_normal(n).astype(np.float16) if bias else None
+    dev = tvm.cuda()
+    t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
+    c = t(np.full((m, n), 7, np.float16))
+    _exe(k, n, "float16", "float16", bias, False, dense=True)["main"](
+        *([t(a), t(b)] + ([t(bias_v)] if bias else []) + [c]))
+    ref = a.astype(np.float32) @ b.astype(np.float32)
+    if bias:
+        ref = ref + bias_v.astype(np.float32)
+    np.testing.assert_allclose(c.numpy().astype(np.float32), ref, rtol=1e-2, atol=1e-2)
