@@ -7,10 +7,13 @@ callback, so every build goes through :func:`build` here.
 from __future__ import annotations
 
 import os
+import re
 
 import tvm
 
-DEFAULT_CUDA_ARCH = "sm_90"
+#: the H100's arch with its arch-specific features (``a``): wgmma needs it; code built for it
+#: runs on sm_90 devices only (use "cuda:sm_80" or "cuda:sm_90" for portable mma.sync kernels)
+DEFAULT_CUDA_ARCH = "sm_90a"
 
 
 def make_target(target) -> tvm.target.Target:
@@ -27,6 +30,14 @@ def make_target(target) -> tvm.target.Target:
     if kind == "cuda":
         return tvm.target.Target({"kind": "cuda", "arch": arch or DEFAULT_CUDA_ARCH})
     raise ValueError(f"unknown target {target!r}: use 'llvm' or 'cuda' (optionally 'cuda:sm_80')")
+
+
+def sm_version(target) -> int:
+    """The CUDA target's compute capability as an int (``sm_90a`` -> 90; -1 when not CUDA or
+    no arch).  dlight's ``check_sm_version`` reads ``sm_90a`` as -1 and so drops tensor cores."""
+    tgt = make_target(target)
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", str(tgt.attrs.get("arch", ""))) if tgt.kind.name == "cuda" else None
+    return int(match.group(1)) if match else -1
 
 
 def is_gpu(target) -> bool:

@@ -186,13 +186,19 @@ def test_cuda_odd_shapes_build(k, n, micro_tile):
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
-def test_cuda_rows_fp16_uses_tensor_cores():
-    op = pit_tvm.sparse_matmul(256, 256, "float16", micro_tile=(1, 256), target="cuda")
+@pytest.mark.parametrize("arch,mma", [("sm_90", "mma.sync"), ("sm_90a", "wgmma.mma_async")])
+def test_cuda_rows_fp16_uses_tensor_cores(arch, mma):
+    """sm_90 (and sm_80) get the mma.sync schedule, sm_90a (the default "cuda") wgmma."""
+    op = pit_tvm.sparse_matmul(256, 256, "float16", micro_tile=(1, 256), target=f"cuda:{arch}")
     from pit_tvm.nvcc import cuda_sources
 
     src = "\n".join(cuda_sources(op.executable))
-    assert "mma.sync" in src and "ldmatrix" in src and "cp.async" in src
-    assert check_cuda_compiles(op.executable, archs=("sm_90",)) >= 1
+    assert mma in src and "cp.async" in src
+    assert ("ldmatrix" in src) == (mma == "mma.sync")
+    assert check_cuda_compiles(op.executable, archs=(arch,)) >= 1
+    if arch == "sm_90a":
+        assert pit_tvm.sparse_matmul(256, 256, "float16", micro_tile=(1, 256),
+                                     target="cuda").executable is not None
 
 
 @pytest.mark.gpu

@@ -283,9 +283,13 @@ def test_dense_matmuls_on_tensor_cores_for_cuda():
         on = compile_onnx(fp16_mlp(), "cuda")
     assert _tc_dense_funcs(on.lowered) == ["tc_dense_matmul_k128_n256_float16_float16"]
     assert any(gv.name_hint.startswith("pit_kernel_") for gv in on.lowered.get_global_vars())
-    assert "mma.sync" in "\n".join(cuda_sources(off.executable))
+    # the default "cuda" (sm_90a) runs the dense layers on wgmma, sm_90 on mma.sync
+    assert "wgmma.mma_async" in "\n".join(cuda_sources(off.executable))
+    off_sm90 = compile_onnx(fp16_mlp(), "cuda:sm_90", auto=False)
+    assert "mma.sync" in "\n".join(cuda_sources(off_sm90.executable))
     if find_nvcc() is not None:
-        assert check_cuda_compiles(off.executable, archs=("sm_90",)) >= 1
+        assert check_cuda_compiles(off.executable, archs=("sm_90a",)) >= 1
+        assert check_cuda_compiles(off_sm90.executable, archs=("sm_90",)) >= 1
 
 
 def test_dense_tensor_core_pass_leaves_what_it_cannot_take():

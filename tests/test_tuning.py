@@ -270,12 +270,15 @@ def test_sparse_matmul_tuning_log_hook(tuned_log):
     root, path = tuned_log
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        op = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda", tuning_log=root)
+        op = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda:sm_90", tuning_log=root)
+        # the log is of the mma.sync space: sm_90a (the default "cuda") runs wgmma and skips it
+        op_wgmma = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda", tuning_log=root)
     from pit_tvm.nvcc import cuda_sources
 
     assert "mma.sync" in "\n".join(cuda_sources(op.executable))
+    assert "wgmma.mma_async" in "\n".join(cuda_sources(op_wgmma.executable))
     with pytest.warns(UserWarning) as rec:
-        sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda",
+        sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda:sm_90",
                       tuning_log=root / "missing")
     msgs = [str(w.message) for w in rec]
     assert any("no tuning log" in m for m in msgs) and any("untuned" in m for m in msgs)

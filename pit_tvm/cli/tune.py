@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--k", type=int, required=True, help="reduction size K")
     p.add_argument("--n", type=int, required=True, help="output columns N")
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
-    p.add_argument("--target", default="cuda", help="cuda | cuda:sm_80 (default cuda = sm_90)")
+    p.add_argument("--target", default="cuda", help="cuda | cuda:sm_80 (default cuda = sm_90a)")
     p.add_argument("--trials", type=int, default=512, help="measured candidates (default 512)")
     p.add_argument("--trials-per-iter", type=int, default=32,
                    help="candidates per MetaSchedule iteration (default 32)")

@@ -107,9 +107,14 @@ def _validate(k, n, dtype, micro_tile):
 def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str):
     """The (untuned) tensor-core PIT kernel for whole-row micro-tiles on CUDA, or None when it
     does not apply (fp32, or K/N not multiples of any candidate tile: the SIMT kernel is used
-    then)."""
+    then).  On sm_90a it is the wgmma kernel (:mod:`pit_tvm.schedules.wgmma`) where K and N
+    fit its tiles, else the mma.sync schedule."""
     if dtype not in ("float16", "bfloat16"):
         return None
+    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_row_gather_func
+
+    if wgmma_applies(k, n, dtype, out_dtype, arch):
+        return wgmma_row_gather_func(k, n, dtype, out_dtype)
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
                                               split_plan, valid_configs)
 
@@ -175,7 +180,11 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
     if plan.kind == "rows":
         if plan.micro_tile[0] != 1:
             return None
-        if tuning_log is not None and dtype in ("float16", "bfloat16"):
+        from pit_tvm.schedules.wgmma import wgmma_applies
+
+        # the tuned schedules are of the mma.sync space: on sm_90a the wgmma kernel outruns them
+        if (tuning_log is not None and dtype in ("float16", "bfloat16")
+                and not wgmma_applies(plan.k, plan.n, dtype, out_dtype, arch)):
             from pit_tvm.tuning.tune import tuned_rows_kernel   # warns and falls back
 
             tuned = tuned_rows_kernel(tuning_log, plan.k, plan.n, dtype, out_dtype)
@@ -563,9 +572,12 @@ def _add_once(bb, name, make):
 @functools.lru_cache(maxsize=64)
 def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, relu: bool, arch: str):
     """The tensor-core dense kernel for (K, N) (with the bias / ReLU epilogue), or None when no
-    tile config fits; scheduled once per shape in a process."""
+    tile config fits; made once per shape in a process.  wgmma on sm_90a where it fits."""
     from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
+    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_row_gather_func
 
+    if wgmma_applies(k, n, dtype, out_dtype, arch):
+        return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True)
     configs = valid_configs(k, n, dtype, arch)
     if not configs:
         return None

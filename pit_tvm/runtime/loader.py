@@ -48,9 +48,11 @@ def _cuda_arch() -> str:
         return arch
     try:
         ver = tvm.cuda(0).compute_version  # "9.0"
-        return "sm_" + ver.replace(".", "")
     except Exception:  # noqa: BLE001 - no device: the usual deployment target
-        return "sm_90"
+        return "sm_90a"
+    arch = "sm_" + ver.replace(".", "")
+    # every sm_90 device has the arch-specific features the wgmma kernels use
+    return "sm_90a" if arch == "sm_90" else arch
 
 
 _CALLBACK_DONE = False

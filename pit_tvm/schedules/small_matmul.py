@@ -14,10 +14,10 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
-from tvm.s_tir.dlight.gpu.matmul import (MatmulTensorization, check_sm_version,
-                                         get_reduction_blocks)
+from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization, get_reduction_blocks
 
 from pit_tvm.schedules._dlight import is_static
+from pit_tvm.target import sm_version
 
 #: the wmma tile: a smaller output or reduction extent is not worth a tensor-core tile
 MIN_EXTENT = 16
@@ -27,8 +27,7 @@ class SmallMatmulTensorization(GPUScheduleRule):
     """``MatmulTensorization`` for the static fp16 matmuls ``Matmul`` keeps on CUDA cores."""
 
     def apply(self, func, target, tunable):  # noqa: D102 - see the module docstring
-        if (not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda"
-                or check_sm_version(str(target.attrs.get("arch", ""))) < 70):
+        if not isinstance(func, tirx.PrimFunc) or sm_version(target) < 70:
             return None
         sch = s_tir.Schedule(func)
         blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))

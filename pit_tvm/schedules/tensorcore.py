@@ -93,7 +93,7 @@ IN_DTYPES = ("float16", "bfloat16")
 OUT_DTYPES = ("float16", "bfloat16", "float32")
 SMEM_SCOPE = "shared.dyn"
 #: dynamic shared memory per block: H100 allows 227 KiB, A100 163 KiB.
-MAX_SMEM_BYTES = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
+MAX_SMEM_BYTES = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_80": 163 * 1024}
 EARLY_EXIT_ATTR = "pit.early_exit_block_m"
 #: CTA-level regime guards (value: split_rows R): the full-K kernel runs when count > R, the
 #: split-K kernels when count <= R (see :func:`add_early_exit`)

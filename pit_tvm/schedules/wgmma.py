@@ -60,7 +60,9 @@ _SWIZZLE_128B = 3      # encode_matrix_descriptor's code for the 128-byte swizzl
 @dataclass(frozen=True)
 class WgmmaConfig:
     """Tile knobs: ``block_n`` (wgmma N, 64..256, multiple of 64) and ``stages`` (shared-memory
-    ring depth, >= 3: two tiles load while one computes)."""
+    ring depth, >= 3: ``stages - 2`` K tiles load while one computes and the previous one's
+    wgmma may still run).  (Loading ``stages - 1`` ahead, with a second CTA barrier per K tile
+    before a slot is refilled, measured slower on the H100: 257 vs 218 us at 4096^3.)"""
 
     block_n: int = 256
     stages: int = 4
@@ -91,8 +93,8 @@ def wgmma_applies(k: int, n: int, in_dtype: str, out_dtype: str, arch: str) -> b
 
 def wgmma_config(n: int) -> WgmmaConfig | None:
     """The default tiles for N: the widest wgmma N (256, else 128, else 64) that divides it,
-    and the deepest ring that fits (measured on the H100 at 4096^3: 256 x 4 stages 0.72x
-    cuBLAS, 128 x 6 stages 0.64x)."""
+    and the deepest ring that fits, up to 6 (H100, 4096^3 fp16, dense rows, time_evaluator:
+    256 x 4 stages 218 us = 0.86x cuBLAS; 128 x 6 stages 295 us, 128 x 3 262 us)."""
     for block_n in (256, 128, 64):
         if n % block_n == 0:
             stages = 3
@@ -189,15 +191,33 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, dense, cfg):  # noqa: C90
             # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
             for j in T.unroll(A_CHUNKS):
                 a_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // 8, m - 1)))
+            # descriptors of ring slot 0 (this warpgroup's 64 A rows; B's first k16 rows): the
+            # other slots and k16 steps add their 16-byte offsets to the start-address field
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
+                                                  smem.ptr_to([wg * 64 * BK]), A_LBO, A_SBO,
+                                                  _SWIZZLE_128B)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
+                                                  B_LBO, B_SBO, _SWIZZLE_128B)
             for kt in T.serial(KT + PREFETCH):
                 if kt >= PREFETCH:
                     # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
                     T.ptx["cp.async.wait_group"](PREFETCH - 1)
                     T.ptx["fence.proxy.async.shared::cta"]()
                 T.cuda.cta_sync()
+                if kt >= PREFETCH:
+                    slot = (kt - PREFETCH) % STAGES
+                    T.ptx.wgmma.fence.sync.aligned()
+                    for kk in T.unroll(BK // 16):
+                        T.ptx[wgmma](
+                            *[acc[i] for i in range(ACC)],
+                            desc_a[0] + T.Cast("uint64", (slot * A_TILE + kk * 16) // 8),
+                            desc_b[0] + T.Cast("uint64", (slot * B_TILE + kk * 16 * 64) // 8),
+                            True, 1, 1, 0, 1)
+                    T.ptx.wgmma.commit_group.sync.aligned()
+                    T.ptx.wgmma.wait_group.sync.aligned(1)      # wgmma kt - PREFETCH - 1 retired
                 if kt < KT:
-                    # SRead of K tile kt into slot kt % STAGES (last read by wgmma kt - STAGES,
-                    # retired: one wgmma group stays in flight and STAGES > PREFETCH + 1)
+                    # SRead of K tile kt into slot kt % STAGES, which held tile kt - STAGES =
+                    # kt - PREFETCH - 2: its wgmma retired in both warpgroups before the barrier
                     slot_w = kt % STAGES
                     for j in T.unroll(A_CHUNKS):
                         r = (tid + THREADS * j) // 8
@@ -213,22 +233,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, dense, cfg):  # noqa: C90
                                          + T.bitwise_xor(gch % 8, kr % 8) * 8]),
                             B.ptr_to([kt * BK + kr, bn * BN + gch * 8]), 16)
                 T.ptx["cp.async.commit_group"]()
-                if kt >= PREFETCH:
-                    slot = (kt - PREFETCH) % STAGES
-                    T.ptx.wgmma.fence.sync.aligned()
-                    for kk in T.unroll(BK // 16):
-                        T.cuda.wgmma.encode_matrix_descriptor(
-                            T.address_of(desc_a[0]),
-                            smem.ptr_to([slot * A_TILE + wg * 64 * BK + kk * 16]), A_LBO, A_SBO,
-                            _SWIZZLE_128B)
-                        T.cuda.wgmma.encode_matrix_descriptor(
-                            T.address_of(desc_b[0]),
-                            smem.ptr_to([B_BASE + slot * B_TILE + kk * 16 * 64]), B_LBO, B_SBO,
-                            _SWIZZLE_128B)
-                        T.ptx[wgmma](*[acc[i] for i in range(ACC)], desc_a[0], desc_b[0],
-                                     True, 1, 1, 0, 1)
-                    T.ptx.wgmma.commit_group.sync.aligned()
-                    T.ptx.wgmma.wait_group.sync.aligned(1)
             T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
             T.cuda.cta_sync()
