@@ -1,4 +1,4 @@
-"""wgmma dense tiles (pit_tvm.schedules.wgmma) for the row-gather and dense matmul on sm_90a.
+"""wgmma dense tiles (pit_tvm.schedules.wgmma) for the row-gather, tiles and dense matmul on sm_90a.
 
 CPU part: the lowered kernels build through the ordinary s_tir pipeline, carry the wgmma /
 cp.async instructions, and nvcc compiles them for sm_90a; config choice and bad shapes.
@@ -14,13 +14,15 @@ import pytest
 import tvm
 
 from _helpers import np_dtype
-from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
 from pit_tvm.schedules.wgmma import (
     MAX_SMEM_BYTES,
     WgmmaConfig,
+    needs_compaction,
     wgmma_applies,
     wgmma_config,
     wgmma_row_gather_func,
+    wgmma_tiles_applies,
 )
 from pit_tvm.target import build
 from test_tensorcore import make_inputs, reference, run
@@ -130,3 +132,53 @@ def test_gpu_dense(m, bias):
     if bias:
         ref = ref + bias_v.astype(np.float32)
     np.testing.assert_allclose(c.numpy().astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------
+# The tiles kind (micro-tiles along K, covered by 128-row strips)
+# ---------------------------------------------------------------------------------------
+TILE_CASES = [(32, 1), (32, 64), (128, 1), (1, 64), (64, 8)]
+
+
+def test_tiles_applies():
+    assert wgmma_tiles_applies(512, 256, (32, 1), "float16", "float16", "sm_90a")
+    assert not wgmma_tiles_applies(512, 256, (48, 1), "float16", "float16", "sm_90a")   # 128 % 48
+    assert not wgmma_tiles_applies(512, 256, (32, 512), "float16", "float16", "sm_90a")  # rows kind
+    assert not wgmma_tiles_applies(512, 256, (32, 1), "float16", "float16", "sm_90")
+    assert needs_compaction(1, "float16") and needs_compaction(4, "float16")
+    assert not needs_compaction(8, "float16") and not needs_compaction(64, "bfloat16")
+
+
+@pytest.mark.parametrize("micro_tile", [(32, 1), (32, 64)])
+def test_sparse_matmul_tiles_build(micro_tile):
+    """The op on the default target: the index for 128-row strips, the compaction kernel for
+    micro-tiles under 16 bytes wide, the wgmma tiles kernel; nvcc compiles it for sm_90a."""
+    import pit_tvm
+
+    op = pit_tvm.sparse_matmul(512, 256, "float16", micro_tile=micro_tile, target="cuda")
+    src = "\n".join(cuda_sources(op.executable))
+    assert "wgmma.mma_async" in src and "mma.sync" not in src
+    kernels = src.count('extern "C" __global__')
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(op.executable, archs=("sm_90a",)) >= 1
+    assert kernels >= (3 if needs_compaction(micro_tile[1], "float16") else 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99, 1.0])
+@pytest.mark.parametrize("micro_tile", TILE_CASES)
+def test_gpu_sparse_matmul_tiles(micro_tile, sparsity):
+    """End to end on the H100: device index for 128-row strips, compaction, wgmma tiles kernel,
+    against float32 numpy, M not a multiple of 128."""
+    import pit_tvm
+    from test_tensorcore_tiles import make_inputs as tiles_inputs
+
+    m, k, n = 1000, 512, 256
+    a, b, _, _ = tiles_inputs(m, k, n, micro_tile, sparsity, "float16", seed=int(sparsity * 100))
+    op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=micro_tile, target="cuda",
+                               out_dtype="float32")
+    dev = tvm.cuda(0)
+    got = op(tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)).numpy()
+    ref = a.astype(np.float32) @ b.astype(np.float32)
+    np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * max(np.abs(ref).max(), 1.0))

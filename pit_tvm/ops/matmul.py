@@ -504,10 +504,14 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     a2, m, lead = _as_rows(bb, a, k)
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     tgt = make_target(target)
+    compact = None
     if is_gpu(tgt):
         kernel = None
         tc_plan = tensor_core_plan(plan)
-        if tc_plan is not None:
+        wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt))
+        if wgmma_tiles is not None:
+            plan, kernel, compact = wgmma_tiles
+        elif tc_plan is not None:
             kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log)
             if kernel is not None:
                 plan = tc_plan            # the index is built for the kernel's micro-tile
@@ -538,8 +542,26 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
     index = bb.emit(relax.call_tir(index_gv, [index_src], index_ty))
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
+    if compact is not None:   # SRead of thin micro-tiles as a kernel of its own
+        compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
+        a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids], relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)
+
+
+def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str):
+    """On sm_90a, for micro-tiles along K with rows dividing 128: ``(plan covered by 128-row
+    strips, the wgmma tiles kernel, the A-compaction kernel or None)``; else None."""
+    from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func,
+                                         wgmma_tiles_applies, wgmma_tiles_gather_func)
+
+    if plan.kind == "rows" or not wgmma_tiles_applies(plan.k, plan.n, plan.micro_tile, dtype,
+                                                       out_dtype, arch):
+        return None
+    mk = plan.micro_tile[1]
+    compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) else None
+    return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),
+            wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype), compact)
 
 
 def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):

@@ -43,7 +43,8 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 __all__ = ["WgmmaConfig", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
-           "lower_tirx"]
+           "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
+           "wgmma_compact_a_func", "lower_tirx"]
 
 #: the only arch with wgmma (the ``a`` suffix: arch-specific features, H100 / H200)
 WGMMA_ARCH = "sm_90a"
@@ -55,6 +56,7 @@ THREADS = 256
 MAX_SMEM_BYTES = 227 * 1024
 _PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 _SWIZZLE_128B = 3      # encode_matrix_descriptor's code for the 128-byte swizzle
+_TARGET = tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH})
 
 
 @dataclass(frozen=True)
@@ -129,14 +131,96 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
         raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
     if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
         raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
-    func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), bool(relu), bool(dense), config)
-    return lower_tirx(func, tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH}))
+    func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), bool(relu),
+                   "dense" if dense else "rows", config)
+    return lower_tirx(func, _TARGET)
 
 
-def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, dense, cfg):  # noqa: C901 - one kernel
+def wgmma_tiles_applies(k: int, n: int, micro_tile, in_dtype: str, out_dtype: str, arch: str) -> bool:
+    """The tiles kernel takes micro-tiles ``(mr, mk)`` with ``mr`` dividing 128 (they are
+    covered by 128-row strips, one K list per CTA) and ``mk`` dividing K, ``mk < K``."""
+    mr, mk = (int(x) for x in micro_tile)
+    return (wgmma_applies(k, n, in_dtype, out_dtype, arch) and 0 < mr <= BLOCK_M
+            and BLOCK_M % mr == 0 and 0 < mk < k and k % mk == 0)
+
+
+def needs_compaction(mk: int, in_dtype: str) -> bool:
+    """Micro-tiles narrower than one 16-byte copy are gathered by :func:`wgmma_compact_a_func`
+    first (a 2-byte gather inside the GEMM would be a load per element on its critical path)."""
+    return mk * 2 % 16 != 0
+
+
+@functools.lru_cache(maxsize=64)
+def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
+                            out_dtype: str = "float16", config: WgmmaConfig | None = None) -> tirx.PrimFunc:
+    """The lowered wgmma PIT matmul for micro-tiles ``(128, mk)`` along K (the "tiles" kind).
+
+    Parameters ``(a, b, offsets, ids, c)`` with the index of
+    :func:`pit_tvm.index.tile_index_func` for ``(128, mk)``, ``group="row"``: strip ``g``
+    (rows ``128g .. 128g+127``) lists its non-zero micro-tile columns in
+    ``ids[offsets[g]:offsets[g+1]]``.  CTA ``(n tile, g)`` runs ``ceil(cnt_g * mk / 64)`` K
+    tiles (read on the device): A's rows ``128g..`` at the strip's compact K positions and
+    B's rows at the same K columns (16-byte cp.async, zero-filled past the count), wgmma as
+    in the rows kernel, and stores every row of C (a strip with nothing listed stores zeros).
+    When :func:`needs_compaction`, ``a`` must be the output of :func:`wgmma_compact_a_func`
+    (K position q of strip g in column q), otherwise A itself."""
+    config = config or wgmma_config(n)
+    if not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n:
+        raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0, K % mk == 0 (mk < K), N % block_n == 0 "
+                         f"and fp16/bf16 in, got K={k}, mk={mk}, N={n}, {in_dtype} -> {out_dtype}")
+    func = _kernel(int(k), int(n), in_dtype, out_dtype, False, False, "tiles", config, mk=int(mk),
+                   a_compact=needs_compaction(mk, in_dtype))
+    return lower_tirx(func, _TARGET)
+
+
+@functools.lru_cache(maxsize=64)
+def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc:
+    """SRead of A for thin micro-tiles, as a kernel of its own: ``Ac[128g + i, q] =
+    A[128g + i, column(q)]`` for the strip's compact positions ``q < cnt_g * mk``, zeros up to
+    the next multiple of 64 (the tiles kernel's K tile); columns past that are not written.
+    Parameters ``(a, offsets, ids, ac)``, index as for :func:`wgmma_tiles_gather_func`."""
+    K, MK = int(k), int(mk)
+    MKT = K // MK
+    ROWS = 8                              # rows per CTA: a thread reads one column for 8 rows
+    zero = tirx.const(0, in_dtype)
+
+    def n_valid(off_buf, g):
+        return (off_buf[g + 1] - off_buf[g]) * MK
+
+    def column(off_buf, ids_buf, m, g, q):
+        return T.max(ids_buf[T.min(off_buf[g] + q // MK, (m + BLOCK_M - 1) // BLOCK_M * MKT - 1)], 0) * MK + q % MK
+
+    @T.prim_func(s_tir=False)
+    def kernel(a: T.handle, offsets: T.handle, ids: T.handle, ac: T.handle):
+        M = T.int64()
+        A = T.match_buffer(a, (M, K), in_dtype)
+        OFF = T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32")
+        IDS = T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * MKT,), "int32")
+        AC = T.match_buffer(ac, (M, K), in_dtype)
+        T.device_entry()
+        rb, g = T.cta_id([BLOCK_M // ROWS, T.Cast("int32", (M + BLOCK_M - 1) // BLOCK_M)])
+        tid = T.thread_id([THREADS])
+        m = T.Cast("int32", M)
+        for q0 in T.serial(((n_valid(OFF, g) + BLOCK_K - 1) // BLOCK_K * BLOCK_K + THREADS - 1) // THREADS):
+            if q0 * THREADS + tid < (n_valid(OFF, g) + BLOCK_K - 1) // BLOCK_K * BLOCK_K:
+                for i in T.unroll(ROWS):
+                    if g * BLOCK_M + rb * ROWS + i < m:
+                        AC[g * BLOCK_M + rb * ROWS + i, q0 * THREADS + tid] = T.if_then_else(
+                            q0 * THREADS + tid < n_valid(OFF, g),
+                            A[g * BLOCK_M + rb * ROWS + i, column(OFF, IDS, m, g, q0 * THREADS + tid)],
+                            zero)
+
+    return lower_tirx(kernel, _TARGET)
+
+
+def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compact=False):  # noqa: C901
+    """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
+    (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``)."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, BLOCK_K
     KT = K // BK
+    dense, tiles = mode == "dense", mode == "tiles"
+    MKT = K // mk if tiles else 0         # micro-tile columns per strip
     PREFETCH = STAGES - 2                 # K tiles in flight ahead of the one computed
     A_TILE, B_TILE = BM * BK, BK * BN     # elements per ring slot
     B_BASE = STAGES * A_TILE              # B ring after the A ring (one dynamic allocation)
@@ -166,10 +250,42 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, dense, cfg):  # noqa: C90
         return T.Cast(out_dtype, v)
 
     def row_of(ids_buf, p):
-        return p if dense else ids_buf[p]
+        return ids_buf[p] if mode == "rows" else p
 
     def count_of(off_buf, m):
-        return m if dense else off_buf[1]
+        return off_buf[1] if mode == "rows" else m
+
+    def n_valid(off_buf, g):
+        """compact K positions of strip g: its listed micro-tiles x mk"""
+        return (off_buf[g + 1] - off_buf[g]) * mk
+
+    def k_tiles(off_buf, g):
+        return (n_valid(off_buf, g) + BK - 1) // BK if tiles else KT
+
+    def column(off_buf, ids_buf, m, g, q):
+        """K column of strip g's compact position q (index reads clamped into ids, never -1)"""
+        return T.max(ids_buf[T.min(off_buf[g] + q // mk, (m + BM - 1) // BM * MKT - 1)], 0) * mk + q % mk
+
+    gather_a = tiles and not a_compact    # tiles, mk >= 8: A's listed columns read in place
+
+    def a_column(off_buf, ids_buf, m, g, q):
+        return column(off_buf, ids_buf, m, g, q) if gather_a else q
+
+    def a_valid(off_buf, g, q):
+        return q < n_valid(off_buf, g) if gather_a else True
+
+    def b_row(off_buf, ids_buf, m, g, q):
+        return column(off_buf, ids_buf, m, g, q) if tiles else q
+
+    def b_valid(off_buf, g, q):
+        return q < n_valid(off_buf, g) if tiles else True
+
+    def copy16(dst, src, valid):
+        """16-byte cp.async; zero-fills the destination where ``valid`` is false"""
+        if tiles:
+            T.ptx["cp.async.cg.shared.global"](dst, src, 16, T.Cast("uint32", T.if_then_else(valid, 16, 0)))
+        else:
+            T.ptx["cp.async.cg.shared.global"](dst, src, 16)
 
     @T.macro
     def body(M, A, B, OFF, IDS, BIAS, C):
@@ -198,7 +314,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, dense, cfg):  # noqa: C90
                                                   _SWIZZLE_128B)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
                                                   B_LBO, B_SBO, _SWIZZLE_128B)
-            for kt in T.serial(KT + PREFETCH):
+            for kt in T.serial(k_tiles(OFF, bm) + PREFETCH):
                 if kt >= PREFETCH:
                     # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
                     T.ptx["cp.async.wait_group"](PREFETCH - 1)
@@ -215,23 +331,25 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, dense, cfg):  # noqa: C90
                             True, 1, 1, 0, 1)
                     T.ptx.wgmma.commit_group.sync.aligned()
                     T.ptx.wgmma.wait_group.sync.aligned(1)      # wgmma kt - PREFETCH - 1 retired
-                if kt < KT:
+                if kt < k_tiles(OFF, bm):
                     # SRead of K tile kt into slot kt % STAGES, which held tile kt - STAGES =
                     # kt - PREFETCH - 2: its wgmma retired in both warpgroups before the barrier
                     slot_w = kt % STAGES
                     for j in T.unroll(A_CHUNKS):
                         r = (tid + THREADS * j) // 8
                         ch = (tid + THREADS * j) % 8
-                        T.ptx["cp.async.cg.shared.global"](
-                            smem.ptr_to([slot_w * A_TILE + r * 64 + T.bitwise_xor(ch, r % 8) * 8]),
-                            A.ptr_to([a_row[j], kt * BK + ch * 8]), 16)
+                        # (a compacted A, like rows / dense, holds K position q in column q)
+                        copy16(smem.ptr_to([slot_w * A_TILE + r * 64 + T.bitwise_xor(ch, r % 8) * 8]),
+                               A.ptr_to([a_row[j], a_column(OFF, IDS, m, bm, kt * BK + ch * 8)]),
+                               a_valid(OFF, bm, kt * BK + ch * 8))
                     for j in T.unroll(B_CHUNKS):
                         kr = (tid + THREADS * j) // B_ROW_CHUNKS
                         gch = (tid + THREADS * j) % B_ROW_CHUNKS
-                        T.ptx["cp.async.cg.shared.global"](
-                            smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
-                                         + T.bitwise_xor(gch % 8, kr % 8) * 8]),
-                            B.ptr_to([kt * BK + kr, bn * BN + gch * 8]), 16)
+                        # tiles: B's row column(q) for the strip's compact position q
+                        copy16(smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
+                                            + T.bitwise_xor(gch % 8, kr % 8) * 8]),
+                               B.ptr_to([b_row(OFF, IDS, m, bm, kt * BK + kr), bn * BN + gch * 8]),
+                               b_valid(OFF, bm, kt * BK + kr))
                 T.ptx["cp.async.commit_group"]()
             T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
@@ -262,12 +380,21 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, dense, cfg):  # noqa: C90
                     for e in T.vectorized(C_VEC):
                         C[row_of(IDS, p0 + r), bn * BN + ch * C_VEC + e] = zero_out
 
-    return _signature(K, N, in_dtype, out_dtype, has_bias, dense, body)
+    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT)
 
 
-def _signature(K, N, in_dtype, out_dtype, has_bias, dense, body):
+def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0):  # noqa: C901
     """The PrimFunc around ``body`` with exactly the parameters its variant takes."""
-    if dense and has_bias:
+    dense = mode == "dense"
+    if mode == "tiles":
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"),
+                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"), None,
+                 T.match_buffer(c, (M, N), out_dtype))
+    elif dense and has_bias:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, bias: T.handle, c: T.handle):
             M = T.int64()
