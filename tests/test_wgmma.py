@@ -76,6 +76,8 @@ def test_cuda_build(in_dtype, out_dtype, bias, relu, dense):
     t = "bf16" if in_dtype == "bfloat16" else "f16"
     assert f"wgmma.mma_async.sync.aligned.m64n256k16.f32.{t}.{t}" in src
     assert "cp.async.cg.shared.global" in src and "wgmma.wait_group.sync.aligned" in src
+    body = src[src.index('extern "C" __global__'):]
+    assert body.count("cp_async_cg") >= 2          # A and B loads are issued in the kernel body
     assert "extern __shared__" in src
     signature = src[src.index('extern "C" __global__'):].split(")", 2)[1]
     assert signature.count("int* __restrict__") == (0 if dense else 2)   # offsets, ids
@@ -158,6 +160,7 @@ def test_sparse_matmul_tiles_build(micro_tile):
     op = pit_tvm.sparse_matmul(512, 256, "float16", micro_tile=micro_tile, target="cuda")
     src = "\n".join(cuda_sources(op.executable))
     assert "wgmma.mma_async" in src and "mma.sync" not in src
+    assert src.count("cp_async_cg") >= 3            # helper + A and B loads in the kernel body
     kernels = src.count('extern "C" __global__')
     if find_nvcc() is None:
         pytest.skip("nvcc not found")

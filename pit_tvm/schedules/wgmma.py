@@ -281,11 +281,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         return q < n_valid(off_buf, g) if tiles else True
 
     def copy16(dst, src, valid):
-        """16-byte cp.async; zero-fills the destination where ``valid`` is false"""
+        """16-byte cp.async (a call to wrap in ``T.evaluate``); zero-fills the destination where
+        ``valid`` is false"""
         if tiles:
-            T.ptx["cp.async.cg.shared.global"](dst, src, 16, T.Cast("uint32", T.if_then_else(valid, 16, 0)))
-        else:
-            T.ptx["cp.async.cg.shared.global"](dst, src, 16)
+            return T.ptx["cp.async.cg.shared.global"](dst, src, 16,
+                                                      T.Cast("uint32", T.if_then_else(valid, 16, 0)))
+        return T.ptx["cp.async.cg.shared.global"](dst, src, 16)
 
     @T.macro
     def body(M, A, B, OFF, IDS, BIAS, C):
@@ -339,17 +340,19 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                         r = (tid + THREADS * j) // 8
                         ch = (tid + THREADS * j) % 8
                         # (a compacted A, like rows / dense, holds K position q in column q)
-                        copy16(smem.ptr_to([slot_w * A_TILE + r * 64 + T.bitwise_xor(ch, r % 8) * 8]),
-                               A.ptr_to([a_row[j], a_column(OFF, IDS, m, bm, kt * BK + ch * 8)]),
-                               a_valid(OFF, bm, kt * BK + ch * 8))
+                        T.evaluate(copy16(
+                            smem.ptr_to([slot_w * A_TILE + r * 64 + T.bitwise_xor(ch, r % 8) * 8]),
+                            A.ptr_to([a_row[j], a_column(OFF, IDS, m, bm, kt * BK + ch * 8)]),
+                            a_valid(OFF, bm, kt * BK + ch * 8)))
                     for j in T.unroll(B_CHUNKS):
                         kr = (tid + THREADS * j) // B_ROW_CHUNKS
                         gch = (tid + THREADS * j) % B_ROW_CHUNKS
                         # tiles: B's row column(q) for the strip's compact position q
-                        copy16(smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
-                                            + T.bitwise_xor(gch % 8, kr % 8) * 8]),
-                               B.ptr_to([b_row(OFF, IDS, m, bm, kt * BK + kr), bn * BN + gch * 8]),
-                               b_valid(OFF, bm, kt * BK + kr))
+                        T.evaluate(copy16(
+                            smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
+                                         + T.bitwise_xor(gch % 8, kr % 8) * 8]),
+                            B.ptr_to([b_row(OFF, IDS, m, bm, kt * BK + kr), bn * BN + gch * 8]),
+                            b_valid(OFF, bm, kt * BK + kr)))
                 T.ptx["cp.async.commit_group"]()
             T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
