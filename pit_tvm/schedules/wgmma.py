@@ -280,6 +280,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
     def b_valid(off_buf, g, q):
         return q < n_valid(off_buf, g) if tiles else True
 
+    def a_col_of(cols, j, q):
+        return cols[j] if tiles else q
+
+    def b_row_of(rows, j, q):
+        return rows[j] if tiles else q
+
     def copy16(dst, src, valid):
         """16-byte cp.async (a call to wrap in ``T.evaluate``); zero-fills the destination where
         ``valid`` is false"""
@@ -296,6 +302,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         smem = T.alloc_buffer([smem_elems], in_dtype, scope="shared.dyn", align=1024)
         acc = T.alloc_local([ACC], "float32")
         a_row = T.alloc_local([A_CHUNKS], "int64")
+        a_col = T.alloc_local([A_CHUNKS], "int32")        # tiles: this K tile's A columns
+        b_row_id = T.alloc_local([B_CHUNKS], "int32")     # tiles: this K tile's B rows
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
         m = T.Cast("int32", M)
@@ -336,13 +344,20 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                     # SRead of K tile kt into slot kt % STAGES, which held tile kt - STAGES =
                     # kt - PREFETCH - 2: its wgmma retired in both warpgroups before the barrier
                     slot_w = kt % STAGES
+                    if tiles:
+                        # the K columns of this tile's chunks, read before the first cp.async:
+                        # each cp.async orders memory, so a lookup after one would wait for it
+                        for j in T.unroll(A_CHUNKS):
+                            a_col[j] = a_column(OFF, IDS, m, bm, kt * BK + (tid + THREADS * j) % 8 * 8)
+                        for j in T.unroll(B_CHUNKS):
+                            b_row_id[j] = b_row(OFF, IDS, m, bm, kt * BK + (tid + THREADS * j) // B_ROW_CHUNKS)
                     for j in T.unroll(A_CHUNKS):
                         r = (tid + THREADS * j) // 8
                         ch = (tid + THREADS * j) % 8
                         # (a compacted A, like rows / dense, holds K position q in column q)
                         T.evaluate(copy16(
                             smem.ptr_to([slot_w * A_TILE + r * 64 + T.bitwise_xor(ch, r % 8) * 8]),
-                            A.ptr_to([a_row[j], a_column(OFF, IDS, m, bm, kt * BK + ch * 8)]),
+                            A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
                             a_valid(OFF, bm, kt * BK + ch * 8)))
                     for j in T.unroll(B_CHUNKS):
                         kr = (tid + THREADS * j) // B_ROW_CHUNKS
@@ -351,7 +366,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                         T.evaluate(copy16(
                             smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
                                          + T.bitwise_xor(gch % 8, kr % 8) * 8]),
-                            B.ptr_to([b_row(OFF, IDS, m, bm, kt * BK + kr), bn * BN + gch * 8]),
+                            B.ptr_to([b_row_of(b_row_id, j, kt * BK + kr), bn * BN + gch * 8]),
                             b_valid(OFF, bm, kt * BK + kr)))
                 T.ptx["cp.async.commit_group"]()
             T.ptx.wgmma.wait_group.sync.aligned(0)
