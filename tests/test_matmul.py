@@ -129,10 +129,14 @@ def test_cuda_codegen_compiles_with_nvcc(micro_tile):
 
 def test_thin_micro_tile_runs_on_tensor_cores_as_16_row_cover():
     """On CUDA a 1x64 micro-tile (thinner than an mma tile) is indexed and computed as
-    16x64 tiles by the tensor-core tiles kernel; on the CPU it stays 1x64."""
-    op = pit_tvm.sparse_matmul(256, 128, "float16", micro_tile=(1, 64), target="cuda")
+    16x64 tiles by the mma.sync tiles kernel (sm_80 / sm_90), as 128x64 by the wgmma one
+    (sm_90a, the default); on the CPU it stays 1x64."""
+    op = pit_tvm.sparse_matmul(256, 128, "float16", micro_tile=(1, 64), target="cuda:sm_90")
     assert op.micro_tile == (1, 64) and op.kernel_plan.micro_tile == (16, 64)
     assert "mma.sync" in "\n".join(cuda_sources(op.executable))
+    op = pit_tvm.sparse_matmul(256, 128, "float16", micro_tile=(1, 64), target="cuda")
+    assert op.micro_tile == (1, 64) and op.kernel_plan.micro_tile == (128, 64)
+    assert "wgmma.mma_async" in "\n".join(cuda_sources(op.executable))
     # the CPU, fp32 (SIMT) and tile-unaligned N keep the requested micro-tile
     assert op_for((1, 64), "float16").kernel_plan.micro_tile == (1, 64)
     assert op_for((1, 64), "float16", "cuda").kernel_plan.micro_tile == (1, 64)     # N=80

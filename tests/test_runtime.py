@@ -178,7 +178,8 @@ def test_cuda_build_source_compiles_with_nvcc(cuda_built):
     _, cm, path = cuda_built
     assert path.exists() and json.loads(Path(str(path) + ".json").read_text())["target"] == "cuda"
     assert any(gv.name_hint.startswith("pit_kernel") for gv in cm.lowered.get_global_vars())
-    assert check_cuda_compiles(cm.executable, archs=("sm_80", "sm_90")) >= 2
+    # built for the default "cuda" (sm_90a: wgmma kernels), so compiled for that arch
+    assert check_cuda_compiles(cm.executable, archs=("sm_90a",)) >= 1
 
 
 @pytest.mark.gpu

@@ -41,13 +41,19 @@ def _exe(k, n, in_dtype, out_dtype, bias, relu, dense=False, config=None):
 # CPU: configs, builds, nvcc
 # ---------------------------------------------------------------------------------------
 def test_config_choice():
-    """Widest wgmma N dividing N, deepest ring (<= 6) fitting 227 KiB with an fp32 C stage."""
+    """Widest wgmma N dividing N, deepest ring (<= 4) fitting 227 KiB with an fp32 C stage."""
     assert wgmma_config(4096) == WgmmaConfig(256, 4)      # 4 x (16 + 32) KiB = 192 KiB
     assert wgmma_config(2304) == WgmmaConfig(256, 4)      # 2304 = 9 x 256
-    assert wgmma_config(384) == WgmmaConfig(128, 6)       # 6 x (16 + 16) KiB = 192 KiB
-    assert wgmma_config(192) == WgmmaConfig(64, 6)
+    assert wgmma_config(384) == WgmmaConfig(192, 4)       # 384 = 2 x 192
+    assert wgmma_config(320) == WgmmaConfig(64, 4)
     assert wgmma_config(100) is None
-    for n in (4096, 384, 192):
+    # with an expected row count: the grid that takes the fewest waves of 132 CTAs, weighted by
+    # tile speed (BERT's N=768 over 2048 rows: 48 CTAs of 256 columns or 96 of 128)
+    assert wgmma_config(768, rows=2048).block_n == 128
+    assert wgmma_config(2304, rows=2048).block_n == 192
+    assert wgmma_config(4096, rows=4096).block_n == 256
+    assert wgmma_config(768, rows=None).block_n == 256
+    for n in (4096, 384, 320):
         assert wgmma_config(n).smem_bytes("float32") <= MAX_SMEM_BYTES
     assert wgmma_applies(768, 3072, "float16", "float16", "sm_90a")
     assert not wgmma_applies(768, 3072, "float16", "float16", "sm_90")   # no wgmma without 'a'
@@ -106,7 +112,8 @@ def test_gpu_rows(m, sparsity):
 @pytest.mark.gpu
 @pytest.mark.parametrize("in_dtype,out_dtype,n,config", [
     ("float16", "float32", 768, None), ("bfloat16", "bfloat16", 384, None),
-    ("float16", "float16", 512, WgmmaConfig(128, 3)), ("bfloat16", "float32", 192, None)])
+    ("float16", "float16", 512, WgmmaConfig(128, 3)), ("bfloat16", "float32", 192, None),
+    ("float16", "float16", 768, WgmmaConfig(192, 4)), ("float16", "float32", 768, WgmmaConfig(64, 4))])
 def test_gpu_rows_bias_relu_dtypes(in_dtype, out_dtype, n, config):
     m, k = 333, 640
     a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.4, in_dtype, bias=True, seed=n)

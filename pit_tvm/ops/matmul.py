@@ -104,17 +104,17 @@ def _validate(k, n, dtype, micro_tile):
 
 
 @functools.lru_cache(maxsize=64)
-def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str):
+def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str, rows_hint=None):
     """The (untuned) tensor-core PIT kernel for whole-row micro-tiles on CUDA, or None when it
     does not apply (fp32, or K/N not multiples of any candidate tile: the SIMT kernel is used
     then).  On sm_90a it is the wgmma kernel (:mod:`pit_tvm.schedules.wgmma`) where K and N
     fit its tiles, else the mma.sync schedule."""
     if dtype not in ("float16", "bfloat16"):
         return None
-    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_row_gather_func
+    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func
 
     if wgmma_applies(k, n, dtype, out_dtype, arch):
-        return wgmma_row_gather_func(k, n, dtype, out_dtype)
+        return wgmma_row_gather_func(k, n, dtype, out_dtype, config=wgmma_config(n, rows_hint))
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
                                               split_plan, valid_configs)
 
@@ -167,12 +167,14 @@ def tensor_core_plan(plan: MatmulPlan) -> MatmulPlan | None:
     return plan
 
 
-def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tuning_log=None):
+def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tuning_log=None,
+                       rows_hint=None):
     """The tensor-core PIT kernel for ``plan`` on CUDA, or None (CPU, fp32, unsupported shape).
 
     ``tuning_log`` (rows): the best schedule of a MetaSchedule log (read every time: a log can
     grow during a process); otherwise the default schedule, made once per (plan, dtypes,
-    arch) in a process, so a model's layers of one shape share it."""
+    arch) in a process, so a model's layers of one shape share it.  ``rows_hint``: the rows
+    expected per call (wgmma picks its tile width to fill the GPU, :func:`wgmma_config`).""" 
     target = make_target(target)
     if not is_gpu(target):
         return None
@@ -190,7 +192,7 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
             tuned = tuned_rows_kernel(tuning_log, plan.k, plan.n, dtype, out_dtype)
             if tuned is not None:
                 return tuned
-        return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch)
+        return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint)
     return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, arch)
 
 
@@ -508,11 +510,12 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     if is_gpu(tgt):
         kernel = None
         tc_plan = tensor_core_plan(plan)
-        wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt))
+        wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt), _rows_hint(m, 1))
         if wgmma_tiles is not None:
             plan, kernel, compact = wgmma_tiles
         elif tc_plan is not None:
-            kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log)
+            kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log,
+                                        _rows_hint(m, PIT_EXPECTED_DENSITY))
             if kernel is not None:
                 plan = tc_plan            # the index is built for the kernel's micro-tile
         if kernel is None and not tensor_core_only:
@@ -536,7 +539,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold))
         index_src = a2
     # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
-    name = f"pit_kernel_{tag}"
+    # a static row count is part of the name: the kernel's tile width may depend on it
+    name = f"pit_kernel_{tag}" + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else "")
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
                             .with_attr("global_symbol", name), name)
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
@@ -549,10 +553,20 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     return _from_rows(bb, c, lead, n)
 
 
-def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str):
+#: the fraction of a PIT matmul's rows a tile-width choice plans for (the count is only known
+#: on the device; a rows index is there because rows are expected to be missing)
+PIT_EXPECTED_DENSITY = 0.5
+
+
+def _rows_hint(m, fraction: float):
+    """``fraction`` of a static row count, or None for a symbolic one."""
+    return max(1, int(int(m) * fraction)) if isinstance(m, (int, tirx.IntImm)) else None
+
+
+def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, rows_hint=None):
     """On sm_90a, for micro-tiles along K with rows dividing 128: ``(plan covered by 128-row
     strips, the wgmma tiles kernel, the A-compaction kernel or None)``; else None."""
-    from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func,
+    from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func, wgmma_config,
                                          wgmma_tiles_applies, wgmma_tiles_gather_func)
 
     if plan.kind == "rows" or not wgmma_tiles_applies(plan.k, plan.n, plan.micro_tile, dtype,
@@ -561,7 +575,8 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str):
     mk = plan.micro_tile[1]
     compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) else None
     return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),
-            wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype), compact)
+            wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype,
+                                    config=wgmma_config(plan.n, rows_hint)), compact)
 
 
 def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):
@@ -592,14 +607,16 @@ def _add_once(bb, name, make):
 
 
 @functools.lru_cache(maxsize=64)
-def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, relu: bool, arch: str):
+def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, relu: bool, arch: str,
+                       rows_hint=None):
     """The tensor-core dense kernel for (K, N) (with the bias / ReLU epilogue), or None when no
     tile config fits; made once per shape in a process.  wgmma on sm_90a where it fits."""
     from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
-    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_row_gather_func
+    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func
 
     if wgmma_applies(k, n, dtype, out_dtype, arch):
-        return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True)
+        return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True,
+                                     config=wgmma_config(n, rows_hint))
     configs = valid_configs(k, n, dtype, arch)
     if not configs:
         return None
@@ -639,13 +656,17 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, rel
         if (str(getattr(bias.ty, "dtype", "")) != dtype or b_shape is None or len(b_shape) != 1
                 or not isinstance(b_shape[0], tirx.IntImm) or int(b_shape[0]) != n):
             return None
+    lead_dims = [a_ty.shape[i] for i in range(len(a_ty.shape) - 1)]
+    rows = (functools.reduce(lambda x, y: x * y, (int(d) for d in lead_dims), 1)
+            if all(isinstance(d, tirx.IntImm) for d in lead_dims) else None)
     kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, bool(relu),
-                                _arch_of(target))
+                                _arch_of(target), rows)
     if kernel is None:
         return None
     a2, m, lead = _as_rows(bb, a, k)
+    # rows is part of the name: the tile width may depend on it
     name = (f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
-            f"{'_bias' if bias is not None else ''}{'_relu' if relu else ''}")
+            f"{'_bias' if bias is not None else ''}{'_relu' if relu else ''}{f'_m{rows}' if rows else ''}")
     gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
     args = [a2, b] + ([bias] if bias is not None else [])
     c = bb.emit(relax.call_tir(gv, args, relax.TensorType([m, n], out_dtype)))

@@ -93,17 +93,37 @@ def wgmma_applies(k: int, n: int, in_dtype: str, out_dtype: str, arch: str) -> b
             and k % BLOCK_K == 0 and wgmma_config(n) is not None)
 
 
-def wgmma_config(n: int) -> WgmmaConfig | None:
-    """The default tiles for N: the widest wgmma N (256, else 128, else 64) that divides it,
-    and the deepest ring that fits, up to 6 (H100, 4096^3 fp16, dense rows, time_evaluator:
-    256 x 4 stages 218 us = 0.86x cuBLAS; 128 x 6 stages 295 us, 128 x 3 262 us)."""
-    for block_n in (256, 128, 64):
-        if n % block_n == 0:
-            stages = 3
-            while WgmmaConfig(block_n, stages + 1).smem_bytes("float32") <= MAX_SMEM_BYTES and stages < 6:
-                stages += 1
-            return WgmmaConfig(block_n, stages)
-    return None
+#: relative speed of one CTA's work per output element for each wgmma N (narrower tiles move
+#: more B per FLOP).  H100, 4096^3 fp16, one wave per N tile count: 256 x 4 stages 218 us,
+#: 128 x 4 stages 266 us (0.82); 192 and 64 are interpolated, not measured.
+TILE_SPEED = {256: 1.0, 192: 0.92, 128: 0.82, 64: 0.6}
+#: SMs of the H100 SXM: CTAs past a multiple of it start a new wave
+SMS = 132
+#: deepest ring: on the H100 4 stages beat 6 at every N (128 x 6: 283-295 us vs 266)
+MAX_STAGES = 4
+
+
+def wgmma_config(n: int, rows: int | None = None) -> WgmmaConfig | None:
+    """The default tiles for N: the wgmma N (256, 192, 128 or 64, dividing N) and the deepest
+    ring that fits, up to :data:`MAX_STAGES`.  Without ``rows`` the widest N; with the expected
+    number of rows the one whose grid takes the least time in whole waves of :data:`SMS` CTAs
+    (a narrow layer over few rows fills the GPU with narrower tiles: BERT's N=768 over ~2400
+    rows is 57 CTAs of 256 columns, 114 of 128)."""
+    candidates = [bn for bn in (256, 192, 128, 64) if n % bn == 0]
+    if not candidates:
+        return None
+    block_n = candidates[0]
+    if rows is not None:
+        row_tiles = max(1, -(-int(rows) // BLOCK_M))
+
+        def cost(bn):
+            return -(-row_tiles * (n // bn) // SMS) * bn / TILE_SPEED[bn]
+
+        block_n = min(candidates, key=cost)
+    stages = 3
+    while stages < MAX_STAGES and WgmmaConfig(block_n, stages + 1).smem_bytes("float32") <= MAX_SMEM_BYTES:
+        stages += 1
+    return WgmmaConfig(block_n, stages)
 
 
 def lower_tirx(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
