@@ -1,4 +1,4 @@
-"""wgmma dense tiles for the PIT row-gather matmul on the H100 (sm_90a).
+"""wgmma dense tiles for the PIT matmuls (rows and tiles kinds) and dense matmuls on the H100 (sm_90a).
 
 The mma.sync kernels of :mod:`pit_tvm.schedules.tensorcore` top out near 0.4x cuBLAS on the
 H100: Hopper's tensor cores reach full rate only through the asynchronous warpgroup MMA
@@ -18,6 +18,12 @@ Workload: the same as :func:`pit_tvm.schedules.tensorcore.row_gather_matmul_func
 ``dense=True`` drops ``offsets`` and ``ids`` (``ids[p] = p``, ``count = M``): a model's dense
 layers use that.  The unlisted rows are zeroed by the CTA whose p-tile holds them (CTAs past
 ``count`` only store zeros), so there is no separate zero-fill launch.
+
+The same kernel body serves the *tiles* kind (:func:`wgmma_tiles_gather_func`, micro-tiles
+along K covered by 128-row strips): the CTA of strip g reads K positions ``q`` of its list,
+A's rows ``128g..`` at column ``column(q)`` (or a compacted copy of A for micro-tiles under 16
+bytes wide, :func:`wgmma_compact_a_func`) and B's row ``column(q)``, for as many K tiles as the
+strip lists (read on the device), and stores rows ``128g..`` of C directly.
 
 One CTA = 2 warpgroups (256 threads) computes a 128 x BN tile of compacted rows::
 
