@@ -55,14 +55,15 @@ def cuda_schedule_rules() -> list:
     ``GeneralReduction`` (softmax / layer norm over short static rows) and
     :class:`~pit_tvm.schedules.elementwise.VectorizedElementwise` ahead of ``Fallback``, and
     :class:`~pit_tvm.schedules.small_matmul.SmallMatmulTensorization` ahead of ``Matmul``
-    (tensor cores for attention's small batched matmuls)."""
+    (tensor cores for attention's small batched matmuls); ``Matmul`` itself is
+    :class:`~pit_tvm.schedules.small_matmul.NumericArchMatmul` (it reads ``sm_90a``)."""
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
     from pit_tvm.schedules.elementwise import VectorizedElementwise  # noqa: PLC0415
     from pit_tvm.schedules.row_reduction import RowReduction  # noqa: PLC0415
-    from pit_tvm.schedules.small_matmul import SmallMatmulTensorization  # noqa: PLC0415
+    from pit_tvm.schedules.small_matmul import NumericArchMatmul, SmallMatmulTensorization  # noqa: PLC0415
 
-    return [SmallMatmulTensorization(), dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), RowReduction(),
+    return [SmallMatmulTensorization(), NumericArchMatmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), RowReduction(),
             dl.gpu.GeneralReduction(), VectorizedElementwise(), dl.gpu.Fallback()]
 
 

@@ -51,7 +51,29 @@ def test_declines(shapes, dtype, target):
 
 def test_is_ahead_of_matmul():
     names = [type(r).__name__ for r in cuda_schedule_rules()]
-    assert names.index("SmallMatmulTensorization") == names.index("Matmul") - 1
+    assert names.index("SmallMatmulTensorization") == names.index("NumericArchMatmul") - 1
+
+
+def test_matmul_with_symbolic_rows_gets_tensor_cores_on_sm_90a():
+    """A batched fp16 matmul with a symbolic extent is dlight Matmul's; on the default
+    ``sm_90a`` it must still tensorize (dlight alone reads ``sm_90a`` as no tensor cores)."""
+    from tvm.s_tir import dlight as dl
+    from tvm.tirx import Var
+
+    from pit_tvm.schedules.small_matmul import NumericArchMatmul
+
+    n = Var("n", "int64")
+    _, prim = legalized_cuda_module(context, (4, n, 128), (4, 128, 128))
+    assert SmallMatmulTensorization().apply(prim, CUDA, False) is None     # not static
+    assert dl.gpu.Matmul().apply(prim, CUDA, False) is not None
+    sch = NumericArchMatmul().apply(prim, CUDA, False)
+    assert "wmma" in sch.mod.script() or "mma" in sch.mod.script()
+    assert "wmma" not in dl.gpu.Matmul().apply(prim, CUDA, False).mod.script()
+    mod, _ = legalized_cuda_module(context, (4, n, 128), (4, 128, 128))
+    src = "\n".join(cuda_sources(build_with_cuda_rules(mod)))
+    assert "wmma::mma_sync" in src
+    if find_nvcc() is not None:
+        assert check_cuda_compiles(build_with_cuda_rules(mod), archs=("sm_90a",)) >= 1
 
 
 @pytest.mark.gpu

@@ -11,10 +11,13 @@ tile (128 x 128 x 64).  Anything else returns None, and ``Matmul`` sees it next.
 """
 from __future__ import annotations
 
+import re
+
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
-from tvm.s_tir.dlight.gpu.matmul import MatmulTensorization, get_reduction_blocks
+from tvm.s_tir.dlight.gpu.matmul import Matmul, MatmulTensorization, get_reduction_blocks
 
 from pit_tvm.schedules._dlight import is_static
 from pit_tvm.target import sm_version
@@ -45,3 +48,16 @@ class SmallMatmulTensorization(GPUScheduleRule):
         if any(int(e) < MIN_EXTENT for e in out_shape[-2:] + reduction):
             return None
         return MatmulTensorization().apply(func, target, tunable)
+
+
+class NumericArchMatmul(Matmul):
+    """dlight's ``Matmul``, shown the CUDA arch without its feature suffix (``sm_90a`` ->
+    ``sm_90``): dlight parses ``sm_90a`` as -1 and would then never try tensor cores (e.g. for
+    matmuls with a symbolic extent, which :class:`SmallMatmulTensorization` leaves to it).
+    The schedule it builds does not depend on the suffix."""
+
+    def apply(self, func, target, tunable):  # noqa: D102
+        arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
+        if re.fullmatch(r"sm_\d+[a-z]", arch):
+            target = tvm.target.Target({**target.export(), "arch": arch[:-1]})
+        return super().apply(func, target, tunable)
