@@ -174,7 +174,7 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
     ``tuning_log`` (rows): the best schedule of a MetaSchedule log (read every time: a log can
     grow during a process); otherwise the default schedule, made once per (plan, dtypes,
     arch) in a process, so a model's layers of one shape share it.  ``rows_hint``: the rows
-    expected per call (wgmma picks its tile width to fill the GPU, :func:`wgmma_config`).""" 
+    expected per call (wgmma picks its tile width to fill the GPU, :func:`wgmma_config`)."""
     target = make_target(target)
     if not is_gpu(target):
         return None
@@ -510,6 +510,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     if is_gpu(tgt):
         kernel = None
         tc_plan = tensor_core_plan(plan)
+        # (tiles: every 128-row strip has a CTA, so the tile width plans for all rows)
         wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt), _rows_hint(m, 1))
         if wgmma_tiles is not None:
             plan, kernel, compact = wgmma_tiles

@@ -199,6 +199,17 @@ def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
     return lower_tirx(func, _TARGET)
 
 
+def _strip_k_positions(off_buf, g, mk):
+    """compact K positions of strip g: its listed micro-tiles x mk"""
+    return (off_buf[g + 1] - off_buf[g]) * mk
+
+
+def _strip_column(off_buf, ids_buf, m, g, q, mk, mkt):
+    """K column of strip g's compact position q (``mkt`` micro-tile columns per strip; index
+    reads clamped into ids, never its -1 tail)"""
+    return T.max(ids_buf[T.min(off_buf[g] + q // mk, (m + BLOCK_M - 1) // BLOCK_M * mkt - 1)], 0) * mk + q % mk
+
+
 @functools.lru_cache(maxsize=64)
 def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc:
     """SRead of A for thin micro-tiles, as a kernel of its own: ``Ac[128g + i, q] =
@@ -211,10 +222,10 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
     zero = tirx.const(0, in_dtype)
 
     def n_valid(off_buf, g):
-        return (off_buf[g + 1] - off_buf[g]) * MK
+        return _strip_k_positions(off_buf, g, MK)
 
     def column(off_buf, ids_buf, m, g, q):
-        return T.max(ids_buf[T.min(off_buf[g] + q // MK, (m + BLOCK_M - 1) // BLOCK_M * MKT - 1)], 0) * MK + q % MK
+        return _strip_column(off_buf, ids_buf, m, g, q, MK, MKT)
 
     @T.prim_func(s_tir=False)
     def kernel(a: T.handle, offsets: T.handle, ids: T.handle, ac: T.handle):
@@ -245,7 +256,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, BLOCK_K
     KT = K // BK
-    dense, tiles = mode == "dense", mode == "tiles"
+    tiles = mode == "tiles"
     MKT = K // mk if tiles else 0         # micro-tile columns per strip
     PREFETCH = STAGES - 2                 # K tiles in flight ahead of the one computed
     A_TILE, B_TILE = BM * BK, BK * BN     # elements per ring slot
@@ -282,15 +293,13 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         return off_buf[1] if mode == "rows" else m
 
     def n_valid(off_buf, g):
-        """compact K positions of strip g: its listed micro-tiles x mk"""
-        return (off_buf[g + 1] - off_buf[g]) * mk
+        return _strip_k_positions(off_buf, g, mk)
 
     def k_tiles(off_buf, g):
         return (n_valid(off_buf, g) + BK - 1) // BK if tiles else KT
 
     def column(off_buf, ids_buf, m, g, q):
-        """K column of strip g's compact position q (index reads clamped into ids, never -1)"""
-        return T.max(ids_buf[T.min(off_buf[g] + q // mk, (m + BM - 1) // BM * MKT - 1)], 0) * mk + q % mk
+        return _strip_column(off_buf, ids_buf, m, g, q, mk, MKT)
 
     gather_a = tiles and not a_compact    # tiles, mk >= 8: A's listed columns read in place
 
