@@ -245,7 +245,7 @@ class FakeRunner(ms.runner.PyRunner):
 @pytest.fixture(scope="module")
 def tuned_log(tmp_path_factory):
     root = tmp_path_factory.mktemp("tuning_logs")
-    path = tune_matmul(K, N, "float16", "cuda", trials=8, work_dir=root, runner=FakeRunner(),
+    path = tune_matmul(K, N, "float16", "cuda:sm_90", trials=8, work_dir=root, runner=FakeRunner(),
                        trials_per_iter=8, population_size=32, progress=False)
     return root, path
 
@@ -356,3 +356,26 @@ def test_shipped_logs_build_for_sm80_and_sm90(log):
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 2
+
+
+def test_tune_matmul_warns_where_wgmma_supersedes_it(tmp_path, monkeypatch):
+    """On sm_90a (the default "cuda") sparse_matmul runs the wgmma kernel: tuning the mma.sync
+    space there says so before it starts (the search itself is stubbed out: MetaSchedule's
+    loggers cannot be set up twice in one process)."""
+    import pit_tvm.tuning.tune as tune_mod
+
+    class Started(Exception):
+        pass
+
+    def no_search(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(tune_mod.ms, "tune_tir", no_search)
+    with pytest.warns(UserWarning, match="wgmma"), pytest.raises(Started):
+        tune_matmul(K, N, "float16", "cuda", trials=1, work_dir=tmp_path, runner=FakeRunner(),
+                    progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(Started):
+            tune_matmul(K, N, "float16", "cuda:sm_90", trials=1, work_dir=tmp_path,
+                        runner=FakeRunner(), progress=False)

@@ -233,6 +233,12 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     if not _space.valid_knob_configs(int(k), int(n), dtype, out_dtype or dtype,
                                      _space._arch_of_str(arch)):
         raise ValueError(f"no tensor-core config fits K={k}, N={n} ({dtype})")
+    from pit_tvm.schedules.wgmma import wgmma_applies
+
+    if wgmma_applies(int(k), int(n), dtype, out_dtype or dtype, str(arch)):
+        warnings.warn(f"tuning the mma.sync space for {arch}: there sparse_matmul runs the wgmma "
+                      f"kernel for K={k}, N={n} and ignores this log; it applies to cuda:sm_90 and "
+                      f"cuda:sm_80 builds", UserWarning, stacklevel=2)
     db_dir = log_dir(k, n, dtype, work_dir)
     db_dir.mkdir(parents=True, exist_ok=True)
 
