@@ -4,7 +4,9 @@ Tunes the tensor-core PIT kernel (whole-row micro-tiles) with MetaSchedule and t
 cost model on the local GPU, writes the JSON database under
 ``<work-dir>/<gpu-name>/matmul_k{K}_n{N}_{dtype}/`` (work-dir defaults to ``tuning_logs``) and
 prints the best record's latency and that path (pass it, or the work-dir, to
-``sparse_matmul(..., tuning_log=...)`` / ``pit-tvm compile --tuning-log``).
+``sparse_matmul(..., tuning_log=...)`` / ``pit-tvm compile --tuning-log``).  The space is the
+mma.sync schedule's: builds for ``cuda:sm_90`` / ``cuda:sm_80`` use the log; on the default
+``cuda`` (sm_90a) the wgmma kernel runs instead, and tuning there says so.
 """
 from __future__ import annotations
 
