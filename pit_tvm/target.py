@@ -32,12 +32,17 @@ def make_target(target) -> tvm.target.Target:
     raise ValueError(f"unknown target {target!r}: use 'llvm' or 'cuda' (optionally 'cuda:sm_80')")
 
 
-def sm_version(target) -> int:
-    """The CUDA target's compute capability as an int (``sm_90a`` -> 90; -1 when not CUDA or
-    no arch).  dlight's ``check_sm_version`` reads ``sm_90a`` as -1 and so drops tensor cores."""
-    tgt = make_target(target)
-    match = re.fullmatch(r"sm_(\d+)[a-z]?", str(tgt.attrs.get("arch", ""))) if tgt.kind.name == "cuda" else None
+def arch_number(arch: str) -> int:
+    """``sm_90a`` -> 90, ``sm_80`` -> 80; -1 for anything else.  (dlight's ``check_sm_version``
+    reads ``sm_90a`` as -1 and so drops tensor cores.)"""
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", str(arch))
     return int(match.group(1)) if match else -1
+
+
+def sm_version(target) -> int:
+    """The CUDA target's compute capability as an int (-1 when not CUDA or no arch)."""
+    tgt = make_target(target)
+    return arch_number(tgt.attrs.get("arch", "")) if tgt.kind.name == "cuda" else -1
 
 
 def is_gpu(target) -> bool:

@@ -43,10 +43,24 @@ __all__ = [
     "tile_grid",
     "reference_seqlen_row_index",
     "reference_expert_index",
+    "strip_positions",
+    "strip_column",
 ]
 
 
 # --------------------------------------------------------------------------- validation
+def strip_positions(offsets, g, mk):
+    """K positions strip ``g`` of a ``group="row"`` index lists: its non-zero micro-tiles x
+    ``mk`` (a TIR expression over the ``offsets`` buffer; for the kernels that read the index)."""
+    return (offsets[g + 1] - offsets[g]) * mk
+
+
+def strip_column(offsets, ids, g, q, mk, last):
+    """The K column of strip ``g``'s position ``q`` in a ``group="row"`` index; ``last`` is the
+    last index of ``ids``: reads are clamped into ``ids`` and never return its ``-1`` tail."""
+    return T.max(ids[T.min(offsets[g] + q // mk, last)], 0) * mk + q % mk
+
+
 def _check_pos_int(name, v):
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or int(v) <= 0:
         raise ValueError(f"{name} must be a positive int, got {v!r}")

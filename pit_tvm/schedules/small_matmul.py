@@ -11,8 +11,6 @@ tile (128 x 128 x 64).  Anything else returns None, and ``Matmul`` sees it next.
 """
 from __future__ import annotations
 
-import re
-
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
@@ -20,7 +18,7 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import Matmul, MatmulTensorization, get_reduction_blocks
 
 from pit_tvm.schedules._dlight import is_static
-from pit_tvm.target import sm_version
+from pit_tvm.target import arch_number, sm_version
 
 #: the wmma tile: a smaller output or reduction extent is not worth a tensor-core tile
 MIN_EXTENT = 16
@@ -57,7 +55,7 @@ class NumericArchMatmul(Matmul):
     The schedule it builds does not depend on the suffix."""
 
     def apply(self, func, target, tunable):  # noqa: D102
-        arch = str(target.attrs.get("arch", "")) if target.kind.name == "cuda" else ""
-        if re.fullmatch(r"sm_\d+[a-z]", arch):
-            target = tvm.target.Target({**target.export(), "arch": arch[:-1]})
+        version = sm_version(target)
+        if version >= 0 and str(target.attrs["arch"]) != f"sm_{version}":
+            target = tvm.target.Target({**target.export(), "arch": f"sm_{version}"})
         return super().apply(func, target, tunable)

@@ -66,6 +66,7 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 import tvm.s_tir.tensor_intrin.cuda as _cuda_intrin  # noqa: F401  (registers fill/store)
+from pit_tvm.target import arch_number
 from tvm.s_tir.tensor_intrin.cuda import (
     MMA_fill_16x16_f32_INTRIN,
     MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE,
@@ -85,6 +86,7 @@ __all__ = [
     "apply_row_gather_schedule",
     "build",
     "smem_bytes",
+    "max_smem_bytes",
     "IN_DTYPES",
     "OUT_DTYPES",
 ]
@@ -93,7 +95,14 @@ IN_DTYPES = ("float16", "bfloat16")
 OUT_DTYPES = ("float16", "bfloat16", "float32")
 SMEM_SCOPE = "shared.dyn"
 #: dynamic shared memory per block: H100 allows 227 KiB, A100 163 KiB.
-MAX_SMEM_BYTES = {"sm_90": 227 * 1024, "sm_90a": 227 * 1024, "sm_80": 163 * 1024}
+MAX_SMEM_BYTES = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
+
+
+def max_smem_bytes(arch: str) -> int:
+    """Dynamic shared memory per block for ``arch`` (``sm_90a`` is an sm_90)."""
+    return MAX_SMEM_BYTES["sm_90" if arch_number(arch) >= 90 else "sm_80"]
+
+
 EARLY_EXIT_ATTR = "pit.early_exit_block_m"
 #: CTA-level regime guards (value: split_rows R): the full-K kernel runs when count > R, the
 #: split-K kernels when count <= R (see :func:`add_early_exit`)
@@ -617,7 +626,7 @@ def apply_row_gather_schedule(sch: s_tir.Schedule, config: TensorCoreConfig,
     sch.work_on("main")
     k, n, in_dtype, out_dtype, _ = _workload_params(sch.mod["main"])
     c = config
-    check_config(k, n, in_dtype, c, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype)
+    check_config(k, n, in_dtype, c, max_smem_bytes(arch), out_dtype)
     split = _split_of(sch.mod["main"])
     if split is not None:
         s_k, rows = split
@@ -745,7 +754,7 @@ def schedule_dense_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     a_t, b_t, c_t = (func.params[i].ty for i in (0, 1, -1))
     k, n, in_dtype, out_dtype = int(b_t.shape[0]), int(b_t.shape[1]), str(a_t.dtype), str(c_t.dtype)
     c = config
-    check_config(k, n, in_dtype, c, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype)
+    check_config(k, n, in_dtype, c, max_smem_bytes(arch), out_dtype)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     _schedule_full_k_mma(sch, c, n, k, "A_load", "Ac_pad", "store", _intrin_names(in_dtype),
                          16 // _dtype_bytes(in_dtype))
@@ -759,7 +768,7 @@ def split_config(config: TensorCoreConfig, k: int, n: int, in_dtype: str = "floa
     while costing ~6 % at 0 %, where the full-K kernel with ``config`` runs), else ``config``."""
     deep = TensorCoreConfig(**{**config.as_dict(), "block_k": 64, "stages": 4})
     try:
-        check_config(k, n, in_dtype, deep, MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]))
+        check_config(k, n, in_dtype, deep, max_smem_bytes(arch))
     except ValueError:
         return config
     return deep
@@ -1088,5 +1097,5 @@ _CANDIDATES = (
 def valid_configs(k: int, n: int, in_dtype: str = "float16",
                   arch: str = "sm_90") -> list[TensorCoreConfig]:
     """The candidate configs (the design space's support) that fit a (K, N) problem."""
-    max_smem = MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"])
+    max_smem = max_smem_bytes(arch)
     return _fitting(_CANDIDATES, lambda cfg: check_config(k, n, in_dtype, cfg, max_smem))

@@ -49,6 +49,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
+from pit_tvm.index.tiles import strip_column, strip_positions
 from pit_tvm.schedules.tensorcore import (
     MAX_SMEM_BYTES,
     SMEM_SCOPE,
@@ -66,6 +67,7 @@ from pit_tvm.schedules.tensorcore import (
     _tensorize_mma,
     _tile_smem_bytes,
     build,
+    max_smem_bytes,
 )
 
 __all__ = [
@@ -216,17 +218,14 @@ def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float1
     zero = tirx.const(0, in_dtype)
 
     def n_valid(OFF, vg):
-        """compact positions of strip vg (its non-zero micro-tiles x mk)"""
-        return (OFF[vg + 1] - OFF[vg]) * mk
+        return strip_positions(OFF, vg, mk)
 
     def n_padded(OFF, vg):
         """n_valid rounded up to COMPACT_PAD: A_compact writes zeros up to there"""
         return (n_valid(OFF, vg) + (COMPACT_PAD - 1)) // COMPACT_PAD * COMPACT_PAD
 
     def column(OFF, IDS, M, vg, vq):
-        """the column of compact position vq; index reads clamped (never past ids, never -1)"""
-        return T.max(IDS[T.min(OFF[vg] + vq // mk, T.Cast("int32", (M + mr - 1) // mr * KT - 1))],
-                     0) * mk + vq % mk
+        return strip_column(OFF, IDS, vg, vq, mk, T.Cast("int32", (M + mr - 1) // mr * KT - 1))
 
     @T.prim_func(s_tir=True)
     def func(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
@@ -321,7 +320,7 @@ def schedule_tiles_gather_matmul(func: tirx.PrimFunc, config: TilesConfig,
     a_compact = str(func.attrs["pit.workload"]).endswith("_acompact")
     c = config
     check_tiles_config(k, n, (mr, mk), in_dtype, c,
-                       MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"]), out_dtype, a_compact)
+                       max_smem_bytes(arch), out_dtype, a_compact)
     names = _intrin_names(in_dtype)
     vec = 16 // _dtype_bytes(in_dtype)
     avec = vec if a_compact else _a_vec(mk, in_dtype)
@@ -443,7 +442,7 @@ _CANDIDATES = (
 def valid_tiles_configs(k: int, n: int, micro_tile, dtype: str = "float16",
                         arch: str = "sm_90", a_compact: bool = False) -> list[TilesConfig]:
     """The candidate configs that fit a (K, N, micro_tile) problem, best guess first."""
-    max_smem = MAX_SMEM_BYTES.get(arch, MAX_SMEM_BYTES["sm_80"])
+    max_smem = max_smem_bytes(arch)
     return _fitting(_CANDIDATES,
                     lambda cfg: check_tiles_config(k, n, micro_tile, dtype, cfg, max_smem,
                                                    a_compact=a_compact))

@@ -48,18 +48,19 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
+from pit_tvm.index.tiles import strip_column, strip_positions
+from pit_tvm.schedules.tensorcore import IN_DTYPES, OUT_DTYPES, _dtype_bytes, max_smem_bytes
+
 __all__ = ["WgmmaConfig", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "lower_tirx"]
 
 #: the only arch with wgmma (the ``a`` suffix: arch-specific features, H100 / H200)
 WGMMA_ARCH = "sm_90a"
-IN_DTYPES = ("float16", "bfloat16")
-OUT_DTYPES = ("float16", "bfloat16", "float32")
 BLOCK_M = 128          # 2 warpgroups x wgmma M=64
 BLOCK_K = 64           # one 128-byte swizzle atom of fp16/bf16 along K
 THREADS = 256
-MAX_SMEM_BYTES = 227 * 1024
+MAX_SMEM_BYTES = max_smem_bytes(WGMMA_ARCH)
 _PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 _SWIZZLE_128B = 3      # encode_matrix_descriptor's code for the 128-byte swizzle
 _TARGET = tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH})
@@ -77,17 +78,13 @@ class WgmmaConfig:
 
     def smem_bytes(self, out_dtype: str = "float16") -> int:
         ring = self.stages * (BLOCK_M * BLOCK_K + BLOCK_K * self.block_n) * 2
-        return max(ring, _c_stage_elems(self.block_n, out_dtype) * _bytes(out_dtype))
-
-
-def _bytes(dtype: str) -> int:
-    return 4 if dtype == "float32" else 2
+        return max(ring, _c_stage_elems(self.block_n, out_dtype) * _dtype_bytes(out_dtype))
 
 
 def _c_row(block_n: int, out_dtype: str) -> int:
     """Row pitch of the staged C tile in elements: 16 bytes of padding spreads the 8 rows one
     warp's fragments hit over all banks."""
-    return block_n + 16 // _bytes(out_dtype)
+    return block_n + 16 // _dtype_bytes(out_dtype)
 
 
 def _c_stage_elems(block_n: int, out_dtype: str) -> int:
@@ -199,17 +196,6 @@ def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
     return lower_tirx(func, _TARGET)
 
 
-def _strip_k_positions(off_buf, g, mk):
-    """compact K positions of strip g: its listed micro-tiles x mk"""
-    return (off_buf[g + 1] - off_buf[g]) * mk
-
-
-def _strip_column(off_buf, ids_buf, m, g, q, mk, mkt):
-    """K column of strip g's compact position q (``mkt`` micro-tile columns per strip; index
-    reads clamped into ids, never its -1 tail)"""
-    return T.max(ids_buf[T.min(off_buf[g] + q // mk, (m + BLOCK_M - 1) // BLOCK_M * mkt - 1)], 0) * mk + q % mk
-
-
 @functools.lru_cache(maxsize=64)
 def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc:
     """SRead of A for thin micro-tiles, as a kernel of its own: ``Ac[128g + i, q] =
@@ -222,10 +208,10 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
     zero = tirx.const(0, in_dtype)
 
     def n_valid(off_buf, g):
-        return _strip_k_positions(off_buf, g, MK)
+        return strip_positions(off_buf, g, MK)
 
     def column(off_buf, ids_buf, m, g, q):
-        return _strip_column(off_buf, ids_buf, m, g, q, MK, MKT)
+        return strip_column(off_buf, ids_buf, g, q, MK, (m + BLOCK_M - 1) // BLOCK_M * MKT - 1)
 
     @T.prim_func(s_tir=False)
     def kernel(a: T.handle, offsets: T.handle, ids: T.handle, ac: T.handle):
@@ -266,10 +252,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
     B_CHUNKS = BK * BN // 8 // THREADS
     B_ROW_CHUNKS = BN // 8
     C_ROW = _c_row(BN, out_dtype)
-    C_VEC = 16 // _bytes(out_dtype)       # elements per 16-byte store
+    C_VEC = 16 // _dtype_bytes(out_dtype)  # elements per 16-byte store
     C_CHUNKS = BM * BN // C_VEC // THREADS
     C_ROW_CHUNKS = BN // C_VEC
-    smem_elems = max(STAGES * (A_TILE + B_TILE), (_c_stage_elems(BN, out_dtype) * _bytes(out_dtype) + 1) // 2)
+    smem_elems = cfg.smem_bytes(out_dtype) // 2   # the ring, or the staged C tile after it
     t = _PTX_TYPE[in_dtype]
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{t}.{t}"
     # descriptor offsets are in 16-byte units: A (K-major, 128B swizzle): 8-row groups 1024 B
@@ -293,13 +279,13 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         return off_buf[1] if mode == "rows" else m
 
     def n_valid(off_buf, g):
-        return _strip_k_positions(off_buf, g, mk)
+        return strip_positions(off_buf, g, mk)
 
     def k_tiles(off_buf, g):
         return (n_valid(off_buf, g) + BK - 1) // BK if tiles else KT
 
     def column(off_buf, ids_buf, m, g, q):
-        return _strip_column(off_buf, ids_buf, m, g, q, mk, MKT)
+        return strip_column(off_buf, ids_buf, g, q, mk, (m + BM - 1) // BM * MKT - 1)
 
     gather_a = tiles and not a_compact    # tiles, mk >= 8: A's listed columns read in place
 

@@ -52,12 +52,12 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
 from pit_tvm.schedules.tensorcore import (
-    MAX_SMEM_BYTES,
     TensorCoreConfig,
     _workload_params,
     add_early_exit,
     apply_row_gather_schedule,
     check_config,
+    max_smem_bytes,
     row_gather_matmul_func,
 )
 
@@ -117,7 +117,7 @@ def _arch_of(target) -> str:
 
 
 def _smem_limit(arch: str) -> int:
-    return MAX_SMEM_BYTES.get(str(arch).rstrip("a"), MAX_SMEM_BYTES["sm_80"])
+    return max_smem_bytes(arch)
 
 
 def tuning_workload(k: int, n: int, dtype: str = "float16", out_dtype: str | None = None,
