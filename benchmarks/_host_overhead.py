@@ -26,7 +26,6 @@ def host(fn, it=200):   # host time only: no sync inside
 for name, fn in [("from_dlpack(a)", lambda: tvm.runtime.from_dlpack(a)),
                  ("torch.empty C", lambda: torch.empty(m, n, device="cuda", dtype=torch.float16)),
                  ("index call", lambda: op._index(at, off, ids)),
-                 ("kernel call", lambda: op._kernel(at, bt, off, ids, ct)),
                  ("op(a, b)", lambda: op(a, b)),
                  ("op(at, bt, out=ct)", lambda: op(at, bt, out=ct))]:
     print(f"{name:<22} host {host(fn):8.1f} us   wall {wall(fn):8.1f} us")

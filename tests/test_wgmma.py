@@ -192,3 +192,20 @@ def test_gpu_sparse_matmul_tiles(micro_tile, sparsity):
     got = op(tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)).numpy()
     ref = a.astype(np.float32) @ b.astype(np.float32)
     np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * max(np.abs(ref).max(), 1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("micro_tile", [(32, 1), (32, 64)])
+def test_gpu_sparse_matmul_tiles_out(micro_tile):
+    """op(a, b, out=c) runs the same graph as op(a, b), A compaction included, and fills c."""
+    import pit_tvm
+    from test_tensorcore_tiles import make_inputs as tiles_inputs
+
+    m, k, n = 1000, 512, 256
+    a, b, _, _ = tiles_inputs(m, k, n, micro_tile, 0.9, "float16", seed=3)
+    op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=micro_tile, target="cuda", out_dtype="float32")
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((m, n), np.nan, np.float32), dev)
+    assert op(tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), out=out) is out
+    ref = a.astype(np.float32) @ b.astype(np.float32)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=2e-3, atol=2e-3 * max(np.abs(ref).max(), 1.0))

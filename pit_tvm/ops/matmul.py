@@ -289,7 +289,7 @@ class SparseMatmul:
     Use :func:`sparse_matmul` to create one. ``op(a, b)`` takes DLPack tensors (numpy, torch,
     tvm) and returns C of the same kind as ``a`` (one call of the Relax graph
     :func:`emit_pit_matmul` emits, C from the VM's pooled allocator); ``op(a, b, out=c)``
-    writes ``c`` instead; ``op.index(a)`` returns the device index ``(offsets, ids)`` for
+    copies that C into ``c``; ``op.index(a)`` returns the device index ``(offsets, ids)`` for
     inspection (:func:`pit_tvm.index.tiles_from_index` decodes it) for ``op.kernel_plan``'s
     micro-tile.
     """
@@ -312,15 +312,15 @@ class SparseMatmul:
         self.executable, names = _build_sparse_matmul(
             self.k, self.n, self.dtype, self.out_dtype, self.micro_tile, self.target,
             density_threshold, tuning_log)
-        # op(a, b): one call of the Relax function (index + kernel), whose index and C come
+        # op(a, b): one call of the Relax function (index + kernels), whose index and C come
         # from the VM's pooled allocator: no cudaMalloc, and no cudaFree (which synchronises
-        # the device) per call.  op(a, b, out=C) and op.index(a) call the two kernels directly.
+        # the device) per call.  op(a, b, out=C) copies that C into out; op.index(a) calls
+        # the index PrimFunc directly.
         self._main = None      # the VM needs the device: made on the first call
         # the index and kernel work on this plan's micro-tile: the requested one, or on CUDA
         # the tensor-core cover of a thinner one (tensor_core_plan)
         self.kernel_plan = MatmulPlan(self.k, self.n, names["micro_tile"])
         self._index = self.executable[names["index"]]
-        self._kernel = self.executable[names["kernel"]]
         self._workspace = {}   # row count -> (offsets, ids) for index() and out=
 
     # -- tensors in and out ---------------------------------------------------------
@@ -400,18 +400,17 @@ class SparseMatmul:
                 raise ValueError(f"out must have shape ({m}, {self.n}), got {out.shape}")
             out[...] = self(a_t, b_t).numpy()
             return out
-        if out is not None:
-            m = int(a_t.shape[0])
-            out_t = self._as_out(out, m)
-            offsets, ids = self._index_buffers(m)
-            self._index(a_t, offsets, ids)
-            self._kernel(a_t, b_t, offsets, ids, out_t)
-            return out
+        out_t = None if out is None else self._as_out(out, int(a_t.shape[0]))
         if self._main is None:
             from tvm import relax
 
             self._main = relax.VirtualMachine(self.executable, self.device)["main"]
+        # one path for every call: the graph may run more kernels than index + matmul (the
+        # A compaction of micro-tiles under 16 bytes wide, before the wgmma tiles kernel)
         c = self._main(a_t, b_t)
+        if out_t is not None:
+            out_t.copyfrom(c)
+            return out
         if isinstance(a, tvm.runtime.Tensor):
             return c
         if type(a).__module__.startswith("torch"):
