@@ -113,7 +113,8 @@ def test_gpu_rows(m, sparsity):
 @pytest.mark.parametrize("in_dtype,out_dtype,n,config", [
     ("float16", "float32", 768, None), ("bfloat16", "bfloat16", 384, None),
     ("float16", "float16", 512, WgmmaConfig(128, 3)), ("bfloat16", "float32", 192, None),
-    ("float16", "float16", 768, WgmmaConfig(192, 4)), ("float16", "float32", 768, WgmmaConfig(64, 4))])
+    ("float16", "float16", 768, WgmmaConfig(192, 4)), ("float16", "float32", 768, WgmmaConfig(64, 4)),
+    ("float16", "float16", 768, WgmmaConfig(192, 8, 32)), ("bfloat16", "float32", 512, WgmmaConfig(256, 8, 32))])
 def test_gpu_rows_bias_relu_dtypes(in_dtype, out_dtype, n, config):
     m, k = 333, 640
     a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.4, in_dtype, bias=True, seed=n)
@@ -209,3 +210,23 @@ def test_gpu_sparse_matmul_tiles_out(micro_tile):
     assert op(tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), out=out) is out
     ref = a.astype(np.float32) @ b.astype(np.float32)
     np.testing.assert_allclose(out.numpy(), ref, rtol=2e-3, atol=2e-3 * max(np.abs(ref).max(), 1.0))
+
+
+def test_block_k_32_build():
+    """32-deep K tiles (rows / dense): A rows of 64 bytes under the 64-byte swizzle (descriptor
+    code 2), twice the wgmma k16 steps' tiles; nvcc compiles it.  The tiles kind and other
+    depths are refused."""
+    ex = _exe(512, 768, "float16", "float16", True, True, config=WgmmaConfig(192, 8, 32))
+    src = "\n".join(m.inspect_source("cuda") for m in ex.mod.imports)
+    body = src[src.index('extern "C" __global__'):]
+    assert "m64n192k16" in src and body.count("cp_async_cg") >= 2
+    assert ", 2);" in body and ", 3);" in body          # A: 64-byte swizzle, B: 128-byte
+    with pytest.raises(ValueError, match="block_k"):
+        wgmma_row_gather_func(512, 768, config=WgmmaConfig(192, 8, 48))
+    from pit_tvm.schedules.wgmma import wgmma_tiles_gather_func
+
+    with pytest.raises(ValueError, match="block_k"):
+        wgmma_tiles_gather_func(512, 256, 64, config=WgmmaConfig(256, 8, 32))
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(ex, archs=("sm_90a",)) >= 1

@@ -38,6 +38,13 @@ One CTA = 2 warpgroups (256 threads) computes a 128 x BN tile of compacted rows:
             ids[p] of C (zeros for count <= p < M)
 
 Shared memory per CTA: STAGES * (128 * 64 + 64 * BN) * 2 bytes (BN=256, 4 stages: 192 KiB).
+(``WgmmaConfig.block_k=32``: 32-deep K tiles, A rows of 64 B with the 64-byte swizzle, chunk c
+of row r at c ^ (r / 2 % 4); measured slower, kept for rows / dense as a tuning knob.)
+
+What bounds the loop on the H100 (``benchmarks/_wgmma_widths.py``, ``_wgmma_depth.py``): about
+0.85 us per 64-deep K tile per CTA whatever the tile width (0.46 us of it scales with the
+tile's MMA work, ~0.4 us is fixed per step), so few rows take one CTA's whole K loop (45 rows
+of 4096^3: 58 us at N=256, 128 or 64 alike).
 """
 from __future__ import annotations
 
@@ -62,22 +69,27 @@ BLOCK_K = 64           # one 128-byte swizzle atom of fp16/bf16 along K
 THREADS = 256
 MAX_SMEM_BYTES = max_smem_bytes(WGMMA_ARCH)
 _PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
-_SWIZZLE_128B = 3      # encode_matrix_descriptor's code for the 128-byte swizzle
+_SWIZZLE_128B = 3      # encode_matrix_descriptor's codes for the 128- and 64-byte swizzles
+_SWIZZLE_64B = 2
 _TARGET = tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH})
 
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """Tile knobs: ``block_n`` (wgmma N, 64..256, multiple of 64) and ``stages`` (shared-memory
+    """Tile knobs: ``block_n`` (wgmma N, 64..256, multiple of 64), ``stages`` (shared-memory
     ring depth, >= 3: ``stages - 2`` K tiles load while one computes and the previous one's
-    wgmma may still run).  (Loading ``stages - 1`` ahead, with a second CTA barrier per K tile
-    before a slot is refilled, measured slower on the H100: 257 vs 218 us at 4096^3.)"""
+    wgmma may still run) and ``block_k`` (K tile depth: 64, or 32 for rows / dense).
+    (Loading ``stages - 1`` ahead, with a second CTA barrier per K tile before a slot is
+    refilled, measured slower on the H100: 257 vs 218 us at 4096^3.  So did ``block_k=32``
+    with twice the stages: 316 vs 229 us dense at 4096^3, ``benchmarks/_wgmma_depth.py``; a K
+    tile's time is mostly fixed cost per loop step, not load latency.)"""
 
     block_n: int = 256
     stages: int = 4
+    block_k: int = BLOCK_K   # 64 (A rows of 128 B, 128-byte swizzle) or 32 (64 B, 64-byte swizzle)
 
     def smem_bytes(self, out_dtype: str = "float16") -> int:
-        ring = self.stages * (BLOCK_M * BLOCK_K + BLOCK_K * self.block_n) * 2
+        ring = self.stages * (BLOCK_M * self.block_k + self.block_k * self.block_n) * 2
         return max(ring, _c_stage_elems(self.block_n, out_dtype) * _dtype_bytes(out_dtype))
 
 
@@ -147,9 +159,10 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     symbolic int64, K and N compile-time.  Raises ValueError when the shape or dtypes do not
     fit (see :func:`wgmma_applies`)."""
     config = config or wgmma_config(n)
-    if config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64:
+    if (config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64
+            or config.block_k not in (32, 64)):
         raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0 and N % block_n == 0 "
-                         f"(block_n a multiple of 64), got K={k}, N={n}, {config}")
+                         f"(block_n a multiple of 64, block_k 32 or 64), got K={k}, N={n}, {config}")
     if in_dtype not in IN_DTYPES or out_dtype not in OUT_DTYPES:
         raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
     if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
@@ -188,9 +201,11 @@ def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
     When :func:`needs_compaction`, ``a`` must be the output of :func:`wgmma_compact_a_func`
     (K position q of strip g in column q), otherwise A itself."""
     config = config or wgmma_config(n)
-    if not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n:
-        raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0, K % mk == 0 (mk < K), N % block_n == 0 "
-                         f"and fp16/bf16 in, got K={k}, mk={mk}, N={n}, {in_dtype} -> {out_dtype}")
+    if (not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n
+            or config.block_k != BLOCK_K):
+        raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0, K % mk == 0 (mk < K), N % block_n == 0, "
+                         f"block_k {BLOCK_K} and fp16/bf16 in, got K={k}, mk={mk}, N={n}, {config}, "
+                         f"{in_dtype} -> {out_dtype}")
     func = _kernel(int(k), int(n), in_dtype, out_dtype, False, False, "tiles", config, mk=int(mk),
                    a_compact=needs_compaction(mk, in_dtype))
     return lower_tirx(func, _TARGET)
@@ -240,8 +255,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
     """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
     (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``)."""
     BN, STAGES = cfg.block_n, cfg.stages
-    BM, BK = BLOCK_M, BLOCK_K
+    BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK
+    A_ROW_CHUNKS = BK // 8                # 16-byte chunks per A row of a K tile (8 or 4)
     tiles = mode == "tiles"
     MKT = K // mk if tiles else 0         # micro-tile columns per strip
     PREFETCH = STAGES - 2                 # K tiles in flight ahead of the one computed
@@ -261,7 +277,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
     # descriptor offsets are in 16-byte units: A (K-major, 128B swizzle): 8-row groups 1024 B
     # apart (LBO unused); B (MN-major, 128B swizzle): 64-column atoms BK * 128 B apart (LBO),
     # 8-row groups 1024 B apart (SBO)
-    A_LBO, A_SBO = 1, 1024 // 16
+    A_LBO, A_SBO = 1, 8 * BK * 2 // 16
+    A_SWIZZLE = _SWIZZLE_128B if BK == 64 else _SWIZZLE_64B
     B_LBO, B_SBO = BK * 128 // 16, 1024 // 16
     zero_out = tirx.const(0, out_dtype)
 
@@ -307,6 +324,13 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
     def b_row_of(rows, j, q):
         return rows[j] if tiles else q
 
+    def a_swizzled(ch, r):
+        """the 16-byte slot of chunk ch of A's tile row r: 128-byte swizzle (8 chunks a row)
+        XORs with r % 8, the 64-byte one (4 chunks) with (r / 2) % 4"""
+        if BK == 64:
+            return T.bitwise_xor(ch, r % 8)
+        return T.bitwise_xor(ch, (r // 2) % 4)
+
     def copy16(dst, src, valid):
         """16-byte cp.async (a call to wrap in ``T.evaluate``); zero-fills the destination where
         ``valid`` is false"""
@@ -336,12 +360,13 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                 acc[i] = T.float32(0)
             # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
             for j in T.unroll(A_CHUNKS):
-                a_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // 8, m - 1)))
+                a_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // A_ROW_CHUNKS,
+                                                             m - 1)))
             # descriptors of ring slot 0 (this warpgroup's 64 A rows; B's first k16 rows): the
             # other slots and k16 steps add their 16-byte offsets to the start-address field
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
                                                   smem.ptr_to([wg * 64 * BK]), A_LBO, A_SBO,
-                                                  _SWIZZLE_128B)
+                                                  A_SWIZZLE)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
                                                   B_LBO, B_SBO, _SWIZZLE_128B)
             for kt in T.serial(k_tiles(OFF, bm) + PREFETCH):
@@ -369,15 +394,16 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                         # the K columns of this tile's chunks, read before the first cp.async:
                         # each cp.async orders memory, so a lookup after one would wait for it
                         for j in T.unroll(A_CHUNKS):
-                            a_col[j] = a_column(OFF, IDS, m, bm, kt * BK + (tid + THREADS * j) % 8 * 8)
+                            a_col[j] = a_column(OFF, IDS, m, bm,
+                                                kt * BK + (tid + THREADS * j) % A_ROW_CHUNKS * 8)
                         for j in T.unroll(B_CHUNKS):
                             b_row_id[j] = b_row(OFF, IDS, m, bm, kt * BK + (tid + THREADS * j) // B_ROW_CHUNKS)
                     for j in T.unroll(A_CHUNKS):
-                        r = (tid + THREADS * j) // 8
-                        ch = (tid + THREADS * j) % 8
+                        r = (tid + THREADS * j) // A_ROW_CHUNKS
+                        ch = (tid + THREADS * j) % A_ROW_CHUNKS
                         # (a compacted A, like rows / dense, holds K position q in column q)
                         T.evaluate(copy16(
-                            smem.ptr_to([slot_w * A_TILE + r * 64 + T.bitwise_xor(ch, r % 8) * 8]),
+                            smem.ptr_to([slot_w * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
                             A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
                             a_valid(OFF, bm, kt * BK + ch * 8)))
                     for j in T.unroll(B_CHUNKS):
