@@ -36,6 +36,7 @@ from ._kernels import NT, LoopStrategy, make_block_scan
 WPB = 8  # warps per flag CTA
 NTC = NT  # threads per compaction CTA (the shared block scan's width)
 KC = 32  # flags per compaction thread
+FL_VEC = 16  # flags per vector load of the compaction (16 bytes)
 LOG_NTC = 8
 CHC_MIN = NTC * KC
 _ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
@@ -250,6 +251,10 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
 
     fb_c = FB if row_major_flat else 1
 
+    def fl_at(tx, k):
+        """index of thread tx's k-th flag in the compaction's local copy"""
+        return k if gpu else tx * K + k
+
     @T.macro
     def compact(FL, NF, P, G, CNT, NB, OFF, IDS):
         # NB: entries of CNT; CTA c covers CNT[c*fb_c : (c+1)*fb_c] = flat ids [c*CHC, (c+1)*CHC)
@@ -258,6 +263,8 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
             sQ = T.alloc_buffer((NTC,), "int32", scope=SH)
             sA = T.alloc_buffer((NTC,), "int32", scope=SH)
             sB = T.alloc_buffer((NTC,), "int32", scope=SH)
+            # (a register array per thread on CUDA; on the CPU the serial "threads" need one each)
+            fl = T.alloc_buffer((K if gpu else NTC * K,), "int8", scope="local")
             for tx in TX(NTC):
                 p = T.alloc_buffer((1,), "int32", scope="local")
                 q = T.alloc_buffer((1,), "int32", scope="local")
@@ -270,11 +277,16 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                             p[0] = p[0] + CNT[j * NTC + tx]
                 sP[tx] = p[0]
                 sQ[tx] = q[0]
+                # this thread's K flags, read once as 16-byte vectors (FL is allocated in whole
+                # chunks; flags past NF are masked below)
+                for h in range(K // FL_VEC):
+                    for e in T.vectorized(FL_VEC):
+                        fl[fl_at(tx, h * FL_VEC + e)] = FL[c * CHC + tx * K + h * FL_VEC + e]
                 acc = T.alloc_buffer((1,), "int32", scope="local")
                 acc[0] = 0
-                for k in range(K):
+                for k in T.unroll(K):
                     if c * CHC + tx * K + k < NF:
-                        acc[0] = acc[0] + T.Cast("int32", FL[c * CHC + tx * K + k])
+                        acc[0] = acc[0] + T.Cast("int32", fl[fl_at(tx, k)])
                 sA[tx] = acc[0]
             block_reduce2(sP, sQ)
             block_scan(sA, sB)
@@ -299,11 +311,11 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                     pos[0] = sP[0]
                     if tx > 0:
                         pos[0] = pos[0] + sA[tx - 1]
-                    for k in range(K):
+                    for k in T.unroll(K):
                         if c * CHC + tx * K + k < NF:
                             if T.truncmod(c * CHC + tx * K + k, P) == 0:
                                 OFF[T.truncdiv(c * CHC + tx * K + k, P)] = pos[0]
-                            if FL[c * CHC + tx * K + k] != T.int8(0):
+                            if fl[fl_at(tx, k)] != T.int8(0):
                                 IDS[pos[0]] = T.Cast("int32", T.truncmod(c * CHC + tx * K + k, P))
                                 pos[0] = pos[0] + 1
                             elif complement:

@@ -223,7 +223,8 @@ def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False, 
         D = T.match_buffer(d, (R, C), dtype)
         OFF = T.match_buffer(o, (G_of(R) + 1,), "int32")
         IDS = T.match_buffer(i, (ntr(R) * NTC,), "int32")
-        FL = T.sblock_alloc_buffer((T.max(ntr(R) * NTC, 1),), "int8")
+        # (whole compaction chunks: the compaction reads its threads' flags as 16-byte vectors)
+        FL = T.sblock_alloc_buffer((T.max((ntr(R) * NTC + (CHC - 1)) // CHC * CHC, CHC),), "int8")
         CNT = T.sblock_alloc_buffer((nb(R),), "int32")
         if gpu:
             flags_gpu(D, FL, CNT, R, ntr(R) * NU, unit_flat)
