@@ -7,13 +7,16 @@ For each size n (A is n x n fp16), sparsity 0.5/0.9/0.99 and micro-tile (1,K), (
 
 * ``kernel_us``: the index PrimFunc alone, ``time_evaluator`` (device time, no Python);
 * ``op_index_us``: ``op.index(a)`` (output allocation + call), median of single calls with a
-  device sync after each (what the first measurements reported), and
+  device sync after each (what the first measurements reported); the op's index is the one its
+  kernel reads (``op_index_micro_tile``: on sm_90a micro-tiles along K are covered by 128-row
+  strips), and
   ``op_index_loop_us``: the same call issued back to back (Python cost overlaps the GPU);
 * ``copy_us``: a torch device-to-device copy of A (reads n*n*2 bytes and writes as many):
   ``read_us = copy_us / 2`` is the time to read A once at the copy's bandwidth, and
   ``peak_read_us`` the same at 3.35 TB/s (H100 SXM HBM3). Target: kernel_us <= 1.3 x read_us.
 
-Each index is checked against the numpy reference first (``ok``). Prints a table and writes
+Each index (the kernel's and the op's) is checked against the numpy reference first (``ok``).
+Prints a table and writes
 index_bench.json/.png under docs/results/ (or $OUT).
 """
 from __future__ import annotations
@@ -118,15 +121,22 @@ def main(argv=None):
                 offsets, ids = builder(a_t)
                 ro, ri = _expected(data, imt, group, thr)
                 ok = bool(np.array_equal(offsets.numpy(), ro) and np.array_equal(ids.numpy(), ri))
+                op_tile = None
                 if op is not None:
+                    # the op builds the index its kernel reads: on sm_90a the wgmma tiles kernel
+                    # covers micro-tiles along K by 128-row strips (op.kernel_plan)
+                    kp = op.kernel_plan
+                    op_tile = f"{kp.index_micro_tile[0]}x{kp.index_micro_tile[1]}"
+                    ro2, ri2 = _expected(data, kp.index_micro_tile, kp.index_group, thr)
                     o2, i2 = op.index(a_t)
-                    ok = ok and bool(np.array_equal(o2.numpy(), ro) and np.array_equal(i2.numpy(), ri))
+                    ok = ok and bool(np.array_equal(o2.numpy(), ro2) and np.array_equal(i2.numpy(), ri2))
                 kernel_us = float(np.median(fev(a_t, offsets, ids).results)) * 1e6
                 call = (lambda: op.index(a_t)) if op is not None else (lambda: builder(a_t))
                 op_us = _median_sync_us(call, dev, min(args.repeat, 100))
                 loop_us = _events_us(call, args.repeat, torch)
                 row = {"n": n, "micro_tile": f"{mt[0]}x{'K' if mt[1] == n else mt[1]}", "group": group,
                        "sparsity": s, "tiles": int(len(ri)), "nonzero_tiles": int(ro[-1]) if len(ro) else 0,
+                       "op_index_micro_tile": op_tile,
                        "kernel_us": kernel_us, "op_index_us": op_us, "op_index_loop_us": loop_us,
                        "copy_us": copy_us, "read_us": read_us, "peak_read_us": peak_us,
                        "kernel_vs_read": kernel_us / read_us, "kernel_vs_peak_read": kernel_us / peak_us,
