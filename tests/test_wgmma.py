@@ -230,3 +230,16 @@ def test_block_k_32_build():
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     assert check_cuda_compiles(ex, archs=("sm_90a",)) >= 1
+
+
+def test_wgmma_path_skips_mma_sync_imports():
+    """Building the default CUDA rows op (wgmma) does not import the mma.sync schedules, whose
+    tvm.s_tir.tensor_intrin import parses every TVM tensor intrinsic (~14 s on a CPU core)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pit_tvm; pit_tvm.sparse_matmul(512, 256, 'float16', micro_tile=(1, 512), target='cuda'); "
+            "print(sorted(m for m in ('tvm.s_tir.tensor_intrin.cuda', 'pit_tvm.schedules.tensorcore') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

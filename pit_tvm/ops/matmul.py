@@ -633,7 +633,7 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, rel
     a ``bias`` of another shape or dtype also returns None."""
     from tvm import relax
 
-    from pit_tvm.schedules.tensorcore import IN_DTYPES, OUT_DTYPES
+    from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
 
     target = make_target(target)
     if not is_gpu(target):

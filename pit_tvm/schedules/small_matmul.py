@@ -18,7 +18,7 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import Matmul, MatmulTensorization, get_reduction_blocks
 
 from pit_tvm.schedules._dlight import is_static
-from pit_tvm.target import arch_number, sm_version
+from pit_tvm.target import sm_version
 
 #: the wmma tile: a smaller output or reduction extent is not worth a tensor-core tile
 MIN_EXTENT = 16

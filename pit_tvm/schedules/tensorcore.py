@@ -66,7 +66,7 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 import tvm.s_tir.tensor_intrin.cuda as _cuda_intrin  # noqa: F401  (registers fill/store)
-from pit_tvm.target import arch_number
+from pit_tvm.schedules.limits import IN_DTYPES, MAX_SMEM_BYTES, OUT_DTYPES, dtype_bytes, max_smem_bytes  # noqa: F401
 from tvm.s_tir.tensor_intrin.cuda import (
     MMA_fill_16x16_f32_INTRIN,
     MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE,
@@ -91,16 +91,7 @@ __all__ = [
     "OUT_DTYPES",
 ]
 
-IN_DTYPES = ("float16", "bfloat16")
-OUT_DTYPES = ("float16", "bfloat16", "float32")
 SMEM_SCOPE = "shared.dyn"
-#: dynamic shared memory per block: H100 allows 227 KiB, A100 163 KiB.
-MAX_SMEM_BYTES = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
-
-
-def max_smem_bytes(arch: str) -> int:
-    """Dynamic shared memory per block for ``arch`` (``sm_90a`` is an sm_90)."""
-    return MAX_SMEM_BYTES["sm_90" if arch_number(arch) >= 90 else "sm_80"]
 
 
 EARLY_EXIT_ATTR = "pit.early_exit_block_m"
@@ -285,10 +276,6 @@ class TensorCoreConfig:
         return asdict(self)
 
 
-def _dtype_bytes(dtype: str) -> int:
-    return tvm.DataType(dtype).bits // 8
-
-
 def smem_bytes(config: TensorCoreConfig, in_dtype: str = "float16") -> int:
     """Peak dynamic shared memory of the matmul kernel (pipeline buffers and the fp32 C
     tile live at different times; MergeSharedMemoryAllocations overlaps them)."""
@@ -298,7 +285,7 @@ def smem_bytes(config: TensorCoreConfig, in_dtype: str = "float16") -> int:
 def _tile_smem_bytes(c, rows: int, in_dtype: str) -> int:
     """Peak shared memory of a ``rows`` x block_n CTA tile: the pipelined A/B tiles or the
     fp32 C tile, whichever is larger."""
-    e = _dtype_bytes(in_dtype)
+    e = dtype_bytes(in_dtype)
     pipe = c.stages * (rows * (c.block_k + c.smem_pad) + c.block_k * (c.block_n + c.smem_pad)) * e
     ctile = rows * (c.block_n + 4) * 4
     return max(pipe, ctile)
@@ -350,7 +337,7 @@ def check_config(k: int, n: int, in_dtype: str, config: TensorCoreConfig,
         raise ValueError(f"K={k} has {k // c.block_k} K tiles, fewer than stages={c.stages}")
     if not 1 <= c.threads <= 1024:
         raise ValueError(f"{c.threads} threads per block")
-    vec = 16 // _dtype_bytes(in_dtype)
+    vec = 16 // dtype_bytes(in_dtype)
     if c.smem_pad % vec:
         raise ValueError(f"smem_pad={c.smem_pad} must keep rows 16-byte aligned (multiple of {vec})")
     for what, elems in (("A tile", c.block_m * c.block_k), ("B tile", c.block_k * c.block_n)):
@@ -589,7 +576,7 @@ def _schedule_zero_fill(sch: s_tir.Schedule, n: int, out_dtype: str, c: TensorCo
     at or past count store), threadIdx.x x vector over the columns of row ``ids[p]``."""
     zf = sch.get_sblock("zero_fill")
     r, j = sch.get_loops(zf)
-    vec = max(1, min(16 // _dtype_bytes(out_dtype), c.epilogue_vec * 2))
+    vec = max(1, min(16 // dtype_bytes(out_dtype), c.epilogue_vec * 2))
     while n % vec:
         vec //= 2
     tx = max(1, min(32, n // vec))
@@ -638,7 +625,7 @@ def apply_row_gather_schedule(sch: s_tir.Schedule, config: TensorCoreConfig,
                              f"{k // s_k} a multiple of block_k={small.block_k} with at least "
                              f"stages={small.stages} K tiles")
     names = _intrin_names(in_dtype)
-    vec = 16 // _dtype_bytes(in_dtype)
+    vec = 16 // dtype_bytes(in_dtype)
 
     _schedule_zero_fill(sch, n, out_dtype, c)
     # SRead: the A rows gathered through ids (A_gather, inlined into the padded tile Ag_pad);
@@ -757,7 +744,7 @@ def schedule_dense_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
     check_config(k, n, in_dtype, c, max_smem_bytes(arch), out_dtype)
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     _schedule_full_k_mma(sch, c, n, k, "A_load", "Ac_pad", "store", _intrin_names(in_dtype),
-                         16 // _dtype_bytes(in_dtype))
+                         16 // dtype_bytes(in_dtype))
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 

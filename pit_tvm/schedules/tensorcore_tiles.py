@@ -56,7 +56,6 @@ from pit_tvm.schedules.tensorcore import (
     _bind_cta,
     _check_dtypes,
     _check_mult16,
-    _dtype_bytes,
     _fitting,
     _intrin_names,
     _rewrite_loops,
@@ -67,6 +66,7 @@ from pit_tvm.schedules.tensorcore import (
     _tensorize_mma,
     _tile_smem_bytes,
     build,
+    dtype_bytes,
     max_smem_bytes,
 )
 
@@ -139,7 +139,7 @@ def needs_compact_a(micro_tile, in_dtype: str) -> bool:
 
 def _a_vec(mk: int, in_dtype: str) -> int:
     """Elements per A-gather copy: 16 bytes when a micro-tile holds whole 16-byte runs."""
-    vec = 16 // _dtype_bytes(in_dtype)
+    vec = 16 // dtype_bytes(in_dtype)
     return vec if mk % vec == 0 else 1
 
 
@@ -171,7 +171,7 @@ def check_tiles_config(k: int, n: int, micro_tile, in_dtype: str, config: TilesC
     threads = c.threads(mr)
     if not 32 <= threads <= 1024:
         raise ValueError(f"{threads} threads per block")
-    vec = 16 // _dtype_bytes(in_dtype)
+    vec = 16 // dtype_bytes(in_dtype)
     if c.smem_pad % vec:
         raise ValueError(f"smem_pad={c.smem_pad} must keep rows 16-byte aligned (multiple of {vec})")
     avec = vec if a_compact else _a_vec(mk, in_dtype)
@@ -322,7 +322,7 @@ def schedule_tiles_gather_matmul(func: tirx.PrimFunc, config: TilesConfig,
     check_tiles_config(k, n, (mr, mk), in_dtype, c,
                        max_smem_bytes(arch), out_dtype, a_compact)
     names = _intrin_names(in_dtype)
-    vec = 16 // _dtype_bytes(in_dtype)
+    vec = 16 // dtype_bytes(in_dtype)
     avec = vec if a_compact else _a_vec(mk, in_dtype)
     warps = c.warps(mr)
 

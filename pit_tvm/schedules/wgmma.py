@@ -56,7 +56,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from pit_tvm.index.tiles import strip_column, strip_positions
-from pit_tvm.schedules.tensorcore import IN_DTYPES, OUT_DTYPES, _dtype_bytes, max_smem_bytes
+from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
@@ -90,13 +90,13 @@ class WgmmaConfig:
 
     def smem_bytes(self, out_dtype: str = "float16") -> int:
         ring = self.stages * (BLOCK_M * self.block_k + self.block_k * self.block_n) * 2
-        return max(ring, _c_stage_elems(self.block_n, out_dtype) * _dtype_bytes(out_dtype))
+        return max(ring, _c_stage_elems(self.block_n, out_dtype) * dtype_bytes(out_dtype))
 
 
 def _c_row(block_n: int, out_dtype: str) -> int:
     """Row pitch of the staged C tile in elements: 16 bytes of padding spreads the 8 rows one
     warp's fragments hit over all banks."""
-    return block_n + 16 // _dtype_bytes(out_dtype)
+    return block_n + 16 // dtype_bytes(out_dtype)
 
 
 def _c_stage_elems(block_n: int, out_dtype: str) -> int:
@@ -268,7 +268,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
     B_CHUNKS = BK * BN // 8 // THREADS
     B_ROW_CHUNKS = BN // 8
     C_ROW = _c_row(BN, out_dtype)
-    C_VEC = 16 // _dtype_bytes(out_dtype)  # elements per 16-byte store
+    C_VEC = 16 // dtype_bytes(out_dtype)  # elements per 16-byte store
     C_CHUNKS = BM * BN // C_VEC // THREADS
     C_ROW_CHUNKS = BN // C_VEC
     smem_elems = cfg.smem_bytes(out_dtype) // 2   # the ring, or the staged C tile after it
