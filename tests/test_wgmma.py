@@ -8,6 +8,7 @@ sparsity, ragged M, bias / ReLU, bf16 and fp32 out, the dense variant.
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -243,3 +244,41 @@ def test_wgmma_path_skips_mma_sync_imports():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("micro_tile", [(32, 1), (32, 64)])
+def test_tiles_dense_fallback_graph(micro_tile):
+    """The graph emit_pit_matmul builds on the default target: index, (compaction), tiles
+    kernel, then the dense fallback kernel in place on the tiles kernel's output; the kernels
+    that skip their work on a full index read it (the CUDA source compares offsets[strips]
+    with strips x K / mk) and nvcc compiles the op."""
+    import pit_tvm
+    from tvm import relax
+    from pit_tvm.ops.matmul import emit_pit_matmul
+
+    k, n = 512, 256
+    bb = relax.BlockBuilder()
+    m = tvm.tirx.Var("m", "int64")
+    a = relax.Var("a", relax.TensorType([m, k], "float16"))
+    b = relax.Var("b", relax.TensorType([k, n], "float16"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(emit_pit_matmul(bb, a, b, micro_tile=micro_tile, target="cuda"))
+        bb.emit_func_output(out)
+    text = bb.get()["main"].script()
+    inplace = [line for line in text.splitlines() if "call_tir_inplace" in line]
+    assert len(inplace) == 1 and "pit_dense_fallback_" in inplace[0]
+    assert text.index("pit_kernel_") < text.index("call_tir_inplace")
+
+    op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=micro_tile, target="cuda")
+    src = "\n".join(cuda_sources(op.executable))
+    bodies = dict(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^)]*\) \{'
+                             r'(.*?)(?=extern "C"|\Z)', src, flags=re.S))
+    full = f"* {k // micro_tile[1]})"                             # strips x tiles per strip
+    guarded = [name for name in bodies if name.startswith(("pit_kernel_", "pit_dense_fallback_", "pit_compact_"))]
+    assert len(guarded) == (3 if needs_compaction(micro_tile[1], "float16") else 2)
+    for name in guarded:
+        assert full in bodies[name], name
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(op.executable, archs=("sm_90a",)) >= 1

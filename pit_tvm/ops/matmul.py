@@ -505,14 +505,14 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     a2, m, lead = _as_rows(bb, a, k)
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     tgt = make_target(target)
-    compact = None
+    compact = dense_fallback = None
     if is_gpu(tgt):
         kernel = None
         tc_plan = tensor_core_plan(plan)
         # (tiles: every 128-row strip has a CTA, so the tile width plans for all rows)
         wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt), _rows_hint(m, 1))
         if wgmma_tiles is not None:
-            plan, kernel, compact = wgmma_tiles
+            plan, kernel, compact, dense_fallback = wgmma_tiles
         elif tc_plan is not None:
             kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log,
                                         _rows_hint(m, PIT_EXPECTED_DENSITY))
@@ -546,10 +546,17 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
     index = bb.emit(relax.call_tir(index_gv, [index_src], index_ty))
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
+    a_in = a2
     if compact is not None:   # SRead of thin micro-tiles as a kernel of its own
         compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids], relax.TensorType([m, n], out_dtype)))
+    if dense_fallback is not None:
+        # a full index (the device-side dense fallback, or a dense pattern): the tiles kernel
+        # and the compaction skipped their work, the dense kernel writes C in place
+        fallback_gv = _add_once(bb, name.replace("pit_kernel_", "pit_dense_fallback_"), lambda: dense_fallback)
+        c = bb.emit(relax.call_tir_inplace(fallback_gv, [a_in, b, offsets, c], [3],
+                                           relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)
 
 
@@ -565,9 +572,11 @@ def _rows_hint(m, fraction: float):
 
 def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, rows_hint=None):
     """On sm_90a, for micro-tiles along K with rows dividing 128: ``(plan covered by 128-row
-    strips, the wgmma tiles kernel, the A-compaction kernel or None)``; else None."""
+    strips, the wgmma tiles kernel, the A-compaction kernel or None, the dense fallback
+    kernel)``; else None."""
     from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func, wgmma_config,
-                                         wgmma_tiles_applies, wgmma_tiles_gather_func)
+                                         wgmma_dense_fallback_func, wgmma_tiles_applies,
+                                         wgmma_tiles_gather_func)
 
     if plan.kind == "rows" or not wgmma_tiles_applies(plan.k, plan.n, plan.micro_tile, dtype,
                                                        out_dtype, arch):
@@ -576,7 +585,9 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
     compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) else None
     return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),
             wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype,
-                                    config=wgmma_config(plan.n, rows_hint)), compact)
+                                    config=wgmma_config(plan.n, rows_hint)), compact,
+            wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype,
+                                      config=wgmma_config(plan.n, rows_hint)))
 
 
 def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):

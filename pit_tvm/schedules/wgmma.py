@@ -60,7 +60,7 @@ from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_sme
 
 __all__ = ["WgmmaConfig", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
-           "wgmma_compact_a_func", "lower_tirx"]
+           "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx"]
 
 #: the only arch with wgmma (the ``a`` suffix: arch-specific features, H100 / H200)
 WGMMA_ARCH = "sm_90a"
@@ -212,6 +212,28 @@ def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
 
 
 @functools.lru_cache(maxsize=64)
+def index_is_full(offsets, m, tiles_per_strip: int):
+    """Whether a ``(128, mk)`` tiles index (``tiles_per_strip = K / mk``) lists every micro-tile:
+    the device-side dense fallback wrote it so, or the pattern is dense."""
+    strips = (m + BLOCK_M - 1) // BLOCK_M
+    return offsets[strips] == strips * tiles_per_strip
+
+
+@functools.lru_cache(maxsize=64)
+def wgmma_dense_fallback_func(k: int, n: int, mk: int, in_dtype: str = "float16",
+                              out_dtype: str = "float16", config: WgmmaConfig | None = None) -> tirx.PrimFunc:
+    """The dense kernel of the tiles kind's dense fallback, ``(a, b, offsets, c)``: ``c = a @ b``
+    when the ``(128, mk)`` tiles index lists every micro-tile (:func:`index_is_full`), else it
+    loads and stores nothing.  Called in place on the tiles kernel's output, which skips its
+    work exactly when this one runs: a full index through the tiles kernel (and, for thin
+    micro-tiles, the A compaction) cost up to twice the dense kernel on the H100."""
+    config = config or wgmma_config(n)
+    if not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n:
+        raise ValueError(f"no wgmma tiles kind for K={k}, mk={mk}, N={n}, {config}, {in_dtype} -> {out_dtype}")
+    func = _kernel(int(k), int(n), in_dtype, out_dtype, False, False, "dense", config, full_mk=int(mk))
+    return lower_tirx(func, _TARGET)
+
+
 def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc:
     """SRead of A for thin micro-tiles, as a kernel of its own: ``Ac[128g + i, q] =
     A[128g + i, column(q)]`` for the strip's compact positions ``q < cnt_g * mk``, zeros up to
@@ -239,21 +261,25 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
         rb, g = T.cta_id([BLOCK_M // ROWS, T.Cast("int32", (M + BLOCK_M - 1) // BLOCK_M)])
         tid = T.thread_id([THREADS])
         m = T.Cast("int32", M)
-        for q0 in T.serial(((n_valid(OFF, g) + BLOCK_K - 1) // BLOCK_K * BLOCK_K + THREADS - 1) // THREADS):
-            if q0 * THREADS + tid < (n_valid(OFF, g) + BLOCK_K - 1) // BLOCK_K * BLOCK_K:
-                for i in T.unroll(ROWS):
-                    if g * BLOCK_M + rb * ROWS + i < m:
-                        AC[g * BLOCK_M + rb * ROWS + i, q0 * THREADS + tid] = T.if_then_else(
-                            q0 * THREADS + tid < n_valid(OFF, g),
-                            A[g * BLOCK_M + rb * ROWS + i, column(OFF, IDS, m, g, q0 * THREADS + tid)],
-                            zero)
+        if T.Not(index_is_full(OFF, m, MKT)):      # (a full index runs the dense fallback on A)
+            for q0 in T.serial(((n_valid(OFF, g) + BLOCK_K - 1) // BLOCK_K * BLOCK_K + THREADS - 1) // THREADS):
+                if q0 * THREADS + tid < (n_valid(OFF, g) + BLOCK_K - 1) // BLOCK_K * BLOCK_K:
+                    for i in T.unroll(ROWS):
+                        if g * BLOCK_M + rb * ROWS + i < m:
+                            AC[g * BLOCK_M + rb * ROWS + i, q0 * THREADS + tid] = T.if_then_else(
+                                q0 * THREADS + tid < n_valid(OFF, g),
+                                A[g * BLOCK_M + rb * ROWS + i, column(OFF, IDS, m, g, q0 * THREADS + tid)],
+                                zero)
 
     return lower_tirx(kernel, _TARGET)
 
 
-def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compact=False):  # noqa: C901
+def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compact=False,  # noqa: C901
+            full_mk=0):
     """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
-    (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``)."""
+    (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
+    ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
+    runs only when it lists every one (:func:`wgmma_dense_fallback_func`)."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK
@@ -331,6 +357,15 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
             return T.bitwise_xor(ch, r % 8)
         return T.bitwise_xor(ch, (r // 2) % 4)
 
+    def runs(off_buf, m, cond):
+        """``cond`` where this kernel runs: the tiles kernel unless its index is full, the dense
+        fallback only then (its CTAs still pass the barriers, but load and store nothing)"""
+        if tiles:
+            return T.And(T.Not(index_is_full(off_buf, m, MKT)), cond)
+        if full_mk:
+            return T.And(index_is_full(off_buf, m, K // full_mk), cond)
+        return cond
+
     def copy16(dst, src, valid):
         """16-byte cp.async (a call to wrap in ``T.evaluate``); zero-fills the destination where
         ``valid`` is false"""
@@ -354,7 +389,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         m = T.Cast("int32", M)
         count = count_of(OFF, m)
         p0 = bm * BM
-        if p0 < count:
+        if runs(OFF, m, p0 < count):
             wg = tid // 128
             for i in T.unroll(ACC):
                 acc[i] = T.float32(0)
@@ -436,7 +471,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         for j in T.unroll(C_CHUNKS):
             r = (tid + THREADS * j) // C_ROW_CHUNKS
             ch = (tid + THREADS * j) % C_ROW_CHUNKS
-            if p0 + r < m:
+            if runs(OFF, m, p0 + r < m):
                 if p0 + r < count:
                     for e in T.vectorized(C_VEC):
                         C[row_of(IDS, p0 + r), bn * BN + ch * C_VEC + e] = \
@@ -445,13 +480,21 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                     for e in T.vectorized(C_VEC):
                         C[row_of(IDS, p0 + r), bn * BN + ch * C_VEC + e] = zero_out
 
-    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT)
+    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk)
 
 
-def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0):  # noqa: C901
-    """The PrimFunc around ``body`` with exactly the parameters its variant takes."""
+def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0):  # noqa: C901
+    """The PrimFunc around ``body`` with exactly the parameters its variant takes (``full_mk``:
+    the dense fallback, ``(a, b, offsets, c)`` with ``c`` written in place)."""
     dense = mode == "dense"
-    if mode == "tiles":
+    if full_mk:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None, None,
+                 T.match_buffer(c, (M, N), out_dtype))
+    elif mode == "tiles":
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
             M = T.int64()
