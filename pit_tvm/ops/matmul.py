@@ -321,7 +321,7 @@ class SparseMatmul:
         # the tensor-core cover of a thinner one (tensor_core_plan)
         self.kernel_plan = MatmulPlan(self.k, self.n, names["micro_tile"])
         self._index = self.executable[names["index"]]
-        self._workspace = {}   # row count -> (offsets, ids) for index() and out=
+        self._workspace = {}   # row count -> (offsets, ids) for index()
 
     # -- tensors in and out ---------------------------------------------------------
     def _as_tensor(self, x, name, shape_check):

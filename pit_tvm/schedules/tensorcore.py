@@ -66,7 +66,8 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 import tvm.s_tir.tensor_intrin.cuda as _cuda_intrin  # noqa: F401  (registers fill/store)
-from pit_tvm.schedules.limits import IN_DTYPES, MAX_SMEM_BYTES, OUT_DTYPES, dtype_bytes, max_smem_bytes  # noqa: F401
+from pit_tvm.schedules.limits import (  # noqa: F401  (re-exported: tensorcore_tiles, tuning)
+    IN_DTYPES, MAX_SMEM_BYTES, OUT_DTYPES, dtype_bytes, max_smem_bytes)
 from tvm.s_tir.tensor_intrin.cuda import (
     MMA_fill_16x16_f32_INTRIN,
     MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE,
