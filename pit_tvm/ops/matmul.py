@@ -582,12 +582,11 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
                                                        out_dtype, arch):
         return None
     mk = plan.micro_tile[1]
+    config = wgmma_config(plan.n, rows_hint)
     compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) else None
     return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),
-            wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype,
-                                    config=wgmma_config(plan.n, rows_hint)), compact,
-            wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype,
-                                      config=wgmma_config(plan.n, rows_hint)))
+            wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype, config=config), compact,
+            wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype, config=config))
 
 
 def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):

@@ -93,8 +93,6 @@ __all__ = [
 ]
 
 SMEM_SCOPE = "shared.dyn"
-
-
 EARLY_EXIT_ATTR = "pit.early_exit_block_m"
 #: CTA-level regime guards (value: split_rows R): the full-K kernel runs when count > R, the
 #: split-K kernels when count <= R (see :func:`add_early_exit`)

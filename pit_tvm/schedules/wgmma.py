@@ -211,7 +211,6 @@ def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
     return lower_tirx(func, _TARGET)
 
 
-@functools.lru_cache(maxsize=64)
 def index_is_full(offsets, m, tiles_per_strip: int):
     """Whether a ``(128, mk)`` tiles index (``tiles_per_strip = K / mk``) lists every micro-tile:
     the device-side dense fallback wrote it so, or the pattern is dense."""
@@ -234,6 +233,7 @@ def wgmma_dense_fallback_func(k: int, n: int, mk: int, in_dtype: str = "float16"
     return lower_tirx(func, _TARGET)
 
 
+@functools.lru_cache(maxsize=64)
 def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc:
     """SRead of A for thin micro-tiles, as a kernel of its own: ``Ac[128g + i, q] =
     A[128g + i, column(q)]`` for the strip's compact positions ``q < cnt_g * mk``, zeros up to

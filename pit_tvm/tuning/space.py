@@ -116,10 +116,6 @@ def _arch_of(target) -> str:
     return str(arch) if arch else "sm_90"
 
 
-def _smem_limit(arch: str) -> int:
-    return max_smem_bytes(arch)
-
-
 def tuning_workload(k: int, n: int, dtype: str = "float16", out_dtype: str | None = None,
                     m: int = DEFAULT_TUNE_M) -> tirx.PrimFunc:
     """:func:`row_gather_matmul_func` with the row count fixed to ``m`` (MetaSchedule measures
@@ -142,7 +138,7 @@ def valid_knob_configs(k: int, n: int, in_dtype: str, out_dtype: str,
     for values in itertools.product(*KNOBS.values()):
         cfg = TensorCoreConfig(**dict(zip(KNOBS, values)))
         try:
-            check_config(k, n, in_dtype, cfg, _smem_limit(arch), out_dtype)
+            check_config(k, n, in_dtype, cfg, max_smem_bytes(arch), out_dtype)
         except ValueError:
             continue
         out.append(cfg)
@@ -191,7 +187,7 @@ def _apply_annotated(sch: s_tir.Schedule, arch: str) -> bool:
         return True  # nothing to do: already scheduled (a design space from pit_tc_space)
     k, n, in_dtype, out_dtype, _ = _workload_params(sch.mod["main"])
     try:
-        check_config(k, n, in_dtype, cfg, _smem_limit(arch), out_dtype)
+        check_config(k, n, in_dtype, cfg, max_smem_bytes(arch), out_dtype)
     except ValueError:
         return False
     block = sch.get_sblock(KNOB_BLOCK, func_name="main")

@@ -398,7 +398,7 @@ def best_record(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
             # the whole trace (knobs + postproc schedule) must replay on its workload too
             sch = tvm.s_tir.Schedule(rec.workload.mod)
             rec.trace.apply_to_schedule(sch, remove_postproc=False)
-            _space.check_config(k, n, dtype, cfg, _space._smem_limit(arch),
+            _space.check_config(k, n, dtype, cfg, _space.max_smem_bytes(arch),
                                 str(func.params[-1].ty.dtype))
             m = int(func.params[0].ty.shape[0])
         except Exception as err:  # noqa: BLE001
