@@ -234,12 +234,15 @@ def test_block_k_32_build():
 
 
 def test_wgmma_path_skips_mma_sync_imports():
-    """Building the default CUDA rows op (wgmma) does not import the mma.sync schedules, whose
-    tvm.s_tir.tensor_intrin import parses every TVM tensor intrinsic (~14 s on a CPU core)."""
+    """Building the default CUDA rows op and a model's dense kernel (both wgmma) does not import
+    the mma.sync schedules, whose tvm.s_tir.tensor_intrin import parses every TVM tensor
+    intrinsic (~14 s on a CPU core; a model's first compile took 60 s with it)."""
     import subprocess
     import sys
 
     code = ("import sys, pit_tvm; pit_tvm.sparse_matmul(512, 256, 'float16', micro_tile=(1, 512), target='cuda'); "
+            "from pit_tvm.ops.matmul import _cuda_dense_kernel; "
+            "assert _cuda_dense_kernel(512, 256, 'float16', 'float16', True, True, 'sm_90a') is not None; "
             "print(sorted(m for m in ('tvm.s_tir.tensor_intrin.cuda', 'pit_tvm.schedules.tensorcore') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)

@@ -621,12 +621,14 @@ def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, r
                        rows_hint=None):
     """The tensor-core dense kernel for (K, N) (with the bias / ReLU epilogue), or None when no
     tile config fits; made once per shape in a process.  wgmma on sm_90a where it fits."""
-    from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
     from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func
 
     if wgmma_applies(k, n, dtype, out_dtype, arch):
         return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True,
                                      config=wgmma_config(n, rows_hint))
+    # (imported only here: the mma.sync schedules parse TVM's tensor intrinsics, ~14 s)
+    from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
+
     configs = valid_configs(k, n, dtype, arch)
     if not configs:
         return None
