@@ -37,8 +37,7 @@ def cuda_sources(module) -> list[str]:
     return found
 
 
-def nvcc_compile(source: str, arch: str = "sm_90", out_format: str = "cubin") -> bytes:
-    """Compile CUDA source to ``cubin``/``ptx``/``fatbin`` for ``arch``; raise with nvcc's log."""
+def _run_nvcc(source: str, arch: str, out_format: str, extra=()) -> tuple[bytes, str]:
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found on PATH or in /usr/local/cuda/bin")
@@ -47,12 +46,23 @@ def nvcc_compile(source: str, arch: str = "sm_90", out_format: str = "cubin") ->
         out_path = os.path.join(tmp, f"kernel.{out_format}")
         with open(src_path, "w") as f:
             f.write(source)
-        cmd = [nvcc, f"--{out_format}", "-O3", f"-arch={arch}", "-o", out_path, src_path]
+        cmd = [nvcc, f"--{out_format}", "-O3", f"-arch={arch}", *extra, "-o", out_path, src_path]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
         with open(out_path, "rb") as f:
-            return f.read()
+            return f.read(), proc.stderr
+
+
+def nvcc_compile(source: str, arch: str = "sm_90", out_format: str = "cubin") -> bytes:
+    """Compile CUDA source to ``cubin``/``ptx``/``fatbin`` for ``arch``; raise with nvcc's log."""
+    return _run_nvcc(source, arch, out_format)[0]
+
+
+def ptxas_log(source: str, arch: str = "sm_90a") -> str:
+    """ptxas's verbose log for ``source`` (registers, spills, and performance notes such as
+    C7515, wgmma serialised): kernel-quality checks that need no GPU."""
+    return _run_nvcc(source, arch, "cubin", ("-Xptxas", "-v"))[1]
 
 
 def check_cuda_compiles(module, archs=("sm_80", "sm_90")) -> int:

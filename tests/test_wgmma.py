@@ -15,15 +15,17 @@ import pytest
 import tvm
 
 from _helpers import np_dtype
-from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
+from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.schedules.wgmma import (
     MAX_SMEM_BYTES,
     WgmmaConfig,
     needs_compaction,
     wgmma_applies,
     wgmma_config,
+    wgmma_dense_fallback_func,
     wgmma_row_gather_func,
     wgmma_tiles_applies,
+    wgmma_tiles_gather_func,
 )
 from pit_tvm.target import build
 from test_tensorcore import make_inputs, reference, run
@@ -158,6 +160,31 @@ def test_tiles_applies():
     assert not wgmma_tiles_applies(512, 256, (32, 1), "float16", "float16", "sm_90")
     assert needs_compaction(1, "float16") and needs_compaction(4, "float16")
     assert not needs_compaction(8, "float16") and not needs_compaction(64, "bfloat16")
+
+
+_PTXAS_CASES = {
+    "rows_256x4": lambda: wgmma_row_gather_func(4096, 4096),
+    "rows_64x8": lambda: wgmma_row_gather_func(768, 768, config=WgmmaConfig(64, 8)),
+    "dense_bias_relu_bf16": lambda: wgmma_row_gather_func(768, 3072, "bfloat16", "float32", bias=True,
+                                                          relu=True, dense=True),
+    "tiles_mk1": lambda: wgmma_tiles_gather_func(8192, 2048, 1),
+    "tiles_mk8": lambda: wgmma_tiles_gather_func(4096, 4096, 8),
+    "tiles_mk64_128": lambda: wgmma_tiles_gather_func(4096, 4096, 64, config=WgmmaConfig(128, 4)),
+    "dense_fallback": lambda: wgmma_dense_fallback_func(4096, 4096, 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_PTXAS_CASES))
+def test_ptxas_keeps_wgmma_async(case):
+    """ptxas neither serialises the wgmmas (C7515: the tiles kernel's loop, which may run no
+    wgmma for an empty strip, did that to every K tile) nor spills, for each kernel kind."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    ex = build(tvm.IRModule({"main": _PTXAS_CASES[case]()}), TARGET)
+    log = ptxas_log(cuda_sources(ex)[0], "sm_90a")
+    assert "Used" in log and "registers" in log, log[-2000:]
+    assert "C7515" not in log and "serialized" not in log, log[-2000:]
+    assert re.search(r"\b0 bytes spill stores", log), log[-2000:]
 
 
 @pytest.mark.parametrize("micro_tile", [(32, 1), (32, 64)])

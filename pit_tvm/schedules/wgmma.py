@@ -325,7 +325,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         return strip_positions(off_buf, g, mk)
 
     def k_tiles(off_buf, g):
-        return (n_valid(off_buf, g) + BK - 1) // BK if tiles else KT
+        """K tiles the loop loads and computes.  Tiles: the strip's count, but at least one (a
+        zero-filled one for an empty strip): with a loop that may run no wgmma, ptxas
+        serialises every wgmma of the kernel (C7515: non-wgmma definitions of the
+        accumulators, here their zero-init, reach the pipeline stage)."""
+        return T.max((n_valid(off_buf, g) + BK - 1) // BK, 1) if tiles else KT
 
     def column(off_buf, ids_buf, m, g, q):
         return strip_column(off_buf, ids_buf, g, q, mk, (m + BM - 1) // BM * MKT - 1)
@@ -336,7 +340,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         return column(off_buf, ids_buf, m, g, q) if gather_a else q
 
     def a_valid(off_buf, g, q):
-        return q < n_valid(off_buf, g) if gather_a else True
+        # (a compacted A holds zeros from the count up to the next K tile: the same as the
+        # zero fill, which the empty strip's K tile needs as it reads nothing written)
+        return q < n_valid(off_buf, g) if tiles else True
 
     def b_row(off_buf, ids_buf, m, g, q):
         return column(off_buf, ids_buf, m, g, q) if tiles else q
