@@ -45,6 +45,8 @@ __all__ = [
     "reference_expert_index",
     "strip_positions",
     "strip_column",
+    "strip_micro_tile",
+    "column_of_id",
 ]
 
 
@@ -58,7 +60,19 @@ def strip_positions(offsets, g, mk):
 def strip_column(offsets, ids, g, q, mk, last):
     """The K column of strip ``g``'s position ``q`` in a ``group="row"`` index; ``last`` is the
     last index of ``ids``: reads are clamped into ``ids`` and never return its ``-1`` tail."""
-    return T.max(ids[T.min(offsets[g] + q // mk, last)], 0) * mk + q % mk
+    return column_of_id(strip_micro_tile(offsets, ids, g, q, mk, last), q, mk)
+
+
+def strip_micro_tile(offsets, ids, g, q, mk, last):
+    """The raw ``ids`` entry behind :func:`strip_column` (the one global load; a kernel that
+    loads it ahead of use finishes the column with :func:`column_of_id`)."""
+    return ids[T.min(offsets[g] + q // mk, last)]
+
+
+def column_of_id(micro_tile_id, q, mk):
+    """K column of position ``q`` in micro-tile ``micro_tile_id`` (``-1``, past the count, reads
+    column 0: its loads are zero-filled or masked by the caller)."""
+    return T.max(micro_tile_id, 0) * mk + q % mk
 
 
 def _check_pos_int(name, v):

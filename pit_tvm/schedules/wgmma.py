@@ -55,7 +55,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.index.tiles import strip_column, strip_positions
+from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
@@ -331,21 +331,16 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         accumulators, here their zero-init, reach the pipeline stage)."""
         return T.max((n_valid(off_buf, g) + BK - 1) // BK, 1) if tiles else KT
 
-    def column(off_buf, ids_buf, m, g, q):
-        return strip_column(off_buf, ids_buf, g, q, mk, (m + BM - 1) // BM * MKT - 1)
+    def micro_tile_id(off_buf, ids_buf, m, g, q):
+        """the index entry of strip g's K position q (a global load; column_of_id finishes it)"""
+        return strip_micro_tile(off_buf, ids_buf, g, q, mk, (m + BM - 1) // BM * MKT - 1)
 
     gather_a = tiles and not a_compact    # tiles, mk >= 8: A's listed columns read in place
-
-    def a_column(off_buf, ids_buf, m, g, q):
-        return column(off_buf, ids_buf, m, g, q) if gather_a else q
 
     def a_valid(off_buf, g, q):
         # (a compacted A holds zeros from the count up to the next K tile: the same as the
         # zero fill, which the empty strip's K tile needs as it reads nothing written)
         return q < n_valid(off_buf, g) if tiles else True
-
-    def b_row(off_buf, ids_buf, m, g, q):
-        return column(off_buf, ids_buf, m, g, q) if tiles else q
 
     def b_valid(off_buf, g, q):
         return q < n_valid(off_buf, g) if tiles else True
@@ -388,8 +383,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         smem = T.alloc_buffer([smem_elems], in_dtype, scope="shared.dyn", align=1024)
         acc = T.alloc_local([ACC], "float32")
         a_row = T.alloc_local([A_CHUNKS], "int64")
+        c_row = T.alloc_local([C_CHUNKS], "int64")       # the C rows this thread stores
         a_col = T.alloc_local([A_CHUNKS], "int32")        # tiles: this K tile's A columns
         b_row_id = T.alloc_local([B_CHUNKS], "int32")     # tiles: this K tile's B rows
+        a_col_next = T.alloc_local([A_CHUNKS], "int32")   # tiles: the next K tile's
+        b_row_next = T.alloc_local([B_CHUNKS], "int32")
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
         m = T.Cast("int32", M)
@@ -410,7 +408,31 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                                                   A_SWIZZLE)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
                                                   B_LBO, B_SBO, _SWIZZLE_128B)
+            if tiles:
+                # K tile 0's index entries; each iteration then loads the next tile's while
+                # this one's cp.async go out (a lookup just before its use cost the tiles
+                # kernel a global-load latency per K tile)
+                for j in T.unroll(A_CHUNKS):
+                    if gather_a:
+                        a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, (tid + THREADS * j) % A_ROW_CHUNKS * 8)
+                for j in T.unroll(B_CHUNKS):
+                    b_row_next[j] = micro_tile_id(OFF, IDS, m, bm, (tid + THREADS * j) // B_ROW_CHUNKS)
             for kt in T.serial(k_tiles(OFF, bm) + PREFETCH):
+                if tiles:
+                    if kt < k_tiles(OFF, bm):
+                        # before any cp.async of this iteration: each one orders memory, so a
+                        # load after one would wait for it
+                        for j in T.unroll(A_CHUNKS):
+                            qa = kt * BK + (tid + THREADS * j) % A_ROW_CHUNKS * 8
+                            if gather_a:
+                                a_col[j] = column_of_id(a_col_next[j], qa, mk)
+                                a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, qa + BK)
+                            else:
+                                a_col[j] = qa   # (a compacted A holds position q in column q)
+                        for j in T.unroll(B_CHUNKS):
+                            qb = kt * BK + (tid + THREADS * j) // B_ROW_CHUNKS
+                            b_row_id[j] = column_of_id(b_row_next[j], qb, mk)
+                            b_row_next[j] = micro_tile_id(OFF, IDS, m, bm, qb + BK)
                 if kt >= PREFETCH:
                     # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
                     T.ptx["cp.async.wait_group"](PREFETCH - 1)
@@ -431,14 +453,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                     # SRead of K tile kt into slot kt % STAGES, which held tile kt - STAGES =
                     # kt - PREFETCH - 2: its wgmma retired in both warpgroups before the barrier
                     slot_w = kt % STAGES
-                    if tiles:
-                        # the K columns of this tile's chunks, read before the first cp.async:
-                        # each cp.async orders memory, so a lookup after one would wait for it
-                        for j in T.unroll(A_CHUNKS):
-                            a_col[j] = a_column(OFF, IDS, m, bm,
-                                                kt * BK + (tid + THREADS * j) % A_ROW_CHUNKS * 8)
-                        for j in T.unroll(B_CHUNKS):
-                            b_row_id[j] = b_row(OFF, IDS, m, bm, kt * BK + (tid + THREADS * j) // B_ROW_CHUNKS)
                     for j in T.unroll(A_CHUNKS):
                         r = (tid + THREADS * j) // A_ROW_CHUNKS
                         ch = (tid + THREADS * j) % A_ROW_CHUNKS
@@ -473,18 +487,22 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                             acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e)
             T.cuda.cta_sync()
         T.cuda.cta_sync()
-        # SWrite: 16-byte row chunks to C[ids[p]] (zeros for count <= p < M)
+        # SWrite: 16-byte row chunks to C[ids[p]] (zeros for count <= p < M).  The rows' ids
+        # are all loaded before the first store: a store between two id loads orders them, and
+        # one id load's latency per chunk made the zero-only CTAs of a few-rows call most of
+        # its time (45 of 4096 rows: ~70 % of the stall samples on the H100)
+        for j in T.unroll(C_CHUNKS):
+            c_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m - 1)))
         for j in T.unroll(C_CHUNKS):
             r = (tid + THREADS * j) // C_ROW_CHUNKS
             ch = (tid + THREADS * j) % C_ROW_CHUNKS
             if runs(OFF, m, p0 + r < m):
                 if p0 + r < count:
                     for e in T.vectorized(C_VEC):
-                        C[row_of(IDS, p0 + r), bn * BN + ch * C_VEC + e] = \
-                            smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e]
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e]
                 else:
                     for e in T.vectorized(C_VEC):
-                        C[row_of(IDS, p0 + r), bn * BN + ch * C_VEC + e] = zero_out
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = zero_out
 
     return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk)
 
