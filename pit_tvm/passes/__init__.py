@@ -1,6 +1,7 @@
 """Relax passes: merge matmuls that share an input (``CombineParallelMatmuls``), find dynamic
 sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels (``LowerToPIT``), put the
-dense matmuls on tensor cores on CUDA (``DenseMatmulToTensorCores``); ``import_onnx`` imports
+dense matmuls on tensor cores on CUDA (``DenseMatmulToTensorCores``), fuse attention on the
+H100 (``FuseAttention``); ``import_onnx`` imports
 ONNX keeping tensor names. Compiler-side only."""
 from importlib import import_module
 
@@ -10,6 +11,7 @@ _PUBLIC = {
     "LowerToPIT": "pit_tvm.passes.lower",
     "DenseMatmulToTensorCores": "pit_tvm.passes.dense",
     "CombineParallelMatmuls": "pit_tvm.passes.combine",
+    "FuseAttention": "pit_tvm.passes.attention",
     "import_onnx": "pit_tvm.passes.frontend",
 }
 

@@ -1,0 +1,42 @@
+"""The fused attention op for Relax graphs: ``softmax(q @ k^T * scale + mask) @ v`` as one
+``call_tir`` of :func:`pit_tvm.schedules.attention.fused_attention_func` (sm_90a)."""
+from __future__ import annotations
+
+from tvm import relax, tirx
+
+from pit_tvm.target import DEFAULT_CUDA_ARCH, is_gpu, make_target
+
+__all__ = ["emit_fused_attention"]
+
+
+def _static(shape):
+    if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape):
+        return None
+    return [int(d) for d in shape]
+
+
+def emit_fused_attention(bb: relax.BlockBuilder, q, k, v, mask, scale: float, target="cuda"):
+    """Emit the fused attention of ``q, k, v`` (``[B, H, S, D]``, static) with the additive
+    ``mask`` (``[1 or B, 1, 1, S]``) into ``bb``; return the ``[B, H, S, D]`` result, or None
+    when the kernel does not apply (not sm_90a, symbolic or unsupported sizes, dtypes): the
+    caller keeps the unfused graph then."""
+    from pit_tvm.schedules.attention import attention_applies, fused_attention_func
+
+    target = make_target(target)
+    if not is_gpu(target):
+        return None
+    arch = str(target.attrs.get("arch", DEFAULT_CUDA_ARCH))
+    shapes = [_static(getattr(x.ty, "shape", None)) for x in (q, k, v, mask)]
+    if any(s is None or len(s) != 4 for s in shapes):
+        return None
+    (bq, hq, sq, dq), k_shape, v_shape, (mb, m1, m2, ms) = shapes
+    dtype = str(q.ty.dtype)
+    if (k_shape != [bq, hq, sq, dq] or v_shape != [bq, hq, sq, dq] or (m1, m2, ms) != (1, 1, sq)
+            or str(k.ty.dtype) != dtype or str(v.ty.dtype) != dtype
+            or not str(mask.ty.dtype).startswith(("float", "bfloat"))
+            or not attention_applies(bq, hq, sq, dq, dtype, mb, arch)):
+        return None
+    func = fused_attention_func(bq, hq, sq, dq, float(scale), dtype, str(mask.ty.dtype), mb)
+    name = f"fused_attention_b{bq}_h{hq}_s{sq}_d{dq}_{dtype}"
+    gv = bb.add_func(func.with_attr("global_symbol", name), name)
+    return bb.emit(relax.call_tir(gv, [q, k, v, mask], relax.TensorType([bq, hq, sq, dq], dtype)))

@@ -1,0 +1,126 @@
+"""Fused attention (sm_90a): the FuseAttention pass on imported ONNX graphs, the kernel's CUDA
+(nvcc, ptxas: no spills), and on the H100 the kernel and a compiled encoder against references."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from _helpers import np_dtype
+from pit_tvm.nvcc import cuda_sources, find_nvcc, ptxas_log
+from pit_tvm.passes import CombineParallelMatmuls, FuseAttention, import_onnx
+from pit_tvm.schedules.attention import attention_applies, fused_attention_func
+from pit_tvm.target import build
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import workloads as W  # noqa: E402
+
+TARGET = "cuda:sm_90a"
+
+
+def _encoder_module(seq, hidden=128, heads=2, layers=2, symbolic=False):
+    model = W.to_float16(W.bert_encoder(layers, hidden, heads))
+    shapes = None if symbolic else {"input_embeds": [2, seq, hidden], "attention_mask": [2, seq]}
+    mod = import_onnx(model, shape_dict=shapes)
+    return CombineParallelMatmuls()(relax.transform.FoldConstant()(mod))
+
+
+def _ops(mod):
+    script = mod["main"].script()
+    return script.count("fused_attention"), script.count("R.nn.softmax")
+
+
+def test_pass_fuses_each_layer():
+    """Head dim 64, 128 tokens: every layer's QK^T / scale / mask / softmax / PV chain is one
+    call_tir; nothing of the chain is left."""
+    mod = FuseAttention("cuda")(_encoder_module(128))
+    calls, softmax = _ops(mod)
+    assert (calls, softmax) == (2, 0)
+    script = mod["main"].script()
+    assert "R.matmul(transpose" not in script            # both batched matmuls are gone
+    assert any("fused_attention" in gv.name_hint for gv in mod.get_global_vars())
+
+
+@pytest.mark.parametrize("case", ["cpu", "seq96", "head_dim32", "symbolic", "sm_80"])
+def test_pass_leaves_what_the_kernel_does_not_take(case):
+    """CPU targets, sequence lengths other than 128 / 256, head dim other than 64, symbolic
+    shapes and archs without wgmma keep the unfused graph."""
+    mod = _encoder_module(96 if case == "seq96" else 128, hidden=64 if case == "head_dim32" else 128,
+                          symbolic=case == "symbolic")
+    target = {"cpu": "llvm", "sm_80": "cuda:sm_80"}.get(case, "cuda")
+    out = FuseAttention(target)(mod)
+    assert _ops(out) == (0, 2)
+
+
+def test_applies():
+    assert attention_applies(32, 12, 128, 64, "float16", 32, "sm_90a")
+    assert attention_applies(1, 1, 256, 64, "bfloat16", 1, "sm_90a")
+    assert not attention_applies(32, 12, 128, 64, "float16", 32, "sm_80")
+    assert not attention_applies(32, 12, 64, 64, "float16", 32, "sm_90a")
+    assert not attention_applies(32, 12, 128, 128, "float16", 32, "sm_90a")
+    assert not attention_applies(32, 12, 128, 64, "float32", 32, "sm_90a")
+    assert not attention_applies(32, 12, 128, 64, "float16", 4, "sm_90a")   # mask batch 1 or B
+    with pytest.raises(ValueError, match="head_dim"):
+        fused_attention_func(2, 2, 128, 32, 0.125)
+
+
+@pytest.mark.parametrize("seq", [128, 256])
+def test_kernel_compiles_without_spills(seq):
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    ex = build(tvm.IRModule({"main": fused_attention_func(2, 3, seq, 64, 0.125)}), TARGET)
+    src = cuda_sources(ex)[0]
+    assert "wgmma.mma_async" in src and "__shfl_xor_sync" in src
+    log = ptxas_log(src, "sm_90a")
+    assert "0 bytes spill stores" in log and "C7515" not in log, log[-2000:]
+
+
+# ------------------------------------------------------------------------------------ GPU
+def _reference(q, k, v, mask, scale):
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float32), k.astype(np.float32)) * scale
+    s = s + mask.astype(np.float32)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhqk,bhkd->bhqd", s / s.sum(-1, keepdims=True), v.astype(np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seq,mask_batch,dtype", [(128, 3, "float16"), (256, 1, "float16"), (128, 3, "bfloat16")])
+def test_gpu_kernel_matches_numpy(seq, mask_batch, dtype):
+    """Random Q, K, V; an additive padding mask per sequence (lengths 1 .. seq, -10000 past)."""
+    b, h, d, scale = 3, 2, 64, 0.125
+    rng = np.random.default_rng(seq + mask_batch)
+    npd = np_dtype(dtype)
+    q, k, v = (rng.standard_normal((b, h, seq, d)).astype(np.float32).astype(npd) for _ in range(3))
+    lengths = [1, seq // 3, seq][:mask_batch]
+    mask = np.stack([np.where(np.arange(seq) < n, 0.0, -10000.0) for n in lengths]).astype(np.float16)
+    mask = mask.reshape(mask_batch, 1, 1, seq)
+    f = build(tvm.IRModule({"main": fused_attention_func(b, h, seq, d, scale, dtype, "float16", mask_batch)}),
+              TARGET)["main"]
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((b, h, seq, d), 7, np.float32).astype(npd), dev)
+    f(*(tvm.runtime.tensor(x, dev) for x in (q, k, v, mask)), out)
+    ref = _reference(q, k, v, mask, scale)
+    tol = 1e-2 if dtype == "float16" else 3e-2
+    np.testing.assert_allclose(out.numpy().astype(np.float32), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+def test_gpu_encoder_with_fused_attention_matches_onnxruntime():
+    """A 2-layer encoder with head dim 64 over 128 tokens compiled for the H100 (the attention
+    fused, PIT on the linear layers) against onnxruntime on the fp32 model, over real tokens."""
+    ort = pytest.importorskip("onnxruntime")
+    from pit_tvm.compile import compile_onnx
+
+    model = W.bert_encoder(2, 128, 2)
+    inputs = W.bert_inputs(128, batch=3, seq=128, lengths=[5, 77, 128])
+    cm = compile_onnx(W.to_float16(model), "cuda", shapes={n: list(x.shape) for n, x in inputs.items()})
+    assert "fused_attention" in cm.lowered["main"].script()
+    got = cm.run({"input_embeds": inputs["input_embeds"].astype(np.float16),
+                  "attention_mask": inputs["attention_mask"]})[0]
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    real = inputs["attention_mask"].astype(bool)
+    np.testing.assert_allclose(np.asarray(got, np.float32)[real], ref[real], rtol=3e-2, atol=3e-2)
