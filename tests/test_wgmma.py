@@ -124,8 +124,31 @@ def test_gpu_rows_bias_relu_dtypes(in_dtype, out_dtype, n, config):
     got = run(_exe(k, n, in_dtype, out_dtype, True, True, config=config), tvm.cuda(), a, b,
               offsets, ids, bias_v, out_dtype)
     ref = reference(a, b, ids, offsets, bias_v, relu=True)
+    # rows the index does not list are zero rows of A: relu(bias) there (mma.sync kernels: 0)
+    ref[ids[offsets[1]:]] = np.maximum(bias_v.astype(np.float32), 0)
     tol = 3e-2 if "bfloat16" in (in_dtype, out_dtype) else 1e-2
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dense", [False, True])
+def test_gpu_bias_gelu_row_scale(dense):
+    """BERT's FFN-in epilogue, ``gelu(a @ b + bias) * mask[row]``: rows the index lists, and the
+    rows it does not (zero rows of A: ``gelu(bias) * mask[row]``, not zero)."""
+    from math import erf
+
+    m, k, n = 333, 768, 3072
+    a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.0 if dense else 0.4, bias=True, seed=5)
+    rs = np.random.default_rng(6).choice([0.0, 1.0, 0.5], m).astype(np.float16)
+    f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, bias=True, gelu=True, row_scale=True,
+                                                          dense=dense)}), TARGET)["main"]
+    dev = tvm.cuda()
+    t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
+    c = t(np.full((m, n), 7, np.float16))
+    f(*([t(a), t(b)] + ([] if dense else [t(offsets), t(ids)]) + [t(bias_v), t(rs), c]))
+    pre = a.astype(np.float32) @ b.astype(np.float32) + bias_v.astype(np.float32)   # zero rows: bias
+    ref = 0.5 * pre * (1 + np.vectorize(erf)(pre / np.sqrt(2))) * rs.astype(np.float32)[:, None]
+    np.testing.assert_allclose(c.numpy().astype(np.float32), ref, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu
@@ -167,6 +190,9 @@ _PTXAS_CASES = {
     "rows_64x8": lambda: wgmma_row_gather_func(768, 768, config=WgmmaConfig(64, 8)),
     "dense_bias_relu_bf16": lambda: wgmma_row_gather_func(768, 3072, "bfloat16", "float32", bias=True,
                                                           relu=True, dense=True),
+    "rows_bias_gelu_row_scale": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True),
+    "dense_bias_gelu_row_scale": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True,
+                                                               dense=True),
     "tiles_mk1": lambda: wgmma_tiles_gather_func(8192, 2048, 1),
     "tiles_mk8": lambda: wgmma_tiles_gather_func(4096, 4096, 8),
     "tiles_mk64_128": lambda: wgmma_tiles_gather_func(4096, 4096, 64, config=WgmmaConfig(128, 4)),

@@ -475,7 +475,8 @@ def _from_rows(bb, c, lead, n):
 
 
 def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None, density_threshold=0.9,
-                    tuning_log=None, tensor_core_only=True, row_mask=None):
+                    tuning_log=None, tensor_core_only=True, row_mask=None, bias=None, activation=None,
+                    row_scale=None):
     """Emit the PIT matmul of ``a @ b`` into a Relax ``BlockBuilder``; return the result expr.
 
     ``a``: ``[..., K]`` (leading dims symbolic or static, flattened to M rows), ``b``: ``[K, N]``
@@ -488,6 +489,10 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     (``a``'s leading shape + ``[1]``) that is zero wherever ``a``'s row is; the rows index is
     then built from it (M elements read instead of M x K, and the same call for every matmul
     the mask guards, so common-subexpression elimination builds it once).
+    ``bias`` (``[N]``), ``activation`` (None, "relu", "gelu"), ``row_scale`` (``a``'s leading
+    shape + ``[1]``): an epilogue ``act(a @ b + bias) * row_scale``, in the kernel where it
+    takes one (the wgmma rows kernel: rows the index skips get ``act(bias) * row_scale``, the
+    value of a zero row), else as Relax ops after it.
     """
     from tvm import relax
 
@@ -527,6 +532,14 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                              f"{plan.micro_tile[0]}x{plan.micro_tile[1]} (needs fp16/bf16 and tile-aligned K, N)")
     else:
         kernel = simt_matmul_func(plan, dtype, out_dtype, tgt)
+    fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)
+             and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, row_scale, a_ty))
+    if fused:
+        from pit_tvm.schedules.wgmma import wgmma_config, wgmma_row_gather_func
+
+        kernel = wgmma_row_gather_func(k, n, dtype, out_dtype, bias=True, relu=activation == "relu",
+                                       gelu=activation == "gelu", row_scale=row_scale is not None,
+                                       config=wgmma_config(n, _rows_hint(m, PIT_EXPECTED_DENSITY)))
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
@@ -540,7 +553,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         index_src = a2
     # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
     # a static row count is part of the name: the kernel's tile width may depend on it
-    name = f"pit_kernel_{tag}" + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else "")
+    name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale) if fused else "")
+            + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else ""))
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
                             .with_attr("global_symbol", name), name)
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
@@ -550,14 +564,27 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     if compact is not None:   # SRead of thin micro-tiles as a kernel of its own
         compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
-    c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids], relax.TensorType([m, n], out_dtype)))
+    epilogue_args = [bias] + _row_scale_arg(bb, row_scale, m, dtype) if fused else []
+    c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
     if dense_fallback is not None:
         # a full index (the device-side dense fallback, or a dense pattern): the tiles kernel
         # and the compaction skipped their work, the dense kernel writes C in place
         fallback_gv = _add_once(bb, name.replace("pit_kernel_", "pit_dense_fallback_"), lambda: dense_fallback)
         c = bb.emit(relax.call_tir_inplace(fallback_gv, [a_in, b, offsets, c], [3],
                                            relax.TensorType([m, n], out_dtype)))
-    return _from_rows(bb, c, lead, n)
+    c = _from_rows(bb, c, lead, n)
+    return c if fused else emit_epilogue(bb, c, bias, activation, row_scale)
+
+
+def _wgmma_epilogue_applies(k, n, dtype, out_dtype, target, bias, row_scale, a_ty) -> bool:
+    """Whether the wgmma rows kernel runs this epilogue (sm_90a, its shapes and dtypes, a
+    ``[N]`` bias of the input dtype, a row scale over ``a``'s rows)."""
+    from pit_tvm.schedules.wgmma import wgmma_applies
+
+    b_shape = getattr(bias.ty, "shape", None)
+    return (wgmma_applies(k, n, dtype, out_dtype, _arch_of(target)) and str(bias.ty.dtype) == dtype
+            and b_shape is not None and len(b_shape) == 1 and isinstance(b_shape[0], tirx.IntImm)
+            and int(b_shape[0]) == n and (row_scale is None or is_row_scale(row_scale, a_ty)))
 
 
 #: the fraction of a PIT matmul's rows a tile-width choice plans for (the count is only known
@@ -617,15 +644,20 @@ def _add_once(bb, name, make):
 
 
 @functools.lru_cache(maxsize=64)
-def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, relu: bool, arch: str,
-                       rows_hint=None):
-    """The tensor-core dense kernel for (K, N) (with the bias / ReLU epilogue), or None when no
-    tile config fits; made once per shape in a process.  wgmma on sm_90a where it fits."""
+def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, activation, arch: str,
+                       rows_hint=None, row_scale: bool = False):
+    """The tensor-core dense kernel for (K, N) (with the bias / activation / row-scale
+    epilogue), or None when no tile config fits; made once per shape in a process.  wgmma on
+    sm_90a where it fits (the mma.sync kernels take a bias and ReLU only)."""
     from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func
 
+    relu = activation == "relu"
     if wgmma_applies(k, n, dtype, out_dtype, arch):
         return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True,
-                                     config=wgmma_config(n, rows_hint))
+                                     config=wgmma_config(n, rows_hint), gelu=activation == "gelu",
+                                     row_scale=row_scale)
+    if activation not in (None, "relu") or row_scale:
+        return None
     # (imported only here: the mma.sync schedules parse TVM's tensor intrinsics, ~14 s)
     from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
 
@@ -636,13 +668,14 @@ def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, r
                                  configs[0], arch)
 
 
-def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, relu=False):
+def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, activation=None, row_scale=None):
     """Emit ``a @ b`` on the tensor-core dense kernel (:func:`pit_tvm.schedules.tensorcore.
     schedule_dense_matmul`, the PIT kernels' tiles) into a Relax ``BlockBuilder``; return the
     result expr, or None when it does not apply (not CUDA, not fp16/bf16, ``b`` not a static
     2-D tensor, or no tile config fits K, N): the caller keeps its matmul then.
-    ``bias`` (a ``[N]`` tensor of ``a``'s dtype) and ``relu`` run in the kernel's epilogue;
-    a ``bias`` of another shape or dtype also returns None."""
+    ``bias`` (a ``[N]`` tensor of ``a``'s dtype), ``activation`` (None, "relu" or "gelu") and
+    ``row_scale`` (``a``'s leading shape + ``[1]``, after the activation; needs a bias) run in
+    the kernel's epilogue; an epilogue the kernel does not take also returns None."""
     from tvm import relax
 
     from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
@@ -671,15 +704,66 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, rel
     lead_dims = [a_ty.shape[i] for i in range(len(a_ty.shape) - 1)]
     rows = (functools.reduce(lambda x, y: x * y, (int(d) for d in lead_dims), 1)
             if all(isinstance(d, tirx.IntImm) for d in lead_dims) else None)
-    kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, bool(relu),
-                                _arch_of(target), rows)
+    if row_scale is not None and (bias is None or not is_row_scale(row_scale, a_ty)):
+        return None
+    kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, activation,
+                                _arch_of(target), rows, row_scale is not None)
     if kernel is None:
         return None
     a2, m, lead = _as_rows(bb, a, k)
     # rows is part of the name: the tile width may depend on it
     name = (f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
-            f"{'_bias' if bias is not None else ''}{'_relu' if relu else ''}{f'_m{rows}' if rows else ''}")
+            f"{_epilogue_tag(bias, activation, row_scale)}{f'_m{rows}' if rows else ''}")
     gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
-    args = [a2, b] + ([bias] if bias is not None else [])
+    args = [a2, b] + ([bias] if bias is not None else []) + _row_scale_arg(bb, row_scale, m, dtype)
     c = bb.emit(relax.call_tir(gv, args, relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)
+
+
+def _epilogue_tag(bias, activation, row_scale) -> str:
+    return (f"{'_bias' if bias is not None else ''}{f'_{activation}' if activation else ''}"
+            f"{'_rowscale' if row_scale is not None else ''}")
+
+
+def is_row_scale(row_scale, a_ty) -> bool:
+    """``row_scale`` is ``a``'s leading shape + ``[1]`` (one value per row of ``a``)."""
+    import tvm_ffi
+
+    shape = getattr(row_scale.ty, "shape", None)
+    if (shape is None or a_ty.shape is None or len(shape) != len(a_ty.shape)
+            or not isinstance(shape[-1], tirx.IntImm) or int(shape[-1]) != 1):
+        return False
+    return all(tvm_ffi.structural_equal(shape[i], a_ty.shape[i]) for i in range(len(shape) - 1))
+
+
+def _row_scale_arg(bb, row_scale, m, dtype) -> list:
+    """The kernel's ``[M]`` row-scale argument (reshaped, and cast to the kernel's input dtype)."""
+    from tvm import relax
+
+    if row_scale is None:
+        return []
+    rs = bb.emit(relax.op.reshape(row_scale, [m]))
+    if str(rs.ty.dtype) != dtype:
+        rs = bb.emit(relax.op.astype(rs, dtype))
+    return [rs]
+
+
+def emit_epilogue(bb, c, bias=None, activation=None, row_scale=None):
+    """The epilogue chain as Relax ops after ``c`` (where no kernel runs it): ``c + bias``, the
+    activation (GELU in its erf form), ``* row_scale``."""
+    from tvm import relax
+
+    dtype = str(c.ty.dtype)
+    if bias is not None:
+        c = bb.emit(relax.op.add(c, bias))
+    if activation == "relu":
+        c = bb.emit(relax.op.nn.relu(c))
+    elif activation == "gelu":
+        half, one, inv_sqrt2 = (relax.const(v, dtype) for v in (0.5, 1.0, 0.7071067811865476))
+        c = bb.emit(relax.op.multiply(relax.op.multiply(c, half),
+                                      relax.op.add(one, relax.op.erf(relax.op.multiply(c, inv_sqrt2)))))
+    elif activation is not None:
+        raise ValueError(f"unknown activation {activation!r}: use None, 'relu' or 'gelu'")
+    if row_scale is not None:
+        c = bb.emit(relax.op.multiply(c, row_scale))
+    return c

@@ -22,6 +22,7 @@ import tvm
 from tvm import relax
 
 from .annotate import PIT_RULE_ATTR
+from .epilogue import epilogue_chains
 
 
 def _default_emit():
@@ -46,12 +47,18 @@ class LowerToPIT:
         MetaSchedule log passed to ``emit_pit_matmul`` (picks the tuned tensor-core schedule).
     emit : callable | None
         Replacement for ``pit_tvm.ops.matmul.emit_pit_matmul`` (same signature); for tests.
+    fuse_epilogues : bool | None
+        Pass a bias / activation / row-scale chain after a PIT matmul
+        (:mod:`pit_tvm.passes.epilogue`) to the op layer, which runs it in the kernel where it
+        can; default: with the op layer's ``emit``.
     """
 
-    def __init__(self, target="llvm", tuning_log=None, emit=None):
+    def __init__(self, target="llvm", tuning_log=None, emit=None, fuse_epilogues=None):
         self.target = target
         self.tuning_log = tuning_log
         self.emit = emit
+        # the op layer takes bias= / activation= / row_scale=; a stand-in ``emit`` may not
+        self.fuse_epilogues = emit is None if fuse_epilogues is None else fuse_epilogues
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
         pit = {gv.name_hint: f for gv, f in mod.functions_items() if _is_pit_func(f)}
@@ -61,36 +68,58 @@ class LowerToPIT:
         extra = {} if self.tuning_log is None else {"tuning_log": self.tuning_log}
         target = self.target
 
+        def is_pit_call(call):
+            return isinstance(call.op, tvm.ir.GlobalVar) and call.op.name_hint in pit
+
+        chains = {}
+
         @relax.expr_functor.mutator
         class _Lower(relax.PyExprMutator):
             def visit_call_(self, op):
-                if isinstance(op.op, tvm.ir.GlobalVar) and op.op.name_hint in pit:
-                    f = pit[op.op.name_hint]
-                    a, b, *row_mask = (self.visit_expr(x) for x in op.args)
-                    # the row mask the wrapper was given (AnnotateDynamicSparsity), if any
-                    extra_args = dict(extra, row_mask=row_mask[0]) if row_mask else extra
-                    tile = tuple(int(x) for x in f.attrs["pit.micro_tile"])
-                    inner = f.body.body if isinstance(f.body, relax.SeqExpr) else f.body
-                    if isinstance(inner, relax.Var):  # the wrapper returns its single binding
-                        inner = f.body.blocks[-1].bindings[-1].value
-                    out_dtype = None
-                    attrs = getattr(inner, "attrs", None)
-                    if attrs is not None and getattr(attrs, "out_dtype", None):
-                        out_dtype = str(attrs.out_dtype)
-                    try:
-                        return emit(self.builder_, a, b, micro_tile=tile, target=target,
-                                    out_dtype=out_dtype, **extra_args)
-                    except Exception as err:  # noqa: BLE001 - keep the model compiling
-                        warnings.warn(
-                            f"PIT lowering of {op.op.name_hint} ({f.attrs['pit.tensor']}) failed, "
-                            f"stays dense: {err}"
-                        )
-                        return relax.op.matmul(a, b, out_dtype=out_dtype) if out_dtype else relax.op.matmul(a, b)
+                chain = chains.get(op)
+                if chain is not None:      # bias / activation / row scale after a PIT matmul
+                    epilogue = {"bias": chain.bias, "activation": chain.activation,
+                                "row_scale": None if chain.row_scale is None else self.visit_expr(chain.row_scale)}
+                    new = self.lower(chain.head, epilogue)
+                    if new is not None:
+                        return new
+                if is_pit_call(op):
+                    return self.lower(op, {})
                 return self.visit_expr_post_order(op)
+
+            def lower(self, op, epilogue):
+                """the PIT matmul of wrapper call ``op`` (with ``epilogue``); a dense matmul with
+                a warning when the op layer fails; None for an epilogue the fallback does not take"""
+                f = pit[op.op.name_hint]
+                a, b, *row_mask = (self.visit_expr(x) for x in op.args)
+                # the row mask the wrapper was given (AnnotateDynamicSparsity), if any
+                extra_args = dict(extra, row_mask=row_mask[0]) if row_mask else extra
+                tile = tuple(int(x) for x in f.attrs["pit.micro_tile"])
+                inner = f.body.body if isinstance(f.body, relax.SeqExpr) else f.body
+                if isinstance(inner, relax.Var):  # the wrapper returns its single binding
+                    inner = f.body.blocks[-1].bindings[-1].value
+                out_dtype = None
+                attrs = getattr(inner, "attrs", None)
+                if attrs is not None and getattr(attrs, "out_dtype", None):
+                    out_dtype = str(attrs.out_dtype)
+                try:
+                    return emit(self.builder_, a, b, micro_tile=tile, target=target,
+                                out_dtype=out_dtype, **extra_args, **epilogue)
+                except Exception as err:  # noqa: BLE001 - keep the model compiling
+                    if epilogue:       # the matmul alone, then the chain as it was
+                        return None
+                    warnings.warn(
+                        f"PIT lowering of {op.op.name_hint} ({f.attrs['pit.tensor']}) failed, "
+                        f"stays dense: {err}"
+                    )
+                    return relax.op.matmul(a, b, out_dtype=out_dtype) if out_dtype else relax.op.matmul(a, b)
 
         lowerer = _Lower(mod)
         for gv, f in mod.functions_items():
             if isinstance(f, relax.Function) and gv.name_hint not in pit:
+                chains.clear()
+                if self.fuse_epilogues:
+                    chains.update(epilogue_chains(f, is_pit_call))
                 lowerer.builder_.update_func(gv, lowerer.visit_expr(f))
         new = lowerer.builder_.get()
         out = tvm.IRModule({gv: f for gv, f in new.functions_items() if gv.name_hint not in pit}, attrs=new.attrs)

@@ -13,7 +13,7 @@ Workload: the same as :func:`pit_tvm.schedules.tensorcore.row_gather_matmul_func
     wgmma_row_gather(A[M, K], B[K, N], offsets: int32[2], ids: int32[M], [bias: N,] C[M, N])
     count = offsets[1]                 # read on the device only
     C[ids[p], :] = epilogue(A[ids[p], :] @ B)   for p < count    (fp32 accumulation)
-    C[ids[p], :] = 0                             for count <= p < M
+    C[ids[p], :] = epilogue(0)                  for count <= p < M   (a zero row: 0 without bias)
 
 ``dense=True`` drops ``offsets`` and ``ids`` (``ids[p] = p``, ``count = M``): a model's dense
 layers use that.  The unlisted rows are zeroed by the CTA whose p-tile holds them (CTAs past
@@ -34,7 +34,7 @@ One CTA = 2 warpgroups (256 threads) computes a 128 x BN tile of compacted rows:
                                    atoms of 64 rows x 128 B, 128B-swizzled (chunk ^ (k % 8))
         warpgroup g: 4 x wgmma m64nBNk16, A_s[64g:64g+64, 16i:16i+16] x B_s[16i:16i+16, :]
                      -> acc[BN / 2] fp32 registers per thread; one wgmma group kept in flight
-    SWrite  acc -> epilogue (bias, relu, cast) -> C_s[128, BN + pad] -> 16 B stores to rows
+    SWrite  acc -> epilogue (bias, relu / gelu, row scale, cast) -> C_s[128, BN + pad] -> 16 B stores to rows
             ids[p] of C (zeros for count <= p < M)
 
 Shared memory per CTA: STAGES * (128 * 64 + 64 * BN) * 2 bytes (BN=256, 4 stages: 192 KiB).
@@ -154,10 +154,17 @@ def lower_tirx(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
 @functools.lru_cache(maxsize=64)
 def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: str = "float16",
                           bias: bool = False, relu: bool = False, dense: bool = False,
-                          config: WgmmaConfig | None = None) -> tirx.PrimFunc:
+                          config: WgmmaConfig | None = None, gelu: bool = False,
+                          row_scale: bool = False) -> tirx.PrimFunc:
     """The lowered wgmma row-gather (or, ``dense=True``, plain) matmul PrimFunc; ``M`` is a
-    symbolic int64, K and N compile-time.  Raises ValueError when the shape or dtypes do not
-    fit (see :func:`wgmma_applies`)."""
+    symbolic int64, K and N compile-time.  Epilogue: ``bias`` (a ``[N]`` parameter), then
+    ``relu`` or ``gelu`` (erf form), then ``row_scale`` (a ``[M]`` parameter after the bias,
+    of the input dtype, multiplying row i: a padding mask).  Raises ValueError when the shape
+    or dtypes do not fit (see :func:`wgmma_applies`)."""
+    if relu and gelu:
+        raise ValueError("relu and gelu are alternatives")
+    if row_scale and not bias:
+        raise ValueError("row_scale comes with a bias (the kernel variants that take it)")
     config = config or wgmma_config(n)
     if (config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64
             or config.block_k not in (32, 64)):
@@ -167,8 +174,9 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
         raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
     if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
         raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
-    func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), bool(relu),
-                   "dense" if dense else "rows", config)
+    act = "relu" if relu else ("gelu" if gelu else None)
+    func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, "dense" if dense else "rows",
+                   config, row_scale=bool(row_scale))
     return lower_tirx(func, _TARGET)
 
 
@@ -206,7 +214,7 @@ def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
         raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0, K % mk == 0 (mk < K), N % block_n == 0, "
                          f"block_k {BLOCK_K} and fp16/bf16 in, got K={k}, mk={mk}, N={n}, {config}, "
                          f"{in_dtype} -> {out_dtype}")
-    func = _kernel(int(k), int(n), in_dtype, out_dtype, False, False, "tiles", config, mk=int(mk),
+    func = _kernel(int(k), int(n), in_dtype, out_dtype, False, None, "tiles", config, mk=int(mk),
                    a_compact=needs_compaction(mk, in_dtype))
     return lower_tirx(func, _TARGET)
 
@@ -229,7 +237,7 @@ def wgmma_dense_fallback_func(k: int, n: int, mk: int, in_dtype: str = "float16"
     config = config or wgmma_config(n)
     if not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n:
         raise ValueError(f"no wgmma tiles kind for K={k}, mk={mk}, N={n}, {config}, {in_dtype} -> {out_dtype}")
-    func = _kernel(int(k), int(n), in_dtype, out_dtype, False, False, "dense", config, full_mk=int(mk))
+    func = _kernel(int(k), int(n), in_dtype, out_dtype, False, None, "dense", config, full_mk=int(mk))
     return lower_tirx(func, _TARGET)
 
 
@@ -274,8 +282,8 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
     return lower_tirx(kernel, _TARGET)
 
 
-def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compact=False,  # noqa: C901
-            full_mk=0):
+def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
+            full_mk=0, row_scale=False):
     """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
     (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
@@ -308,12 +316,24 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
     B_LBO, B_SBO = BK * 128 // 16, 1024 // 16
     zero_out = tirx.const(0, out_dtype)
 
-    def epilogue(v, bias_buf, col):
+    def activation(v):
+        if act == "relu":
+            return T.max(v, T.float32(0))
+        if act == "gelu":
+            return v * T.float32(0.5) * (T.float32(1) + T.erf(v * T.float32(0.7071067811865476)))
+        return v
+
+    def epilogue(v, bias_buf, col, scale):
+        """fp32 accumulator -> bias, activation, row scale (``scale``: the row's, fp32) ->
+        output dtype"""
         if has_bias:
             v = v + T.Cast("float32", bias_buf[col])
-        if relu:
-            v = T.max(v, T.float32(0))
-        return T.Cast(out_dtype, v)
+        v = activation(v)
+        return T.Cast(out_dtype, v * scale if row_scale else v)
+
+    def unlisted(bias_buf, rs_buf, row, col):
+        """the value of a row of A that the index does not list (a zero row): epilogue(0)"""
+        return epilogue(T.float32(0), bias_buf, col, T.Cast("float32", rs_buf[row]) if row_scale else None)
 
     def row_of(ids_buf, p):
         return ids_buf[p] if mode == "rows" else p
@@ -376,7 +396,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         return T.ptx["cp.async.cg.shared.global"](dst, src, 16)
 
     @T.macro
-    def body(M, A, B, OFF, IDS, BIAS, C):
+    def body(M, A, B, OFF, IDS, BIAS, RS, C):
         T.device_entry()
         bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
         tid = T.thread_id([THREADS])
@@ -384,6 +404,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
         acc = T.alloc_local([ACC], "float32")
         a_row = T.alloc_local([A_CHUNKS], "int64")
         c_row = T.alloc_local([C_CHUNKS], "int64")       # the C rows this thread stores
+        rs_val = T.alloc_local([2], "float32")           # row_scale: its fragment rows' scales
         a_col = T.alloc_local([A_CHUNKS], "int32")        # tiles: this K tile's A columns
         b_row_id = T.alloc_local([B_CHUNKS], "int32")     # tiles: this K tile's B rows
         a_col_next = T.alloc_local([A_CHUNKS], "int32")   # tiles: the next K tile's
@@ -478,13 +499,17 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
             # 64g + 16w + l/4 (+8) and columns 8nb + 2(l%4) (+1) in acc[4nb + 2i + e]
             w = (tid % 128) // 32
             lane = tid % 32
+            if row_scale:   # the scales of this thread's two fragment rows
+                for i in T.unroll(2):
+                    rs_val[i] = T.Cast("float32", RS[row_of(IDS, T.min(p0 + wg * 64 + w * 16 + lane // 4 + 8 * i,
+                                                                       m - 1))])
             for nb in T.unroll(BN // 8):
                 for i in T.unroll(2):
                     # (no assignment in a vectorized loop: TIRx makes it a one-element local)
                     for e in T.vectorized(2):
                         smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
                                              + nb * 8 + (lane % 4) * 2 + e] = epilogue(
-                            acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e)
+                            acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
             T.cuda.cta_sync()
         T.cuda.cta_sync()
         # SWrite: 16-byte row chunks to C[ids[p]] (zeros for count <= p < M).  The rows' ids
@@ -500,14 +525,18 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, relu, mode, cfg, mk=0, a_compac
                 if p0 + r < count:
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e]
+                elif has_bias:
+                    # (element by element: TVM's CUDA codegen breaks 8-wide fp32 vectors)
+                    for e in T.unroll(C_VEC):
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = unlisted(BIAS, RS, c_row[j], bn * BN + ch * C_VEC + e)
                 else:
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = zero_out
 
-    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk)
+    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale)
 
 
-def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0):  # noqa: C901
+def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False):  # noqa: C901
     """The PrimFunc around ``body`` with exactly the parameters its variant takes (``full_mk``:
     the dense fallback, ``(a, b, offsets, c)`` with ``c`` written in place)."""
     dense = mode == "dense"
@@ -516,7 +545,7 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
         def kernel(a: T.handle, b: T.handle, offsets: T.handle, c: T.handle):
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None, None,
+                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None, None, None,
                  T.match_buffer(c, (M, N), out_dtype))
     elif mode == "tiles":
         @T.prim_func(s_tir=False)
@@ -524,20 +553,36 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
                  T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"),
-                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"), None,
+                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"), None, None,
+                 T.match_buffer(c, (M, N), out_dtype))
+    elif dense and row_scale:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, bias: T.handle, row_scale: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None,
+                 None, T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype),
+                 T.match_buffer(c, (M, N), out_dtype))
+    elif row_scale:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle,
+                   row_scale: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"),
+                 T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype),
                  T.match_buffer(c, (M, N), out_dtype))
     elif dense and has_bias:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, bias: T.handle, c: T.handle):
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None,
-                 None, T.match_buffer(bias, (N,), in_dtype), T.match_buffer(c, (M, N), out_dtype))
+                 None, T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(c, (M, N), out_dtype))
     elif dense:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, c: T.handle):
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None,
-                 None, None, T.match_buffer(c, (M, N), out_dtype))
+                 None, None, None, T.match_buffer(c, (M, N), out_dtype))
     elif has_bias:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle,
@@ -545,12 +590,12 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
                  T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"),
-                 T.match_buffer(bias, (N,), in_dtype), T.match_buffer(c, (M, N), out_dtype))
+                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(c, (M, N), out_dtype))
     else:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"), None,
+                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"), None, None,
                  T.match_buffer(c, (M, N), out_dtype))
     return kernel
