@@ -78,6 +78,7 @@ def test_bert_cuda_graph_fuses_gelu_and_mask(pit):
     script = mod["main"].script()
     kernel = "pit_kernel_1x64" if pit else "tc_dense_matmul_k64_n256"
     assert f"{kernel}" in script and "_bias_gelu_rowscale" in script
+    assert ("_bias_gelu_rowscale_masked" in script) == pit      # the scale is the index's mask
     assert "R.erf" not in script
 
 

@@ -131,17 +131,19 @@ def test_gpu_rows_bias_relu_dtypes(in_dtype, out_dtype, n, config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dense", [False, True])
-def test_gpu_bias_gelu_row_scale(dense):
+@pytest.mark.parametrize("dense,masks", [(False, False), (False, True), (True, False)])
+def test_gpu_bias_gelu_row_scale(dense, masks):
     """BERT's FFN-in epilogue, ``gelu(a @ b + bias) * mask[row]``: rows the index lists, and the
-    rows it does not (zero rows of A: ``gelu(bias) * mask[row]``, not zero)."""
+    rows it does not (zero rows of A: ``gelu(bias) * mask[row]``, not zero; ``masks``: the
+    scale is the index's row mask, zero there)."""
     from math import erf
 
     m, k, n = 333, 768, 3072
     a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.0 if dense else 0.4, bias=True, seed=5)
-    rs = np.random.default_rng(6).choice([0.0, 1.0, 0.5], m).astype(np.float16)
+    rs = np.random.default_rng(6).choice([1.0, 0.5], m).astype(np.float16)
+    rs[ids[offsets[1]:]] = 0.0 if masks else 1.5
     f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, bias=True, gelu=True, row_scale=True,
-                                                          dense=dense)}), TARGET)["main"]
+                                                          row_scale_masks=masks, dense=dense)}), TARGET)["main"]
     dev = tvm.cuda()
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
     c = t(np.full((m, n), 7, np.float16))
@@ -191,6 +193,8 @@ _PTXAS_CASES = {
     "dense_bias_relu_bf16": lambda: wgmma_row_gather_func(768, 3072, "bfloat16", "float32", bias=True,
                                                           relu=True, dense=True),
     "rows_bias_gelu_row_scale": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True),
+    "rows_bias_gelu_row_mask": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True,
+                                                             row_scale_masks=True),
     "dense_bias_gelu_row_scale": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True,
                                                                dense=True),
     "tiles_mk1": lambda: wgmma_tiles_gather_func(8192, 2048, 1),

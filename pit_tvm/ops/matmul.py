@@ -532,13 +532,17 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                              f"{plan.micro_tile[0]}x{plan.micro_tile[1]} (needs fp16/bf16 and tile-aligned K, N)")
     else:
         kernel = simt_matmul_func(plan, dtype, out_dtype, tgt)
+    masks = False
     fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)
              and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, row_scale, a_ty))
     if fused:
         from pit_tvm.schedules.wgmma import wgmma_config, wgmma_row_gather_func
 
+        # a row scale that is the index's row mask is zero on every row the index skips
+        masks = row_scale is not None and row_mask is not None and row_scale.same_as(row_mask)
         kernel = wgmma_row_gather_func(k, n, dtype, out_dtype, bias=True, relu=activation == "relu",
                                        gelu=activation == "gelu", row_scale=row_scale is not None,
+                                       row_scale_masks=masks,
                                        config=wgmma_config(n, _rows_hint(m, PIT_EXPECTED_DENSITY)))
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
@@ -554,6 +558,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
     # a static row count is part of the name: the kernel's tile width may depend on it
     name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale) if fused else "")
+            + ("_masked" if masks else "")
             + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else ""))
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
                             .with_attr("global_symbol", name), name)

@@ -100,7 +100,8 @@ def _c_row(block_n: int, out_dtype: str) -> int:
 
 
 def _c_stage_elems(block_n: int, out_dtype: str) -> int:
-    return BLOCK_M * _c_row(block_n, out_dtype)
+    """the staged C tile, then one row of the value of a zero row (``epilogue(0)``)"""
+    return BLOCK_M * _c_row(block_n, out_dtype) + block_n
 
 
 def wgmma_applies(k: int, n: int, in_dtype: str, out_dtype: str, arch: str) -> bool:
@@ -155,12 +156,14 @@ def lower_tirx(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
 def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: str = "float16",
                           bias: bool = False, relu: bool = False, dense: bool = False,
                           config: WgmmaConfig | None = None, gelu: bool = False,
-                          row_scale: bool = False) -> tirx.PrimFunc:
+                          row_scale: bool = False, row_scale_masks: bool = False) -> tirx.PrimFunc:
     """The lowered wgmma row-gather (or, ``dense=True``, plain) matmul PrimFunc; ``M`` is a
     symbolic int64, K and N compile-time.  Epilogue: ``bias`` (a ``[N]`` parameter), then
     ``relu`` or ``gelu`` (erf form), then ``row_scale`` (a ``[M]`` parameter after the bias,
-    of the input dtype, multiplying row i: a padding mask).  Raises ValueError when the shape
-    or dtypes do not fit (see :func:`wgmma_applies`)."""
+    of the input dtype, multiplying row i: a padding mask).  ``row_scale_masks``: the row scale
+    is zero on every row the index skips (it is the mask the index was built from), so those
+    rows are stored as zeros.  Raises ValueError when the shape or dtypes do not fit (see
+    :func:`wgmma_applies`)."""
     if relu and gelu:
         raise ValueError("relu and gelu are alternatives")
     if row_scale and not bias:
@@ -176,7 +179,7 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
         raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
     act = "relu" if relu else ("gelu" if gelu else None)
     func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, "dense" if dense else "rows",
-                   config, row_scale=bool(row_scale))
+                   config, row_scale=bool(row_scale), row_scale_masks=bool(row_scale_masks))
     return lower_tirx(func, _TARGET)
 
 
@@ -283,7 +286,7 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
 
 
 def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
-            full_mk=0, row_scale=False):
+            full_mk=0, row_scale=False, row_scale_masks=False):
     """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
     (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
@@ -302,6 +305,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     B_CHUNKS = BK * BN // 8 // THREADS
     B_ROW_CHUNKS = BN // 8
     C_ROW = _c_row(BN, out_dtype)
+    Z_OFF = BM * C_ROW                    # (out dtype elements) the zero row's value, after C
     C_VEC = 16 // dtype_bytes(out_dtype)  # elements per 16-byte store
     C_CHUNKS = BM * BN // C_VEC // THREADS
     C_ROW_CHUNKS = BN // C_VEC
@@ -512,7 +516,14 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                             acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
             T.cuda.cta_sync()
         T.cuda.cta_sync()
-        # SWrite: 16-byte row chunks to C[ids[p]] (zeros for count <= p < M).  The rows' ids
+        if has_bias and not row_scale:
+            # the value of a zero row (unlisted rows: epilogue(0), the same for every row)
+            for j in T.unroll((BN + THREADS - 1) // THREADS):
+                if tid + THREADS * j < BN:
+                    smem.view(out_dtype)[Z_OFF + tid + THREADS * j] = epilogue(
+                        T.float32(0), BIAS, bn * BN + tid + THREADS * j, None)
+            T.cuda.cta_sync()
+        # SWrite: 16-byte row chunks to C[ids[p]] (epilogue(0) for count <= p < M).  The rows' ids
         # are all loaded before the first store: a store between two id loads orders them, and
         # one id load's latency per chunk made the zero-only CTAs of a few-rows call most of
         # its time (45 of 4096 rows: ~70 % of the stall samples on the H100)
@@ -525,11 +536,14 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 if p0 + r < count:
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e]
-                elif has_bias:
+                elif has_bias and not row_scale:
+                    for e in T.vectorized(C_VEC):
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = smem.view(out_dtype)[Z_OFF + ch * C_VEC + e]
+                elif row_scale and not row_scale_masks:
                     # (element by element: TVM's CUDA codegen breaks 8-wide fp32 vectors)
                     for e in T.unroll(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = unlisted(BIAS, RS, c_row[j], bn * BN + ch * C_VEC + e)
-                else:
+                else:     # no bias, or a row scale that is zero wherever the index skips a row
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = zero_out
 
