@@ -30,11 +30,11 @@ def _bert(layers=1, hidden=64, heads=4, seq=16):
 
 
 def test_bert_chains():
-    """Per layer: QKV (no bias add before its slices), attention output and FFN-out (bias
-    only: a residual add follows), FFN-in (bias, GELU, padding mask as the row scale)."""
+    """Per layer: QKV (no bias add before its slices), attention output and FFN-out (bias and
+    the skip connection), FFN-in (bias, GELU, padding mask as the row scale)."""
     chains = list(epilogue_chains(_bert()["main"], lambda c: c.op.same_as(MATMUL)).values())
-    got = sorted((c.activation or "-", c.row_scale is not None) for c in chains)
-    assert got == [("-", False), ("-", False), ("gelu", True)]
+    got = sorted((c.activation or "-", c.row_scale is not None, c.residual is not None) for c in chains)
+    assert got == [("-", False, True), ("-", False, True), ("gelu", True, False)]
 
 
 def _gelu_torch_model(k=64, n=128):
@@ -71,6 +71,7 @@ def test_bert_cuda_graph_fuses_gelu_and_mask(pit):
     """The FFN-in matmul of both CUDA builds is one kernel with bias, GELU and the padding mask;
     no erf is left for an elementwise kernel."""
     mod = _bert()
+    adds_before = mod["main"].script().count("R.add(")
     mod = AnnotateDynamicSparsity(auto=pit)(mod)
     mod = LowerToPIT(target="cuda")(mod)
     mod = DenseMatmulToTensorCores("cuda")(mod)
@@ -80,6 +81,9 @@ def test_bert_cuda_graph_fuses_gelu_and_mask(pit):
     assert f"{kernel}" in script and "_bias_gelu_rowscale" in script
     assert ("_bias_gelu_rowscale_masked" in script) == pit      # the scale is the index's mask
     assert "R.erf" not in script
+    # the output projection's and FFN-out's bias and skip connection, FFN-in's bias
+    assert script.count("_bias_residual") == 2
+    assert script.count("R.add(") == adds_before - 6     # (and GELU's 1 + erf)
 
 
 def test_cpu_numerics_with_epilogues_match_onnxruntime():

@@ -154,6 +154,24 @@ def test_gpu_bias_gelu_row_scale(dense, masks):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dense", [False, True])
+def test_gpu_bias_residual(dense):
+    """A skip connection in the epilogue, ``fp16(a @ b + bias) + r`` (added in fp16 as the graph
+    does): listed rows, and unlisted ones (``bias + r``)."""
+    m, k, n = 333, 3072, 768
+    a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.0 if dense else 0.4, bias=True, seed=8)
+    r = np.random.default_rng(9).standard_normal((m, n)).astype(np.float16)
+    f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, bias=True, residual=True, dense=dense)}),
+              TARGET)["main"]
+    dev = tvm.cuda()
+    t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
+    c = t(np.full((m, n), 7, np.float16))
+    f(*([t(a), t(b)] + ([] if dense else [t(offsets), t(ids)]) + [t(bias_v), t(r), c]))
+    pre = (a.astype(np.float32) @ b.astype(np.float32) + bias_v.astype(np.float32)).astype(np.float16)
+    np.testing.assert_allclose(c.numpy().astype(np.float32), (pre + r).astype(np.float32), rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m,bias", [(4096, False), (129, True), (5, False)])
 def test_gpu_dense(m, bias):
     k, n = 768, 2304
@@ -195,6 +213,9 @@ _PTXAS_CASES = {
     "rows_bias_gelu_row_scale": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True),
     "rows_bias_gelu_row_mask": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True,
                                                              row_scale_masks=True),
+    "rows_bias_residual": lambda: wgmma_row_gather_func(3072, 768, bias=True, residual=True),
+    "dense_bias_residual_f32": lambda: wgmma_row_gather_func(768, 768, "float16", "float32", bias=True,
+                                                             residual=True, dense=True),
     "dense_bias_gelu_row_scale": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True,
                                                                dense=True),
     "tiles_mk1": lambda: wgmma_tiles_gather_func(8192, 2048, 1),

@@ -476,7 +476,7 @@ def _from_rows(bb, c, lead, n):
 
 def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None, density_threshold=0.9,
                     tuning_log=None, tensor_core_only=True, row_mask=None, bias=None, activation=None,
-                    row_scale=None):
+                    row_scale=None, residual=None):
     """Emit the PIT matmul of ``a @ b`` into a Relax ``BlockBuilder``; return the result expr.
 
     ``a``: ``[..., K]`` (leading dims symbolic or static, flattened to M rows), ``b``: ``[K, N]``
@@ -490,9 +490,10 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     then built from it (M elements read instead of M x K, and the same call for every matmul
     the mask guards, so common-subexpression elimination builds it once).
     ``bias`` (``[N]``), ``activation`` (None, "relu", "gelu"), ``row_scale`` (``a``'s leading
-    shape + ``[1]``): an epilogue ``act(a @ b + bias) * row_scale``, in the kernel where it
-    takes one (the wgmma rows kernel: rows the index skips get ``act(bias) * row_scale``, the
-    value of a zero row), else as Relax ops after it.
+    shape + ``[1]``), ``residual`` (the result's shape, after a bias alone): an epilogue
+    ``act(a @ b + bias) * row_scale + residual``, in the kernel where it takes one (the wgmma
+    rows kernel: rows the index skips get the value of a zero row, ``act(bias) * row_scale +
+    residual``), else as Relax ops after it.
     """
     from tvm import relax
 
@@ -534,7 +535,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         kernel = simt_matmul_func(plan, dtype, out_dtype, tgt)
     masks = False
     fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)
-             and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, row_scale, a_ty))
+             and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, activation, row_scale, residual, a_ty))
     if fused:
         from pit_tvm.schedules.wgmma import wgmma_config, wgmma_row_gather_func
 
@@ -542,7 +543,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         masks = row_scale is not None and row_mask is not None and row_scale.same_as(row_mask)
         kernel = wgmma_row_gather_func(k, n, dtype, out_dtype, bias=True, relu=activation == "relu",
                                        gelu=activation == "gelu", row_scale=row_scale is not None,
-                                       row_scale_masks=masks,
+                                       row_scale_masks=masks, residual=residual is not None,
                                        config=wgmma_config(n, _rows_hint(m, PIT_EXPECTED_DENSITY)))
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
@@ -557,7 +558,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         index_src = a2
     # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
     # a static row count is part of the name: the kernel's tile width may depend on it
-    name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale) if fused else "")
+    name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale, residual) if fused else "")
             + ("_masked" if masks else "")
             + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else ""))
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
@@ -569,7 +570,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     if compact is not None:   # SRead of thin micro-tiles as a kernel of its own
         compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
-    epilogue_args = [bias] + _row_scale_arg(bb, row_scale, m, dtype) if fused else []
+    epilogue_args = ([bias] + _row_scale_arg(bb, row_scale, m, dtype) + _residual_arg(bb, residual, m, n)
+                     if fused else [])
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
     if dense_fallback is not None:
         # a full index (the device-side dense fallback, or a dense pattern): the tiles kernel
@@ -578,18 +580,21 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         c = bb.emit(relax.call_tir_inplace(fallback_gv, [a_in, b, offsets, c], [3],
                                            relax.TensorType([m, n], out_dtype)))
     c = _from_rows(bb, c, lead, n)
-    return c if fused else emit_epilogue(bb, c, bias, activation, row_scale)
+    return c if fused else emit_epilogue(bb, c, bias, activation, row_scale, residual)
 
 
-def _wgmma_epilogue_applies(k, n, dtype, out_dtype, target, bias, row_scale, a_ty) -> bool:
-    """Whether the wgmma rows kernel runs this epilogue (sm_90a, its shapes and dtypes, a
-    ``[N]`` bias of the input dtype, a row scale over ``a``'s rows)."""
+def _wgmma_epilogue_applies(k, n, dtype, out_dtype, target, bias, activation, row_scale, residual,
+                            a_ty) -> bool:
+    """Whether the wgmma kernel runs this epilogue (sm_90a, its shapes and dtypes, a ``[N]``
+    bias of the input dtype, a row scale over ``a``'s rows, a residual after a bias alone)."""
     from pit_tvm.schedules.wgmma import wgmma_applies
 
     b_shape = getattr(bias.ty, "shape", None)
     return (wgmma_applies(k, n, dtype, out_dtype, _arch_of(target)) and str(bias.ty.dtype) == dtype
             and b_shape is not None and len(b_shape) == 1 and isinstance(b_shape[0], tirx.IntImm)
-            and int(b_shape[0]) == n and (row_scale is None or is_row_scale(row_scale, a_ty)))
+            and int(b_shape[0]) == n and (row_scale is None or is_row_scale(row_scale, a_ty))
+            and (residual is None or (activation is None and row_scale is None
+                                      and _is_residual(residual, a_ty, n, out_dtype))))
 
 
 #: the fraction of a PIT matmul's rows a tile-width choice plans for (the count is only known
@@ -650,7 +655,7 @@ def _add_once(bb, name, make):
 
 @functools.lru_cache(maxsize=64)
 def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, activation, arch: str,
-                       rows_hint=None, row_scale: bool = False):
+                       rows_hint=None, row_scale: bool = False, residual: bool = False):
     """The tensor-core dense kernel for (K, N) (with the bias / activation / row-scale
     epilogue), or None when no tile config fits; made once per shape in a process.  wgmma on
     sm_90a where it fits (the mma.sync kernels take a bias and ReLU only)."""
@@ -660,8 +665,8 @@ def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, a
     if wgmma_applies(k, n, dtype, out_dtype, arch):
         return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True,
                                      config=wgmma_config(n, rows_hint), gelu=activation == "gelu",
-                                     row_scale=row_scale)
-    if activation not in (None, "relu") or row_scale:
+                                     row_scale=row_scale, residual=residual)
+    if activation not in (None, "relu") or row_scale or residual:
         return None
     # (imported only here: the mma.sync schedules parse TVM's tensor intrinsics, ~14 s)
     from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
@@ -673,14 +678,16 @@ def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, a
                                  configs[0], arch)
 
 
-def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, activation=None, row_scale=None):
+def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, activation=None, row_scale=None,
+                      residual=None):
     """Emit ``a @ b`` on the tensor-core dense kernel (:func:`pit_tvm.schedules.tensorcore.
     schedule_dense_matmul`, the PIT kernels' tiles) into a Relax ``BlockBuilder``; return the
     result expr, or None when it does not apply (not CUDA, not fp16/bf16, ``b`` not a static
     2-D tensor, or no tile config fits K, N): the caller keeps its matmul then.
     ``bias`` (a ``[N]`` tensor of ``a``'s dtype), ``activation`` (None, "relu" or "gelu") and
-    ``row_scale`` (``a``'s leading shape + ``[1]``, after the activation; needs a bias) run in
-    the kernel's epilogue; an epilogue the kernel does not take also returns None."""
+    ``row_scale`` (``a``'s leading shape + ``[1]``, after the activation; needs a bias) and
+    ``residual`` (the result's shape and dtype, after a bias alone) run in the kernel's
+    epilogue; an epilogue the kernel does not take also returns None."""
     from tvm import relax
 
     from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
@@ -709,25 +716,43 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, act
     lead_dims = [a_ty.shape[i] for i in range(len(a_ty.shape) - 1)]
     rows = (functools.reduce(lambda x, y: x * y, (int(d) for d in lead_dims), 1)
             if all(isinstance(d, tirx.IntImm) for d in lead_dims) else None)
-    if row_scale is not None and (bias is None or not is_row_scale(row_scale, a_ty)):
+    if (row_scale is not None or residual is not None) and (bias is None or not _wgmma_epilogue_applies(
+            k, n, dtype, out_dtype, target, bias, activation, row_scale, residual, a_ty)):
         return None
     kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, activation,
-                                _arch_of(target), rows, row_scale is not None)
+                                _arch_of(target), rows, row_scale is not None, residual is not None)
     if kernel is None:
         return None
     a2, m, lead = _as_rows(bb, a, k)
     # rows is part of the name: the tile width may depend on it
     name = (f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
-            f"{_epilogue_tag(bias, activation, row_scale)}{f'_m{rows}' if rows else ''}")
+            f"{_epilogue_tag(bias, activation, row_scale, residual)}{f'_m{rows}' if rows else ''}")
     gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
-    args = [a2, b] + ([bias] if bias is not None else []) + _row_scale_arg(bb, row_scale, m, dtype)
+    args = ([a2, b] + ([bias] if bias is not None else []) + _row_scale_arg(bb, row_scale, m, dtype)
+            + _residual_arg(bb, residual, m, n))
     c = bb.emit(relax.call_tir(gv, args, relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)
 
 
-def _epilogue_tag(bias, activation, row_scale) -> str:
+def _epilogue_tag(bias, activation, row_scale, residual=None) -> str:
     return (f"{'_bias' if bias is not None else ''}{f'_{activation}' if activation else ''}"
-            f"{'_rowscale' if row_scale is not None else ''}")
+            f"{'_rowscale' if row_scale is not None else ''}{'_residual' if residual is not None else ''}")
+
+
+def _is_residual(residual, a_ty, n, out_dtype) -> bool:
+    """``residual`` is the result's shape (``a``'s leading shape + ``[N]``) in ``out_dtype``."""
+    import tvm_ffi
+
+    shape = getattr(residual.ty, "shape", None)
+    return (shape is not None and a_ty.shape is not None and len(shape) == len(a_ty.shape)
+            and str(residual.ty.dtype) == out_dtype and isinstance(shape[-1], tirx.IntImm) and int(shape[-1]) == n
+            and all(tvm_ffi.structural_equal(shape[i], a_ty.shape[i]) for i in range(len(shape) - 1)))
+
+
+def _residual_arg(bb, residual, m, n) -> list:
+    from tvm import relax
+
+    return [] if residual is None else [bb.emit(relax.op.reshape(residual, [m, n]))]
 
 
 def is_row_scale(row_scale, a_ty) -> bool:
@@ -753,9 +778,9 @@ def _row_scale_arg(bb, row_scale, m, dtype) -> list:
     return [rs]
 
 
-def emit_epilogue(bb, c, bias=None, activation=None, row_scale=None):
+def emit_epilogue(bb, c, bias=None, activation=None, row_scale=None, residual=None):
     """The epilogue chain as Relax ops after ``c`` (where no kernel runs it): ``c + bias``, the
-    activation (GELU in its erf form), ``* row_scale``."""
+    activation (GELU in its erf form), ``* row_scale``, ``+ residual``."""
     from tvm import relax
 
     dtype = str(c.ty.dtype)
@@ -771,4 +796,6 @@ def emit_epilogue(bb, c, bias=None, activation=None, row_scale=None):
         raise ValueError(f"unknown activation {activation!r}: use None, 'relu' or 'gelu'")
     if row_scale is not None:
         c = bb.emit(relax.op.multiply(c, row_scale))
+    if residual is not None:
+        c = bb.emit(relax.op.add(c, residual))
     return c

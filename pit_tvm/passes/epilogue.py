@@ -9,6 +9,8 @@ Recognised, after a head call (a matmul, or a PIT matmul wrapper) whose only use
     y = mul(mul(y, add(erf(div(y, sqrt2)), 1)), 0.5)       (torch.onnx)
     y = mul(y, row_scale)                        row_scale: [..., 1] over the head's rows (a
                                                  padding mask), optional
+    y = add(y, residual)                         residual: the output's shape and dtype, after a
+                                                 bias alone (a skip connection), optional
 
 Each intermediate value is used once by the chain only (a GELU input twice, by its two
 branches); any operand order of ``add`` / ``mul``.  Why: BERT's FFN-in bias + GELU + padding
@@ -31,6 +33,7 @@ class EpilogueChain:
     bias: relax.Expr            # [N] constant
     activation: str | None      # None, "relu" or "gelu"
     row_scale: relax.Expr | None  # [..., 1] tensor over the head's rows, or None
+    residual: relax.Expr | None = None  # a tensor of the output's shape added last (bias only)
 
 
 def _op_is(expr, name):
@@ -45,6 +48,15 @@ def _scalar(expr):
 
 def _close(x, target):
     return x is not None and abs(x - target) <= 2e-3 * abs(target)   # fp16-rounded constants
+
+
+def _same_type(x, y) -> bool:
+    """``x`` has ``y``'s dtype and (static or symbolic) shape"""
+    import tvm_ffi
+
+    xs, ys = getattr(x.ty, "shape", None), getattr(y.ty, "shape", None)
+    return (xs is not None and ys is not None and len(xs) == len(ys) and str(x.ty.dtype) == str(y.ty.dtype)
+            and all(tvm_ffi.structural_equal(a, b) for a, b in zip(xs, ys)))
 
 
 def epilogue_chains(func: relax.Function, is_head) -> dict:
@@ -138,6 +150,13 @@ def epilogue_chains(func: relax.Function, is_head) -> dict:
                 other = mul.args[1] if mul.args[0].same_as(end) else mul.args[0]
                 if is_row_scale(other, head.ty):
                     end, row_scale = scale_var, other
-            chains[bound[end]] = EpilogueChain(head, bias, act, row_scale)
+            residual = None
+            res_var = sole_user(end) if act is None and row_scale is None else None
+            if res_var is not None and _op_is(bound[res_var], "relax.add"):
+                res = bound[res_var]
+                other = res.args[1] if res.args[0].same_as(end) else res.args[0]
+                if _same_type(other, add):
+                    end, residual = res_var, other
+            chains[bound[end]] = EpilogueChain(head, bias, act, row_scale, residual)
             break
     return chains

@@ -48,7 +48,7 @@ class LowerToPIT:
     emit : callable | None
         Replacement for ``pit_tvm.ops.matmul.emit_pit_matmul`` (same signature); for tests.
     fuse_epilogues : bool | None
-        Pass a bias / activation / row-scale chain after a PIT matmul
+        Pass a bias / activation / row-scale / residual chain after a PIT matmul
         (:mod:`pit_tvm.passes.epilogue`) to the op layer, which runs it in the kernel where it
         can; default: with the op layer's ``emit``.
     """
@@ -79,7 +79,8 @@ class LowerToPIT:
                 chain = chains.get(op)
                 if chain is not None:      # bias / activation / row scale after a PIT matmul
                     epilogue = {"bias": chain.bias, "activation": chain.activation,
-                                "row_scale": None if chain.row_scale is None else self.visit_expr(chain.row_scale)}
+                                "row_scale": None if chain.row_scale is None else self.visit_expr(chain.row_scale),
+                                "residual": None if chain.residual is None else self.visit_expr(chain.residual)}
                     new = self.lower(chain.head, epilogue)
                     if new is not None:
                         return new

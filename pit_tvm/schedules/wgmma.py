@@ -156,18 +156,22 @@ def lower_tirx(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
 def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: str = "float16",
                           bias: bool = False, relu: bool = False, dense: bool = False,
                           config: WgmmaConfig | None = None, gelu: bool = False,
-                          row_scale: bool = False, row_scale_masks: bool = False) -> tirx.PrimFunc:
+                          row_scale: bool = False, row_scale_masks: bool = False,
+                          residual: bool = False) -> tirx.PrimFunc:
     """The lowered wgmma row-gather (or, ``dense=True``, plain) matmul PrimFunc; ``M`` is a
     symbolic int64, K and N compile-time.  Epilogue: ``bias`` (a ``[N]`` parameter), then
     ``relu`` or ``gelu`` (erf form), then ``row_scale`` (a ``[M]`` parameter after the bias,
     of the input dtype, multiplying row i: a padding mask).  ``row_scale_masks``: the row scale
     is zero on every row the index skips (it is the mask the index was built from), so those
     rows are stored as zeros.  Raises ValueError when the shape or dtypes do not fit (see
-    :func:`wgmma_applies`)."""
+    :func:`wgmma_applies`).  ``residual`` (with a bias only): a ``[M, N]`` parameter of the
+    output dtype added last, in the output dtype (a transformer's skip connection)."""
     if relu and gelu:
         raise ValueError("relu and gelu are alternatives")
     if row_scale and not bias:
         raise ValueError("row_scale comes with a bias (the kernel variants that take it)")
+    if residual and (not bias or relu or gelu or row_scale):
+        raise ValueError("residual comes with a bias alone (the kernel variants that take it)")
     config = config or wgmma_config(n)
     if (config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64
             or config.block_k not in (32, 64)):
@@ -179,7 +183,8 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
         raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
     act = "relu" if relu else ("gelu" if gelu else None)
     func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, "dense" if dense else "rows",
-                   config, row_scale=bool(row_scale), row_scale_masks=bool(row_scale_masks))
+                   config, row_scale=bool(row_scale), row_scale_masks=bool(row_scale_masks),
+                   residual=bool(residual))
     return lower_tirx(func, _TARGET)
 
 
@@ -286,7 +291,7 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
 
 
 def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
-            full_mk=0, row_scale=False, row_scale_masks=False):
+            full_mk=0, row_scale=False, row_scale_masks=False, residual=False):
     """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
     (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
@@ -334,6 +339,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             v = v + T.Cast("float32", bias_buf[col])
         v = activation(v)
         return T.Cast(out_dtype, v * scale if row_scale else v)
+
+    def plus_residual(v, res_buf, row, col):
+        """the skip connection, added in the output dtype (as the graph's own add)"""
+        return v + res_buf[row, col] if residual else v
 
     def unlisted(bias_buf, rs_buf, row, col):
         """the value of a row of A that the index does not list (a zero row): epilogue(0)"""
@@ -400,7 +409,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         return T.ptx["cp.async.cg.shared.global"](dst, src, 16)
 
     @T.macro
-    def body(M, A, B, OFF, IDS, BIAS, RS, C):
+    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C):
         T.device_entry()
         bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
         tid = T.thread_id([THREADS])
@@ -535,10 +544,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             if runs(OFF, m, p0 + r < m):
                 if p0 + r < count:
                     for e in T.vectorized(C_VEC):
-                        C[c_row[j], bn * BN + ch * C_VEC + e] = smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e]
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
+                            smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e], RES, c_row[j], bn * BN + ch * C_VEC + e)
                 elif has_bias and not row_scale:
                     for e in T.vectorized(C_VEC):
-                        C[c_row[j], bn * BN + ch * C_VEC + e] = smem.view(out_dtype)[Z_OFF + ch * C_VEC + e]
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
+                            smem.view(out_dtype)[Z_OFF + ch * C_VEC + e], RES, c_row[j], bn * BN + ch * C_VEC + e)
                 elif row_scale and not row_scale_masks:
                     # (element by element: TVM's CUDA codegen breaks 8-wide fp32 vectors)
                     for e in T.unroll(C_VEC):
@@ -547,12 +558,14 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = zero_out
 
-    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale)
+    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale, residual)
 
 
-def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False):  # noqa: C901
+def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False,  # noqa: C901
+               residual=False):
     """The PrimFunc around ``body`` with exactly the parameters its variant takes (``full_mk``:
-    the dense fallback, ``(a, b, offsets, c)`` with ``c`` written in place)."""
+    the dense fallback, ``(a, b, offsets, c)`` with ``c`` written in place).  ``body``'s
+    operands: ``M, A, B, offsets, ids, bias, row_scale, residual, C`` (None where absent)."""
     dense = mode == "dense"
     if full_mk:
         @T.prim_func(s_tir=False)
@@ -560,21 +573,37 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
                  T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None, None, None,
-                 T.match_buffer(c, (M, N), out_dtype))
+                 None, T.match_buffer(c, (M, N), out_dtype))
     elif mode == "tiles":
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
                  T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"),
-                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"), None, None,
+                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"), None, None, None,
+                 T.match_buffer(c, (M, N), out_dtype))
+    elif dense and residual:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, bias: T.handle, residual: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None, None,
+                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(residual, (M, N), out_dtype),
+                 T.match_buffer(c, (M, N), out_dtype))
+    elif residual:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle,
+                   residual: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"),
+                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(residual, (M, N), out_dtype),
                  T.match_buffer(c, (M, N), out_dtype))
     elif dense and row_scale:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, bias: T.handle, row_scale: T.handle, c: T.handle):
             M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None,
-                 None, T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype),
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None, None,
+                 T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype), None,
                  T.match_buffer(c, (M, N), out_dtype))
     elif row_scale:
         @T.prim_func(s_tir=False)
@@ -583,19 +612,19 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
                  T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"),
-                 T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype),
+                 T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype), None,
                  T.match_buffer(c, (M, N), out_dtype))
     elif dense and has_bias:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, bias: T.handle, c: T.handle):
             M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None,
-                 None, T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(c, (M, N), out_dtype))
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None, None,
+                 T.match_buffer(bias, (N,), in_dtype), None, None, T.match_buffer(c, (M, N), out_dtype))
     elif dense:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, c: T.handle):
             M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None,
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None, None,
                  None, None, None, T.match_buffer(c, (M, N), out_dtype))
     elif has_bias:
         @T.prim_func(s_tir=False)
@@ -604,12 +633,12 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
                  T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"),
-                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(c, (M, N), out_dtype))
+                 T.match_buffer(bias, (N,), in_dtype), None, None, T.match_buffer(c, (M, N), out_dtype))
     else:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
                  T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"), None, None,
-                 T.match_buffer(c, (M, N), out_dtype))
+                 None, T.match_buffer(c, (M, N), out_dtype))
     return kernel
