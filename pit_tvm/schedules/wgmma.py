@@ -340,9 +340,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         v = activation(v)
         return T.Cast(out_dtype, v * scale if row_scale else v)
 
-    def plus_residual(v, res_buf, row, col):
-        """the skip connection, added in the output dtype (as the graph's own add)"""
-        return v + res_buf[row, col] if residual else v
+    def plus_residual(v, res_regs, j, e):
+        """the skip connection (chunk j's element e, loaded ahead), added in the output dtype
+        (as the graph's own add)"""
+        return v + res_regs[j * C_VEC + e] if residual else v
 
     def unlisted(bias_buf, rs_buf, row, col):
         """the value of a row of A that the index does not list (a zero row): epilogue(0)"""
@@ -418,6 +419,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         a_row = T.alloc_local([A_CHUNKS], "int64")
         c_row = T.alloc_local([C_CHUNKS], "int64")       # the C rows this thread stores
         rs_val = T.alloc_local([2], "float32")           # row_scale: its fragment rows' scales
+        res_v = T.alloc_local([C_CHUNKS * C_VEC if residual else 1], out_dtype)   # residual chunks
         a_col = T.alloc_local([A_CHUNKS], "int32")        # tiles: this K tile's A columns
         b_row_id = T.alloc_local([B_CHUNKS], "int32")     # tiles: this K tile's B rows
         a_col_next = T.alloc_local([A_CHUNKS], "int32")   # tiles: the next K tile's
@@ -538,6 +540,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         # its time (45 of 4096 rows: ~70 % of the stall samples on the H100)
         for j in T.unroll(C_CHUNKS):
             c_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m - 1)))
+        if residual:
+            # every residual chunk loaded before the first store, for the same reason
+            for j in T.unroll(C_CHUNKS):
+                for e in T.vectorized(C_VEC):
+                    res_v[j * C_VEC + e] = RES[c_row[j], bn * BN + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC + e]
         for j in T.unroll(C_CHUNKS):
             r = (tid + THREADS * j) // C_ROW_CHUNKS
             ch = (tid + THREADS * j) % C_ROW_CHUNKS
@@ -545,11 +552,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 if p0 + r < count:
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
-                            smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e], RES, c_row[j], bn * BN + ch * C_VEC + e)
+                            smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e], res_v, j, e)
                 elif has_bias and not row_scale:
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
-                            smem.view(out_dtype)[Z_OFF + ch * C_VEC + e], RES, c_row[j], bn * BN + ch * C_VEC + e)
+                            smem.view(out_dtype)[Z_OFF + ch * C_VEC + e], res_v, j, e)
                 elif row_scale and not row_scale_masks:
                     # (element by element: TVM's CUDA codegen breaks 8-wide fp32 vectors)
                     for e in T.unroll(C_VEC):
