@@ -311,7 +311,8 @@ def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None, on_compil
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         shapes = None if cfg.symbolic else {n: list(np.shape(v)) for n, v in inputs_t.items()}
-        cm = compile_onnx(model_t, target, sparse=sparse, auto=auto, shapes=shapes)
+        cm = compile_onnx(model_t, target, sparse=sparse, auto=auto, shapes=shapes,
+                          cuda_graph=cfg.cuda_graph and target == "cuda")
     compile_s = time.perf_counter() - t0
     if on_compiled is not None:
         on_compiled(cm)
@@ -502,6 +503,8 @@ def parse_args(argv=None):
     p.add_argument("--symbolic", action="store_true",
                    help="keep the ONNX batch/sequence dims symbolic (default: compile for the benchmark's "
                         "padded input shapes, as a deployment with a fixed maximum batch would)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="build the TVM models (both builds) with CUDA graphs (static shapes only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", help="results name (default models_<device>)")
     args = p.parse_args(argv)

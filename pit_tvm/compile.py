@@ -121,7 +121,8 @@ def static_shapes(proto, shapes) -> dict:
     return out
 
 
-def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None) -> CompiledModel:
+def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
+                 cuda_graph=False) -> CompiledModel:
     """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
 
     ``sparse``: explicit annotations by ONNX tensor name, ``{"hidden": (1, 64)}`` or ``["hidden"]``;
@@ -129,7 +130,8 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     ``shapes``: ``{input name: shape}`` fixes the symbolic (``dim_param``) dims of those inputs, e.g.
     the padded batch of a variable-length workload: static shapes let the generic kernels
     (elementwise, softmax, layer norm) drop run-time index arithmetic. Without it symbolic dims
-    stay symbolic.
+    stay symbolic.  ``cuda_graph`` (CUDA): run the model's static regions as CUDA graphs
+    (:func:`pit_tvm.target.build`).
     """
     proto = load_model(model)
     tgt = make_target(target)
@@ -156,7 +158,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # one rows index per row mask (LowerToPIT emits the same call for each matmul it masks)
     lowered = relax.transform.EliminateCommonSubexpr()(lowered)
     lowered = relax.transform.DeadCodeElimination()(lowered)
-    ex = build(lowered, tgt)
+    ex = build(lowered, tgt, cuda_graph=cuda_graph)
     init = {t.name for t in proto.graph.initializer}
     inputs = [{"name": i.name, "dtype": _onnx_dtype(i), "shape": fixed.get(i.name, _dims(i))}
               for i in proto.graph.input if i.name not in init]

@@ -84,15 +84,19 @@ def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     return tvm.transform.Sequential(passes, name="pit_cuda_pipeline")
 
 
-def build(mod, target):
+def build(mod, target, cuda_graph: bool = False):
     """``tvm.compile`` with the target current (the CUDA callback reads it).
 
     On CUDA ``tirx.use_async_copy`` is on, so pipelined shared-memory copies become cp.async,
-    and the Relax pipeline is :func:`cuda_relax_pipeline`.
+    and the Relax pipeline is :func:`cuda_relax_pipeline`.  ``cuda_graph`` (CUDA): Relax's
+    ``RewriteCUDAGraph`` captures the static regions of the model into CUDA graphs (one launch
+    instead of a kernel launch per operator; the PIT index never goes to the host, so the
+    sparse kernels are captured too).
     """
     tgt = make_target(target)
     if tgt.kind.name != "cuda":
         with tgt, tvm.transform.PassContext(opt_level=3):
             return tvm.compile(mod, target=tgt)
-    with tgt, tvm.transform.PassContext(opt_level=3, config={"tirx.use_async_copy": True}):
+    config = {"tirx.use_async_copy": True, "relax.backend.use_cuda_graph": bool(cuda_graph)}
+    with tgt, tvm.transform.PassContext(opt_level=3, config=config):
         return tvm.compile(mod, target=tgt, relax_pipeline=cuda_relax_pipeline(tgt))

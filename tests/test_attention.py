@@ -109,18 +109,36 @@ def test_gpu_kernel_matches_numpy(seq, mask_batch, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_encoder_with_fused_attention_matches_onnxruntime():
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_gpu_encoder_with_fused_attention_matches_onnxruntime(cuda_graph):
     """A 2-layer encoder with head dim 64 over 128 tokens compiled for the H100 (the attention
-    fused, PIT on the linear layers) against onnxruntime on the fp32 model, over real tokens."""
+    fused, PIT on the linear layers; optionally captured in CUDA graphs, run twice with other
+    lengths in between) against onnxruntime on the fp32 model, over real tokens."""
     ort = pytest.importorskip("onnxruntime")
     from pit_tvm.compile import compile_onnx
 
     model = W.bert_encoder(2, 128, 2)
     inputs = W.bert_inputs(128, batch=3, seq=128, lengths=[5, 77, 128])
-    cm = compile_onnx(W.to_float16(model), "cuda", shapes={n: list(x.shape) for n, x in inputs.items()})
+    cm = compile_onnx(W.to_float16(model), "cuda", shapes={n: list(x.shape) for n, x in inputs.items()},
+                      cuda_graph=cuda_graph)
     assert "fused_attention" in cm.lowered["main"].script()
-    got = cm.run({"input_embeds": inputs["input_embeds"].astype(np.float16),
-                  "attention_mask": inputs["attention_mask"]})[0]
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
-    real = inputs["attention_mask"].astype(bool)
-    np.testing.assert_allclose(np.asarray(got, np.float32)[real], ref[real], rtol=3e-2, atol=3e-2)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for lengths in ([5, 77, 128], [128, 1, 40], [5, 77, 128]):
+        inputs = W.bert_inputs(128, batch=3, seq=128, lengths=lengths)
+        got = cm.run({"input_embeds": inputs["input_embeds"].astype(np.float16),
+                      "attention_mask": inputs["attention_mask"]})[0]
+        ref = sess.run(None, inputs)[0]
+        real = inputs["attention_mask"].astype(bool)
+        np.testing.assert_allclose(np.asarray(got, np.float32)[real], ref[real], rtol=3e-2, atol=3e-2)
+
+
+def test_cuda_graph_build_captures_the_model():
+    """``cuda_graph=True`` builds (no GPU needed) a VM program that runs its static regions as
+    captured CUDA graphs, the PIT index and kernels included; without it, none."""
+    from pit_tvm.compile import compile_onnx
+
+    model = W.to_float16(W.bert_encoder(1, 128, 2))
+    shapes = {"input_embeds": [2, 128, 128], "attention_mask": [2, 128]}
+    for graph in (True, False):
+        text = compile_onnx(model, "cuda", shapes=shapes, cuda_graph=graph).executable.as_text()
+        assert ("vm.builtin.cuda_graph.run_or_capture" in text) == graph
