@@ -35,16 +35,17 @@ One CTA = 2 warpgroups (256 threads) computes a 128 x BN tile of compacted rows:
         warpgroup g: 4 x wgmma m64nBNk16, A_s[64g:64g+64, 16i:16i+16] x B_s[16i:16i+16, :]
                      -> acc[BN / 2] fp32 registers per thread; one wgmma group kept in flight
     SWrite  acc -> epilogue (bias, relu / gelu, row scale, cast) -> C_s[128, BN + pad] -> 16 B stores to rows
-            ids[p] of C (zeros for count <= p < M)
+            ids[p] of C (epilogue(0) for count <= p < M), + residual
 
 Shared memory per CTA: STAGES * (128 * 64 + 64 * BN) * 2 bytes (BN=256, 4 stages: 192 KiB).
 (``WgmmaConfig.block_k=32``: 32-deep K tiles, A rows of 64 B with the 64-byte swizzle, chunk c
 of row r at c ^ (r / 2 % 4); measured slower, kept for rows / dense as a tuning knob.)
 
-What bounds the loop on the H100 (``benchmarks/_wgmma_widths.py``, ``_wgmma_depth.py``): about
-0.85 us per 64-deep K tile per CTA whatever the tile width (0.46 us of it scales with the
-tile's MMA work, ~0.4 us is fixed per step), so few rows take one CTA's whole K loop (45 rows
-of 4096^3: 58 us at N=256, 128 or 64 alike).
+What bounds the loop on the H100 (``benchmarks/_wgmma_stages.py``, ``_ncu_wgmma.py``): a
+128 x 256 x 64 step is ~0.56 us of one SM's tensor-core rate, so few rows take one CTA's whole
+K loop at N=256 (45 rows of 4096^3: 59-64 us); narrower tiles spread it over more SMs but pay
+~0.4 us of fixed cost per step (N=64, 8 stages: 37 us).  (Before the SWrite loaded its row ids
+ahead, the zero-only CTAs' id-load latency hid this: every width measured ~58 us.)
 """
 from __future__ import annotations
 
@@ -527,7 +528,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                             acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
             T.cuda.cta_sync()
         T.cuda.cta_sync()
-        if has_bias and not row_scale:
+        if has_bias and not row_scale and mode == "rows":
             # the value of a zero row (unlisted rows: epilogue(0), the same for every row)
             for j in T.unroll((BN + THREADS - 1) // THREADS):
                 if tid + THREADS * j < BN:
