@@ -1,7 +1,7 @@
-"""wgmma rows/dense kernel time by tile width and ring depth (prefetch distance = stages - 2),
-for few rows (latency-bound K loops) and BERT-size layers, checked against torch.
+"""wgmma rows/dense kernel time by tile width, ring depth (prefetch distance = stages - 2) and
+K-tile depth, for few rows (latency-bound K loops) and BERT-size layers, checked against torch.
 
-    python3 benchmarks/_wgmma_stages.py [BNxSTAGES ...]      (e.g. 64x8 128x6 256x4)
+    python3 benchmarks/_wgmma_stages.py [BNxSTAGES[xBK] ...]   (e.g. 64x8 128x6 256x4 256x8x32)
 """
 import sys
 import numpy as np, torch, tvm
@@ -15,8 +15,8 @@ T = tvm.runtime.from_dlpack
 dev = tvm.cuda(0)
 names = sys.argv[1:] or ["256x4", "128x4", "128x6", "64x4", "64x6", "64x8"]
 configs = [WgmmaConfig(*(int(x) for x in s.split("x"))) for s in names]
-shapes = [(4096, 4096, 4096, (45, 410)), (4096, 768, 768, (2400,)), (4096, 3072, 768, (2400,)),
-          (4096, 768, 3072, (2400,))]
+shapes = [(4096, 4096, 4096, (45, 410, 2048)), (4096, 768, 768, (2400,)), (4096, 768, 2304, (2400,)),
+          (4096, 3072, 768, (2400,)), (4096, 768, 3072, (2400,))]
 for (m, k, n, counts) in shapes:
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     b = torch.randn(k, n, device="cuda", dtype=torch.float16) / k ** 0.5
@@ -33,7 +33,7 @@ for (m, k, n, counts) in shapes:
     for cfg in configs:
         if n % cfg.block_n:
             continue
-        name = f"{cfg.block_n}x{cfg.stages}"
+        name = f"{cfg.block_n}x{cfg.stages}x{cfg.block_k}"
         try:
             dense = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, dense=True, config=cfg)}), "cuda:sm_90a")["main"]
             rows = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, config=cfg)}), "cuda:sm_90a")["main"]

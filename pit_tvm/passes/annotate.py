@@ -36,6 +36,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from .frontend import ONNX_NAMES_ATTR
+from .graph import FuncGraph, op_name
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_MICRO_TILE = (32, 1)   # neuron-structured activation sparsity: strips of tokens x one channel
@@ -68,12 +69,6 @@ def rule_for_tile(micro_tile, k) -> str:
     return "M:SRead+SWrite" if int(micro_tile[1]) >= int(k) else "K:SRead"
 
 
-def _op_name(expr):
-    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
-        return expr.op.name
-    return None
-
-
 def _static_int(dim):
     return int(dim.value) if isinstance(dim, tirx.IntImm) else None
 
@@ -85,67 +80,6 @@ def _is_zero_const(expr) -> bool:
         except Exception:  # noqa: BLE001
             return False
     return False
-
-
-class _FuncGraph:
-    """Def-use helpers over one Relax function (ANF)."""
-
-    def __init__(self, func: relax.Function):
-        self.func = func
-        self.params = list(func.params)
-        self.bound = {}
-        self.bindings = []
-        body = func.body
-        for block in body.blocks:
-            for b in block.bindings:
-                self.bound[b.var] = b.value
-                self.bindings.append(b)
-        self._anc = {}
-
-    def var_by_name(self, name):
-        for p in self.params:
-            if p.name == name:
-                return p
-        for b in self.bindings:
-            if b.var.name == name:
-                return b.var
-        return None
-
-    def chain(self, expr, through=_TRANSPARENT):
-        """Follow ``expr`` back through vars and ``through`` ops: (vars passed, producer)."""
-        seen = []
-        while True:
-            if isinstance(expr, relax.Var) and expr in self.bound:
-                seen.append(expr)
-                expr = self.bound[expr]
-                continue
-            if _op_name(expr) in through:
-                expr = expr.args[0]
-                continue
-            if isinstance(expr, relax.Var):
-                seen.append(expr)
-            return seen, expr
-
-    def param_ancestors(self, expr) -> frozenset:
-        """The function parameters ``expr`` is computed from."""
-        stack, out, seen = [expr], set(), set()
-        while stack:
-            e = stack.pop()
-            if isinstance(e, relax.Var):
-                if e in seen:
-                    continue
-                seen.add(e)
-                if e in self.bound:
-                    stack.append(self.bound[e])
-                elif any(e.same_as(p) for p in self.params):
-                    out.add(e)
-            elif isinstance(e, relax.Call):
-                stack.extend(e.args)
-            elif isinstance(e, relax.Tuple):
-                stack.extend(e.fields)
-            elif isinstance(e, relax.TupleGetItem):
-                stack.append(e.tuple_value)
-        return frozenset(out)
 
 
 def _is_mask_input(param) -> bool:
@@ -191,13 +125,13 @@ class AnnotateDynamicSparsity:
             tk //= 2
         return (self.default_micro_tile[0], tk)
 
-    def _auto_source(self, g: _FuncGraph, lhs):
+    def _auto_source(self, g: FuncGraph, lhs):
         """(source, rows_only, reason, row_mask) for the producer of ``lhs`` or None.
 
         ``row_mask``: the mask var when it zeroes whole rows of ``lhs`` row for row (see
         :func:`_row_mask_of`), else None."""
-        _, prod = g.chain(lhs)
-        op = _op_name(prod)
+        _, prod = g.chain(lhs, _TRANSPARENT)
+        op = op_name(prod)
         if op == "relax.nn.relu":
             return "relu", False, "left operand is produced by R.nn.relu (activation sparsity)", None
         mask, data = None, None
@@ -228,8 +162,8 @@ class AnnotateDynamicSparsity:
         )
         src = f"{kind}:{name}"
         row_mask = _row_mask_of(g, lhs, prod, mask) if rows_only else None
-        _, dprod = g.chain(data)
-        if _op_name(dprod) == "relax.nn.relu":
+        _, dprod = g.chain(data, _TRANSPARENT)
+        if op_name(dprod) == "relax.nn.relu":
             src = f"relu+{src}"
         how = "multiply" if op == "relax.multiply" else "where"
         reason = (
@@ -258,7 +192,7 @@ class AnnotateDynamicSparsity:
             return "A's K does not match B's K"
         return None
 
-    def _explicit_targets(self, g: _FuncGraph, var, matmuls):
+    def _explicit_targets(self, g: FuncGraph, var, matmuls):
         """Matmul binding vars whose left operand is ``var`` (through shape ops and relu)."""
         out = []
         for mv, call in matmuls:
@@ -272,13 +206,13 @@ class AnnotateDynamicSparsity:
         names = dict(mod.attrs[ONNX_NAMES_ATTR]) if mod.attrs is not None and ONNX_NAMES_ATTR in mod.attrs else None
         gv_main = mod.get_global_var("main")
         func = mod[gv_main]
-        g = _FuncGraph(func)
+        g = FuncGraph(func)
         rev = {str(v): str(k) for k, v in (names or {}).items()}
 
         def onnx_name(expr):
-            return rev.get(expr.name, expr.name) if isinstance(expr, relax.Var) else str(_op_name(expr) or "const")
+            return rev.get(expr.name, expr.name) if isinstance(expr, relax.Var) else str(op_name(expr) or "const")
 
-        matmuls = [(b.var, b.value) for b in g.bindings if _op_name(b.value) == "relax.matmul"]
+        matmuls = [(b.var, b.value) for b in g.bindings if op_name(b.value) == "relax.matmul"]
         decisions = {}  # matmul var -> dict
 
         if self.auto:
@@ -316,7 +250,7 @@ class AnnotateDynamicSparsity:
         records, targets = [], []
         for idx, (mv, call) in enumerate([(mv, c) for mv, c in matmuls if mv in decisions]):
             d = decisions[mv]
-            lhs_vars = g.chain(call.args[0])[0]
+            lhs_vars = g.chain(call.args[0], _TRANSPARENT)[0]
             lhs_name = d.get("tensor") or onnx_name(lhs_vars[0] if lhs_vars else call.args[0])
             why_not = self._unsupported(call)
             if why_not is not None:
@@ -361,7 +295,7 @@ class AnnotateDynamicSparsity:
         return mod
 
 
-def _row_mask_of(g: _FuncGraph, lhs, prod, mask):
+def _row_mask_of(g: FuncGraph, lhs, prod, mask):
     """``mask`` when row ``i`` of the matmul operand ``lhs`` is row ``i`` of ``prod`` (= data *
     mask, or where(mask, data, 0)) and ``mask`` is ``prod``'s leading shape + ``[1]``: then the
     non-zero rows of ``mask`` are a superset of the non-zero rows of ``lhs``, and one row index

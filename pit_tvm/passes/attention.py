@@ -20,60 +20,29 @@ from tvm import relax
 
 from pit_tvm.target import is_gpu, make_target
 
-
-def _op_is(expr, name):
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+from .graph import FuncGraph, op_name, scalar_constant
 
 
 def _attention_chains(func: relax.Function) -> dict:
     """{the final ``matmul(p, v)`` call: (q, k, v, mask, scale)} of ``func``'s attention chains."""
-    bound, uses = {}, {}
-    for block in func.body.blocks:
-        for b in block.bindings:
-            bound[b.var] = b.value
-            for arg in (b.value.args if isinstance(b.value, relax.Call) else [b.value]):
-                if isinstance(arg, relax.Var):
-                    uses[arg] = uses.get(arg, 0) + 1
-    if isinstance(func.body.body, relax.Var):
-        uses[func.body.body] = uses.get(func.body.body, 0) + 1
-
-    def single(var, name):
-        """the call bound to ``var`` if it is ``name`` and ``var`` has one use"""
-        value = bound.get(var) if isinstance(var, relax.Var) else None
-        return value if _op_is(value, name) and uses.get(var) == 1 else None
-
-    def scalar(expr):
-        if isinstance(expr, tvm.ir.GenericConst) and expr.value.numpy().size == 1:
-            return float(expr.value.numpy().reshape(()))
-        return None
-
+    g = FuncGraph(func)
     chains = {}
-    for value in bound.values():
-        if not _op_is(value, "relax.matmul"):
+    for value in g.bound.values():
+        if op_name(value) != "relax.matmul":
             continue
         probs, v = value.args
-        soft = single(probs, "relax.nn.softmax")
+        soft = g.single(probs, "relax.nn.softmax")
         if soft is None or int(soft.attrs.axis) not in (-1, len(soft.ty.shape) - 1):
             continue
-        added = single(soft.args[0], "relax.add")
-        if added is None:
-            continue
-        for scaled_var, mask in (added.args, added.args[::-1]):
-            scaled = single(scaled_var, "relax.multiply")
-            if scaled is None:
-                continue
-            for scores_var, factor in (scaled.args, scaled.args[::-1]):
-                scores, scale = single(scores_var, "relax.matmul"), scalar(factor)
-                if scores is None or scale is None:
-                    continue
-                q, kt = scores.args
-                perm = single(kt, "relax.permute_dims")
-                if perm is None or perm.attrs.axes is None or [int(a) for a in perm.attrs.axes] != [0, 1, 3, 2]:
-                    continue
-                chains[value] = (q, perm.args[0], v, mask, scale)
-                break
-            if value in chains:
-                break
+        added = g.single(soft.args[0], "relax.add")
+        for scaled_var, mask in ((added.args, added.args[::-1]) if added is not None else ()):
+            scaled = g.single(scaled_var, "relax.multiply")
+            for scores_var, factor in ((scaled.args, scaled.args[::-1]) if scaled is not None else ()):
+                scores, scale = g.single(scores_var, "relax.matmul"), scalar_constant(factor)
+                perm = g.single(scores.args[1], "relax.permute_dims") if scores is not None else None
+                if (scale is not None and perm is not None and perm.attrs.axes is not None
+                        and [int(a) for a in perm.attrs.axes] == [0, 1, 3, 2]):
+                    chains[value] = (scores.args[0], perm.args[0], v, mask, scale)
     return chains
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from .graph import FuncGraph, op_name, scalar_constant
+
 __all__ = ["EpilogueChain", "epilogue_chains"]
 
 
@@ -36,18 +38,13 @@ class EpilogueChain:
     residual: relax.Expr | None = None  # a tensor of the output's shape added last (bias only)
 
 
-def _op_is(expr, name):
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+def _close(x, value) -> bool:
+    return x is not None and abs(x - value) <= 2e-3 * abs(value)   # fp16-rounded constants
 
 
-def _scalar(expr):
-    if isinstance(expr, tvm.ir.GenericConst) and expr.value.numpy().size == 1:
-        return float(expr.value.numpy().reshape(()))
-    return None
-
-
-def _close(x, target):
-    return x is not None and abs(x - target) <= 2e-3 * abs(target)   # fp16-rounded constants
+def _has_scalar(call, value) -> bool:
+    """one of ``call``'s operands is the constant ``value``"""
+    return any(_close(scalar_constant(a), value) for a in call.args)
 
 
 def _same_type(x, y) -> bool:
@@ -59,104 +56,74 @@ def _same_type(x, y) -> bool:
             and all(tvm_ffi.structural_equal(a, b) for a, b in zip(xs, ys)))
 
 
+def _gelu_end(g: FuncGraph, x):
+    """The var ending a GELU of ``x`` (both its uses are the GELU's), or None."""
+    def value(var, name):
+        return g.bound[var] if var is not None and op_name(g.bound[var]) == name else None
+
+    def erf_plus_one(var):
+        """the var of ``1 + erf(var)`` (each used once), or None"""
+        erf = g.sole_user(var)
+        one = g.sole_user(erf) if value(erf, "relax.erf") is not None else None
+        return one if value(one, "relax.add") is not None and _has_scalar(g.bound[one], 1.0) else None
+
+    users = g.users.get(x, [])
+    if g.uses.get(x) != 2 or len(users) != 2:
+        return None
+    for first, second in (users, users[::-1]):
+        a, b = g.bound[first], g.bound[second]
+        # form A: mul(mul(x, 0.5), add(1, erf(mul(x, 1/sqrt2))))
+        if (op_name(a) == op_name(b) == "relax.multiply" and _has_scalar(a, 0.5)
+                and _has_scalar(b, 1 / math.sqrt(2))):
+            one = erf_plus_one(second)
+            end = g.sole_user(one) if one is not None else None
+            if end is not None and end == g.sole_user(first) and value(end, "relax.multiply") is not None:
+                return end
+        # form B: mul(mul(x, add(erf(div(x, sqrt2)), 1)), 0.5)
+        if op_name(a) == "relax.divide" and _close(scalar_constant(a.args[1]), math.sqrt(2)):
+            one = erf_plus_one(first)
+            if one is not None and g.sole_user(one) == second and value(second, "relax.multiply") is not None:
+                end = g.sole_user(second)
+                if value(end, "relax.multiply") is not None and _has_scalar(g.bound[end], 0.5):
+                    return end
+    return None
+
+
+def _other_operand(call, var):
+    return call.args[1] if call.args[0].same_as(var) else call.args[0]
+
+
 def epilogue_chains(func: relax.Function, is_head) -> dict:
     """``{the chain's last call: EpilogueChain}`` for every chain in ``func`` whose head call
     satisfies ``is_head(call)``."""
     from pit_tvm.ops.matmul import is_row_scale  # noqa: PLC0415 - the op layer's definition
 
-    bound, uses = {}, {}
-    for block in func.body.blocks:
-        for b in block.bindings:
-            bound[b.var] = b.value
-            for arg in (b.value.args if isinstance(b.value, relax.Call) else
-                        (b.value.fields if isinstance(b.value, relax.Tuple) else [b.value])):
-                if isinstance(arg, relax.Var):
-                    uses[arg] = uses.get(arg, 0) + 1
-    if isinstance(func.body.body, relax.Var):
-        uses[func.body.body] = uses.get(func.body.body, 0) + 1
-    users = {}
-    for var, value in bound.items():
-        if isinstance(value, relax.Call):
-            for arg in value.args:
-                if isinstance(arg, relax.Var):
-                    users.setdefault(arg, []).append(var)
-
-    def value_of(var, name, n_uses=1):
-        v = bound.get(var) if isinstance(var, relax.Var) else None
-        return v if _op_is(v, name) and uses.get(var) == n_uses else None
-
-    def sole_user(var):
-        u = users.get(var, [])
-        return u[0] if len(u) == 1 and uses.get(var) == 1 else None
-
-    def gelu_end(x):
-        """the var ending a GELU of ``x`` (``x`` used exactly by the GELU), or None"""
-        if uses.get(x) == 2 and len(users.get(x, [])) == 2:     # form A: x * 0.5, x * 1/sqrt2
-            for half, inner in (users[x], users[x][::-1]):
-                h, i = bound[half], bound[inner]
-                if not (_op_is(h, "relax.multiply") and _op_is(i, "relax.multiply")):
-                    continue
-                if not (_close(_scalar(h.args[1]), 0.5) or _close(_scalar(h.args[0]), 0.5)):
-                    continue
-                if not (_close(_scalar(i.args[1]), 1 / math.sqrt(2)) or _close(_scalar(i.args[0]), 1 / math.sqrt(2))):
-                    continue
-                erf = sole_user(inner)
-                one = sole_user(erf) if erf is not None and _op_is(bound[erf], "relax.erf") else None
-                if one is None or not _op_is(bound[one], "relax.add") or not any(
-                        _close(_scalar(a), 1.0) for a in bound[one].args):
-                    continue
-                end = sole_user(one)
-                if end is not None and end == sole_user(half) and _op_is(bound[end], "relax.multiply"):
-                    return end
-        if uses.get(x) == 2 and len(users.get(x, [])) == 2:     # form B: x / sqrt2 ... * x * 0.5
-            for div, prod in (users[x], users[x][::-1]):
-                d = bound[div]
-                if not (_op_is(d, "relax.divide") and _close(_scalar(d.args[1]), math.sqrt(2))):
-                    continue
-                erf = sole_user(div)
-                one = sole_user(erf) if erf is not None and _op_is(bound[erf], "relax.erf") else None
-                if one is None or not _op_is(bound[one], "relax.add") or not any(
-                        _close(_scalar(a), 1.0) for a in bound[one].args):
-                    continue
-                if sole_user(one) != prod or not _op_is(bound[prod], "relax.multiply"):
-                    continue
-                end = sole_user(prod)
-                if end is not None and _op_is(bound[end], "relax.multiply") and any(
-                        _close(_scalar(a), 0.5) for a in bound[end].args):
-                    return end
-        return None
-
+    g = FuncGraph(func)
     chains = {}
-    for add_var, add in bound.items():
-        if not _op_is(add, "relax.add"):
+    for add_var, add in g.bound.items():
+        if op_name(add) != "relax.add":
             continue
         for head_var, bias in (add.args, add.args[::-1]):
-            head = bound.get(head_var) if isinstance(head_var, relax.Var) else None
-            if (not isinstance(head, relax.Call) or not is_head(head) or uses.get(head_var) != 1
+            head = g.bound.get(head_var) if isinstance(head_var, relax.Var) else None
+            if (not isinstance(head, relax.Call) or not is_head(head) or g.uses.get(head_var) != 1
                     or not isinstance(bias, tvm.ir.GenericConst) or len(bias.ty.shape) != 1):
                 continue
             end, act = add_var, None
-            relu = sole_user(add_var)
-            if relu is not None and _op_is(bound[relu], "relax.nn.relu"):
+            relu = g.sole_user(add_var)
+            if relu is not None and op_name(g.bound[relu]) == "relax.nn.relu":
                 end, act = relu, "relu"
-            else:
-                g = gelu_end(add_var)
-                if g is not None:
-                    end, act = g, "gelu"
-            row_scale = None
-            scale_var = sole_user(end)
-            if scale_var is not None and _op_is(bound[scale_var], "relax.multiply"):
-                mul = bound[scale_var]
-                other = mul.args[1] if mul.args[0].same_as(end) else mul.args[0]
+            elif (gelu := _gelu_end(g, add_var)) is not None:
+                end, act = gelu, "gelu"
+            row_scale = residual = None
+            nxt = g.sole_user(end)
+            if nxt is not None and op_name(g.bound[nxt]) == "relax.multiply":
+                other = _other_operand(g.bound[nxt], end)
                 if is_row_scale(other, head.ty):
-                    end, row_scale = scale_var, other
-            residual = None
-            res_var = sole_user(end) if act is None and row_scale is None else None
-            if res_var is not None and _op_is(bound[res_var], "relax.add"):
-                res = bound[res_var]
-                other = res.args[1] if res.args[0].same_as(end) else res.args[0]
+                    end, row_scale = nxt, other
+            elif nxt is not None and act is None and op_name(g.bound[nxt]) == "relax.add":
+                other = _other_operand(g.bound[nxt], end)
                 if _same_type(other, add):
-                    end, residual = res_var, other
-            chains[bound[end]] = EpilogueChain(head, bias, act, row_scale, residual)
+                    end, residual = nxt, other
+            chains[g.bound[end]] = EpilogueChain(head, bias, act, row_scale, residual)
             break
     return chains

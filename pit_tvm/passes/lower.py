@@ -77,7 +77,10 @@ class LowerToPIT:
         class _Lower(relax.PyExprMutator):
             def visit_call_(self, op):
                 chain = chains.get(op)
-                if chain is not None:      # bias / activation / row scale after a PIT matmul
+                # bias / activation / row scale / residual after a PIT matmul: lowered again with
+                # the chain (the head's own lowering, emitted at its binding for the case the chain
+                # is not taken, is then dead code for the pipeline's DeadCodeElimination)
+                if chain is not None:
                     epilogue = {"bias": chain.bias, "activation": chain.activation,
                                 "row_scale": None if chain.row_scale is None else self.visit_expr(chain.row_scale),
                                 "residual": None if chain.residual is None else self.visit_expr(chain.residual)}

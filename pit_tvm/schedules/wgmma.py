@@ -82,8 +82,8 @@ class WgmmaConfig:
     wgmma may still run) and ``block_k`` (K tile depth: 64, or 32 for rows / dense).
     (Loading ``stages - 1`` ahead, with a second CTA barrier per K tile before a slot is
     refilled, measured slower on the H100: 257 vs 218 us at 4096^3.  So did ``block_k=32``
-    with twice the stages: 316 vs 229 us dense at 4096^3, ``benchmarks/_wgmma_depth.py``; a K
-    tile's time is mostly fixed cost per loop step, not load latency.)"""
+    with twice the stages: 316 vs 229 us dense at 4096^3 (``benchmarks/_wgmma_stages.py
+    256x4 256x8x32``); a K tile's time is mostly fixed cost per loop step, not load latency.)"""
 
     block_n: int = 256
     stages: int = 4
