@@ -23,6 +23,7 @@ from pit_tvm.schedules.wgmma import (
     wgmma_applies,
     wgmma_config,
     wgmma_dense_fallback_func,
+    wgmma_few_rows_tier,
     wgmma_row_gather_func,
     wgmma_tiles_applies,
     wgmma_tiles_gather_func,
@@ -62,6 +63,30 @@ def test_config_choice():
     assert not wgmma_applies(768, 3072, "float16", "float16", "sm_90")   # no wgmma without 'a'
     assert not wgmma_applies(96, 3072, "float16", "float16", "sm_90a")   # K % 64
     assert not wgmma_applies(768, 3072, "float32", "float32", "sm_90a")
+
+
+def test_few_rows_tier():
+    """128-column tiles with a 6-deep ring (64 x 8 where N needs it) for as many rows as fill
+    one wave of 132 CTAs; none where the config's tiles are no wider."""
+    assert wgmma_few_rows_tier(4096, WgmmaConfig(256, 4)) == (512, WgmmaConfig(128, 6))   # 32 tiles a strip
+    assert wgmma_few_rows_tier(768, WgmmaConfig(256, 4)) == (128 * 22, WgmmaConfig(128, 6))
+    assert wgmma_few_rows_tier(192 * 5, WgmmaConfig(192, 4)) == (128 * 8, WgmmaConfig(64, 8))   # 15 a strip
+    assert wgmma_few_rows_tier(17 * 1024, WgmmaConfig(256, 4))[0] == 128   # wider than a wave
+    assert wgmma_few_rows_tier(768, WgmmaConfig(128, 4)) is None           # no wider than the tier's
+    assert wgmma_few_rows_tier(320, WgmmaConfig(64, 4)) is None
+    with pytest.raises(ValueError, match="tiers"):
+        wgmma_row_gather_func(512, 256, rows_above=128, rows_upto=128)
+    with pytest.raises(ValueError, match="tiers"):
+        wgmma_row_gather_func(512, 256, dense=True, rows_upto=128)
+
+
+def test_op_runs_both_row_tiers():
+    """The rows op on sm_90a: the many-rows kernel, then the few-rows kernel in place on its C."""
+    import pit_tvm
+
+    op = pit_tvm.sparse_matmul(512, 4096, "float16", micro_tile=(1, 512), target="cuda")
+    src = "\n".join(cuda_sources(op.executable))
+    assert src.count("m64n256k16") >= 4 and src.count("m64n128k16") >= 4    # the two tiers' wgmmas
 
 
 def test_bad_shapes_raise():
@@ -110,6 +135,67 @@ def test_gpu_rows(m, sparsity):
     np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2)
     unlisted = np.setdiff1d(np.arange(m), ids[: offsets[1]])
     assert np.all(got[unlisted] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count", [0, 45, 512, 513, 1100])
+def test_gpu_rows_tiers(count):
+    """The rows op at N=4096 (few-rows tier up to 512 rows): listed rows on both sides of the
+    tier boundary against numpy, unlisted rows zero."""
+    import pit_tvm
+
+    m, k, n = 1100, 512, 4096
+    rng = np.random.default_rng(count)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    a[rng.permutation(m)[count:]] = 0
+    b = (rng.standard_normal((k, n)) / k ** 0.5).astype(np.float16)
+    op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=(1, k), target="cuda", density_threshold=None)
+    got = op(a, b)
+    np.testing.assert_allclose(got.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32),
+                               rtol=1e-2, atol=1e-2)
+    assert np.all(got[~a.any(1)] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count", [100, 256, 257, 600])
+@pytest.mark.parametrize("epilogue", ["bias_relu", "bias_gelu_row_scale", "bias_residual"])
+def test_gpu_rows_tier_pair_epilogues(epilogue, count):
+    """The two tiers run in order on one C (as the op emits them), at a tier boundary of 256
+    rows, with the epilogues: listed rows and unlisted ones (``epilogue(0)``) on both sides."""
+    from math import erf
+
+    m, k, n, few = 700, 640, 768, 256
+    rng = np.random.default_rng(count)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    listed = np.sort(rng.permutation(m)[:count]).astype(np.int32)
+    ids = np.concatenate([listed, np.setdiff1d(np.arange(m, dtype=np.int32), listed)]).astype(np.int32)
+    offsets = np.array([0, count], np.int32)
+    b = (rng.standard_normal((k, n)) / k ** 0.5).astype(np.float16)
+    bias_v = rng.standard_normal(n).astype(np.float16)
+    flags = {"bias_relu": dict(bias=True, relu=True),
+             "bias_gelu_row_scale": dict(bias=True, gelu=True, row_scale=True),
+             "bias_residual": dict(bias=True, residual=True)}[epilogue]
+    extra = rng.choice([1.0, 0.5], m).astype(np.float16) if "row_scale" in flags else (
+        rng.standard_normal((m, n)).astype(np.float16) if "residual" in flags else None)
+    dev = tvm.cuda()
+    t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
+    args = [t(a), t(b), t(offsets), t(ids), t(bias_v)] + ([] if extra is None else [t(extra)])
+    c = t(np.full((m, n), 7, np.float16))
+    many = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, rows_above=few, **flags)}), TARGET)["main"]
+    few_f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, rows_upto=few, config=WgmmaConfig(128, 6),
+                                                              **flags)}), TARGET)["main"]
+    many(*args, c)
+    few_f(*args, c)
+    a_used = a.astype(np.float32)
+    a_used[ids[count:]] = 0                       # the rows the index skips are zero rows
+    pre = a_used @ b.astype(np.float32) + bias_v.astype(np.float32)
+    if epilogue == "bias_relu":
+        ref = np.maximum(pre, 0)
+    elif epilogue == "bias_gelu_row_scale":
+        ref = 0.5 * pre * (1 + np.vectorize(erf)(pre / np.sqrt(2))) * extra.astype(np.float32)[:, None]
+    else:
+        ref = pre.astype(np.float16).astype(np.float32) + extra.astype(np.float32)
+    np.testing.assert_allclose(c.numpy().astype(np.float32), ref, rtol=1e-2, atol=2e-2)
 
 
 @pytest.mark.gpu
@@ -222,6 +308,10 @@ _PTXAS_CASES = {
     "tiles_mk8": lambda: wgmma_tiles_gather_func(4096, 4096, 8),
     "tiles_mk64_128": lambda: wgmma_tiles_gather_func(4096, 4096, 64, config=WgmmaConfig(128, 4)),
     "dense_fallback": lambda: wgmma_dense_fallback_func(4096, 4096, 1),
+    "rows_above": lambda: wgmma_row_gather_func(4096, 4096, rows_above=512),
+    "rows_upto_128x6": lambda: wgmma_row_gather_func(4096, 4096, rows_upto=512, config=WgmmaConfig(128, 6)),
+    "rows_upto_bias_residual": lambda: wgmma_row_gather_func(3072, 768, bias=True, residual=True, rows_upto=2816,
+                                                             config=WgmmaConfig(128, 6)),
 }
 
 

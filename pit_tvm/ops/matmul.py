@@ -536,15 +536,15 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     masks = False
     fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)
              and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, activation, row_scale, residual, a_ty))
-    if fused:
-        from pit_tvm.schedules.wgmma import wgmma_config, wgmma_row_gather_func
-
+    few_rows_kernel = None
+    if is_gpu(tgt) and plan.kind == "rows" and _wgmma_rows(kernel):
         # a row scale that is the index's row mask is zero on every row the index skips
-        masks = row_scale is not None and row_mask is not None and row_scale.same_as(row_mask)
-        kernel = wgmma_row_gather_func(k, n, dtype, out_dtype, bias=True, relu=activation == "relu",
-                                       gelu=activation == "gelu", row_scale=row_scale is not None,
-                                       row_scale_masks=masks, residual=residual is not None,
-                                       config=wgmma_config(n, _rows_hint(m, PIT_EXPECTED_DENSITY)))
+        masks = fused and row_scale is not None and row_mask is not None and row_scale.same_as(row_mask)
+        epilogue = (dict(bias=True, relu=activation == "relu", gelu=activation == "gelu",
+                         row_scale=row_scale is not None, row_scale_masks=masks, residual=residual is not None)
+                    if fused else {})
+        kernel, few_rows_kernel = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, PIT_EXPECTED_DENSITY),
+                                                    **epilogue)
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
@@ -573,6 +573,11 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     epilogue_args = ([bias] + _row_scale_arg(bb, row_scale, m, dtype) + _residual_arg(bb, residual, m, n)
                      if fused else [])
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
+    if few_rows_kernel is not None:
+        # the few-rows tier writes C in place when the many-rows kernel above skipped it
+        few_gv = _add_once(bb, name.replace("pit_kernel_", "pit_few_rows_"), lambda: few_rows_kernel)
+        c = bb.emit(relax.call_tir_inplace(few_gv, [a2, b, offsets, ids] + epilogue_args + [c], [4 + len(epilogue_args)],
+                                           relax.TensorType([m, n], out_dtype)))
     if dense_fallback is not None:
         # a full index (the device-side dense fallback, or a dense pattern): the tiles kernel
         # and the compaction skipped their work, the dense kernel writes C in place
@@ -581,6 +586,28 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                                            relax.TensorType([m, n], out_dtype)))
     c = _from_rows(bb, c, lead, n)
     return c if fused else emit_epilogue(bb, c, bias, activation, row_scale, residual)
+
+
+def _wgmma_rows(kernel) -> bool:
+    """whether ``kernel`` is the wgmma rows kernel (not a tuned or mma.sync schedule)"""
+    return kernel is not None and kernel.attrs is not None and "pit.wgmma_rows" in kernel.attrs
+
+
+def _wgmma_rows_tiers(k, n, dtype, out_dtype, rows_hint, **epilogue):
+    """The wgmma rows kernel(s) for the expected rows: ``(kernel, None)``, or the two tiers of
+    :func:`pit_tvm.schedules.wgmma.wgmma_few_rows_tier` ``(many-rows kernel, few-rows kernel)``,
+    to run in that order on one C."""
+    from pit_tvm.schedules.wgmma import wgmma_config, wgmma_few_rows_tier, wgmma_row_gather_func
+
+    config = wgmma_config(n, rows_hint)
+    tier = wgmma_few_rows_tier(n, config, out_dtype)
+    if tier is None or (rows_hint is not None and rows_hint > 2 * tier[0]):
+        # (each call pays the idle tier's no-op launch, 1.4-2.9 us on the H100: not where the
+        # expected rows are well above the few-rows tier's)
+        return wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, **epilogue), None
+    few_rows, few_config = tier
+    return (wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, rows_above=few_rows, **epilogue),
+            wgmma_row_gather_func(k, n, dtype, out_dtype, config=few_config, rows_upto=few_rows, **epilogue))
 
 
 def _wgmma_epilogue_applies(k, n, dtype, out_dtype, target, bias, activation, row_scale, residual,

@@ -46,6 +46,12 @@ What bounds the loop on the H100 (``benchmarks/_wgmma_stages.py``, ``_ncu_wgmma.
 K loop at N=256 (45 rows of 4096^3: 59-64 us); narrower tiles spread it over more SMs but pay
 ~0.4 us of fixed cost per step (N=64, 8 stages: 37 us).  (Before the SWrite loaded its row ids
 ahead, the zero-only CTAs' id-load latency hid this: every width measured ~58 us.)
+
+So a rows matmul runs as two tiers chosen on the device by the row count
+(:func:`wgmma_few_rows_tier`): the kernel above for many rows, and for at most F rows
+(the rows whose 128-column tiles fill one wave) 128-column tiles with a 6-deep ring on
+persistent CTAs, the idle ones storing the unlisted rows meanwhile.  Both are launched, the
+one not needed returns at once.  4096^3 at 99 % / 95 % of rows empty: kernel 57 -> 49 / 48 us.
 """
 from __future__ import annotations
 
@@ -60,6 +66,7 @@ from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, st
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
+           "wgmma_few_rows_tier",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx"]
 
@@ -158,7 +165,7 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
                           bias: bool = False, relu: bool = False, dense: bool = False,
                           config: WgmmaConfig | None = None, gelu: bool = False,
                           row_scale: bool = False, row_scale_masks: bool = False,
-                          residual: bool = False) -> tirx.PrimFunc:
+                          residual: bool = False, rows_above: int = 0, rows_upto: int = 0) -> tirx.PrimFunc:
     """The lowered wgmma row-gather (or, ``dense=True``, plain) matmul PrimFunc; ``M`` is a
     symbolic int64, K and N compile-time.  Epilogue: ``bias`` (a ``[N]`` parameter), then
     ``relu`` or ``gelu`` (erf form), then ``row_scale`` (a ``[M]`` parameter after the bias,
@@ -166,7 +173,15 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     is zero on every row the index skips (it is the mask the index was built from), so those
     rows are stored as zeros.  Raises ValueError when the shape or dtypes do not fit (see
     :func:`wgmma_applies`).  ``residual`` (with a bias only): a ``[M, N]`` parameter of the
-    output dtype added last, in the output dtype (a transformer's skip connection)."""
+    output dtype added last, in the output dtype (a transformer's skip connection).
+
+    The two tiers of :func:`wgmma_few_rows_tier`, each writing all of C when it runs and
+    nothing otherwise: ``rows_above=F`` runs when the index lists more than F rows,
+    ``rows_upto=F`` when it lists at most F (on :data:`SMS` persistent CTAs)."""
+    if rows_above and rows_upto:
+        raise ValueError("rows_above and rows_upto are the two tiers: one kernel is one of them")
+    if dense and (rows_above or rows_upto):
+        raise ValueError("a dense kernel has no row tiers (it lists every row)")
     if relu and gelu:
         raise ValueError("relu and gelu are alternatives")
     if row_scale and not bias:
@@ -185,8 +200,34 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     act = "relu" if relu else ("gelu" if gelu else None)
     func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, "dense" if dense else "rows",
                    config, row_scale=bool(row_scale), row_scale_masks=bool(row_scale_masks),
-                   residual=bool(residual))
-    return lower_tirx(func, _TARGET)
+                   residual=bool(residual), rows_above=int(rows_above), rows_upto=int(rows_upto))
+    func = lower_tirx(func, _TARGET)
+    # (the op layer looks for it: the rows kernel may be split into the two row-count tiers)
+    return func if dense else func.with_attr("pit.wgmma_rows", True)
+
+
+#: the few-rows tier's ring depth by tile width (H100, 4096^3 fp16 rows, one wave of CTAs:
+#: 205 rows 128 x 6 43.0 us against 128 x 4 55.6 and 256 x 4 62.9; 45 rows 64 x 8 38.2 against
+#: 64 x 4 52.9 (``benchmarks/_rows_tiers.py``))
+FEW_ROWS_STAGES = {128: 6, 64: 8}
+
+
+def wgmma_few_rows_tier(n: int, config: WgmmaConfig, out_dtype: str = "float16"):
+    """``(F, few_config)`` or None: the rows kernel's second tier, for calls that list at most F
+    rows.  Few rows leave most SMs idle at the many-rows tile width, and each CTA's K loop is
+    bound by load latency: the few tier takes 128-column tiles (64 where N needs it) with a
+    deeper ring, F = the rows whose tiles fill one wave of :data:`SMS` CTAs.  None where the
+    config's tiles are no wider.  The op runs both kernels on one C: ``rows_above=F`` with
+    ``config``, then ``rows_upto=F`` with ``few_config`` in place (one of them does nothing)."""
+    block_n = 128 if n % 128 == 0 else 64
+    few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
+    if few.smem_bytes(out_dtype) > MAX_SMEM_BYTES or block_n >= config.block_n:
+        # (as wide as the many-rows tiles: no more CTAs for few rows.  A deeper ring alone
+        # measured no gain in BERT's N=768 layers, 562 against 569 us, for the tiers' no-op
+        # launches: ~2.9 us the many-rows kernel's, ~1.4 us the few-rows one's;
+        # benchmarks/_without_few_rows_tier.py benchmarks/_model_kernels.py bert --pit)
+        return None
+    return BLOCK_M * max(1, SMS // (n // block_n)), few
 
 
 def wgmma_tiles_applies(k: int, n: int, micro_tile, in_dtype: str, out_dtype: str, arch: str) -> bool:
@@ -292,16 +333,22 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
 
 
 def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
-            full_mk=0, row_scale=False, row_scale_masks=False, residual=False):
+            full_mk=0, row_scale=False, row_scale_masks=False, residual=False, rows_above=0, rows_upto=0):
     """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
     (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
-    runs only when it lists every one (:func:`wgmma_dense_fallback_func`)."""
+    runs only when it lists every one (:func:`wgmma_dense_fallback_func`).  Rows: ``rows_above``
+    runs only when the index lists more rows than that, ``rows_upto`` only when it lists at
+    most that many, on a persistent grid (:func:`wgmma_few_rows_tier`)."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK
     A_ROW_CHUNKS = BK // 8                # 16-byte chunks per A row of a K tile (8 or 4)
     tiles = mode == "tiles"
+    persistent = rows_upto > 0         # the few-rows tier: SMS CTAs stride over the tiles
+    # few-rows tier: unlisted rows' tiles an idle CTA may store in about one K loop's time (a
+    # tile's stores wait on its row ids: ~1 us on the H100, a K step ~0.5 us)
+    zero_tiles_per_loop = max(1, KT // 2)
     MKT = K // mk if tiles else 0         # micro-tile columns per strip
     PREFETCH = STAGES - 2                 # K tiles in flight ahead of the one computed
     A_TILE, B_TILE = BM * BK, BK * BN     # elements per ring slot
@@ -372,10 +419,15 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
 
     gather_a = tiles and not a_compact    # tiles, mk >= 8: A's listed columns read in place
 
-    def a_valid(off_buf, g, q):
+    def a_valid(off_buf, g, q, p, count):
+        """whether the A chunk of K position q, tile row p is read (else zero-filled): tiles,
+        positions the strip lists; rows, the listed rows (an unlisted row's product is not
+        stored, so reading it would only take bandwidth)"""
         # (a compacted A holds zeros from the count up to the next K tile: the same as the
         # zero fill, which the empty strip's K tile needs as it reads nothing written)
-        return q < n_valid(off_buf, g) if tiles else True
+        if tiles:
+            return q < n_valid(off_buf, g)
+        return p < count if mode == "rows" else True
 
     def b_valid(off_buf, g, q):
         return q < n_valid(off_buf, g) if tiles else True
@@ -395,39 +447,28 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
 
     def runs(off_buf, m, cond):
         """``cond`` where this kernel runs: the tiles kernel unless its index is full, the dense
-        fallback only then (its CTAs still pass the barriers, but load and store nothing)"""
+        fallback only then (its CTAs still pass the barriers, but load and store nothing), the
+        many-rows tier of the rows kernel only above its row count"""
         if tiles:
             return T.And(T.Not(index_is_full(off_buf, m, MKT)), cond)
         if full_mk:
             return T.And(index_is_full(off_buf, m, K // full_mk), cond)
+        if rows_above > 0:
+            return T.And(count_of(off_buf, m) > rows_above, cond)
         return cond
 
     def copy16(dst, src, valid):
         """16-byte cp.async (a call to wrap in ``T.evaluate``); zero-fills the destination where
         ``valid`` is false"""
-        if tiles:
+        if mode != "dense":
             return T.ptx["cp.async.cg.shared.global"](dst, src, 16,
                                                       T.Cast("uint32", T.if_then_else(valid, 16, 0)))
         return T.ptx["cp.async.cg.shared.global"](dst, src, 16)
 
     @T.macro
-    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C):
-        T.device_entry()
-        bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
-        tid = T.thread_id([THREADS])
-        smem = T.alloc_buffer([smem_elems], in_dtype, scope="shared.dyn", align=1024)
-        acc = T.alloc_local([ACC], "float32")
-        a_row = T.alloc_local([A_CHUNKS], "int64")
-        c_row = T.alloc_local([C_CHUNKS], "int64")       # the C rows this thread stores
-        rs_val = T.alloc_local([2], "float32")           # row_scale: its fragment rows' scales
-        res_v = T.alloc_local([C_CHUNKS * C_VEC if residual else 1], out_dtype)   # residual chunks
-        a_col = T.alloc_local([A_CHUNKS], "int32")        # tiles: this K tile's A columns
-        b_row_id = T.alloc_local([B_CHUNKS], "int32")     # tiles: this K tile's B rows
-        a_col_next = T.alloc_local([A_CHUNKS], "int32")   # tiles: the next K tile's
-        b_row_next = T.alloc_local([B_CHUNKS], "int32")
-        desc_a = T.alloc_local([1], "uint64")
-        desc_b = T.alloc_local([1], "uint64")
-        m = T.Cast("int32", M)
+    def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
+             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b):
+        """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
         if runs(OFF, m, p0 < count):
@@ -497,7 +538,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         T.evaluate(copy16(
                             smem.ptr_to([slot_w * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
                             A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
-                            a_valid(OFF, bm, kt * BK + ch * 8)))
+                            a_valid(OFF, bm, kt * BK + ch * 8, p0 + r, count)))
                     for j in T.unroll(B_CHUNKS):
                         kr = (tid + THREADS * j) // B_ROW_CHUNKS
                         gch = (tid + THREADS * j) % B_ROW_CHUNKS
@@ -539,13 +580,14 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         # are all loaded before the first store: a store between two id loads orders them, and
         # one id load's latency per chunk made the zero-only CTAs of a few-rows call most of
         # its time (45 of 4096 rows: ~70 % of the stall samples on the H100)
-        for j in T.unroll(C_CHUNKS):
-            c_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m - 1)))
-        if residual:
-            # every residual chunk loaded before the first store, for the same reason
+        if runs(OFF, m, p0 < m):
             for j in T.unroll(C_CHUNKS):
-                for e in T.vectorized(C_VEC):
-                    res_v[j * C_VEC + e] = RES[c_row[j], bn * BN + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC + e]
+                c_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m - 1)))
+            if residual:
+                # every residual chunk loaded before the first store, for the same reason
+                for j in T.unroll(C_CHUNKS):
+                    for e in T.vectorized(C_VEC):
+                        res_v[j * C_VEC + e] = RES[c_row[j], bn * BN + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC + e]
         for j in T.unroll(C_CHUNKS):
             r = (tid + THREADS * j) // C_ROW_CHUNKS
             ch = (tid + THREADS * j) % C_ROW_CHUNKS
@@ -565,6 +607,49 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 else:     # no bias, or a row scale that is zero wherever the index skips a row
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = zero_out
+
+    @T.macro
+    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C):
+        T.device_entry()
+        if persistent:
+            cta = T.cta_id([SMS])
+        else:
+            bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
+        tid = T.thread_id([THREADS])
+        smem = T.alloc_buffer([smem_elems], in_dtype, scope="shared.dyn", align=1024)
+        acc = T.alloc_local([ACC], "float32")
+        a_row = T.alloc_local([A_CHUNKS], "int64")
+        c_row = T.alloc_local([C_CHUNKS], "int64")       # the C rows this thread stores
+        rs_val = T.alloc_local([2], "float32")           # row_scale: its fragment rows' scales
+        res_v = T.alloc_local([C_CHUNKS * C_VEC if residual else 1], out_dtype)   # residual chunks
+        a_col = T.alloc_local([A_CHUNKS], "int32")        # tiles: this K tile's A columns
+        b_row_id = T.alloc_local([B_CHUNKS], "int32")     # tiles: this K tile's B rows
+        a_col_next = T.alloc_local([A_CHUNKS], "int32")   # tiles: the next K tile's
+        b_row_next = T.alloc_local([B_CHUNKS], "int32")
+        desc_a = T.alloc_local([1], "uint64")
+        desc_b = T.alloc_local([1], "uint64")
+        m = T.Cast("int32", M)
+        if persistent:
+            # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
+            # z of unlisted rows (stores only).  While the idle CTAs can store the z tiles in
+            # about one K loop's time (ZERO_TILES_PER_LOOP each), CTA c < tc computes tile c
+            # and the idle ones stride over the rest; otherwise CTA c takes tiles c, c + SMS...
+            # No loop at all when the many-rows tier runs.  (No branch around the loop or the
+            # tile: the sync pass cannot place the loop's barriers inside one.)
+            tc = (count_of(OFF, m) + BM - 1) // BM * (N // BN)
+            total = (m + BM - 1) // BM * (N // BN)
+            idle_only = T.And(tc < SMS, (total - tc + SMS - tc - 1) // T.max(SMS - tc, 1) <= zero_tiles_per_loop)
+            stride = T.if_then_else(idle_only, SMS - tc, SMS)
+            for it in T.serial(T.if_then_else(
+                    count_of(OFF, m) > rows_upto, 0, T.if_then_else(
+                        T.And(idle_only, cta < tc), 1, (T.max(total - cta, 0) + stride - 1) // stride))):
+                tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
+                     tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
+                     b_row_id, a_col_next, b_row_next, desc_a, desc_b)
+                T.cuda.cta_sync()   # before the next tile's first writes to shared memory
+        else:
+            tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
+                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b)
 
     return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale, residual)
 
