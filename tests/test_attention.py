@@ -43,6 +43,22 @@ def test_pass_fuses_each_layer():
     script = mod["main"].script()
     assert "R.matmul(transpose" not in script            # both batched matmuls are gone
     assert any("fused_attention" in gv.name_hint for gv in mod.get_global_vars())
+    # Q, K, V read in place from the projection (its bias added before the slices), the
+    # heads merged by the kernel: no slice, head transpose or per-part bias add is left
+    assert all(gv.name_hint.endswith("_packed_merged") for gv in mod.get_global_vars()
+               if "fused_attention" in gv.name_hint)
+    assert "R.strided_slice" not in script and "R.permute_dims" not in script
+
+
+def test_chain_finds_head_split_and_merge():
+    """The matched chain carries the projection columns of q, k and v and the head-merging
+    reshape of its result."""
+    from pit_tvm.passes.attention import _attention_chains
+
+    mod = _encoder_module(128, layers=1)
+    chains = list(_attention_chains(mod["main"]).values())
+    assert len(chains) == 1 and chains[0][5] is not None and chains[0][6] is not None
+    assert [o for _, o in chains[0][5]] == [0, 128, 256]       # q, k, v columns of the projection
 
 
 @pytest.mark.parametrize("case", ["cpu", "seq96", "head_dim32", "symbolic", "sm_80"])
@@ -68,11 +84,18 @@ def test_applies():
         fused_attention_func(2, 2, 128, 32, 0.125)
 
 
-@pytest.mark.parametrize("seq", [128, 256])
-def test_kernel_compiles_without_spills(seq):
+def test_packed_layout_checks():
+    with pytest.raises(ValueError, match="offset"):
+        fused_attention_func(2, 2, 128, 64, 0.125, packed=((384, 0), (384, 128), (384, 300)))
+
+
+@pytest.mark.parametrize("seq,packed", [(128, False), (256, False), (128, True)])
+def test_kernel_compiles_without_spills(seq, packed):
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    ex = build(tvm.IRModule({"main": fused_attention_func(2, 3, seq, 64, 0.125)}), TARGET)
+    layout = ((3 * 192, 0), (3 * 192, 192), (3 * 192, 384)) if packed else None
+    ex = build(tvm.IRModule({"main": fused_attention_func(2, 3, seq, 64, 0.125, packed=layout,
+                                                          out_packed=packed)}), TARGET)
     src = cuda_sources(ex)[0]
     assert "wgmma.mma_async" in src and "__shfl_xor_sync" in src
     log = ptxas_log(src, "sm_90a")
@@ -106,6 +129,29 @@ def test_gpu_kernel_matches_numpy(seq, mask_batch, dtype):
     ref = _reference(q, k, v, mask, scale)
     tol = 1e-2 if dtype == "float16" else 3e-2
     np.testing.assert_allclose(out.numpy().astype(np.float32), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("separate", [False, True])
+def test_gpu_packed_kernel_matches_numpy(separate):
+    """Q, K, V read in place from ``[B, S, W]`` projections (one tensor, or three with other
+    widths and offsets), the output written with the heads merged, ``[B, S, H * D]``."""
+    b, h, seq, d, scale = 2, 3, 128, 64, 0.125
+    rng = np.random.default_rng(7)
+    widths = (h * d + 64, h * d + 128, h * d + 8) if separate else (3 * h * d,) * 3
+    offsets = (64, 0, 8) if separate else (0, h * d, 2 * h * d)
+    xs = [rng.standard_normal((b, seq, w)).astype(np.float16) for w in (widths if separate else widths[:1])]
+    srcs = xs if separate else xs * 3
+    q, k, v = (x[:, :, o:o + h * d].reshape(b, seq, h, d).transpose(0, 2, 1, 3) for x, o in zip(srcs, offsets))
+    mask = np.stack([np.where(np.arange(seq) < n, 0.0, -10000.0) for n in (9, seq)]).astype(np.float16)
+    mask = mask.reshape(b, 1, 1, seq)
+    f = build(tvm.IRModule({"main": fused_attention_func(b, h, seq, d, scale, packed=tuple(zip(widths, offsets)),
+                                                         out_packed=True)}), TARGET)["main"]
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full((b, seq, h * d), 7, np.float16), dev)
+    f(*(tvm.runtime.tensor(x, dev) for x in srcs), tvm.runtime.tensor(mask, dev), out)
+    ref = _reference(q, k, v, mask, scale).transpose(0, 2, 1, 3).reshape(b, seq, h * d)
+    np.testing.assert_allclose(out.numpy().astype(np.float32), ref, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu

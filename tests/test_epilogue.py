@@ -30,11 +30,11 @@ def _bert(layers=1, hidden=64, heads=4, seq=16):
 
 
 def test_bert_chains():
-    """Per layer: QKV (no bias add before its slices), attention output and FFN-out (bias and
-    the skip connection), FFN-in (bias, GELU, padding mask as the row scale)."""
+    """Per layer: QKV (its concatenated bias, before the slices), attention output and FFN-out
+    (bias and the skip connection), FFN-in (bias, GELU, padding mask as the row scale)."""
     chains = list(epilogue_chains(_bert()["main"], lambda c: c.op.same_as(MATMUL)).values())
     got = sorted((c.activation or "-", c.row_scale is not None, c.residual is not None) for c in chains)
-    assert got == [("-", False, True), ("-", False, True), ("gelu", True, False)]
+    assert got == [("-", False, False), ("-", False, True), ("-", False, True), ("gelu", True, False)]
 
 
 def _gelu_torch_model(k=64, n=128):
@@ -81,9 +81,10 @@ def test_bert_cuda_graph_fuses_gelu_and_mask(pit):
     assert f"{kernel}" in script and "_bias_gelu_rowscale" in script
     assert ("_bias_gelu_rowscale_masked" in script) == pit      # the scale is the index's mask
     assert "R.erf" not in script
-    # the output projection's and FFN-out's bias and skip connection, FFN-in's bias
+    # the output projection's and FFN-out's bias and skip connection, FFN-in's bias (and
+    # GELU's 1 + erf), QKV's bias: only the attention mask's add is left
     assert script.count("_bias_residual") == 2
-    assert script.count("R.add(") == adds_before - 6     # (and GELU's 1 + erf)
+    assert script.count("R.add(") == adds_before - 7 == 1
 
 
 def test_cpu_numerics_with_epilogues_match_onnxruntime():

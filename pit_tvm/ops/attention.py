@@ -15,11 +15,16 @@ def _static(shape):
     return [int(d) for d in shape]
 
 
-def emit_fused_attention(bb: relax.BlockBuilder, q, k, v, mask, scale: float, target="cuda"):
+def emit_fused_attention(bb: relax.BlockBuilder, q, k, v, mask, scale: float, target="cuda",
+                         packed=None, out_packed: bool = False):
     """Emit the fused attention of ``q, k, v`` (``[B, H, S, D]``, static) with the additive
     ``mask`` (``[1 or B, 1, 1, S]``) into ``bb``; return the ``[B, H, S, D]`` result, or None
     when the kernel does not apply (not sm_90a, symbolic or unsupported sizes, dtypes): the
-    caller keeps the unfused graph then."""
+    caller keeps the unfused graph then.
+
+    ``packed``: ``((Xq, oq), (Xk, ok), (Xv, ov))``, ``[B, S, W]`` tensors whose columns
+    ``o + h * D ..`` are head h of q, k, v, read in their place (``q, k, v`` then only give
+    the shapes); ``out_packed``: return ``[B, S, H * D]`` instead (heads merged)."""
     from pit_tvm.schedules.attention import attention_applies, fused_attention_func
 
     target = make_target(target)
@@ -36,7 +41,18 @@ def emit_fused_attention(bb: relax.BlockBuilder, q, k, v, mask, scale: float, ta
             or not str(mask.ty.dtype).startswith(("float", "bfloat"))
             or not attention_applies(bq, hq, sq, dq, dtype, mb, arch)):
         return None
-    func = fused_attention_func(bq, hq, sq, dq, float(scale), dtype, str(mask.ty.dtype), mb)
-    name = f"fused_attention_b{bq}_h{hq}_s{sq}_d{dq}_{dtype}"
+    inputs, layout = [q, k, v], None
+    if packed is not None:
+        sources = [_static(getattr(x.ty, "shape", None)) for x, _ in packed]
+        if not all(s is not None and len(s) == 3 and s[:2] == [bq, sq] and str(x.ty.dtype) == dtype
+                   and o % 8 == 0 and s[2] % 8 == 0 and o + hq * dq <= s[2]
+                   for s, (x, o) in zip(sources, packed)):
+            return None
+        inputs, layout = [x for x, _ in packed], tuple((s[2], int(o)) for s, (_, o) in zip(sources, packed))
+    func = fused_attention_func(bq, hq, sq, dq, float(scale), dtype, str(mask.ty.dtype), mb,
+                                packed=layout, out_packed=out_packed)
+    name = (f"fused_attention_b{bq}_h{hq}_s{sq}_d{dq}_{dtype}" + ("_packed" if layout else "")
+            + ("_merged" if out_packed else ""))
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
-    return bb.emit(relax.call_tir(gv, [q, k, v, mask], relax.TensorType([bq, hq, sq, dq], dtype)))
+    out_shape = [bq, sq, hq * dq] if out_packed else [bq, hq, sq, dq]
+    return bb.emit(relax.call_tir(gv, inputs + [mask], relax.TensorType(out_shape, dtype)))

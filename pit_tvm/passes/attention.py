@@ -10,8 +10,12 @@ Matched (each inner value used once, ``k`` transposed by ``permute_dims(axes=[0,
 
     matmul(softmax(add(multiply(matmul(q, permute_dims(k)), scale), mask)), v)
 
-with ``multiply`` and ``add`` in either operand order.  Anything the kernel does not take
-(symbolic or unsupported sizes, CPU targets) keeps the unfused graph.
+with ``multiply`` and ``add`` in either operand order.  Where q, k and v are head splits of
+projections (``permute_dims(reshape(strided_slice(X, last axis)), [0, 2, 1, 3])``) the kernel
+reads X in place, and where the result's only use merges the heads back (``reshape(
+permute_dims(o, [0, 2, 1, 3]), [B, S, H D])``) it writes that layout: no copy is left around
+the attention.  Anything the kernel does not take (symbolic or unsupported sizes, CPU targets)
+keeps the unfused graph.
 """
 from __future__ import annotations
 
@@ -23,9 +27,57 @@ from pit_tvm.target import is_gpu, make_target
 from .graph import FuncGraph, op_name, scalar_constant
 
 
+def _ints(tup) -> list[int] | None:
+    try:
+        return [int(x.value) if hasattr(x, "value") else int(x) for x in tup]
+    except (TypeError, ValueError):
+        return None
+
+
+def _head_split(g: FuncGraph, x):
+    """``(X, o)`` when ``x = permute_dims(reshape(strided_slice(X, last axis, [o, o + H D]),
+    [B, S, H, D]), [0, 2, 1, 3])``, each step used once: head h of x is columns ``o + h D``
+    of the ``[B, S, W]`` tensor X.  Else None."""
+    perm = g.single(x, "relax.permute_dims")
+    if perm is None or perm.attrs.axes is None or [int(a) for a in perm.attrs.axes] != [0, 2, 1, 3]:
+        return None
+    split = g.single(perm.args[0], "relax.reshape")
+    sliced = g.single(split.args[0], "relax.strided_slice") if split is not None else None
+    if sliced is None or len(sliced.args) != 4:        # (explicit strides: not matched)
+        return None
+    src, axes, begin, end = sliced.args[0], *(_ints(a) for a in sliced.args[1:])
+    shape, heads = getattr(src.ty, "shape", None), getattr(split.ty, "shape", None)
+    if (None in (axes, begin, end, shape, heads) or len(shape) != 3 or len(heads) != 4
+            or axes not in ([2], [-1]) or not all(isinstance(d, tvm.tirx.IntImm) for d in heads)):
+        return None
+    h, d = int(heads[2]), int(heads[3])
+    return (src, begin[0]) if end[0] - begin[0] == h * d and begin[0] >= 0 else None
+
+
+def _head_merge(g: FuncGraph, var):
+    """The var of ``reshape(permute_dims(var, [0, 2, 1, 3]), [B, S, H D])`` when that is the
+    only use of ``var`` and of the permute, else None."""
+    perm_var = g.sole_user(var)
+    perm = g.bound.get(perm_var)
+    if (op_name(perm) != "relax.permute_dims" or perm.attrs.axes is None
+            or [int(a) for a in perm.attrs.axes] != [0, 2, 1, 3]):
+        return None
+    merged_var = g.sole_user(perm_var)
+    merged = g.bound.get(merged_var)
+    shape = getattr(merged, "ty", None) and getattr(merged.ty, "shape", None)
+    if op_name(merged) != "relax.reshape" or shape is None or len(shape) != 3:
+        return None
+    return merged_var
+
+
 def _attention_chains(func: relax.Function) -> dict:
-    """{the final ``matmul(p, v)`` call: (q, k, v, mask, scale)} of ``func``'s attention chains."""
+    """{the final ``matmul(p, v)`` call: (q, k, v, mask, scale, packed, merge)} of ``func``'s
+    attention chains.  ``packed``: q, k, v's head splits of projection outputs
+    (:func:`_head_split`), which the kernel reads in place, or None; ``merge``: the reshape
+    call that merges the result's heads back (:func:`_head_merge`), which the kernel's
+    ``[B, S, H D]`` output replaces, or None."""
     g = FuncGraph(func)
+    by_var = {value: var for var, value in g.bound.items()}
     chains = {}
     for value in g.bound.values():
         if op_name(value) != "relax.matmul":
@@ -42,7 +94,11 @@ def _attention_chains(func: relax.Function) -> dict:
                 perm = g.single(scores.args[1], "relax.permute_dims") if scores is not None else None
                 if (scale is not None and perm is not None and perm.attrs.axes is not None
                         and [int(a) for a in perm.attrs.axes] == [0, 1, 3, 2]):
-                    chains[value] = (scores.args[0], perm.args[0], v, mask, scale)
+                    q, k = scores.args[0], perm.args[0]
+                    splits = [_head_split(g, x) for x in (q, k, v)]
+                    packed = tuple(splits) if None not in splits else None
+                    merged = _head_merge(g, by_var.get(value))
+                    chains[value] = (q, k, v, mask, scale, packed, g.bound.get(merged))
     return chains
 
 
@@ -67,15 +123,26 @@ class FuseAttention:
         emit = self.emit or _default_emit()
         target = self.target
         chains = {}
+        merged_by = {}   # a head-merging reshape -> the kernel output that replaces it
 
         @relax.expr_functor.mutator
         class _Rewrite(relax.PyExprMutator):
             def visit_call_(self, op):
+                if op in merged_by:
+                    return merged_by[op]
                 chain = chains.get(op)
-                if chain is not None:
-                    q, k, v, mask, scale = chain
-                    new = emit(self.builder_, *(self.visit_expr(x) for x in (q, k, v, mask)), scale,
-                               target=target)
+                if chain is None:
+                    return self.visit_expr_post_order(op)
+                q, k, v, mask, scale, packed, merge = chain
+                args = [self.visit_expr(x) for x in (q, k, v, mask)]
+                if packed is not None:
+                    packed = tuple((self.visit_expr(x), o) for x, o in packed)
+                # the layouts that spare copies first; the kernel on [B, H, S, D] tensors else
+                for layout, out_packed in dict.fromkeys(((packed, merge is not None), (None, False))):
+                    new = emit(self.builder_, *args, scale, target=target, packed=layout, out_packed=out_packed)
+                    if new is not None and out_packed:
+                        merged_by[merge] = new     # (this matmul and its chain are dead now)
+                        break
                     if new is not None:
                         return new
                 return self.visit_expr_post_order(op)
@@ -84,6 +151,7 @@ class FuseAttention:
         for gv, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 chains.clear()
+                merged_by.clear()
                 chains.update(_attention_chains(func))
                 if chains:
                     rewriter.builder_.update_func(gv, rewriter.visit_expr(func))

@@ -12,7 +12,8 @@ import binds them as constants. This pass lifts the constant weights and biases 
 parameters, runs TVM's pass, binds them back and folds the concatenations into new constants.
 Each output of the split then becomes a ``strided_slice``: a split is a multi-output kernel
 that no consumer fuses with (three extra copies of the projections, ~11 us each per BERT
-layer on the H100), while a slice fuses into the bias add and the head transpose after it.
+layer on the H100), while a slice fuses into the head transpose after it, or disappears
+into the fused attention kernel, which reads the heads in place.
 """
 from __future__ import annotations
 
@@ -55,11 +56,10 @@ def _with_params(func: relax.Function, constants: list) -> tuple[relax.Function,
 
 def _split_to_slices(mod: tvm.IRModule) -> tvm.IRModule:
     """Every ``split(x)[i]`` at listed indices of a static axis becomes ``strided_slice(x)`` of
-    its part (the split is dead). For ``x = add(y, bias)`` with a constant bias along the split
-    axis, the part is ``add(strided_slice(y), bias part)``: one bias add over the whole
-    concatenation would be a kernel of its own (it has a use per part), each part's add fuses
-    into its slice."""
-    split, add = tvm.ir.Op.get("relax.split"), tvm.ir.Op.get("relax.add")
+    its part (the split is dead).  A concatenated bias add stays whole before the slices: it is
+    the combined matmul's epilogue on CUDA (:mod:`pit_tvm.passes.epilogue`), and attention
+    reads Q, K and V from the one biased tensor (:class:`~pit_tvm.passes.FuseAttention`)."""
+    split = tvm.ir.Op.get("relax.split")
 
     @relax.expr_functor.mutator
     class _Slices(relax.PyExprMutator):
@@ -81,13 +81,7 @@ def _split_to_slices(mod: tvm.IRModule) -> tvm.IRModule:
             if not isinstance(x.ty.shape[axis], tvm.tirx.IntImm) or not hasattr(indices, "__len__"):
                 return new
             cuts = [0] + [int(i) for i in indices] + [int(x.ty.shape[axis])]
-            lo, hi = cuts[new.index], cuts[new.index + 1]
-            biased = self.bound(x, add)
-            if (biased is not None and axis == rank - 1 and isinstance(biased.args[1], tvm.ir.GenericConst)
-                    and len(biased.args[1].ty.shape) == 1):
-                part = self.builder_.emit(relax.op.strided_slice(biased.args[0], [axis], [lo], [hi]))
-                return relax.op.add(part, relax.const(biased.args[1].value.numpy()[lo:hi]))
-            return relax.op.strided_slice(x, [axis], [lo], [hi])
+            return relax.op.strided_slice(x, [axis], [cuts[new.index]], [cuts[new.index + 1]])
 
     rewriter = _Slices(mod)
     for gv, func in mod.functions_items():
