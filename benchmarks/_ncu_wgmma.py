@@ -1,8 +1,10 @@
 """Run one wgmma kernel a few times (a target for ncu): rows over COUNT random rows of 4096^3,
-or the tiles kernel over a 32x1 pattern at SPARSITY (micro-tile mk=1, with its compaction).
+the tiles kernel over a 32x1 pattern at SPARSITY (micro-tile mk=1, with its compaction), or
+the whole rows op (index kernels and both row-count tiers) at SPARSITY of rows.
 
     ncu ... python3 benchmarks/_ncu_wgmma.py rows 256x4 45
     ncu ... python3 benchmarks/_ncu_wgmma.py tiles 0.9
+    ncu ... python3 benchmarks/_ncu_wgmma.py rows-op 0.9
 """
 import sys
 import numpy as np, tvm
@@ -26,8 +28,9 @@ if sys.argv[1] == "rows":
 else:
     import pit_tvm
     m, k, n = 4096, 4096, 4096
-    op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=(32, 1), target="cuda")
-    a = tile_sparse(m, k, (32, 1), float(sys.argv[2]), "float16", rng)
+    micro_tile = (32, 1) if sys.argv[1] == "tiles" else (1, k)
+    op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=micro_tile, target="cuda")
+    a = tile_sparse(m, k, micro_tile, float(sys.argv[2]), "float16", rng)
     b = rng.standard_normal((k, n)).astype("float16")
     at, bt = tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)
     for _ in range(3):

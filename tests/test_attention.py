@@ -44,9 +44,11 @@ def test_pass_fuses_each_layer():
     assert "R.matmul(transpose" not in script            # both batched matmuls are gone
     assert any("fused_attention" in gv.name_hint for gv in mod.get_global_vars())
     # Q, K, V read in place from the projection (its bias added before the slices), the
-    # heads merged by the kernel: no slice, head transpose or per-part bias add is left
-    assert all(gv.name_hint.endswith("_packed_merged") for gv in mod.get_global_vars()
+    # heads merged and the padding mask applied by the kernel: no slice, head transpose,
+    # per-part bias add or multiply of the attention output is left
+    assert all(gv.name_hint.endswith("_packed_merged_rowscale") for gv in mod.get_global_vars()
                if "fused_attention" in gv.name_hint)
+    assert "_ctx: R.Tensor((2, 128, 128), dtype=\"float16\") = R.multiply" not in script
     assert "R.strided_slice" not in script and "R.permute_dims" not in script
 
 
@@ -59,6 +61,7 @@ def test_chain_finds_head_split_and_merge():
     chains = list(_attention_chains(mod["main"]).values())
     assert len(chains) == 1 and chains[0][5] is not None and chains[0][6] is not None
     assert [o for _, o in chains[0][5]] == [0, 128, 256]       # q, k, v columns of the projection
+    assert chains[0][6].op.name == "relax.multiply" and chains[0][7] is not None   # the padding mask
 
 
 @pytest.mark.parametrize("case", ["cpu", "seq96", "head_dim32", "symbolic", "sm_80"])
@@ -95,7 +98,7 @@ def test_kernel_compiles_without_spills(seq, packed):
         pytest.skip("nvcc not found")
     layout = ((3 * 192, 0), (3 * 192, 192), (3 * 192, 384)) if packed else None
     ex = build(tvm.IRModule({"main": fused_attention_func(2, 3, seq, 64, 0.125, packed=layout,
-                                                          out_packed=packed)}), TARGET)
+                                                          out_packed=packed, row_scale=packed)}), TARGET)
     src = cuda_sources(ex)[0]
     assert "wgmma.mma_async" in src and "__shfl_xor_sync" in src
     log = ptxas_log(src, "sm_90a")
@@ -135,7 +138,8 @@ def test_gpu_kernel_matches_numpy(seq, mask_batch, dtype):
 @pytest.mark.parametrize("separate", [False, True])
 def test_gpu_packed_kernel_matches_numpy(separate):
     """Q, K, V read in place from ``[B, S, W]`` projections (one tensor, or three with other
-    widths and offsets), the output written with the heads merged, ``[B, S, H * D]``."""
+    widths and offsets), the output written with the heads merged, ``[B, S, H * D]``, times a
+    row scale (a padding mask) for the three separate tensors."""
     b, h, seq, d, scale = 2, 3, 128, 64, 0.125
     rng = np.random.default_rng(7)
     widths = (h * d + 64, h * d + 128, h * d + 8) if separate else (3 * h * d,) * 3
@@ -146,11 +150,14 @@ def test_gpu_packed_kernel_matches_numpy(separate):
     mask = np.stack([np.where(np.arange(seq) < n, 0.0, -10000.0) for n in (9, seq)]).astype(np.float16)
     mask = mask.reshape(b, 1, 1, seq)
     f = build(tvm.IRModule({"main": fused_attention_func(b, h, seq, d, scale, packed=tuple(zip(widths, offsets)),
-                                                         out_packed=True)}), TARGET)["main"]
+                                                         out_packed=True, row_scale=separate)}), TARGET)["main"]
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full((b, seq, h * d), 7, np.float16), dev)
-    f(*(tvm.runtime.tensor(x, dev) for x in srcs), tvm.runtime.tensor(mask, dev), out)
+    rows = rng.choice([0.0, 1.0, 0.5], (b, seq, 1)).astype(np.float16)
+    f(*(tvm.runtime.tensor(x, dev) for x in srcs + [mask] + ([rows] if separate else [])), out)
     ref = _reference(q, k, v, mask, scale).transpose(0, 2, 1, 3).reshape(b, seq, h * d)
+    if separate:
+        ref = ref * rows.astype(np.float32)
     np.testing.assert_allclose(out.numpy().astype(np.float32), ref, rtol=1e-2, atol=1e-2)
 
 

@@ -16,7 +16,7 @@ def _static(shape):
 
 
 def emit_fused_attention(bb: relax.BlockBuilder, q, k, v, mask, scale: float, target="cuda",
-                         packed=None, out_packed: bool = False):
+                         packed=None, out_packed: bool = False, row_scale=None):
     """Emit the fused attention of ``q, k, v`` (``[B, H, S, D]``, static) with the additive
     ``mask`` (``[1 or B, 1, 1, S]``) into ``bb``; return the ``[B, H, S, D]`` result, or None
     when the kernel does not apply (not sm_90a, symbolic or unsupported sizes, dtypes): the
@@ -24,7 +24,9 @@ def emit_fused_attention(bb: relax.BlockBuilder, q, k, v, mask, scale: float, ta
 
     ``packed``: ``((Xq, oq), (Xk, ok), (Xv, ov))``, ``[B, S, W]`` tensors whose columns
     ``o + h * D ..`` are head h of q, k, v, read in their place (``q, k, v`` then only give
-    the shapes); ``out_packed``: return ``[B, S, H * D]`` instead (heads merged)."""
+    the shapes); ``out_packed``: return ``[B, S, H * D]`` instead (heads merged);
+    ``row_scale`` (with ``out_packed``): ``[B, S, 1]`` of the mask's dtype, multiplying each
+    query row of that result."""
     from pit_tvm.schedules.attention import attention_applies, fused_attention_func
 
     target = make_target(target)
@@ -49,10 +51,14 @@ def emit_fused_attention(bb: relax.BlockBuilder, q, k, v, mask, scale: float, ta
                    for s, (x, o) in zip(sources, packed)):
             return None
         inputs, layout = [x for x, _ in packed], tuple((s[2], int(o)) for s, (_, o) in zip(sources, packed))
+    if row_scale is not None and (not out_packed or _static(getattr(row_scale.ty, "shape", None)) != [bq, sq, 1]
+                                  or str(row_scale.ty.dtype) != str(mask.ty.dtype)):
+        return None
     func = fused_attention_func(bq, hq, sq, dq, float(scale), dtype, str(mask.ty.dtype), mb,
-                                packed=layout, out_packed=out_packed)
+                                packed=layout, out_packed=out_packed, row_scale=row_scale is not None)
     name = (f"fused_attention_b{bq}_h{hq}_s{sq}_d{dq}_{dtype}" + ("_packed" if layout else "")
-            + ("_merged" if out_packed else ""))
+            + ("_merged" if out_packed else "") + ("_rowscale" if row_scale is not None else ""))
     gv = bb.add_func(func.with_attr("global_symbol", name), name)
     out_shape = [bq, sq, hq * dq] if out_packed else [bq, hq, sq, dq]
-    return bb.emit(relax.call_tir(gv, inputs + [mask], relax.TensorType(out_shape, dtype)))
+    args = inputs + [mask] + ([row_scale] if row_scale is not None else [])
+    return bb.emit(relax.call_tir(gv, args, relax.TensorType(out_shape, dtype)))

@@ -70,12 +70,28 @@ def _head_merge(g: FuncGraph, var):
     return merged_var
 
 
+def _row_scaled(g: FuncGraph, var):
+    """``(the multiply call, s)`` when ``var``'s only use is ``multiply(var, s)`` (either order)
+    with ``s`` of shape ``[B, S, 1]`` (a padding mask on the merged heads), else None."""
+    user = g.sole_user(var)
+    mul = g.bound.get(user)
+    if op_name(mul) != "relax.multiply":
+        return None
+    s = mul.args[1] if mul.args[0].same_as(var) else mul.args[0]
+    shape, out = getattr(s.ty, "shape", None), getattr(var.ty, "shape", None)
+    if shape is None or out is None or len(shape) != 3 or not isinstance(shape[2], tvm.tirx.IntImm) \
+            or int(shape[2]) != 1 or s.same_as(var):
+        return None
+    return mul, s
+
+
 def _attention_chains(func: relax.Function) -> dict:
-    """{the final ``matmul(p, v)`` call: (q, k, v, mask, scale, packed, merge)} of ``func``'s
-    attention chains.  ``packed``: q, k, v's head splits of projection outputs
-    (:func:`_head_split`), which the kernel reads in place, or None; ``merge``: the reshape
-    call that merges the result's heads back (:func:`_head_merge`), which the kernel's
-    ``[B, S, H D]`` output replaces, or None."""
+    """{the final ``matmul(p, v)`` call: (q, k, v, mask, scale, packed, merge, row_scale)} of
+    ``func``'s attention chains.  ``packed``: q, k, v's head splits of projection outputs
+    (:func:`_head_split`), which the kernel reads in place, or None; ``merge``: the call whose
+    value the kernel's ``[B, S, H D]`` output replaces, or None: the reshape that merges the
+    result's heads back (:func:`_head_merge`), or the multiply by ``row_scale`` after it
+    (:func:`_row_scaled`, a padding mask, else None)."""
     g = FuncGraph(func)
     by_var = {value: var for var, value in g.bound.items()}
     chains = {}
@@ -98,7 +114,8 @@ def _attention_chains(func: relax.Function) -> dict:
                     splits = [_head_split(g, x) for x in (q, k, v)]
                     packed = tuple(splits) if None not in splits else None
                     merged = _head_merge(g, by_var.get(value))
-                    chains[value] = (q, k, v, mask, scale, packed, g.bound.get(merged))
+                    scaled = _row_scaled(g, merged) if merged is not None else None
+                    chains[value] = (q, k, v, mask, scale, packed, *(scaled or (g.bound.get(merged), None)))
     return chains
 
 
@@ -133,13 +150,16 @@ class FuseAttention:
                 chain = chains.get(op)
                 if chain is None:
                     return self.visit_expr_post_order(op)
-                q, k, v, mask, scale, packed, merge = chain
+                q, k, v, mask, scale, packed, merge, row_scale = chain
                 args = [self.visit_expr(x) for x in (q, k, v, mask)]
                 if packed is not None:
                     packed = tuple((self.visit_expr(x), o) for x, o in packed)
+                row_scale = self.visit_expr(row_scale) if row_scale is not None else None
                 # the layouts that spare copies first; the kernel on [B, H, S, D] tensors else
+                # (a merge that the kernel does not take is left to the graph)
                 for layout, out_packed in dict.fromkeys(((packed, merge is not None), (None, False))):
-                    new = emit(self.builder_, *args, scale, target=target, packed=layout, out_packed=out_packed)
+                    new = emit(self.builder_, *args, scale, target=target, packed=layout, out_packed=out_packed,
+                               **({"row_scale": row_scale} if out_packed and row_scale is not None else {}))
                     if new is not None and out_packed:
                         merged_by[merge] = new     # (this matmul and its chain are dead now)
                         break

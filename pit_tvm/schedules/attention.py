@@ -65,7 +65,7 @@ def _smem_elems(seq: int) -> int:
 def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale: float,
                          dtype: str = "float16", mask_dtype: str = "float16",
                          mask_batch: int | None = None, packed=None,
-                         out_packed: bool = False) -> tirx.PrimFunc:
+                         out_packed: bool = False, row_scale: bool = False) -> tirx.PrimFunc:
     """The lowered fused-attention PrimFunc ``(q, k, v, mask, o)`` (see the module docstring).
     Raises ValueError when the sizes do not fit (:func:`attention_applies`).
 
@@ -73,7 +73,9 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     head h is columns ``o + h * D .. o + h * D + D - 1`` (a projection's output before the
     head split: ``q[b, h, s] = Xq[b, s, oq + h D :]``, the same tensor may be passed three
     times); ``out_packed``: o is ``[B, S, H * D]`` (the heads merged back).  Both spare the
-    graph a copy per tensor that only moves the head axis."""
+    graph a copy per tensor that only moves the head axis.  ``row_scale`` (with
+    ``out_packed``): a ``[B, S, 1]`` input of the mask dtype after the mask, multiplying query
+    row s of batch b of o (BERT's padding mask on the attention output)."""
     B, H, S, D = int(batch), int(heads), int(seq), int(head_dim)
     MB = B if mask_batch is None else int(mask_batch)
     if not attention_applies(B, H, S, D, dtype, MB, WGMMA_ARCH):
@@ -84,6 +86,8 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         if len(packed) != 3 or any(o < 0 or o % 8 or w % 8 or o + H * D > w for w, o in packed):
             raise ValueError(f"packed q, k, v need three (width, offset) with offset + H * D <= width, "
                              f"both multiples of 8 (16-byte rows); got {packed} for H={H}, D={D}")
+    if row_scale and not out_packed:
+        raise ValueError("row_scale comes with out_packed (the kernel variant that takes it)")
     in_shapes = [(B, S, w) for w, _ in packed] if packed else [(B, H, S, D)] * 3
     offsets = [o for _, o in packed] if packed else [0, 0, 0]
     out_shape = (B, S, H * D) if out_packed else (B, H, S, D)
@@ -112,17 +116,16 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     V_LBO, V_SBO = S * 128 // 16, 1024 // 16
     neg_inf = tirx.const(-3.0e38, "float32")
 
+    def scaled(value, rs_buf, b, r):
+        """o's fp32 value of query row r, times its row scale where the kernel takes one"""
+        return value * T.Cast("float32", rs_buf[b, r, 0]) if row_scale else value
+
     def swizzled(r, ch):
         """element offset of 16-byte chunk ch of row r in a [rows x 64] 128B-swizzled tile"""
         return r * D + T.bitwise_xor(ch, r % 8) * 8
 
-    @T.prim_func(s_tir=False)
-    def kernel(q: T.handle, k: T.handle, v: T.handle, mask: T.handle, o: T.handle):
-        Q = T.match_buffer(q, in_shapes[0], dtype)
-        K = T.match_buffer(k, in_shapes[1], dtype)
-        V = T.match_buffer(v, in_shapes[2], dtype)
-        MASK = T.match_buffer(mask, (MB, 1, 1, S), mask_dtype)
-        O = T.match_buffer(o, out_shape, dtype)
+    @T.macro
+    def body(Q, K, V, MASK, RS, O):
         T.device_entry()
         qb, h, b = T.cta_id([S // QB, H, B])
         tid = T.thread_id([THREADS])
@@ -215,7 +218,8 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
             for i in T.unroll(2):
                 for e in T.vectorized(2):
                     smem[P_OFF + (wg * 64 + w * 16 + lane // 4 + 8 * i) * O_ROW + nb * 8 + (lane % 4) * 2 + e] = \
-                        T.Cast(dtype, acc_o[nb * 4 + i * 2 + e] / row_sum[i])
+                        T.Cast(dtype, scaled(acc_o[nb * 4 + i * 2 + e] / row_sum[i], RS, b,
+                                             qb * QB + wg * 64 + w * 16 + lane // 4 + 8 * i))
         T.cuda.cta_sync()
         for j in T.unroll(QB * ROW_CHUNKS // THREADS):
             r = (tid + THREADS * j) // ROW_CHUNKS
@@ -227,4 +231,16 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
                 for e in T.vectorized(8):
                     O[b, h, qb * QB + r, ch * 8 + e] = smem[P_OFF + r * O_ROW + ch * 8 + e]
 
+    if row_scale:
+        @T.prim_func(s_tir=False)
+        def kernel(q: T.handle, k: T.handle, v: T.handle, mask: T.handle, rs: T.handle, o: T.handle):
+            body(T.match_buffer(q, in_shapes[0], dtype), T.match_buffer(k, in_shapes[1], dtype),
+                 T.match_buffer(v, in_shapes[2], dtype), T.match_buffer(mask, (MB, 1, 1, S), mask_dtype),
+                 T.match_buffer(rs, (B, S, 1), mask_dtype), T.match_buffer(o, out_shape, dtype))
+    else:
+        @T.prim_func(s_tir=False)
+        def kernel(q: T.handle, k: T.handle, v: T.handle, mask: T.handle, o: T.handle):
+            body(T.match_buffer(q, in_shapes[0], dtype), T.match_buffer(k, in_shapes[1], dtype),
+                 T.match_buffer(v, in_shapes[2], dtype), T.match_buffer(mask, (MB, 1, 1, S), mask_dtype),
+                 None, T.match_buffer(o, out_shape, dtype))
     return lower_tirx(kernel, _TARGET)
