@@ -96,6 +96,8 @@ def test_bad_shapes_raise():
         wgmma_row_gather_func(128, 256, "float32", "float32")
     with pytest.raises(ValueError, match="shared memory"):
         wgmma_row_gather_func(128, 256, config=WgmmaConfig(256, 5))
+    with pytest.raises(ValueError, match="row_scale_a comes with row_scale"):
+        wgmma_row_gather_func(128, 256, bias=True, row_scale_a=True)
 
 
 @pytest.mark.parametrize("in_dtype,out_dtype,bias,relu,dense", [
@@ -217,11 +219,13 @@ def test_gpu_rows_bias_relu_dtypes(in_dtype, out_dtype, n, config):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dense,masks", [(False, False), (False, True), (True, False)])
-def test_gpu_bias_gelu_row_scale(dense, masks):
+@pytest.mark.parametrize("dense,masks,scale_a", [(False, False, False), (False, True, False), (True, False, False),
+                                                 (False, True, True), (True, False, True)])
+def test_gpu_bias_gelu_row_scale(dense, masks, scale_a):
     """BERT's FFN-in epilogue, ``gelu(a @ b + bias) * mask[row]``: rows the index lists, and the
     rows it does not (zero rows of A: ``gelu(bias) * mask[row]``, not zero; ``masks``: the
-    scale is the index's row mask, zero there)."""
+    scale is the index's row mask, zero there); ``scale_a``: A is given unscaled and the kernel
+    scales its rows by the same mask first."""
     from math import erf
 
     m, k, n = 333, 768, 3072
@@ -229,11 +233,19 @@ def test_gpu_bias_gelu_row_scale(dense, masks):
     rs = np.random.default_rng(6).choice([1.0, 0.5], m).astype(np.float16)
     rs[ids[offsets[1]:]] = 0.0 if masks else 1.5
     f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, bias=True, gelu=True, row_scale=True,
-                                                          row_scale_masks=masks, dense=dense)}), TARGET)["main"]
+                                                          row_scale_masks=masks, dense=dense,
+                                                          row_scale_a=scale_a)}), TARGET)["main"]
     dev = tvm.cuda()
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
     c = t(np.full((m, n), 7, np.float16))
-    f(*([t(a), t(b)] + ([] if dense else [t(offsets), t(ids)]) + [t(bias_v), t(rs), c]))
+    a_in = a
+    if scale_a:   # the kernel is given A before its rows are scaled (unlisted rows: anything)
+        a_in = a.copy()
+        a_in[ids[offsets[1]:]] = 3
+        a = (a_in.astype(np.float32) * rs.astype(np.float32)[:, None]).astype(np.float16)
+        if not dense:
+            a[ids[offsets[1]:]] = 0
+    f(*([t(a_in), t(b)] + ([] if dense else [t(offsets), t(ids)]) + [t(bias_v), t(rs), c]))
     pre = a.astype(np.float32) @ b.astype(np.float32) + bias_v.astype(np.float32)   # zero rows: bias
     ref = 0.5 * pre * (1 + np.vectorize(erf)(pre / np.sqrt(2))) * rs.astype(np.float32)[:, None]
     np.testing.assert_allclose(c.numpy().astype(np.float32), ref, rtol=1e-2, atol=1e-2)
@@ -308,6 +320,8 @@ _PTXAS_CASES = {
     "tiles_mk8": lambda: wgmma_tiles_gather_func(4096, 4096, 8),
     "tiles_mk64_128": lambda: wgmma_tiles_gather_func(4096, 4096, 64, config=WgmmaConfig(128, 4)),
     "dense_fallback": lambda: wgmma_dense_fallback_func(4096, 4096, 1),
+    "rows_bias_gelu_row_mask_scale_a": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True,
+                                                                     row_scale_masks=True, row_scale_a=True),
     "rows_above": lambda: wgmma_row_gather_func(4096, 4096, rows_above=512),
     "rows_upto_128x6": lambda: wgmma_row_gather_func(4096, 4096, rows_upto=512, config=WgmmaConfig(128, 6)),
     "rows_upto_bias_residual": lambda: wgmma_row_gather_func(3072, 768, bias=True, residual=True, rows_upto=2816,

@@ -543,6 +543,10 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         epilogue = (dict(bias=True, relu=activation == "relu", gelu=activation == "gelu",
                          row_scale=row_scale is not None, row_scale_masks=masks, residual=residual is not None)
                     if fused else {})
+        unscaled = _unscaled_rows(bb, a, row_mask) if masks else None
+        if unscaled is not None:     # A's masking multiply runs in the kernel
+            a2, m, lead = _as_rows(bb, unscaled, k)
+            epilogue["row_scale_a"] = True
         kernel, few_rows_kernel = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, PIT_EXPECTED_DENSITY),
                                                     **epilogue)
     mr, mc = plan.index_micro_tile
@@ -559,7 +563,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
     # a static row count is part of the name: the kernel's tile width may depend on it
     name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale, residual) if fused else "")
-            + ("_masked" if masks else "")
+            + ("_masked" if masks else "") + ("_ascale" if fused and epilogue.get("row_scale_a") else "")
             + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else ""))
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
                             .with_attr("global_symbol", name), name)
@@ -682,7 +686,8 @@ def _add_once(bb, name, make):
 
 @functools.lru_cache(maxsize=64)
 def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, activation, arch: str,
-                       rows_hint=None, row_scale: bool = False, residual: bool = False):
+                       rows_hint=None, row_scale: bool = False, residual: bool = False,
+                       row_scale_a: bool = False):
     """The tensor-core dense kernel for (K, N) (with the bias / activation / row-scale
     epilogue), or None when no tile config fits; made once per shape in a process.  wgmma on
     sm_90a where it fits (the mma.sync kernels take a bias and ReLU only)."""
@@ -692,7 +697,7 @@ def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, a
     if wgmma_applies(k, n, dtype, out_dtype, arch):
         return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True,
                                      config=wgmma_config(n, rows_hint), gelu=activation == "gelu",
-                                     row_scale=row_scale, residual=residual)
+                                     row_scale=row_scale, residual=residual, row_scale_a=row_scale_a)
     if activation not in (None, "relu") or row_scale or residual:
         return None
     # (imported only here: the mma.sync schedules parse TVM's tensor intrinsics, ~14 s)
@@ -746,19 +751,41 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, act
     if (row_scale is not None or residual is not None) and (bias is None or not _wgmma_epilogue_applies(
             k, n, dtype, out_dtype, target, bias, activation, row_scale, residual, a_ty)):
         return None
+    # a ``multiply(x, row_scale)`` A: x is read and the kernel scales its rows
+    unscaled = _unscaled_rows(bb, a, row_scale) if row_scale is not None else None
     kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, activation,
-                                _arch_of(target), rows, row_scale is not None, residual is not None)
+                                _arch_of(target), rows, row_scale is not None, residual is not None,
+                                unscaled is not None)
     if kernel is None:
         return None
-    a2, m, lead = _as_rows(bb, a, k)
+    a2, m, lead = _as_rows(bb, a if unscaled is None else unscaled, k)
     # rows is part of the name: the tile width may depend on it
     name = (f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
-            f"{_epilogue_tag(bias, activation, row_scale, residual)}{f'_m{rows}' if rows else ''}")
+            f"{_epilogue_tag(bias, activation, row_scale, residual)}{'_ascale' if unscaled is not None else ''}"
+            f"{f'_m{rows}' if rows else ''}")
     gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
     args = ([a2, b] + ([bias] if bias is not None else []) + _row_scale_arg(bb, row_scale, m, dtype)
             + _residual_arg(bb, residual, m, n))
     c = bb.emit(relax.call_tir(gv, args, relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)
+
+
+def _unscaled_rows(bb, a, scale):
+    """``x`` when ``a`` is bound to ``multiply(x, scale)`` (either order; ``x`` of ``a``'s shape
+    and dtype): the rows of ``x`` scaled by ``scale``, whose kernel can take x and scale its
+    product's rows instead (``row_scale_a``), so the multiply need not run.  Else None."""
+    import tvm_ffi
+    from tvm import relax
+
+    value = bb.lookup_binding(a) if isinstance(a, relax.Var) else None
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.multiply"):
+        return None
+    for x, s in (value.args, value.args[::-1]):
+        if (s.same_as(scale) and isinstance(getattr(x, "ty", None), relax.TensorType)
+                and str(x.ty.dtype) == str(a.ty.dtype) and x.ty.shape is not None
+                and tvm_ffi.structural_equal(x.ty.shape, a.ty.shape)):
+            return x
+    return None
 
 
 def _epilogue_tag(bias, activation, row_scale, residual=None) -> str:

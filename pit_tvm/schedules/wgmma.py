@@ -165,7 +165,8 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
                           bias: bool = False, relu: bool = False, dense: bool = False,
                           config: WgmmaConfig | None = None, gelu: bool = False,
                           row_scale: bool = False, row_scale_masks: bool = False,
-                          residual: bool = False, rows_above: int = 0, rows_upto: int = 0) -> tirx.PrimFunc:
+                          residual: bool = False, rows_above: int = 0, rows_upto: int = 0,
+                          row_scale_a: bool = False) -> tirx.PrimFunc:
     """The lowered wgmma row-gather (or, ``dense=True``, plain) matmul PrimFunc; ``M`` is a
     symbolic int64, K and N compile-time.  Epilogue: ``bias`` (a ``[N]`` parameter), then
     ``relu`` or ``gelu`` (erf form), then ``row_scale`` (a ``[M]`` parameter after the bias,
@@ -174,6 +175,9 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     rows are stored as zeros.  Raises ValueError when the shape or dtypes do not fit (see
     :func:`wgmma_applies`).  ``residual`` (with a bias only): a ``[M, N]`` parameter of the
     output dtype added last, in the output dtype (a transformer's skip connection).
+    ``row_scale_a`` (with ``row_scale``): the row scale also multiplies A's rows, before the
+    bias (``A`` is given unscaled: ``act(s * (a @ b) + bias) * s`` for ``act((s * a) @ b +
+    bias) * s``, BERT's FFN-in on its padding-masked input without the masking kernel).
 
     The two tiers of :func:`wgmma_few_rows_tier`, each writing all of C when it runs and
     nothing otherwise: ``rows_above=F`` runs when the index lists more than F rows,
@@ -186,6 +190,8 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
         raise ValueError("relu and gelu are alternatives")
     if row_scale and not bias:
         raise ValueError("row_scale comes with a bias (the kernel variants that take it)")
+    if row_scale_a and not row_scale:
+        raise ValueError("row_scale_a comes with row_scale (it scales A's rows by the same tensor)")
     if residual and (not bias or relu or gelu or row_scale):
         raise ValueError("residual comes with a bias alone (the kernel variants that take it)")
     config = config or wgmma_config(n)
@@ -200,7 +206,8 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     act = "relu" if relu else ("gelu" if gelu else None)
     func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, "dense" if dense else "rows",
                    config, row_scale=bool(row_scale), row_scale_masks=bool(row_scale_masks),
-                   residual=bool(residual), rows_above=int(rows_above), rows_upto=int(rows_upto))
+                   residual=bool(residual), rows_above=int(rows_above), rows_upto=int(rows_upto),
+                   row_scale_a=bool(row_scale_a))
     func = lower_tirx(func, _TARGET)
     # (the op layer looks for it: the rows kernel may be split into the two row-count tiers)
     return func if dense else func.with_attr("pit.wgmma_rows", True)
@@ -333,7 +340,8 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
 
 
 def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
-            full_mk=0, row_scale=False, row_scale_masks=False, residual=False, rows_above=0, rows_upto=0):
+            full_mk=0, row_scale=False, row_scale_masks=False, residual=False, rows_above=0, rows_upto=0,
+            row_scale_a=False):
     """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
     (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
@@ -381,8 +389,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         return v
 
     def epilogue(v, bias_buf, col, scale):
-        """fp32 accumulator -> bias, activation, row scale (``scale``: the row's, fp32) ->
-        output dtype"""
+        """fp32 accumulator -> (A's row scale,) bias, activation, row scale (``scale``: the
+        row's, fp32) -> output dtype"""
+        if row_scale_a:
+            v = v * scale
         if has_bias:
             v = v + T.Cast("float32", bias_buf[col])
         v = activation(v)
