@@ -536,7 +536,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     masks = False
     fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)
              and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, activation, row_scale, residual, a_ty))
-    few_rows_kernel = None
+    few_rows_kernel, epilogue = None, {}
     if is_gpu(tgt) and plan.kind == "rows" and _wgmma_rows(kernel):
         # a row scale that is the index's row mask is zero on every row the index skips
         masks = fused and row_scale is not None and row_mask is not None and row_scale.same_as(row_mask)
@@ -563,7 +563,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
     # a static row count is part of the name: the kernel's tile width may depend on it
     name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale, residual) if fused else "")
-            + ("_masked" if masks else "") + ("_ascale" if fused and epilogue.get("row_scale_a") else "")
+            + ("_masked" if masks else "") + ("_ascale" if epilogue.get("row_scale_a") else "")
             + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else ""))
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
                             .with_attr("global_symbol", name), name)

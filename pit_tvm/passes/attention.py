@@ -140,7 +140,7 @@ class FuseAttention:
         emit = self.emit or _default_emit()
         target = self.target
         chains = {}
-        merged_by = {}   # a head-merging reshape -> the kernel output that replaces it
+        merged_by = {}   # the call a merged-heads kernel output replaces -> that output
 
         @relax.expr_functor.mutator
         class _Rewrite(relax.PyExprMutator):

@@ -51,7 +51,8 @@ So a rows matmul runs as two tiers chosen on the device by the row count
 (:func:`wgmma_few_rows_tier`): the kernel above for many rows, and for at most F rows
 (the rows whose 128-column tiles fill one wave) 128-column tiles with a 6-deep ring on
 persistent CTAs, the idle ones storing the unlisted rows meanwhile.  Both are launched, the
-one not needed returns at once.  4096^3 at 99 % / 95 % of rows empty: kernel 57 -> 49 / 48 us.
+one not needed returns at once.  4096^3 at 99 % / 95 % of rows empty: kernel 57 -> 47-49 /
+48-54 us (``benchmarks/gpu_matmul.py``, H100, two runs).
 """
 from __future__ import annotations
 
