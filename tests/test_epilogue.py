@@ -80,9 +80,12 @@ def test_bert_cuda_graph_fuses_gelu_and_mask(pit):
     kernel = "pit_kernel_1x64" if pit else "tc_dense_matmul_k64_n256"
     assert f"{kernel}" in script and "_bias_gelu_rowscale" in script
     assert ("_bias_gelu_rowscale_masked" in script) == pit      # the scale is the index's mask
-    # the FFN-in's masked input: the kernel scales its rows, the masking multiply is gone
+    # the QKV's and FFN-in's masked inputs: the kernels scale their rows, no masking multiply
+    # is left (the attention output's, head dim 16 here, stays: the attention is not fused)
     assert "_rowscale_masked_ascale" in script if pit else "_rowscale_ascale" in script
+    assert "_bias_ascale" in script
     assert "R.multiply(lv" not in script.split("layer_norm")[1]
+    assert "R.multiply(input_embeds, row_mask)" not in script
     assert "R.erf" not in script
     # the output projection's and FFN-out's bias and skip connection, FFN-in's bias (and
     # GELU's 1 + erf), QKV's bias: only the attention mask's add is left

@@ -96,8 +96,8 @@ def test_bad_shapes_raise():
         wgmma_row_gather_func(128, 256, "float32", "float32")
     with pytest.raises(ValueError, match="shared memory"):
         wgmma_row_gather_func(128, 256, config=WgmmaConfig(256, 5))
-    with pytest.raises(ValueError, match="row_scale_a comes with row_scale"):
-        wgmma_row_gather_func(128, 256, bias=True, row_scale_a=True)
+    with pytest.raises(ValueError, match="row_scale_a comes with a bias"):
+        wgmma_row_gather_func(128, 256, row_scale_a=True)
 
 
 @pytest.mark.parametrize("in_dtype,out_dtype,bias,relu,dense", [
@@ -253,6 +253,28 @@ def test_gpu_bias_gelu_row_scale(dense, masks, scale_a):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dense", [False, True])
+def test_gpu_bias_input_row_scale(dense):
+    """A GEMM on a row-scaled input, ``(s * x) @ b + bias``, given x and s (BERT's QKV on its
+    padding-masked input): listed rows, and unlisted ones (``bias``: their A rows are zero)."""
+    m, k, n = 333, 768, 2304
+    a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.0 if dense else 0.4, bias=True, seed=11)
+    rs = np.random.default_rng(12).choice([1.0, 0.5, 2.0], m).astype(np.float16)
+    x = a.copy()
+    x[ids[offsets[1]:]] = 5                    # unlisted rows: not read (A there is s * x = 0)
+    rs[ids[offsets[1]:]] = 0 if not dense else rs[ids[offsets[1]:]]
+    f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, bias=True, row_scale_a=True, dense=dense)}),
+              TARGET)["main"]
+    dev = tvm.cuda()
+    t = lambda v: tvm.runtime.tensor(v, dev)  # noqa: E731
+    c = t(np.full((m, n), 7, np.float16))
+    f(*([t(x), t(b)] + ([] if dense else [t(offsets), t(ids)]) + [t(bias_v), t(rs), c]))
+    scaled = (x.astype(np.float32) * rs.astype(np.float32)[:, None]).astype(np.float16).astype(np.float32)
+    ref = scaled @ b.astype(np.float32) + bias_v.astype(np.float32)
+    np.testing.assert_allclose(c.numpy().astype(np.float32), ref, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dense", [False, True])
 def test_gpu_bias_residual(dense):
     """A skip connection in the epilogue, ``fp16(a @ b + bias) + r`` (added in fp16 as the graph
     does): listed rows, and unlisted ones (``bias + r``)."""
@@ -322,6 +344,7 @@ _PTXAS_CASES = {
     "dense_fallback": lambda: wgmma_dense_fallback_func(4096, 4096, 1),
     "rows_bias_gelu_row_mask_scale_a": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True,
                                                                      row_scale_masks=True, row_scale_a=True),
+    "rows_bias_scale_a": lambda: wgmma_row_gather_func(768, 2304, bias=True, row_scale_a=True),
     "rows_above": lambda: wgmma_row_gather_func(4096, 4096, rows_above=512),
     "rows_upto_128x6": lambda: wgmma_row_gather_func(4096, 4096, rows_upto=512, config=WgmmaConfig(128, 6)),
     "rows_upto_bias_residual": lambda: wgmma_row_gather_func(3072, 768, bias=True, residual=True, rows_upto=2816,

@@ -536,17 +536,22 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     masks = False
     fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)
              and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, activation, row_scale, residual, a_ty))
-    few_rows_kernel, epilogue = None, {}
+    few_rows_kernel, epilogue, a_scale = None, {}, None
     if is_gpu(tgt) and plan.kind == "rows" and _wgmma_rows(kernel):
         # a row scale that is the index's row mask is zero on every row the index skips
         masks = fused and row_scale is not None and row_mask is not None and row_scale.same_as(row_mask)
         epilogue = (dict(bias=True, relu=activation == "relu", gelu=activation == "gelu",
                          row_scale=row_scale is not None, row_scale_masks=masks, residual=residual is not None)
                     if fused else {})
-        unscaled = _unscaled_rows(bb, a, row_mask) if masks else None
-        if unscaled is not None:     # A's masking multiply runs in the kernel
+        # A = x * the index's row mask: the kernel reads x and scales its product's rows (the
+        # row-scale parameter is that mask; a residual's kernel variants take no row scale)
+        unscaled = (_unscaled_rows(bb, a, row_mask)
+                    if fused and row_mask is not None and residual is None and (row_scale is None or masks)
+                    and is_row_scale(row_mask, a_ty) else None)
+        if unscaled is not None:
             a2, m, lead = _as_rows(bb, unscaled, k)
             epilogue["row_scale_a"] = True
+            a_scale = row_mask
         kernel, few_rows_kernel = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, PIT_EXPECTED_DENSITY),
                                                     **epilogue)
     mr, mc = plan.index_micro_tile
@@ -574,8 +579,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     if compact is not None:   # SRead of thin micro-tiles as a kernel of its own
         compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
-    epilogue_args = ([bias] + _row_scale_arg(bb, row_scale, m, dtype) + _residual_arg(bb, residual, m, n)
-                     if fused else [])
+    epilogue_args = ([bias] + _row_scale_arg(bb, row_scale if row_scale is not None else a_scale, m, dtype)
+                     + _residual_arg(bb, residual, m, n) if fused else [])
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
     if few_rows_kernel is not None:
         # the few-rows tier writes C in place when the many-rows kernel above skipped it
@@ -698,7 +703,7 @@ def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, a
         return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True,
                                      config=wgmma_config(n, rows_hint), gelu=activation == "gelu",
                                      row_scale=row_scale, residual=residual, row_scale_a=row_scale_a)
-    if activation not in (None, "relu") or row_scale or residual:
+    if activation not in (None, "relu") or row_scale or residual or row_scale_a:
         return None
     # (imported only here: the mma.sync schedules parse TVM's tensor intrinsics, ~14 s)
     from pit_tvm.schedules.tensorcore import dense_matmul_func, schedule_dense_matmul, valid_configs
@@ -751,8 +756,14 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, act
     if (row_scale is not None or residual is not None) and (bias is None or not _wgmma_epilogue_applies(
             k, n, dtype, out_dtype, target, bias, activation, row_scale, residual, a_ty)):
         return None
-    # a ``multiply(x, row_scale)`` A: x is read and the kernel scales its rows
-    unscaled = _unscaled_rows(bb, a, row_scale) if row_scale is not None else None
+    # A = x * s, s a row scale (the row_scale, or any [..., 1] one without it): the kernel reads
+    # x and scales its product's rows, before the bias
+    a_scale = row_scale
+    if a_scale is None and bias is not None and residual is None:
+        s = _row_scale_operand(bb, a, a_ty)
+        if s is not None and _wgmma_epilogue_applies(k, n, dtype, out_dtype, target, bias, activation, s, None, a_ty):
+            a_scale = s
+    unscaled = _unscaled_rows(bb, a, a_scale) if a_scale is not None else None
     kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, activation,
                                 _arch_of(target), rows, row_scale is not None, residual is not None,
                                 unscaled is not None)
@@ -764,7 +775,9 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, act
             f"{_epilogue_tag(bias, activation, row_scale, residual)}{'_ascale' if unscaled is not None else ''}"
             f"{f'_m{rows}' if rows else ''}")
     gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
-    args = ([a2, b] + ([bias] if bias is not None else []) + _row_scale_arg(bb, row_scale, m, dtype)
+    args = ([a2, b] + ([bias] if bias is not None else [])
+            + _row_scale_arg(bb, row_scale if row_scale is not None else (a_scale if unscaled is not None else None),
+                             m, dtype)
             + _residual_arg(bb, residual, m, n))
     c = bb.emit(relax.call_tir(gv, args, relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)
@@ -786,6 +799,17 @@ def _unscaled_rows(bb, a, scale):
                 and tvm_ffi.structural_equal(x.ty.shape, a.ty.shape)):
             return x
     return None
+
+
+def _row_scale_operand(bb, a, a_ty):
+    """``s`` when ``a`` is bound to ``multiply(x, s)`` with ``s`` a row scale of ``a`` (its
+    leading shape + ``[1]``), else None."""
+    from tvm import relax
+
+    value = bb.lookup_binding(a) if isinstance(a, relax.Var) else None
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.multiply"):
+        return None
+    return next((s for s in value.args if is_row_scale(s, a_ty)), None)
 
 
 def _epilogue_tag(bias, activation, row_scale, residual=None) -> str:

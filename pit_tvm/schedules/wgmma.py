@@ -176,9 +176,10 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     rows are stored as zeros.  Raises ValueError when the shape or dtypes do not fit (see
     :func:`wgmma_applies`).  ``residual`` (with a bias only): a ``[M, N]`` parameter of the
     output dtype added last, in the output dtype (a transformer's skip connection).
-    ``row_scale_a`` (with ``row_scale``): the row scale also multiplies A's rows, before the
-    bias (``A`` is given unscaled: ``act(s * (a @ b) + bias) * s`` for ``act((s * a) @ b +
-    bias) * s``, BERT's FFN-in on its padding-masked input without the masking kernel).
+    ``row_scale_a`` (with a bias): the row-scale parameter ``s`` multiplies A's rows, before
+    the bias (``A`` is given unscaled: ``act(s * (a @ b) + bias)`` for ``act((s * a) @ b +
+    bias)``, then ``* s`` with ``row_scale`` too): a GEMM on a padding-masked input without
+    the masking kernel.
 
     The two tiers of :func:`wgmma_few_rows_tier`, each writing all of C when it runs and
     nothing otherwise: ``rows_above=F`` runs when the index lists more than F rows,
@@ -191,9 +192,9 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
         raise ValueError("relu and gelu are alternatives")
     if row_scale and not bias:
         raise ValueError("row_scale comes with a bias (the kernel variants that take it)")
-    if row_scale_a and not row_scale:
-        raise ValueError("row_scale_a comes with row_scale (it scales A's rows by the same tensor)")
-    if residual and (not bias or relu or gelu or row_scale):
+    if row_scale_a and not bias:
+        raise ValueError("row_scale_a comes with a bias (the kernel variants that take it)")
+    if residual and (not bias or relu or gelu or row_scale or row_scale_a):
         raise ValueError("residual comes with a bias alone (the kernel variants that take it)")
     config = config or wgmma_config(n)
     if (config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64
@@ -392,7 +393,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def epilogue(v, bias_buf, col, scale):
         """fp32 accumulator -> (A's row scale,) bias, activation, row scale (``scale``: the
         row's, fp32) -> output dtype"""
-        if row_scale_a:
+        if row_scale_a and scale is not None:   # (a zero row's product: zero, whatever its scale)
             v = v * scale
         if has_bias:
             v = v + T.Cast("float32", bias_buf[col])
@@ -567,7 +568,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             # 64g + 16w + l/4 (+8) and columns 8nb + 2(l%4) (+1) in acc[4nb + 2i + e]
             w = (tid % 128) // 32
             lane = tid % 32
-            if row_scale:   # the scales of this thread's two fragment rows
+            if row_scale or row_scale_a:   # the scales of this thread's two fragment rows
                 for i in T.unroll(2):
                     rs_val[i] = T.Cast("float32", RS[row_of(IDS, T.min(p0 + wg * 64 + w * 16 + lane // 4 + 8 * i,
                                                                        m - 1))])
@@ -662,7 +663,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
                  a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b)
 
-    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale, residual)
+    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale or row_scale_a,
+                      residual)
 
 
 def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False,  # noqa: C901
