@@ -74,6 +74,9 @@ def test_few_rows_tier():
     assert wgmma_few_rows_tier(17 * 1024, WgmmaConfig(256, 4))[0] == 128   # wider than a wave
     assert wgmma_few_rows_tier(768, WgmmaConfig(128, 4)) is None           # no wider than the tier's
     assert wgmma_few_rows_tier(320, WgmmaConfig(64, 4)) is None
+    # expected rows well above the tier's: every call would pay its no-op launch for nothing
+    assert wgmma_few_rows_tier(4096, WgmmaConfig(256, 4), rows_hint=1024) == (512, WgmmaConfig(128, 6))
+    assert wgmma_few_rows_tier(4096, WgmmaConfig(256, 4), rows_hint=1025) is None
     with pytest.raises(ValueError, match="tiers"):
         wgmma_row_gather_func(512, 256, rows_above=128, rows_upto=128)
     with pytest.raises(ValueError, match="tiers"):

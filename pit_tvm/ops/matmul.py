@@ -536,7 +536,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     masks = False
     fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)
              and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, activation, row_scale, residual, a_ty))
-    few_rows_kernel, epilogue, a_scale = None, {}, None
+    few_rows_kernel, epilogue, scaled = None, {}, None
     if is_gpu(tgt) and plan.kind == "rows" and _wgmma_rows(kernel):
         # a row scale that is the index's row mask is zero on every row the index skips
         masks = fused and row_scale is not None and row_mask is not None and row_scale.same_as(row_mask)
@@ -545,13 +545,12 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                     if fused else {})
         # A = x * the index's row mask: the kernel reads x and scales its product's rows (the
         # row-scale parameter is that mask; a residual's kernel variants take no row scale)
-        unscaled = (_unscaled_rows(bb, a, row_mask)
-                    if fused and row_mask is not None and residual is None and (row_scale is None or masks)
-                    and is_row_scale(row_mask, a_ty) else None)
-        if unscaled is not None:
-            a2, m, lead = _as_rows(bb, unscaled, k)
+        scaled = (_row_scaled_input(bb, a, a_ty, row_mask)
+                  if fused and row_mask is not None and residual is None and (row_scale is None or masks)
+                  and is_row_scale(row_mask, a_ty) else None)
+        if scaled is not None:
+            a2, m, lead = _as_rows(bb, scaled[0], k)
             epilogue["row_scale_a"] = True
-            a_scale = row_mask
         kernel, few_rows_kernel = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, PIT_EXPECTED_DENSITY),
                                                     **epilogue)
     mr, mc = plan.index_micro_tile
@@ -579,7 +578,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     if compact is not None:   # SRead of thin micro-tiles as a kernel of its own
         compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
-    epilogue_args = ([bias] + _row_scale_arg(bb, row_scale if row_scale is not None else a_scale, m, dtype)
+    epilogue_args = ([bias] + _row_scale_arg(bb, row_scale if scaled is None else scaled[1], m, dtype)
                      + _residual_arg(bb, residual, m, n) if fused else [])
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
     if few_rows_kernel is not None:
@@ -609,10 +608,8 @@ def _wgmma_rows_tiers(k, n, dtype, out_dtype, rows_hint, **epilogue):
     from pit_tvm.schedules.wgmma import wgmma_config, wgmma_few_rows_tier, wgmma_row_gather_func
 
     config = wgmma_config(n, rows_hint)
-    tier = wgmma_few_rows_tier(n, config, out_dtype)
-    if tier is None or (rows_hint is not None and rows_hint > 2 * tier[0]):
-        # (each call pays the idle tier's no-op launch, 1.4-2.9 us on the H100: not where the
-        # expected rows are well above the few-rows tier's)
+    tier = wgmma_few_rows_tier(n, config, out_dtype, rows_hint)
+    if tier is None:
         return wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, **epilogue), None
     few_rows, few_config = tier
     return (wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, rows_above=few_rows, **epilogue),
@@ -756,60 +753,47 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, act
     if (row_scale is not None or residual is not None) and (bias is None or not _wgmma_epilogue_applies(
             k, n, dtype, out_dtype, target, bias, activation, row_scale, residual, a_ty)):
         return None
-    # A = x * s, s a row scale (the row_scale, or any [..., 1] one without it): the kernel reads
-    # x and scales its product's rows, before the bias
-    a_scale = row_scale
-    if a_scale is None and bias is not None and residual is None:
-        s = _row_scale_operand(bb, a, a_ty)
-        if s is not None and _wgmma_epilogue_applies(k, n, dtype, out_dtype, target, bias, activation, s, None, a_ty):
-            a_scale = s
-    unscaled = _unscaled_rows(bb, a, a_scale) if a_scale is not None else None
+    # A = x * s, s a row scale (the row_scale, or without one any [..., 1] tensor the kernel
+    # takes): the kernel reads x and scales its product's rows, before the bias
+    scaled = (_row_scaled_input(bb, a, a_ty, row_scale) if bias is not None and residual is None else None)
+    if scaled is not None and row_scale is None and not _wgmma_epilogue_applies(
+            k, n, dtype, out_dtype, target, bias, activation, scaled[1], None, a_ty):
+        scaled = None
     kernel = _cuda_dense_kernel(k, n, dtype, out_dtype, bias is not None, activation,
                                 _arch_of(target), rows, row_scale is not None, residual is not None,
-                                unscaled is not None)
+                                scaled is not None)
     if kernel is None:
         return None
-    a2, m, lead = _as_rows(bb, a if unscaled is None else unscaled, k)
+    a2, m, lead = _as_rows(bb, a if scaled is None else scaled[0], k)
     # rows is part of the name: the tile width may depend on it
     name = (f"tc_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
-            f"{_epilogue_tag(bias, activation, row_scale, residual)}{'_ascale' if unscaled is not None else ''}"
+            f"{_epilogue_tag(bias, activation, row_scale, residual)}{'_ascale' if scaled is not None else ''}"
             f"{f'_m{rows}' if rows else ''}")
     gv = bb.add_func(kernel.with_attr("global_symbol", name), name)
+    # (the row-scale parameter: the row scale, or the scale of A's rows; one tensor where both)
     args = ([a2, b] + ([bias] if bias is not None else [])
-            + _row_scale_arg(bb, row_scale if row_scale is not None else (a_scale if unscaled is not None else None),
-                             m, dtype)
+            + _row_scale_arg(bb, row_scale if scaled is None else scaled[1], m, dtype)
             + _residual_arg(bb, residual, m, n))
     c = bb.emit(relax.call_tir(gv, args, relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)
 
 
-def _unscaled_rows(bb, a, scale):
-    """``x`` when ``a`` is bound to ``multiply(x, scale)`` (either order; ``x`` of ``a``'s shape
-    and dtype): the rows of ``x`` scaled by ``scale``, whose kernel can take x and scale its
-    product's rows instead (``row_scale_a``), so the multiply need not run.  Else None."""
-    import tvm_ffi
+def _row_scaled_input(bb, a, a_ty, scale=None):
+    """``(x, s)`` when ``a`` is bound to ``multiply(x, s)`` (either order) with ``s`` a row scale
+    of ``a`` (:func:`is_row_scale`; ``scale`` itself where given) and ``x`` of ``a``'s shape and
+    dtype: a kernel can read x and scale its product's rows instead (``row_scale_a``), so the
+    multiply need not run.  Else None."""
     from tvm import relax
 
     value = bb.lookup_binding(a) if isinstance(a, relax.Var) else None
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.multiply"):
         return None
     for x, s in (value.args, value.args[::-1]):
-        if (s.same_as(scale) and isinstance(getattr(x, "ty", None), relax.TensorType)
-                and str(x.ty.dtype) == str(a.ty.dtype) and x.ty.shape is not None
-                and tvm_ffi.structural_equal(x.ty.shape, a.ty.shape)):
-            return x
+        if ((s.same_as(scale) if scale is not None else is_row_scale(s, a_ty))
+                and isinstance(getattr(x, "ty", None), relax.TensorType) and str(x.ty.dtype) == str(a_ty.dtype)
+                and x.ty.shape is not None and same_dims(x.ty.shape, a_ty.shape)):
+            return x, s
     return None
-
-
-def _row_scale_operand(bb, a, a_ty):
-    """``s`` when ``a`` is bound to ``multiply(x, s)`` with ``s`` a row scale of ``a`` (its
-    leading shape + ``[1]``), else None."""
-    from tvm import relax
-
-    value = bb.lookup_binding(a) if isinstance(a, relax.Var) else None
-    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.multiply"):
-        return None
-    return next((s for s in value.args if is_row_scale(s, a_ty)), None)
 
 
 def _epilogue_tag(bias, activation, row_scale, residual=None) -> str:
@@ -817,14 +801,20 @@ def _epilogue_tag(bias, activation, row_scale, residual=None) -> str:
             f"{'_rowscale' if row_scale is not None else ''}{'_residual' if residual is not None else ''}")
 
 
-def _is_residual(residual, a_ty, n, out_dtype) -> bool:
-    """``residual`` is the result's shape (``a``'s leading shape + ``[N]``) in ``out_dtype``."""
+def same_dims(xs, ys) -> bool:
+    """two (static or symbolic) shapes are the same, dim by dim"""
     import tvm_ffi
 
+    return (xs is not None and ys is not None and len(xs) == len(ys)
+            and all(tvm_ffi.structural_equal(x, y) for x, y in zip(xs, ys)))
+
+
+def _is_residual(residual, a_ty, n, out_dtype) -> bool:
+    """``residual`` is the result's shape (``a``'s leading shape + ``[N]``) in ``out_dtype``."""
     shape = getattr(residual.ty, "shape", None)
     return (shape is not None and a_ty.shape is not None and len(shape) == len(a_ty.shape)
             and str(residual.ty.dtype) == out_dtype and isinstance(shape[-1], tirx.IntImm) and int(shape[-1]) == n
-            and all(tvm_ffi.structural_equal(shape[i], a_ty.shape[i]) for i in range(len(shape) - 1)))
+            and same_dims(list(shape)[:-1], list(a_ty.shape)[:-1]))
 
 
 def _residual_arg(bb, residual, m, n) -> list:
@@ -835,13 +825,11 @@ def _residual_arg(bb, residual, m, n) -> list:
 
 def is_row_scale(row_scale, a_ty) -> bool:
     """``row_scale`` is ``a``'s leading shape + ``[1]`` (one value per row of ``a``)."""
-    import tvm_ffi
-
     shape = getattr(row_scale.ty, "shape", None)
     if (shape is None or a_ty.shape is None or len(shape) != len(a_ty.shape)
             or not isinstance(shape[-1], tirx.IntImm) or int(shape[-1]) != 1):
         return False
-    return all(tvm_ffi.structural_equal(shape[i], a_ty.shape[i]) for i in range(len(shape) - 1))
+    return same_dims(list(shape)[:-1], list(a_ty.shape)[:-1])
 
 
 def _row_scale_arg(bb, row_scale, m, dtype) -> list:

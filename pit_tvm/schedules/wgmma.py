@@ -217,26 +217,30 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
 
 #: the few-rows tier's ring depth by tile width (H100, 4096^3 fp16 rows, one wave of CTAs:
 #: 205 rows 128 x 6 43.0 us against 128 x 4 55.6 and 256 x 4 62.9; 45 rows 64 x 8 38.2 against
-#: 64 x 4 52.9 (``benchmarks/_rows_tiers.py``))
+#: 64 x 4 52.9; ``COUNTS=45,205 python3 benchmarks/_wgmma_stages.py --square 256x4 128x4 128x6
+#: 64x4 64x8``)
 FEW_ROWS_STAGES = {128: 6, 64: 8}
 
 
-def wgmma_few_rows_tier(n: int, config: WgmmaConfig, out_dtype: str = "float16"):
+def wgmma_few_rows_tier(n: int, config: WgmmaConfig, out_dtype: str = "float16", rows_hint=None):
     """``(F, few_config)`` or None: the rows kernel's second tier, for calls that list at most F
     rows.  Few rows leave most SMs idle at the many-rows tile width, and each CTA's K loop is
     bound by load latency: the few tier takes 128-column tiles (64 where N needs it) with a
     deeper ring, F = the rows whose tiles fill one wave of :data:`SMS` CTAs.  None where the
-    config's tiles are no wider.  The op runs both kernels on one C: ``rows_above=F`` with
-    ``config``, then ``rows_upto=F`` with ``few_config`` in place (one of them does nothing)."""
+    config's tiles are no wider, or the expected rows (``rows_hint``) are over 2F: every call
+    pays the idle tier's no-op launch (~2.9 us the many-rows kernel's, ~1.4 us the few-rows
+    one's on the H100).  The op runs both kernels on one C: ``rows_above=F`` with ``config``,
+    then ``rows_upto=F`` with ``few_config`` in place (one of them does nothing)."""
     block_n = 128 if n % 128 == 0 else 64
     few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
-    if few.smem_bytes(out_dtype) > MAX_SMEM_BYTES or block_n >= config.block_n:
+    few_rows = BLOCK_M * max(1, SMS // (n // block_n))
+    if (few.smem_bytes(out_dtype) > MAX_SMEM_BYTES or block_n >= config.block_n
+            or (rows_hint is not None and rows_hint > 2 * few_rows)):
         # (as wide as the many-rows tiles: no more CTAs for few rows.  A deeper ring alone
-        # measured no gain in BERT's N=768 layers, 562 against 569 us, for the tiers' no-op
-        # launches: ~2.9 us the many-rows kernel's, ~1.4 us the few-rows one's;
-        # benchmarks/_without_few_rows_tier.py benchmarks/_model_kernels.py bert --pit)
+        # measured no gain in BERT's N=768 layers, 562 against 569 us, for ~100 us of no-op
+        # launches; benchmarks/_without_few_rows_tier.py benchmarks/_model_kernels.py bert --pit)
         return None
-    return BLOCK_M * max(1, SMS // (n // block_n)), few
+    return few_rows, few
 
 
 def wgmma_tiles_applies(k: int, n: int, micro_tile, in_dtype: str, out_dtype: str, arch: str) -> bool:
