@@ -5,6 +5,7 @@ from .tiles import (  # noqa: F401
     IndexBuilder,
     build_tile_index,
     expert_index_func,
+    index_state,
     reference_expert_index,
     reference_seqlen_row_index,
     reference_tile_index,

@@ -6,8 +6,11 @@ Layout (CSR over groups) shared by every consumer (matmul kernels, Relax passes)
   ``offsets[0] = 0``, ``offsets[G]`` = total count.
 * ``ids`` int32 ``[capacity]`` (capacity = worst case, never read back to the host), ascending
   within each group, unused tail filled with ``-1`` -- except with a single group (``group="col"``
-  and one tile-column: the rows index of a matmul), where the tail lists the *unlisted* ids,
-  ascending: a kernel zeroes exactly ``ids[count:]`` without searching ``ids[:count]``.
+  and one tile-column: the rows index of a matmul), where the tail lists the *unlisted* ids: a
+  kernel zeroes exactly ``ids[count:]`` without searching ``ids[:count]``.  On CUDA that index
+  is one kernel which places each CTA's ids with one atomic add, so both parts come in the
+  order the CTAs finish (the consumers are permutation invariant: PIT's premise); on the CPU
+  both are ascending.  It keeps its counter in a zeroed device state (:func:`index_state`).
 
 ``group="row"``: G = ceil(R/mr) tile-rows, ids are tile-column ids.
 ``group="col"``: G = ceil(cols/mc) tile-columns, ids are tile-row ids.
@@ -25,7 +28,7 @@ from tvm.sym.analyzer import Analyzer
 from pit_tvm.target import build, device_for, is_gpu, make_target
 
 from ._kernels import make_pipeline, num_chunks, schedule_cpu, schedule_cuda
-from ._tile_kernels import make_tile_kernels
+from ._tile_kernels import STATE_DTYPE, STATE_WORDS, make_tile_kernels
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "bool")
 GROUPS = ("row", "col")
@@ -47,6 +50,7 @@ __all__ = [
     "strip_column",
     "strip_micro_tile",
     "column_of_id",
+    "index_state",
 ]
 
 
@@ -123,6 +127,14 @@ def _strategy(target, emulate_gpu=False):
     return schedule_cuda() if is_gpu(target) else schedule_cpu(emulate_gpu)
 
 
+def index_state(func: tirx.PrimFunc):
+    """``(words, dtype)`` of the device state an index PrimFunc takes after its inputs (a
+    one-group CUDA index: zero before each call, left zero by it), or None."""
+    if func.attrs is None or "pit.index.state" not in func.attrs:
+        return None
+    return int(func.attrs["pit.index.state"]), STATE_DTYPE
+
+
 def _finish(func, name, target, num_inputs=1):
     func = func.with_attr("global_symbol", name).with_attr("pit.index.num_inputs", num_inputs)
     if is_gpu(target):
@@ -190,11 +202,28 @@ def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False, 
     def flat(tr, tc, R):
         return tr * NTC + tc if row_group else tc * ntr(R) + tr
 
-    geo, NU, flags_gpu, count, compact = make_tile_kernels(
-        st, C, mr, mc, dtype, row_major_flat and gpu, density_threshold,
-        complement=not row_group and NTC == 1,
+    one_group = not row_group and NTC == 1
+    geo, NU, flags_gpu, count, compact, list_units = make_tile_kernels(
+        st, C, mr, mc, dtype, row_major_flat and gpu, density_threshold, complement=one_group,
     )
     TPV = geo.tpv
+    name = f"pit_tile_index_{group}_{dtype}_c{C}_t{mr}x{mc}" + ("_emu" if emulate_gpu else "")
+    if density_threshold is not None:
+        name += f"_d{int(round(density_threshold * 1000))}"
+    if gpu and one_group:
+        assert TPV == 1 and NU == 1  # one tile column: a unit is a tile-row
+
+        @T.prim_func(s_tir=True)
+        def one_group_index(d: T.handle, s: T.handle, o: T.handle, i: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            R = T.int64()
+            D = T.match_buffer(d, (R, C), dtype)
+            ST = T.match_buffer(s, (STATE_WORDS,), STATE_DTYPE)
+            OFF = T.match_buffer(o, (2,), "int32")
+            IDS = T.match_buffer(i, (ntr(R),), "int32")
+            list_units(D, ST, OFF, IDS, R, ntr(R))
+
+        return _finish(one_group_index, name, target).with_attr("pit.index.state", STATE_WORDS)
     fused = gpu and row_major_flat
     CHC = geo.chc
 
@@ -248,9 +277,6 @@ def _tile_index_func(cols, micro_tile, group, dtype, target, emulate_gpu=False, 
             count(FL, ntr(R) * NTC, CNT)
         compact(FL, ntr(R) * NTC, P_of(R), G_of(R), CNT, nb(R), OFF, IDS)
 
-    name = f"pit_tile_index_{group}_{dtype}_c{C}_t{mr}x{mc}" + ("_emu" if emulate_gpu else "")
-    if density_threshold is not None:
-        name += f"_d{int(round(density_threshold * 1000))}"
     return _finish(tile_index, name, target)
 
 
@@ -349,7 +375,10 @@ class IndexBuilder:
         self.num_inputs = int(attrs["pit.index.num_inputs"]) if "pit.index.num_inputs" in attrs else 1
         bufs = [p for p in func.params if isinstance(p, tirx.Buffer)]
         self.in_bufs = bufs[: self.num_inputs]
-        self.out_bufs = bufs[self.num_inputs :]
+        # a one-group CUDA index keeps its counters in a zeroed state tensor it leaves zeroed
+        state = index_state(func)
+        self.state = None if state is None else tvm.runtime.tensor(np.zeros(*state), self.device)
+        self.out_bufs = bufs[self.num_inputs + (self.state is not None):]
         self.executable = build(tvm.IRModule({self.name: func}), self.target)
         self._kernel = self.executable[self.name]
 
@@ -408,7 +437,7 @@ class IndexBuilder:
         outs = [
             tvm.runtime.empty(s, str(b.dtype), self.device) for s, b in zip(shapes, self.out_bufs)
         ]
-        self._kernel(*args, *outs)
+        self._kernel(*args, *([] if self.state is None else [self.state]), *outs)
         return tuple(outs)
 
 

@@ -261,6 +261,8 @@ def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_thr
     its index and kernel PrimFuncs."""
     from tvm import relax
 
+    from pit_tvm.index import index_state
+
     bb = relax.BlockBuilder()
     m = tirx.Var("m", "int64")
     a = relax.Var("a", relax.TensorType([m, k], dtype))
@@ -280,6 +282,8 @@ def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_thr
                 names[key] = gv.name_hint
         if gv.name_hint.startswith("pit_kernel_"):
             names["micro_tile"] = tuple(int(x) for x in func.attrs["pit.micro_tile"])
+        if gv.name_hint.startswith("pit_index_"):
+            names["index_state"] = index_state(func)
     return build(mod, target), names
 
 
@@ -322,6 +326,8 @@ class SparseMatmul:
         self.kernel_plan = MatmulPlan(self.k, self.n, names["micro_tile"])
         self._index = self.executable[names["index"]]
         self._workspace = {}   # row count -> (offsets, ids) for index()
+        self._index_state_shape = names.get("index_state")   # a one-group CUDA index's counters
+        self._index_state = None
 
     # -- tensors in and out ---------------------------------------------------------
     def _as_tensor(self, x, name, shape_check):
@@ -385,7 +391,12 @@ class SparseMatmul:
         """
         a_t = self._as_tensor(a, "A", self._check_a)
         offsets, ids = self._index_buffers(int(a_t.shape[0]))
-        self._index(a_t, offsets, ids)
+        if self._index_state_shape is None:
+            self._index(a_t, offsets, ids)
+        else:
+            if self._index_state is None:   # zeroed once: the index leaves its counters zeroed
+                self._index_state = tvm.runtime.tensor(np.zeros(*self._index_state_shape), self.device)
+            self._index(a_t, self._index_state, offsets, ids)
         return offsets, ids
 
     def __call__(self, a, b, out=None):
@@ -571,8 +582,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else ""))
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
                             .with_attr("global_symbol", name), name)
-    index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
-    index = bb.emit(relax.call_tir(index_gv, [index_src], index_ty))
+    index = _emit_index(bb, index_gv, index_src, groups, capacity)
     offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
     a_in = a2
     if compact is not None:   # SRead of thin micro-tiles as a kernel of its own
@@ -661,7 +671,8 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
 
 def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):
     """(index PrimFunc, its ``[M, 1]`` input) listing the rows where ``row_mask`` is non-zero:
-    the rows-index layout (one group, ``ids`` ascending row ids) of a ``[M, K]`` operand."""
+    the rows-index layout (one group: ``ids`` the listed rows, then the others) of a ``[M, K]``
+    operand."""
     from tvm import relax
 
     from pit_tvm.index import tile_index_func
@@ -674,6 +685,24 @@ def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):
     index_gv = _add_once(bb, f"pit_row_index_{dtype}{dens_tag}", lambda: tile_index_func(
         1, (1, 1), "col", dtype, target, density_threshold=density_threshold))
     return index_gv, mask
+
+
+def _emit_index(bb, index_gv, index_src, groups, capacity):
+    """Call the index PrimFunc ``index_gv`` on ``index_src``: the ``(offsets, ids)`` tuple.  A
+    one-group CUDA index (``pit.index.state``) also takes its counters, zeroed for the call (a
+    fresh tensor each call, so concurrent runs of a model never share them)."""
+    from tvm import relax
+
+    from pit_tvm.index import index_state
+
+    index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
+    state = index_state(bb.get()[index_gv])
+    if state is None:
+        return bb.emit(relax.call_tir(index_gv, [index_src], index_ty))
+    words, dtype = state
+    zeros = bb.emit(relax.op.zeros(relax.ShapeExpr([words]), dtype))
+    return bb.emit(relax.call_tir_inplace(index_gv, [index_src, zeros], [-1, -1, 1],
+                                          index_ty + [relax.TensorType([words], dtype)]))
 
 
 def _add_once(bb, name, make):

@@ -5,7 +5,7 @@ micro-tile (1, K) = whole rows of A::
 
     row_gather_matmul(A[M, K], B[K, N], offsets: int32[2], ids: int32[M], [bias: N,] C[M, N])
     count = offsets[1]                      # read on the device only
-    ids[0:count] ascending ids of the non-zero rows of A, ids[count:M] the other rows
+    ids[0:count] the non-zero rows of A, ids[count:M] the other rows (in any order)
     C[ids[p], :] = epilogue(A[ids[p], :] @ B)   for p < count    (fp32 accumulation)
     C[ids[p], :] = 0                             for p >= count
 
