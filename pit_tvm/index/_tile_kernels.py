@@ -138,6 +138,10 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
     need_c_check = TPV == 1 and C % mc != 0
     thr = density_threshold
 
+    def over_threshold(count, nf):
+        """the dense fallback's test: more than ``density_threshold`` of the ``nf`` tiles listed"""
+        return T.Cast("float64", count) > T.float64(thr) * T.Cast("float64", nf)
+
     def vcheck(it, lane):
         return it * LP + lane < L if need_v_check else tirx.const(True, "bool")
 
@@ -165,27 +169,26 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                                 accs[u * TPV + e // MCV] = T.bitwise_or(accs[u * TPV + e // MCV], nz(vb[e]))
 
     @T.macro
+    def units(D, accs, vb, R, NUT, b, ty, tx, checked):
+        # every unit of this lane (on the CPU the leader runs its lanes' loads itself)
+        for u in T.unroll(U):
+            if gpu:
+                partial(D, accs, vb, R, NUT, b, ty, tx, u, tx % LP, checked)
+            else:
+                if tx % LP == 0:
+                    for lane in range(LP):
+                        partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, checked)
+
+    @T.macro
     def lane_flags(D, accs, vb, R, NUT, b, ty, tx):
         # accs[u * TPV + j] != 0 iff tile j of this lane's unit u is non-zero (valid in the unit's
         # leader lane, tx % LP == 0, after the in-warp OR)
         for q in T.unroll(U * TPV):
             accs[q] = 0
         if (b + 1) * UPB <= NUT and ((b + 1) * UPB - 1) // NU * mr + mr <= R:
-            for u in T.unroll(U):
-                if gpu:
-                    partial(D, accs, vb, R, NUT, b, ty, tx, u, tx % LP, False)
-                else:
-                    if tx % LP == 0:
-                        for lane in range(LP):
-                            partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, False)
+            units(D, accs, vb, R, NUT, b, ty, tx, False)
         else:
-            for u in T.unroll(U):
-                if gpu:
-                    partial(D, accs, vb, R, NUT, b, ty, tx, u, tx % LP, True)
-                else:
-                    if tx % LP == 0:
-                        for lane in range(LP):
-                            partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, True)
+            units(D, accs, vb, R, NUT, b, ty, tx, True)
         if gpu:
             for q in T.unroll(U * TPV):
                 for s in T.unroll(LOG_LP):
@@ -241,6 +244,10 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                                 tot[0] = tot[0] + sW[w]
                             CNT[b] = tot[0]  # CNT has max(#CTAs, 1) entries, like the grid
 
+    def lane_unit_in_range(b, ty, tx, u, NUT):
+        """this lane leads unit u of its warp (one tile-row per unit: TPV == 1) and it exists"""
+        return T.And(tx % LP == 0, b * UPB + (ty * U + u) * TPW + tx // LP < NUT)
+
     @T.macro
     def fetch_add(ST, v, old):
         # old[0] = ST[0]; ST[0] += v: atomically on the GPU; the CPU emulation runs CTAs in order
@@ -253,15 +260,14 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
     @T.macro
     def list_units(D, ST, OFF, IDS, R, NUT):
         # One tile column (unit = tile-row = flat id): flags and listing in one kernel.  The
-        # CTA counts its listed and in-range units (warp scans), then one 64-bit atomic add on
-        # ST[0] = listed | units << 32 returns both sums over the CTAs that added before it: its
-        # listed ids go from the front of IDS (at listed-before), its unlisted ones from the
-        # back (at units-before - listed-before).  The CTA whose add completes the units is the
+        # CTA counts its listed and unlisted units (warp scans), then one atomic add of
+        # listed + units * UNITS_SCALE on ST[0] returns both sums over the CTAs that added before
+        # it: its listed ids go from the front of IDS (at listed-before), its unlisted ones from
+        # the back (at units-before - listed-before).  The CTA whose add completes the units is the
         # last one: it writes the count and zeroes ST for the next call.  The ids come out in
         # the order the CTAs add, which the consumers (permutation-invariant kernels) ignore.
         for b in CTA(T.max((NUT + (UPB - 1)) // UPB, 1)):
             sF = T.alloc_buffer((WPB * 32,), "int32", scope=SH)    # lane's listed units (bit u)
-            sV = T.alloc_buffer((WPB * 32,), "int32", scope=SH)    # lane's units in range (bit u)
             sPc = T.alloc_buffer((WPB * 32,), "int32", scope=SH)   # listed before the lane, in its warp
             sPz = T.alloc_buffer((WPB * 32,), "int32", scope=SH)   # unlisted before the lane
             sWc = T.alloc_buffer((WPB,), "int32", scope=SH)        # warp totals
@@ -272,24 +278,22 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                 for tx in TX(32):
                     accs = T.alloc_buffer((U * TPV,), "int32", scope="local")
                     vb = T.alloc_buffer((VEC,), dtype, scope="local")
-                    f = T.alloc_buffer((4,), "int32", scope="local")   # bits, in range, listed, unlisted
+                    f = T.alloc_buffer((3,), "int32", scope="local")   # listed bits, listed, unlisted
                     lane_flags(D, accs, vb, R, NUT, b, ty, tx)
-                    for q in T.unroll(4):
+                    for q in T.unroll(3):
                         f[q] = 0
                     for u in T.unroll(U):
-                        if tx % LP == 0 and b * UPB + (ty * U + u) * TPW + tx // LP < NUT:
-                            f[1] = T.bitwise_or(f[1], T.shift_left(1, u))
+                        if lane_unit_in_range(b, ty, tx, u, NUT):
                             if accs[u] != 0:
                                 f[0] = T.bitwise_or(f[0], T.shift_left(1, u))
-                                f[2] = f[2] + 1
+                                f[1] = f[1] + 1
                             else:
-                                f[3] = f[3] + 1
+                                f[2] = f[2] + 1
                     sF[ty * 32 + tx] = f[0]
-                    sV[ty * 32 + tx] = f[1]
                     if gpu:
                         inc = T.alloc_buffer((2,), "int32", scope="local")
-                        inc[0] = f[2]
-                        inc[1] = f[3]
+                        inc[0] = f[1]
+                        inc[1] = f[2]
                         for s in T.unroll(5):
                             up = T.alloc_buffer((2,), "int32", scope="local")
                             up[0] = T.tvm_warp_shuffle_up(T.uint32(FULL_MASK), inc[0], T.shift_left(1, s), 32, 32)
@@ -297,14 +301,14 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                             if tx >= T.shift_left(1, s):
                                 inc[0] = inc[0] + up[0]
                                 inc[1] = inc[1] + up[1]
-                        sPc[ty * 32 + tx] = inc[0] - f[2]
-                        sPz[ty * 32 + tx] = inc[1] - f[3]
+                        sPc[ty * 32 + tx] = inc[0] - f[1]
+                        sPz[ty * 32 + tx] = inc[1] - f[2]
                         if tx == 31:
                             sWc[ty] = inc[0]
                             sWz[ty] = inc[1]
                     else:
-                        sPc[ty * 32 + tx] = f[2]
-                        sPz[ty * 32 + tx] = f[3]
+                        sPc[ty * 32 + tx] = f[1]
+                        sPz[ty * 32 + tx] = f[2]
             if not gpu:
                 for ty in TY(WPB):
                     for tx in TX(32):
@@ -346,18 +350,16 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                             OFF[1] = base[0] + tot[0]
                             if thr is not None:
                                 # the dense fallback: the ids already list every unit
-                                if T.Cast("float64", base[0] + tot[0]) > T.float64(
-                                        thr if thr is not None else 0.0) * T.Cast("float64", NUT):
+                                if over_threshold(base[0] + tot[0], NUT):
                                     OFF[1] = T.Cast("int32", NUT)
             for ty in TY(WPB):
                 for tx in TX(32):
-                    pos = T.alloc_buffer((4,), "int32", scope="local")
+                    pos = T.alloc_buffer((3,), "int32", scope="local")   # listed, unlisted, bits
                     pos[0] = sOc[ty] + sPc[ty * 32 + tx]
                     pos[1] = sOz[ty] + sPz[ty * 32 + tx]
                     pos[2] = sF[ty * 32 + tx]
-                    pos[3] = sV[ty * 32 + tx]
                     for u in T.unroll(U):
-                        if T.bitwise_and(T.shift_right(pos[3], u), 1) != 0:
+                        if lane_unit_in_range(b, ty, tx, u, NUT):
                             if T.bitwise_and(T.shift_right(pos[2], u), 1) != 0:
                                 IDS[pos[0]] = T.Cast("int32", b * UPB + (ty * U + u) * TPW + tx // LP)
                                 pos[0] = pos[0] + 1
@@ -442,9 +444,7 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                 total[0] = sQ[0]  # (a shared load may not sit in a branch condition)
                 dense[0] = 0
                 if thr is not None:
-                    if T.Cast("float64", total[0]) > T.float64(thr if thr is not None else 0.0) * T.Cast(
-                        "float64", NF
-                    ):
+                    if over_threshold(total[0], NF):
                         dense[0] = 1
                 if dense[0] == 1:
                     for k in range(K):

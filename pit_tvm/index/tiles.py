@@ -10,7 +10,8 @@ Layout (CSR over groups) shared by every consumer (matmul kernels, Relax passes)
   kernel zeroes exactly ``ids[count:]`` without searching ``ids[:count]``.  On CUDA that index
   is one kernel which places each CTA's ids with one atomic add, so both parts come in the
   order the CTAs finish (the consumers are permutation invariant: PIT's premise); on the CPU
-  both are ascending.  It keeps its counter in a zeroed device state (:func:`index_state`).
+  both are ascending.  It keeps a counter in a device word that must be zero before a call and
+  is left zero by it (:func:`index_state`).
 
 ``group="row"``: G = ceil(R/mr) tile-rows, ids are tile-column ids.
 ``group="col"``: G = ceil(cols/mc) tile-columns, ids are tile-row ids.
@@ -375,7 +376,7 @@ class IndexBuilder:
         self.num_inputs = int(attrs["pit.index.num_inputs"]) if "pit.index.num_inputs" in attrs else 1
         bufs = [p for p in func.params if isinstance(p, tirx.Buffer)]
         self.in_bufs = bufs[: self.num_inputs]
-        # a one-group CUDA index keeps its counters in a zeroed state tensor it leaves zeroed
+        # a one-group CUDA index's counter: zeroed once here, left zero by every call
         state = index_state(func)
         self.state = None if state is None else tvm.runtime.tensor(np.zeros(*state), self.device)
         self.out_bufs = bufs[self.num_inputs + (self.state is not None):]

@@ -326,7 +326,7 @@ class SparseMatmul:
         self.kernel_plan = MatmulPlan(self.k, self.n, names["micro_tile"])
         self._index = self.executable[names["index"]]
         self._workspace = {}   # row count -> (offsets, ids) for index()
-        self._index_state_shape = names.get("index_state")   # a one-group CUDA index's counters
+        self._index_state_shape = names.get("index_state")   # a one-group CUDA index's counter
         self._index_state = None
 
     # -- tensors in and out ---------------------------------------------------------
@@ -394,7 +394,7 @@ class SparseMatmul:
         if self._index_state_shape is None:
             self._index(a_t, offsets, ids)
         else:
-            if self._index_state is None:   # zeroed once: the index leaves its counters zeroed
+            if self._index_state is None:   # zeroed once: the index leaves its counter zero
                 self._index_state = tvm.runtime.tensor(np.zeros(*self._index_state_shape), self.device)
             self._index(a_t, self._index_state, offsets, ids)
         return offsets, ids
@@ -689,20 +689,18 @@ def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):
 
 def _emit_index(bb, index_gv, index_src, groups, capacity):
     """Call the index PrimFunc ``index_gv`` on ``index_src``: the ``(offsets, ids)`` tuple.  A
-    one-group CUDA index (``pit.index.state``) also takes its counters, zeroed for the call (a
-    fresh tensor each call, so concurrent runs of a model never share them)."""
+    one-group CUDA index (:func:`pit_tvm.index.index_state`) also takes its counter: a zero
+    constant of the model, which the kernel uses and leaves zero (so the graph sees an input
+    that does not change; a per-call ``R.zeros`` would be folded into such a constant by the
+    build anyway).  Runs of one compiled model therefore must not overlap on two streams."""
     from tvm import relax
 
     from pit_tvm.index import index_state
 
     index_ty = [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]
     state = index_state(bb.get()[index_gv])
-    if state is None:
-        return bb.emit(relax.call_tir(index_gv, [index_src], index_ty))
-    words, dtype = state
-    zeros = bb.emit(relax.op.zeros(relax.ShapeExpr([words]), dtype))
-    return bb.emit(relax.call_tir_inplace(index_gv, [index_src, zeros], [-1, -1, 1],
-                                          index_ty + [relax.TensorType([words], dtype)]))
+    counter = [] if state is None else [relax.const(np.zeros(*state), state[1])]
+    return bb.emit(relax.call_tir(index_gv, [index_src] + counter, index_ty))
 
 
 def _add_once(bb, name, make):

@@ -24,7 +24,7 @@ from tvm import relax
 
 from pit_tvm.target import is_gpu, make_target
 
-from .graph import FuncGraph, op_name, scalar_constant
+from .graph import FuncGraph, op_name, other_operand, scalar_constant
 
 
 def _ints(tup) -> list[int] | None:
@@ -77,12 +77,28 @@ def _row_scaled(g: FuncGraph, var):
     mul = g.bound.get(user)
     if op_name(mul) != "relax.multiply":
         return None
-    s = mul.args[1] if mul.args[0].same_as(var) else mul.args[0]
+    s = other_operand(mul, var)
     shape, out = getattr(s.ty, "shape", None), getattr(var.ty, "shape", None)
     if shape is None or out is None or len(shape) != 3 or not isinstance(shape[2], tvm.tirx.IntImm) \
             or int(shape[2]) != 1 or s.same_as(var):
         return None
     return mul, s
+
+
+def _scores(g: FuncGraph, logits):
+    """``(q, k, mask, scale)`` when ``logits = add(multiply(matmul(q, permute_dims(k, [0, 1,
+    3, 2])), scale), mask)`` (either operand order of the add and the multiply, each step used
+    once, ``scale`` a scalar constant), else None."""
+    added = g.single(logits, "relax.add")
+    for scaled_var, mask in ((added.args, added.args[::-1]) if added is not None else ()):
+        scaled = g.single(scaled_var, "relax.multiply")
+        for scores_var, factor in ((scaled.args, scaled.args[::-1]) if scaled is not None else ()):
+            scores, scale = g.single(scores_var, "relax.matmul"), scalar_constant(factor)
+            perm = g.single(scores.args[1], "relax.permute_dims") if scores is not None else None
+            if (scale is not None and perm is not None and perm.attrs.axes is not None
+                    and [int(a) for a in perm.attrs.axes] == [0, 1, 3, 2]):
+                return scores.args[0], perm.args[0], mask, scale
+    return None
 
 
 def _attention_chains(func: relax.Function) -> dict:
@@ -102,20 +118,16 @@ def _attention_chains(func: relax.Function) -> dict:
         soft = g.single(probs, "relax.nn.softmax")
         if soft is None or int(soft.attrs.axis) not in (-1, len(soft.ty.shape) - 1):
             continue
-        added = g.single(soft.args[0], "relax.add")
-        for scaled_var, mask in ((added.args, added.args[::-1]) if added is not None else ()):
-            scaled = g.single(scaled_var, "relax.multiply")
-            for scores_var, factor in ((scaled.args, scaled.args[::-1]) if scaled is not None else ()):
-                scores, scale = g.single(scores_var, "relax.matmul"), scalar_constant(factor)
-                perm = g.single(scores.args[1], "relax.permute_dims") if scores is not None else None
-                if (scale is not None and perm is not None and perm.attrs.axes is not None
-                        and [int(a) for a in perm.attrs.axes] == [0, 1, 3, 2]):
-                    q, k = scores.args[0], perm.args[0]
-                    splits = [_head_split(g, x) for x in (q, k, v)]
-                    packed = tuple(splits) if None not in splits else None
-                    merged = _head_merge(g, by_var.get(value))
-                    scaled = _row_scaled(g, merged) if merged is not None else None
-                    chains[value] = (q, k, v, mask, scale, packed, *(scaled or (g.bound.get(merged), None)))
+        scores = _scores(g, soft.args[0])
+        if scores is None:
+            continue
+        q, k, mask, scale = scores
+        splits = [_head_split(g, x) for x in (q, k, v)]
+        packed = tuple(splits) if None not in splits else None
+        merged = _head_merge(g, by_var.get(value))
+        out_scaled = _row_scaled(g, merged) if merged is not None else None
+        merge, row_scale = out_scaled or (g.bound.get(merged), None)
+        chains[value] = (q, k, v, mask, scale, packed, merge, row_scale)
     return chains
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from .graph import FuncGraph, op_name, scalar_constant
+from .graph import FuncGraph, op_name, other_operand, scalar_constant
 
 __all__ = ["EpilogueChain", "epilogue_chains"]
 
@@ -88,10 +88,6 @@ def _gelu_end(g: FuncGraph, x):
     return None
 
 
-def _other_operand(call, var):
-    return call.args[1] if call.args[0].same_as(var) else call.args[0]
-
-
 def epilogue_chains(func: relax.Function, is_head) -> dict:
     """``{the chain's last call: EpilogueChain}`` for every chain in ``func`` whose head call
     satisfies ``is_head(call)``."""
@@ -116,11 +112,11 @@ def epilogue_chains(func: relax.Function, is_head) -> dict:
             row_scale = residual = None
             nxt = g.sole_user(end)
             if nxt is not None and op_name(g.bound[nxt]) == "relax.multiply":
-                other = _other_operand(g.bound[nxt], end)
+                other = other_operand(g.bound[nxt], end)
                 if is_row_scale(other, head.ty):
                     end, row_scale = nxt, other
             elif nxt is not None and act is None and op_name(g.bound[nxt]) == "relax.add":
-                other = _other_operand(g.bound[nxt], end)
+                other = other_operand(g.bound[nxt], end)
                 if _same_type(other, add):
                     end, residual = nxt, other
             chains[g.bound[end]] = EpilogueChain(head, bias, act, row_scale, residual)

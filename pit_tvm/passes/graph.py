@@ -6,7 +6,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-__all__ = ["FuncGraph", "op_name", "scalar_constant"]
+__all__ = ["FuncGraph", "op_name", "other_operand", "scalar_constant"]
 
 
 def op_name(expr) -> str | None:
@@ -21,6 +21,11 @@ def scalar_constant(expr) -> float | None:
     if isinstance(expr, tvm.ir.GenericConst) and expr.value.numpy().size == 1:
         return float(expr.value.numpy().reshape(()))
     return None
+
+
+def other_operand(call, var):
+    """The operand of the binary ``call`` that is not ``var``."""
+    return call.args[1] if call.args[0].same_as(var) else call.args[0]
 
 
 def _operands(value) -> list:
@@ -100,10 +105,6 @@ class FuncGraph:
                     stack.append(self.bound[e])
                 elif any(e.same_as(p) for p in self.params):
                     out.add(e)
-            elif isinstance(e, relax.Call):
-                stack.extend(e.args)
-            elif isinstance(e, relax.Tuple):
-                stack.extend(e.fields)
-            elif isinstance(e, relax.TupleGetItem):
-                stack.append(e.tuple_value)
+            elif isinstance(e, (relax.Call, relax.Tuple, relax.TupleGetItem)):
+                stack.extend(_operands(e))
         return frozenset(out)

@@ -648,7 +648,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
             # z of unlisted rows (stores only).  While the idle CTAs can store the z tiles in
-            # about one K loop's time (ZERO_TILES_PER_LOOP each), CTA c < tc computes tile c
+            # about one K loop's time (zero_tiles_per_loop each), CTA c < tc computes tile c
             # and the idle ones stride over the rest; otherwise CTA c takes tiles c, c + SMS...
             # No loop at all when the many-rows tier runs.  (No branch around the loop or the
             # tile: the sync pass cannot place the loop's barriers inside one.)
