@@ -569,8 +569,11 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
 
     dens_tag = "" if density_threshold is None else f"_d{int(round(float(density_threshold) * 1000))}"
+    strips = compact is not None and _strips_apply(m, k, plan.micro_tile[1], dtype)
     if row_mask is not None and plan.kind == "rows":
         index_gv, index_src = _row_mask_index(bb, row_mask, m, tgt, density_threshold, dens_tag)
+    elif strips:
+        index_gv = index_src = None     # the index comes with the compaction (_emit_strips)
     else:
         index_gv = _add_once(bb, f"pit_index_{tag}{dens_tag}", lambda: tile_index_func(
             k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold))
@@ -582,10 +585,14 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else ""))
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
                             .with_attr("global_symbol", name), name)
-    index = _emit_index(bb, index_gv, index_src, groups, capacity)
-    offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
     a_in = a2
-    if compact is not None:   # SRead of thin micro-tiles as a kernel of its own
+    if strips:   # index and SRead of thin micro-tiles in one pass over A
+        offsets, ids, a2 = _emit_strips(bb, a2, int(m), k, plan.micro_tile[1], dtype, density_threshold,
+                                        f"{tag}{dens_tag}")
+    else:
+        index = _emit_index(bb, index_gv, index_src, groups, capacity)
+        offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
+    if compact is not None and not strips:   # SRead of thin micro-tiles as a kernel of its own
         compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
     epilogue_args = ([bias] + _row_scale_arg(bb, row_scale if scaled is None else scaled[1], m, dtype)
@@ -701,6 +708,36 @@ def _emit_index(bb, index_gv, index_src, groups, capacity):
     state = index_state(bb.get()[index_gv])
     counter = [] if state is None else [relax.const(np.zeros(*state), state[1])]
     return bb.emit(relax.call_tir(index_gv, [index_src] + counter, index_ty))
+
+
+def _strips_apply(m, k, mk, dtype) -> bool:
+    """whether the thin micro-tiles' index and A compaction run as one pass over A
+    (:mod:`pit_tvm.schedules.wgmma_strips`: a static row count)"""
+    from pit_tvm.schedules.wgmma_strips import strips_apply
+
+    return isinstance(m, (int, tirx.IntImm)) and strips_apply(int(m), k, mk, dtype)
+
+
+def _emit_strips(bb, a, m, k, mk, dtype, density_threshold, tag):
+    """The one-pass index + A compaction for ``(128, mk)`` micro-tiles: ``(offsets, ids, ac)``.
+    Its per-strip counter is a zero constant of the model, as for :func:`_emit_index`."""
+    from tvm import relax
+
+    from pit_tvm.index import index_state
+    from pit_tvm.schedules.wgmma_strips import strip_list_compact_func, strip_pack_func
+
+    list_gv = _add_once(bb, f"pit_strips_{tag}_m{m}", lambda: strip_list_compact_func(m, k, mk, dtype))
+    pack_gv = _add_once(bb, f"pit_index_{tag}_m{m}", lambda: strip_pack_func(m, k, mk, density_threshold))
+    words, state_dtype = index_state(bb.get()[list_gv])
+    strips, capacity = words, words * (k // mk)
+    listed = bb.emit(relax.call_tir(list_gv, [a, relax.const(np.zeros(words), state_dtype)],
+                                    [relax.TensorType([strips], "int32"), relax.TensorType([capacity], "int32"),
+                                     relax.TensorType([m, k], dtype)]))
+    index = bb.emit(relax.call_tir(pack_gv, [bb.emit(relax.TupleGetItem(listed, 0)),
+                                             bb.emit(relax.TupleGetItem(listed, 1))],
+                                   [relax.TensorType([strips + 1], "int32"), relax.TensorType([capacity], "int32")]))
+    return (bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1)),
+            bb.emit(relax.TupleGetItem(listed, 2)))
 
 
 def _add_once(bb, name, make):
