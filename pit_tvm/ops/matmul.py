@@ -728,14 +728,14 @@ def _emit_strips(bb, a, m, k, mk, dtype, density_threshold, tag):
 
     list_gv = _add_once(bb, f"pit_strips_{tag}_m{m}", lambda: strip_list_compact_func(m, k, mk, dtype))
     pack_gv = _add_once(bb, f"pit_index_{tag}_m{m}", lambda: strip_pack_func(m, k, mk, density_threshold))
-    words, state_dtype = index_state(bb.get()[list_gv])
-    strips, capacity = words, words * (k // mk)
-    listed = bb.emit(relax.call_tir(list_gv, [a, relax.const(np.zeros(words), state_dtype)],
-                                    [relax.TensorType([strips], "int32"), relax.TensorType([capacity], "int32"),
+    groups, state_dtype = index_state(bb.get()[list_gv])       # one counter per 128-row strip
+    capacity = groups * (k // mk)
+    listed = bb.emit(relax.call_tir(list_gv, [a, relax.const(np.zeros(groups), state_dtype)],
+                                    [relax.TensorType([groups], "int32"), relax.TensorType([capacity], "int32"),
                                      relax.TensorType([m, k], dtype)]))
     index = bb.emit(relax.call_tir(pack_gv, [bb.emit(relax.TupleGetItem(listed, 0)),
                                              bb.emit(relax.TupleGetItem(listed, 1))],
-                                   [relax.TensorType([strips + 1], "int32"), relax.TensorType([capacity], "int32")]))
+                                   [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]))
     return (bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1)),
             bb.emit(relax.TupleGetItem(listed, 2)))
 

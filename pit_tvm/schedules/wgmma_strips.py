@@ -98,7 +98,8 @@ def strip_list_compact_func(m: int, k: int, mk: int, in_dtype: str = "float16") 
         last = T.alloc_buffer([1], "int32", scope="shared")               # whether it completes the strip
         vals = T.alloc_local([LOADS * VEC], in_dtype)
         bits = T.alloc_local([1], "int32")
-        r = T.alloc_local([1], "int32")
+        r = T.alloc_local([1], "int32")        # rank of this thread's micro-tile among the listed
+        col = T.alloc_local([1], "int32")      # the tile column of this thread's output slot
         mine = T.alloc_local([1], "int32")     # (shared values are read into registers before a branch)
         inf = T.alloc_local([3], "int32")     # listed, base, last
         old = T.alloc_local([1], STATE_DTYPE)
@@ -154,13 +155,14 @@ def strip_list_compact_func(m: int, k: int, mk: int, in_dtype: str = "float16") 
         if tid < NMT:
             if mine[0] != 0:
                 SIDS[g * MKT + inf[1] + r[0]] = c * NMT + tid
-        # SRead's write: output slot tid % 64 of rows tid / 64 + 4 i (a warp stores 32 columns of a row)
+        # the listed columns into Ac: output slot tid % 64 of rows tid / 64 + 4 i (a warp stores 32
+        # consecutive columns of a row)
         if tid % COLS < inf[0] * MK:
-            r[0] = src[tid % COLS]
+            col[0] = src[tid % COLS]
             for i in T.serial(BLOCK_M // SLOT_ROWS):
                 if g * BLOCK_M + tid // COLS + SLOT_ROWS * i < M:
                     AC[g * BLOCK_M + tid // COLS + SLOT_ROWS * i, inf[1] * MK + tid % COLS] = \
-                        tile[(tid // COLS + SLOT_ROWS * i) * COLS + r[0]]
+                        tile[(tid // COLS + SLOT_ROWS * i) * COLS + col[0]]
         if inf[2] != 0:
             # the strip's last CTA: its count, the zeros to the next chunk, a zero state
             if tid < VEC:
