@@ -1,7 +1,7 @@
-"""The tiles kind's one-pass index + A compaction (pit_tvm.schedules.wgmma_strips) on sm_90a.
+"""The tiles kind's one-pass index (+ A compaction) (pit_tvm.schedules.wgmma_strips) on sm_90a.
 
-CPU part: when it applies, the graph emit_pit_matmul builds with it (a static row count) and
-without it (symbolic), and nvcc compiles it.  GPU part (``@pytest.mark.gpu``, an H100): the
+CPU part: when it applies, the graph emit_pit_matmul builds with it (a static row count: a zero
+constant counter; a symbolic one: a zeroed counter per call), and nvcc compiles it.  GPU part (``@pytest.mark.gpu``, an H100): the
 index against the numpy reference (per strip, as sets: the CTAs place their micro-tiles in the
 order they finish), the compacted A against A's listed columns, a second call on the same
 (left zero) state, and the whole matmul against float32 numpy.
@@ -14,7 +14,7 @@ import tvm
 
 from pit_tvm.index import reference_tile_index
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
-from pit_tvm.schedules.wgmma_strips import (strip_list_compact_func, strip_pack_func, strip_state_words,
+from pit_tvm.schedules.wgmma_strips import (compacts, strip_list_func, strip_pack_func, strip_state_words,
                                             strips_apply)
 from pit_tvm.target import build
 from test_tensorcore_tiles import make_inputs as tiles_inputs
@@ -23,14 +23,14 @@ TARGET = "cuda:sm_90a"
 
 
 def test_strips_apply():
-    assert strips_apply(4096, 8192, 1, "float16") and strips_apply(300, 512, 4, "bfloat16")
-    assert not strips_apply(None, 512, 1, "float16")          # a symbolic row count: no state size
-    assert not strips_apply(300, 512, 8, "float16")           # 16 bytes wide: read in place
-    assert not strips_apply(300, 576, 3, "float16")           # mk not dividing the CTA's 64 columns
-    assert not strips_apply(300, 520, 1, "float16")           # K not a multiple of 64
-    assert not strips_apply(300, 512, 1, "float32")
-    with pytest.raises(ValueError, match="static M"):
-        strip_list_compact_func(300, 520, 1)
+    assert strips_apply(8192, 1, "float16") and strips_apply(512, 4, "bfloat16") and strips_apply(512, 64, "float16")
+    assert compacts(1) and compacts(4) and not compacts(8) and not compacts(64)
+    assert not strips_apply(512, 128, "float16")          # wider than the CTA's 64 columns
+    assert not strips_apply(576, 3, "float16")            # mk not dividing the CTA's 64 columns
+    assert not strips_apply(520, 1, "float16")            # K not a multiple of 64
+    assert not strips_apply(512, 1, "float32")
+    with pytest.raises(ValueError, match="K % 64"):
+        strip_list_func(520, 1)
 
 
 def _graph(m, k, n, micro_tile, out_dtype="float16"):
@@ -49,15 +49,20 @@ def _graph(m, k, n, micro_tile, out_dtype="float16"):
     return bb.get()
 
 
-def test_static_rows_take_the_one_pass_graph():
-    """A static row count: the strips kernel (one atomic add per CTA) and the CSR pack replace
-    the index and compaction kernels; a symbolic one keeps them.  nvcc compiles the op."""
-    text = _graph(1000, 512, 256, (32, 1))["main"].script()
+@pytest.mark.parametrize("m", [1000, "symbolic"])
+def test_one_pass_graph(m):
+    """The strips kernel (one atomic add per CTA, the compaction for micro-tiles under 16 bytes)
+    and the CSR pack replace the index and compaction kernels; with a symbolic row count the
+    counter is zeroed per call.  nvcc compiles the op."""
+    rows = tvm.tirx.Var("m", "int64") if m == "symbolic" else m
+    text = _graph(rows, 512, 256, (32, 1))["main"].script()
     assert "pit_strips_" in text and "pit_compact_" not in text and "call_tir_inplace" in text
     assert text.index("pit_strips_") < text.index("pit_index_") < text.index("pit_kernel_")
-    assert "pit_compact_" in _graph(tvm.tirx.Var("m", "int64"), 512, 256, (32, 1))["main"].script()
-    assert "pit_strips_" not in _graph(1000, 512, 256, (32, 64))["main"].script()
-    ex = build(_graph(1000, 512, 256, (32, 1)), "cuda")
+    assert ("R.zeros" in text) == (m == "symbolic")
+    wide = _graph(rows, 512, 256, (32, 64))["main"].script()
+    strips_line = next(line for line in wide.splitlines() if "pit_strips_" in line)
+    assert ", 512), dtype=\"float16\")]" not in strips_line     # read in place: no A out of the pass
+    ex = build(_graph(rows, 512, 256, (32, 1)), "cuda")
     src = "\n".join(cuda_sources(ex))
     assert src.count("atomicAdd") == 1
     if find_nvcc() is None:
@@ -72,15 +77,15 @@ def _run_strips(a, mk, threshold, state=None):
     dev = tvm.cuda(0)
     m, k = a.shape
     g, mkt = strip_state_words(m), k // mk
-    lister = build(tvm.IRModule({"main": strip_list_compact_func(m, k, mk)}), TARGET)["main"]
-    packer = build(tvm.IRModule({"main": strip_pack_func(m, k, mk, threshold)}), TARGET)["main"]
+    lister = build(tvm.IRModule({"main": strip_list_func(k, mk)}), TARGET)["main"]
+    packer = build(tvm.IRModule({"main": strip_pack_func(k, mk, threshold)}), TARGET)["main"]
     state = state or tvm.runtime.tensor(np.zeros(g, np.float64), dev)
     cnt = tvm.runtime.empty((g,), "int32", dev)
     sids = tvm.runtime.empty((g * mkt,), "int32", dev)
     ac = tvm.runtime.tensor(np.full((m, k), np.nan, a.dtype), dev)   # unwritten columns stay NaN
     off = tvm.runtime.empty((g + 1,), "int32", dev)
     ids = tvm.runtime.empty((g * mkt,), "int32", dev)
-    lister(tvm.runtime.tensor(a, dev), state, cnt, sids, ac)
+    lister(tvm.runtime.tensor(a, dev), state, cnt, sids, *([ac] if compacts(mk) else []))
     packer(cnt, sids, off, ids)
     return off.numpy(), ids.numpy(), ac.numpy(), state
 
@@ -88,7 +93,8 @@ def _run_strips(a, mk, threshold, state=None):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,mk,sparsity,threshold", [
     (1000, 1, 0.9, 0.9), (1000, 2, 0.5, None), (4096, 1, 0.99, 0.9), (300, 4, 0.9, None),
-    (100, 1, 0.0, None), (1000, 1, 1.0, 0.9), (1000, 1, 0.0, 0.9)])
+    (100, 1, 0.0, None), (1000, 1, 1.0, 0.9), (1000, 1, 0.0, 0.9), (1000, 8, 0.9, 0.9), (4096, 64, 0.5, 0.9),
+    (4096, 64, 0.0, 0.9)])
 def test_gpu_strip_index_and_compaction(m, mk, sparsity, threshold):
     k = 1024
     a, _, _, _ = tiles_inputs(m, k, 16, (32, mk), sparsity, "float16", seed=m + mk)
@@ -107,6 +113,8 @@ def test_gpu_strip_index_and_compaction(m, mk, sparsity, threshold):
         for s in range(g):
             listed = ids[off[s]:off[s + 1]]
             np.testing.assert_array_equal(np.sort(listed), ref_ids[ref_off[s]:ref_off[s + 1]])
+            if not compacts(mk):
+                continue
             rows = slice(128 * s, min(128 * s + 128, m))
             cols = (listed[:, None] * mk + np.arange(mk)).ravel()
             np.testing.assert_array_equal(ac[rows, :cols.size], a[rows][:, cols])
@@ -116,10 +124,11 @@ def test_gpu_strip_index_and_compaction(m, mk, sparsity, threshold):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99, 1.0])
-@pytest.mark.parametrize("micro_tile", [(32, 1), (128, 2)])
+@pytest.mark.parametrize("micro_tile", [(32, 1), (128, 2), (32, 64)])
 def test_gpu_static_matmul(micro_tile, sparsity):
-    """The op graph with a static row count (one-pass index + compaction, tiles kernel, dense
-    fallback) against float32 numpy, M not a multiple of 128, two calls."""
+    """The op graph with a static row count (one-pass index (+ compaction), tiles kernel, dense
+    fallback) against float32 numpy, M not a multiple of 128, two calls; the symbolic graph
+    (a zeroed counter per call) is the op's, tested in test_wgmma.py."""
     from tvm import relax
 
     m, k, n = 1000, 512, 256

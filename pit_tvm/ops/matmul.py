@@ -277,13 +277,15 @@ def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_thr
     mod = bb.get()
     names = {}
     for gv, func in mod.functions.items():
-        for key, prefix in (("index", "pit_index_"), ("kernel", "pit_kernel_")):
+        for key, prefix in (("index", "pit_index_"), ("kernel", "pit_kernel_"), ("strips", "pit_strips_")):
             if gv.name_hint.startswith(prefix):
                 names[key] = gv.name_hint
         if gv.name_hint.startswith("pit_kernel_"):
             names["micro_tile"] = tuple(int(x) for x in func.attrs["pit.micro_tile"])
         if gv.name_hint.startswith("pit_index_"):
             names["index_state"] = index_state(func)
+        if gv.name_hint.startswith("pit_strips_"):
+            names["strips_compact"] = len(func.params) == 5     # (a, state, counts, ids[, ac])
     return build(mod, target), names
 
 
@@ -328,6 +330,10 @@ class SparseMatmul:
         self._workspace = {}   # row count -> (offsets, ids) for index()
         self._index_state_shape = names.get("index_state")   # a one-group CUDA index's counter
         self._index_state = None
+        # the wgmma tiles kernel's index in one pass (pit_tvm.schedules.wgmma_strips): the
+        # strips kernel (with the A compaction for thin micro-tiles), then the CSR pack
+        self._strips = self.executable[names["strips"]] if "strips" in names else None
+        self._strips_compact = names.get("strips_compact", False)
 
     # -- tensors in and out ---------------------------------------------------------
     def _as_tensor(self, x, name, shape_check):
@@ -384,6 +390,21 @@ class SparseMatmul:
         self._workspace[m] = buffers
         return buffers
 
+    def _strips_buffers(self, m):
+        """``(state, counts, strip ids[, compacted A])`` of the one-pass index for ``m`` rows,
+        allocated once per row count (the state zeroed once: the kernel leaves it zero)"""
+        from pit_tvm.schedules.wgmma_strips import strip_state_words
+
+        key = ("strips", m)
+        if key not in self._workspace:
+            groups = strip_state_words(m)
+            capacity = self.kernel_plan.index_sizes(m)[1]
+            self._workspace[key] = (
+                (tvm.runtime.tensor(np.zeros(groups), self.device), tvm.runtime.empty((groups,), "int32", self.device),
+                 tvm.runtime.empty((capacity,), "int32", self.device))
+                + ((tvm.runtime.empty((m, self.k), self.dtype, self.device),) if self._strips_compact else ()))
+        return self._workspace[key]
+
     def index(self, a):
         """Build the index of ``a`` on the device: ``(offsets, ids)``, CSR by group.
 
@@ -391,7 +412,10 @@ class SparseMatmul:
         """
         a_t = self._as_tensor(a, "A", self._check_a)
         offsets, ids = self._index_buffers(int(a_t.shape[0]))
-        if self._index_state_shape is None:
+        if self._strips is not None:
+            self._strips(a_t, *self._strips_buffers(int(a_t.shape[0])))
+            self._index(*self._strips_buffers(int(a_t.shape[0]))[1:3], offsets, ids)
+        elif self._index_state_shape is None:
             self._index(a_t, offsets, ids)
         else:
             if self._index_state is None:   # zeroed once: the index leaves its counter zero
@@ -523,6 +547,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     tgt = make_target(target)
     compact = dense_fallback = None
+    strips = False      # the wgmma tiles kernel's index (and compaction) in one pass over A
     if is_gpu(tgt):
         kernel = None
         tc_plan = tensor_core_plan(plan)
@@ -530,6 +555,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt), _rows_hint(m, 1))
         if wgmma_tiles is not None:
             plan, kernel, compact, dense_fallback = wgmma_tiles
+            strips = _strips_apply(k, plan.micro_tile[1], dtype)
         elif tc_plan is not None:
             kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log,
                                         _rows_hint(m, PIT_EXPECTED_DENSITY))
@@ -569,7 +595,6 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
 
     dens_tag = "" if density_threshold is None else f"_d{int(round(float(density_threshold) * 1000))}"
-    strips = compact is not None and _strips_apply(m, k, plan.micro_tile[1], dtype)
     if row_mask is not None and plan.kind == "rows":
         index_gv, index_src = _row_mask_index(bb, row_mask, m, tgt, density_threshold, dens_tag)
     elif strips:
@@ -586,8 +611,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
                             .with_attr("global_symbol", name), name)
     a_in = a2
-    if strips:   # index and SRead of thin micro-tiles in one pass over A
-        offsets, ids, a2 = _emit_strips(bb, a2, int(m), k, plan.micro_tile[1], dtype, density_threshold,
+    if strips:   # the index, and the SRead of thin micro-tiles, in one pass over A
+        offsets, ids, a2 = _emit_strips(bb, a2, m, k, plan.micro_tile[1], dtype, density_threshold,
                                         f"{tag}{dens_tag}")
     else:
         index = _emit_index(bb, index_gv, index_src, groups, capacity)
@@ -710,34 +735,40 @@ def _emit_index(bb, index_gv, index_src, groups, capacity):
     return bb.emit(relax.call_tir(index_gv, [index_src] + counter, index_ty))
 
 
-def _strips_apply(m, k, mk, dtype) -> bool:
-    """whether the thin micro-tiles' index and A compaction run as one pass over A
-    (:mod:`pit_tvm.schedules.wgmma_strips`: a static row count)"""
+def _strips_apply(k, mk, dtype) -> bool:
+    """whether the wgmma tiles kernel's index (and A compaction) run as one pass over A
+    (:mod:`pit_tvm.schedules.wgmma_strips`)"""
     from pit_tvm.schedules.wgmma_strips import strips_apply
 
-    return isinstance(m, (int, tirx.IntImm)) and strips_apply(int(m), k, mk, dtype)
+    return strips_apply(k, mk, dtype)
 
 
 def _emit_strips(bb, a, m, k, mk, dtype, density_threshold, tag):
-    """The one-pass index + A compaction for ``(128, mk)`` micro-tiles: ``(offsets, ids, ac)``.
-    Its per-strip counter is a zero constant of the model, as for :func:`_emit_index`."""
+    """The one-pass index (+ A compaction) for ``(128, mk)`` micro-tiles: ``(offsets, ids, A
+    for the tiles kernel)``.  Its per-strip counter must be zero: with a static row count a
+    zero constant of the model, which the kernel leaves zero (as :func:`_emit_index`'s); with a
+    symbolic one a zeroed tensor per call."""
     from tvm import relax
 
-    from pit_tvm.index import index_state
-    from pit_tvm.schedules.wgmma_strips import strip_list_compact_func, strip_pack_func
+    from pit_tvm.index._tile_kernels import STATE_DTYPE
+    from pit_tvm.schedules.wgmma_strips import compacts, strip_list_func, strip_pack_func, strip_state_words
 
-    list_gv = _add_once(bb, f"pit_strips_{tag}_m{m}", lambda: strip_list_compact_func(m, k, mk, dtype))
-    pack_gv = _add_once(bb, f"pit_index_{tag}_m{m}", lambda: strip_pack_func(m, k, mk, density_threshold))
-    groups, state_dtype = index_state(bb.get()[list_gv])       # one counter per 128-row strip
+    list_gv = _add_once(bb, f"pit_strips_{tag}", lambda: strip_list_func(k, mk, dtype))
+    pack_gv = _add_once(bb, f"pit_index_{tag}", lambda: strip_pack_func(k, mk, density_threshold))
+    groups = strip_state_words(m)                    # one counter per 128-row strip
+    if isinstance(m, (int, tirx.IntImm)):
+        state = relax.const(np.zeros(int(groups)), STATE_DTYPE)
+    else:
+        state = bb.emit(relax.op.zeros(relax.ShapeExpr([groups]), STATE_DTYPE))
     capacity = groups * (k // mk)
-    listed = bb.emit(relax.call_tir(list_gv, [a, relax.const(np.zeros(groups), state_dtype)],
-                                    [relax.TensorType([groups], "int32"), relax.TensorType([capacity], "int32"),
-                                     relax.TensorType([m, k], dtype)]))
+    outs = [relax.TensorType([groups], "int32"), relax.TensorType([capacity], "int32")]
+    listed = bb.emit(relax.call_tir(list_gv, [a, state],
+                                    outs + ([relax.TensorType([m, k], dtype)] if compacts(mk) else [])))
     index = bb.emit(relax.call_tir(pack_gv, [bb.emit(relax.TupleGetItem(listed, 0)),
                                              bb.emit(relax.TupleGetItem(listed, 1))],
                                    [relax.TensorType([groups + 1], "int32"), relax.TensorType([capacity], "int32")]))
     return (bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1)),
-            bb.emit(relax.TupleGetItem(listed, 2)))
+            bb.emit(relax.TupleGetItem(listed, 2)) if compacts(mk) else a)
 
 
 def _add_once(bb, name, make):

@@ -1,34 +1,38 @@
-"""The tiles kind's index and A compaction in one pass over A, for micro-tiles under 16 bytes
-wide (``(128, mk)``, ``mk`` in 1, 2, 4: an FFN's ReLU activations, PIT's ``(32, 1)`` covered by
-128-row strips) on CUDA.
+"""The tiles kind's index in one pass over A, on CUDA, for ``(128, mk)`` micro-tiles with
+``mk`` dividing 64 (PIT's ``(32, 1)`` and ``(32, 64)`` covered by 128-row strips, an FFN's ReLU
+activations); for micro-tiles under 16 bytes wide (``mk`` < 8) the same pass writes the
+compacted A that the wgmma tiles kernel reads.
 
-Why: with the index kernels and :func:`pit_tvm.schedules.wgmma.wgmma_compact_a_func`, A is
-read twice -- once to flag its micro-tiles, once to gather the listed columns -- and both passes
-touch every 32-byte sector of A unless the strips are nearly empty (the OPT FFN's 4096 x 8192
-hidden on the H100: flags 30.2 us, list 4.9 us, compaction 41.1 us).  Here the CTA that flags a
-block of A also writes its listed columns, while the block is in shared memory:
+Why: the index kernels of :mod:`pit_tvm.index` take a flag kernel, a list kernel and their
+launch gap (33-37 us for 4096 x 4096 fp16 on the H100), and thin micro-tiles then need
+:func:`pit_tvm.schedules.wgmma.wgmma_compact_a_func`, which reads A a second time (the OPT
+FFN's 4096 x 8192 hidden: flags 30.2 us, list 4.9 us, compaction 41.1 us).  Here the CTA that
+flags a block of A also places its listed micro-tiles, and writes their columns while the block
+is in shared memory:
 
-``strip_list_compact`` (CTA ``(c, g)``: strip ``g`` = rows ``128g .. 128g+127``, A's columns
+``strip_list`` (CTA ``(c, g)``: strip ``g`` = rows ``128g .. 128g+127``, A's columns
 ``64c .. 64c+63``, 256 threads)::
 
     A_s[128, 64] <- A[128g:, 64c:]            16-byte loads, rows past M read as zeros
     listed[j]    =  any(A_s[:, j*mk:(j+1)*mk] != 0)          for the 64/mk micro-tiles j
     base         =  atomicAdd(state[g], n_listed + 2^26)     (float64: listed + CTAs * 2^26)
     strip_ids[g * MKT + base + rank(j)] = 64c/mk + j         for each listed j
-    Ac[128g:, (base + rank(j)) * mk + e] = A_s[:, j*mk + e]   2-byte stores, a warp per row run
+    (mk < 8) Ac[128g:, (base + rank(j)) * mk + e] = A_s[:, j*mk + e]   a warp per row run
 
 The CTA whose add completes the strip (its ``K / 64`` CTAs) writes the strip's count, zeroes
 ``Ac``'s columns up to the next 16-byte chunk (the tiles kernel reads whole chunks and zero-fills
-the rest) and zeroes ``state[g]`` for the next call.  The listed micro-tiles of a strip come in
-the order its CTAs add (the tiles kernel is permutation invariant along K: ``Ac``'s column q and
-B's row ``ids[q]`` are the same position).
+the rest) and zeroes ``state[g]``.  A strip's listed micro-tiles come in the order its CTAs add
+(the tiles kernel is permutation invariant along K: ``Ac``'s column q and B's row ``ids[q]`` are
+the same position).
 
 ``strip_pack`` (one CTA per strip) writes the CSR index of :mod:`pit_tvm.index.tiles` from the
 counts: ``offsets[g]`` = the strips before it, the strip's ids, the ``-1`` tail, and the dense
 fallback (every micro-tile listed, ``density_threshold`` exceeded) as the index kernels do.
 
-The state (``G`` float64 words, zero before a call and left zero) is why the row count must be
-static (:func:`strips_apply`).  CUDA only; no CPU form (the CPU build has no compaction).
+The state (one float64 word per strip) must be zero before a call: a model with a static row
+count passes a zero constant, which the kernel leaves zero (so runs of one compiled model must
+not overlap on two streams); a symbolic row count zeroes one per call (``R.zeros``).  CUDA only
+(the CPU build has neither the wgmma tiles kernel nor the compaction).
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from tvm.script import tirx as T
 from pit_tvm.index._tile_kernels import STATE_DTYPE, UNITS_SCALE, nz_bits
 from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx
 
-__all__ = ["strips_apply", "strip_list_compact_func", "strip_pack_func", "strip_state_words"]
+__all__ = ["strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
 
 COLS = 64                 # A's columns per CTA: 128 rows x 64 = 16 KiB of fp16 in shared memory
 THREADS = 256
@@ -50,46 +54,47 @@ LOADS = BLOCK_M * CHUNKS // THREADS      # 16-byte loads per thread (4)
 SLOT_ROWS = THREADS // COLS              # rows one pass of the column stores covers (4)
 
 
-def strips_apply(m, k: int, mk: int, in_dtype: str) -> bool:
-    """Whether the one-pass index + compaction takes this matmul: a static row count (the
-    state is one word per strip), ``mk`` dividing 64 and under one 16-byte chunk, K a
-    multiple of 64 (as the wgmma tiles kernel needs), a 2-byte input dtype."""
-    return (isinstance(m, int) and m > 0 and in_dtype in ("float16", "bfloat16") and k % COLS == 0
-            and 0 < mk < VEC and COLS % mk == 0)
+def strips_apply(k: int, mk: int, in_dtype: str) -> bool:
+    """Whether the one-pass index (+ compaction) takes ``(128, mk)`` micro-tiles: ``mk``
+    dividing 64, K a multiple of 64 (as the wgmma tiles kernel needs), a 2-byte input dtype."""
+    return in_dtype in ("float16", "bfloat16") and k % COLS == 0 and 0 < mk <= COLS and COLS % mk == 0
 
 
-def strip_state_words(m: int) -> int:
-    """the state's words for ``m`` rows: one per 128-row strip"""
-    return (int(m) + BLOCK_M - 1) // BLOCK_M
+def strip_state_words(m):
+    """the state's words for ``m`` rows (an int or a TIR expression): one per 128-row strip"""
+    return (m + BLOCK_M - 1) // BLOCK_M
+
+
+def compacts(mk: int) -> bool:
+    """whether the one pass also writes the compacted A: micro-tiles under one 16-byte chunk
+    (wider ones the tiles kernel reads in place)"""
+    return mk < VEC
 
 
 @functools.lru_cache(maxsize=32)
-def strip_list_compact_func(m: int, k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc:
-    """``(a, state) -> (counts[G], strip_ids[G * K/mk], ac[M, K])`` (see the module docstring);
-    ``state``: float64 ``[G]``, zero before the call, left zero by it."""
-    M, K, MK = int(m), int(k), int(mk)
-    if not strips_apply(M, K, MK, in_dtype):
-        raise ValueError(f"the one-pass strip index needs a static M > 0, K % {COLS} == 0, mk dividing "
-                         f"{COLS} and under {VEC}, fp16/bf16; got M={m}, K={k}, mk={mk}, {in_dtype}")
-    G = strip_state_words(M)
+def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc:
+    """``(a, state) -> (counts[G], strip_ids[G * K/mk][, ac[M, K]])`` (``ac`` when
+    :func:`compacts`; see the module docstring); ``state``: float64 ``[G]``, zero before the
+    call, left zero by it.  ``M`` is a symbolic int64."""
+    K, MK = int(k), int(mk)
+    if not strips_apply(K, MK, in_dtype):
+        raise ValueError(f"the one-pass strip index needs K % {COLS} == 0, mk dividing {COLS}, fp16/bf16; "
+                         f"got K={k}, mk={mk}, {in_dtype}")
     MKT = K // MK
     NMT = COLS // MK              # micro-tiles per CTA
     CTAS = K // COLS              # CTAs per strip
+    compact = compacts(MK)
     nz = nz_bits(in_dtype)
     zero = tirx.const(0, in_dtype)
 
-    @T.prim_func(s_tir=False)
-    def kernel(a: T.handle, state: T.handle, counts: T.handle, strip_ids: T.handle, ac: T.handle):
-        A = T.match_buffer(a, (M, K), in_dtype)
-        ST = T.match_buffer(state, (G,), STATE_DTYPE)
-        CNT = T.match_buffer(counts, (G,), "int32")
-        SIDS = T.match_buffer(strip_ids, (G * MKT,), "int32")
-        AC = T.match_buffer(ac, (M, K), in_dtype)
+    @T.macro
+    def body(M, A, ST, CNT, SIDS, AC):
         T.device_entry()
-        c, g = T.cta_id([CTAS, G])
+        c, g = T.cta_id([CTAS, T.max(T.Cast("int32", strip_state_words(M)), 1)])
         tid = T.thread_id([THREADS])
-        tile = T.alloc_buffer([BLOCK_M * COLS], in_dtype, scope="shared", align=16)
-        lane_bits = T.alloc_buffer([THREADS], "int32", scope="shared")   # thread's 8 columns, OR of its rows
+        m = T.Cast("int32", M)
+        G = T.Cast("int32", strip_state_words(M))
+        tile = T.alloc_buffer([BLOCK_M * COLS if compact else VEC], in_dtype, scope="shared", align=16)
         listed = T.alloc_buffer([NMT], "int32", scope="shared")
         src = T.alloc_buffer([COLS], "int32", scope="shared")             # output slot -> tile column
         # (three buffers: the sync planner sees a read and a write of one buffer as a hazard)
@@ -101,34 +106,32 @@ def strip_list_compact_func(m: int, k: int, mk: int, in_dtype: str = "float16") 
         r = T.alloc_local([1], "int32")        # rank of this thread's micro-tile among the listed
         col = T.alloc_local([1], "int32")      # the tile column of this thread's output slot
         mine = T.alloc_local([1], "int32")     # (shared values are read into registers before a branch)
-        inf = T.alloc_local([3], "int32")     # listed, base, last
+        inf = T.alloc_local([3], "int32")      # listed, base, last
         old = T.alloc_local([1], STATE_DTYPE)
+        if tid < NMT:
+            listed[tid] = 0
         # SRead of the tile: thread t loads chunk t % 8 of rows t / 8 + 32 j (every load issued
         # before the first use)
         for j in T.unroll(LOADS):
-            if g * BLOCK_M + tid // CHUNKS + (THREADS // CHUNKS) * j < M:
+            if g * BLOCK_M + tid // CHUNKS + (THREADS // CHUNKS) * j < m:
                 for e in T.vectorized(VEC):
                     vals[j * VEC + e] = A[g * BLOCK_M + tid // CHUNKS + (THREADS // CHUNKS) * j,
                                           c * COLS + tid % CHUNKS * VEC + e]
             else:
                 for e in T.vectorized(VEC):
                     vals[j * VEC + e] = zero
-        bits[0] = 0
+        bits[0] = 0                            # bit e: column 8 (t % 8) + e non-zero in this thread's rows
         for j in T.unroll(LOADS):
-            for e in T.vectorized(VEC):
-                tile[(tid // CHUNKS + (THREADS // CHUNKS) * j) * COLS + tid % CHUNKS * VEC + e] = vals[j * VEC + e]
+            if compact:
+                for e in T.vectorized(VEC):
+                    tile[(tid // CHUNKS + (THREADS // CHUNKS) * j) * COLS + tid % CHUNKS * VEC + e] = vals[j * VEC + e]
             for e in T.unroll(VEC):
                 bits[0] = T.bitwise_or(bits[0], T.if_then_else(nz(vals[j * VEC + e]) != 0, T.shift_left(1, e), 0))
-        lane_bits[tid] = bits[0]
         T.cuda.cta_sync()
-        # micro-tile j: any non-zero over its mk columns and the 32 threads that read them
-        if tid < NMT:
-            bits[0] = 0
-            for t in T.serial(THREADS // CHUNKS):
-                for e in T.unroll(MK):
-                    bits[0] = T.bitwise_or(bits[0], T.bitwise_and(
-                        T.shift_right(lane_bits[t * CHUNKS + (tid * MK + e) // VEC], (tid * MK + e) % VEC), 1))
-            listed[tid] = bits[0]
+        # micro-tile j is listed when any thread saw a non-zero in its columns (all write 1)
+        for e in T.unroll(VEC):
+            if T.bitwise_and(T.shift_right(bits[0], e), 1) != 0:
+                listed[(tid % CHUNKS * VEC + e) // MK] = 1
         T.cuda.cta_sync()
         mine[0] = 0
         r[0] = 0                                      # rank: listed micro-tiles before j = tid
@@ -137,74 +140,95 @@ def strip_list_compact_func(m: int, k: int, mk: int, in_dtype: str = "float16") 
             for i in T.serial(NMT):
                 if i < tid:
                     r[0] = r[0] + listed[i]
-            if mine[0] != 0:
-                for e in T.unroll(MK):
-                    src[r[0] * MK + e] = tid * MK + e
+            if compact:
+                if mine[0] != 0:
+                    for e in T.unroll(MK):
+                        src[r[0] * MK + e] = tid * MK + e
             if tid == NMT - 1:
                 n_listed[0] = r[0] + mine[0]
         T.cuda.cta_sync()
         if tid == 0:
-            inf[0] = n_listed[0]
-            old[0] = T.cuda.atomic_add(T.address_of(ST[g]), T.Cast(STATE_DTYPE, inf[0]) + T.float64(UNITS_SCALE))
-            base[0] = T.Cast("int32", old[0] - T.floor(old[0] / T.float64(UNITS_SCALE)) * T.float64(UNITS_SCALE))
-            last[0] = T.Cast("int32", T.floor(old[0] / T.float64(UNITS_SCALE)) + T.float64(1) == T.float64(CTAS))
+            if g < G:
+                inf[0] = n_listed[0]
+                old[0] = T.cuda.atomic_add(T.address_of(ST[g]), T.Cast(STATE_DTYPE, inf[0]) + T.float64(UNITS_SCALE))
+                base[0] = T.Cast("int32", old[0] - T.floor(old[0] / T.float64(UNITS_SCALE)) * T.float64(UNITS_SCALE))
+                last[0] = T.Cast("int32", T.floor(old[0] / T.float64(UNITS_SCALE)) + T.float64(1) == T.float64(CTAS))
         T.cuda.cta_sync()
-        inf[0] = n_listed[0]
-        inf[1] = base[0]
-        inf[2] = last[0]
-        if tid < NMT:
-            if mine[0] != 0:
-                SIDS[g * MKT + inf[1] + r[0]] = c * NMT + tid
-        # the listed columns into Ac: output slot tid % 64 of rows tid / 64 + 4 i (a warp stores 32
-        # consecutive columns of a row)
-        if tid % COLS < inf[0] * MK:
-            col[0] = src[tid % COLS]
-            for i in T.serial(BLOCK_M // SLOT_ROWS):
-                if g * BLOCK_M + tid // COLS + SLOT_ROWS * i < M:
-                    AC[g * BLOCK_M + tid // COLS + SLOT_ROWS * i, inf[1] * MK + tid % COLS] = \
-                        tile[(tid // COLS + SLOT_ROWS * i) * COLS + col[0]]
-        if inf[2] != 0:
-            # the strip's last CTA: its count, the zeros to the next chunk, a zero state
-            if tid < VEC:
-                if (inf[1] + inf[0]) * MK + tid < (((inf[1] + inf[0]) * MK + VEC - 1) // VEC) * VEC:
-                    for i in T.serial(BLOCK_M):
-                        if g * BLOCK_M + i < M:
-                            AC[g * BLOCK_M + i, (inf[1] + inf[0]) * MK + tid] = zero
-            if tid == 0:
-                CNT[g] = inf[1] + inf[0]
-                ST[g] = T.float64(0)
+        if g < G:
+            inf[0] = n_listed[0]
+            inf[1] = base[0]
+            inf[2] = last[0]
+            if tid < NMT:
+                if mine[0] != 0:
+                    SIDS[g * MKT + inf[1] + r[0]] = c * NMT + tid
+            if compact:
+                # the listed columns into Ac: output slot tid % 64 of rows tid / 64 + 4 i (a warp
+                # stores 32 consecutive columns of a row)
+                if tid % COLS < inf[0] * MK:
+                    col[0] = src[tid % COLS]
+                    for i in T.serial(BLOCK_M // SLOT_ROWS):
+                        if g * BLOCK_M + tid // COLS + SLOT_ROWS * i < m:
+                            AC[g * BLOCK_M + tid // COLS + SLOT_ROWS * i, inf[1] * MK + tid % COLS] = \
+                                tile[(tid // COLS + SLOT_ROWS * i) * COLS + col[0]]
+            if inf[2] != 0:
+                # the strip's last CTA: its count, (Ac's zeros to the next chunk,) a zero state
+                if compact:
+                    if tid < VEC:
+                        if (inf[1] + inf[0]) * MK + tid < (((inf[1] + inf[0]) * MK + VEC - 1) // VEC) * VEC:
+                            for i in T.serial(BLOCK_M):
+                                if g * BLOCK_M + i < m:
+                                    AC[g * BLOCK_M + i, (inf[1] + inf[0]) * MK + tid] = zero
+                if tid == 0:
+                    CNT[g] = inf[1] + inf[0]
+                    ST[g] = T.float64(0)
 
-    return lower_tirx(kernel, _TARGET).with_attr("pit.index.state", G)
+    if compact:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, state: T.handle, counts: T.handle, strip_ids: T.handle, ac: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(state, (strip_state_words(M),), STATE_DTYPE),
+                 T.match_buffer(counts, (strip_state_words(M),), "int32"),
+                 T.match_buffer(strip_ids, (strip_state_words(M) * MKT,), "int32"), T.match_buffer(ac, (M, K), in_dtype))
+    else:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, state: T.handle, counts: T.handle, strip_ids: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(state, (strip_state_words(M),), STATE_DTYPE),
+                 T.match_buffer(counts, (strip_state_words(M),), "int32"),
+                 T.match_buffer(strip_ids, (strip_state_words(M) * MKT,), "int32"), None)
+
+    return lower_tirx(kernel, _TARGET)
 
 
 @functools.lru_cache(maxsize=32)
-def strip_pack_func(m: int, k: int, mk: int, density_threshold: float | None = None) -> tirx.PrimFunc:
+def strip_pack_func(k: int, mk: int, density_threshold: float | None = None) -> tirx.PrimFunc:
     """``(counts, strip_ids) -> (offsets[G + 1], ids[G * K/mk])``: the CSR tiles index of
     :func:`pit_tvm.index.tile_index_func` for ``(128, mk)``, ``group="row"``, with its dense
-    fallback (more than ``density_threshold`` of the micro-tiles listed: every one listed)."""
-    M, K, MK = int(m), int(k), int(mk)
-    G = strip_state_words(M)
+    fallback (more than ``density_threshold`` of the micro-tiles listed: every one listed).
+    One CTA per strip; ``G`` (the strips) is symbolic."""
+    K, MK = int(k), int(mk)
     MKT = K // MK
-    NF = G * MKT
     thr = density_threshold
 
     @T.prim_func(s_tir=False)
     def kernel(counts: T.handle, strip_ids: T.handle, offsets: T.handle, ids: T.handle):
+        G = T.int64()
         CNT = T.match_buffer(counts, (G,), "int32")
         SIDS = T.match_buffer(strip_ids, (G * MKT,), "int32")
         OFF = T.match_buffer(offsets, (G + 1,), "int32")
         IDS = T.match_buffer(ids, (G * MKT,), "int32")
         T.device_entry()
-        g = T.cta_id([G])
+        g = T.cta_id([T.max(T.Cast("int32", G), 1)])
         tid = T.thread_id([THREADS])
         before = T.alloc_buffer([THREADS], "int32", scope="shared")
         every = T.alloc_buffer([THREADS], "int32", scope="shared")
         acc = T.alloc_local([2], "int32")
         sums = T.alloc_local([3], "int32")    # strips before g, all strips, this strip
+        n = T.Cast("int32", G)
         acc[0] = 0
         acc[1] = 0
-        for i in T.serial((G + THREADS - 1) // THREADS):
-            if i * THREADS + tid < G:
+        for i in T.serial((n + THREADS - 1) // THREADS):
+            if i * THREADS + tid < n:
                 acc[1] = acc[1] + CNT[i * THREADS + tid]
                 if i * THREADS + tid < g:
                     acc[0] = acc[0] + CNT[i * THREADS + tid]
@@ -218,25 +242,31 @@ def strip_pack_func(m: int, k: int, mk: int, density_threshold: float | None = N
             T.cuda.cta_sync()
         sums[0] = before[0]
         sums[1] = every[0]
-        sums[2] = CNT[g]
-        if thr is not None and T.Cast("float64", sums[1]) > T.float64(thr) * T.float64(NF):
-            for i in T.serial((MKT + THREADS - 1) // THREADS):
-                if i * THREADS + tid < MKT:
-                    IDS[g * MKT + i * THREADS + tid] = i * THREADS + tid
-            if tid == 0:
-                OFF[g] = g * MKT
-                if g == 0:
-                    OFF[G] = NF
+        sums[2] = 0
+        if g < n:
+            sums[2] = CNT[g]
+        if thr is not None and T.Cast("float64", sums[1]) > T.float64(thr) * T.Cast("float64", n * MKT):
+            if g < n:
+                for i in T.serial((MKT + THREADS - 1) // THREADS):
+                    if i * THREADS + tid < MKT:
+                        IDS[g * MKT + i * THREADS + tid] = i * THREADS + tid
+                if tid == 0:
+                    OFF[g] = g * MKT
+            if g == 0:
+                if tid == 0:
+                    OFF[n] = n * MKT
         else:
-            for i in T.serial((MKT + THREADS - 1) // THREADS):
-                if i * THREADS + tid < sums[2]:
-                    IDS[sums[0] + i * THREADS + tid] = SIDS[g * MKT + i * THREADS + tid]
-                elif i * THREADS + tid < MKT:
-                    # strip g's share of the -1 tail: the unlisted micro-tiles of the strips before
-                    IDS[sums[1] + g * MKT - sums[0] + i * THREADS + tid - sums[2]] = -1
-            if tid == 0:
-                OFF[g] = sums[0]
-                if g == 0:
-                    OFF[G] = sums[1]
+            if g < n:
+                for i in T.serial((MKT + THREADS - 1) // THREADS):
+                    if i * THREADS + tid < sums[2]:
+                        IDS[sums[0] + i * THREADS + tid] = SIDS[g * MKT + i * THREADS + tid]
+                    elif i * THREADS + tid < MKT:
+                        # strip g's share of the -1 tail: the unlisted micro-tiles of the strips before
+                        IDS[sums[1] + g * MKT - sums[0] + i * THREADS + tid - sums[2]] = -1
+                if tid == 0:
+                    OFF[g] = sums[0]
+            if g == 0:
+                if tid == 0:
+                    OFF[n] = sums[1]
 
     return lower_tirx(kernel, _TARGET)
