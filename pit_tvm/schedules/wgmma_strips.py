@@ -46,7 +46,10 @@ from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx
 
 __all__ = ["strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
 
-COLS = 64                 # A's columns per CTA: 128 rows x 64 = 16 KiB of fp16 in shared memory
+#: A's columns per CTA: 128 rows x 64 = 16 KiB of fp16.  (256 columns per CTA, all 16 loads of
+#: a thread issued first and a warp-shuffle rank, measured slower on the H100 at 4096 x 4096:
+#: mk=64 22.4 against 21.2 us, mk=1 31.6-43.0 against 25.3-38.7 us; benchmarks/_strips_probe.py)
+COLS = 64
 THREADS = 256
 VEC = 8                   # elements per 16-byte load
 CHUNKS = COLS // VEC      # 16-byte chunks per tile row
