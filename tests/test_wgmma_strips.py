@@ -70,6 +70,16 @@ def test_one_pass_graph(m):
     assert check_cuda_compiles(ex, archs=("sm_90a",)) >= 1
 
 
+def test_micro_tiles_across_ctas_keep_the_compaction_kernel():
+    """mk not dividing the one pass's 64 columns (here 6): the index kernels, then the A
+    compaction kernel of its own; nvcc compiles the op."""
+    text = _graph(1000, 384, 256, (32, 6))["main"].script()
+    assert "pit_compact_" in text and "pit_strips_" not in text
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(build(_graph(1000, 384, 256, (32, 6)), "cuda"), archs=("sm_90a",)) >= 1
+
+
 # ---------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------
@@ -139,3 +149,19 @@ def test_gpu_static_matmul(micro_tile, sparsity):
     for _ in range(2):
         got = vm["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)).numpy()
         np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * max(np.abs(ref).max(), 1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sparsity", [0.0, 0.9])
+def test_gpu_compaction_kernel_path(sparsity):
+    """(32, 6) micro-tiles (not dividing 64: index kernels + the A compaction kernel) through the
+    op, against float32 numpy."""
+    import pit_tvm
+
+    m, k, n = 1000, 384, 256
+    a, b, _, _ = tiles_inputs(m, k, n, (32, 6), sparsity, "float16", seed=7)
+    op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=(32, 6), target="cuda", out_dtype="float32")
+    dev = tvm.cuda(0)
+    got = op(tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)).numpy()
+    ref = a.astype(np.float32) @ b.astype(np.float32)
+    np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * max(np.abs(ref).max(), 1.0))

@@ -555,7 +555,9 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt), _rows_hint(m, 1))
         if wgmma_tiles is not None:
             plan, kernel, compact, dense_fallback = wgmma_tiles
-            strips = _strips_apply(k, plan.micro_tile[1], dtype)
+            from pit_tvm.schedules.wgmma_strips import strips_apply
+
+            strips = strips_apply(k, plan.micro_tile[1], dtype)
         elif tc_plan is not None:
             kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log,
                                         _rows_hint(m, PIT_EXPECTED_DENSITY))
@@ -598,7 +600,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     if row_mask is not None and plan.kind == "rows":
         index_gv, index_src = _row_mask_index(bb, row_mask, m, tgt, density_threshold, dens_tag)
     elif strips:
-        index_gv = index_src = None     # the index comes with the compaction (_emit_strips)
+        index_gv = index_src = None     # the one-pass index (_emit_strips)
     else:
         index_gv = _add_once(bb, f"pit_index_{tag}{dens_tag}", lambda: tile_index_func(
             k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold))
@@ -733,14 +735,6 @@ def _emit_index(bb, index_gv, index_src, groups, capacity):
     state = index_state(bb.get()[index_gv])
     counter = [] if state is None else [relax.const(np.zeros(*state), state[1])]
     return bb.emit(relax.call_tir(index_gv, [index_src] + counter, index_ty))
-
-
-def _strips_apply(k, mk, dtype) -> bool:
-    """whether the wgmma tiles kernel's index (and A compaction) run as one pass over A
-    (:mod:`pit_tvm.schedules.wgmma_strips`)"""
-    from pit_tvm.schedules.wgmma_strips import strips_apply
-
-    return strips_apply(k, mk, dtype)
 
 
 def _emit_strips(bb, a, m, k, mk, dtype, density_threshold, tag):
