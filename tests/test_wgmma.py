@@ -53,7 +53,9 @@ def test_config_choice():
     assert wgmma_config(100) is None
     # with an expected row count: the grid that takes the fewest waves of 132 CTAs, weighted by
     # tile speed (BERT's N=768 over 2048 rows: 48 CTAs of 256 columns or 96 of 128)
-    assert wgmma_config(768, rows=2048).block_n == 128
+    assert wgmma_config(768, rows=2048) == WgmmaConfig(128, 6)   # one wave: the deeper ring
+    assert wgmma_config(128, rows=2048) == WgmmaConfig(64, 8)    # 32 CTAs of 64 columns, one wave
+    assert wgmma_config(128, rows=32768) == WgmmaConfig(128, 4)  # 256 CTAs: two waves
     assert wgmma_config(2304, rows=2048).block_n == 192
     assert wgmma_config(4096, rows=4096).block_n == 256
     assert wgmma_config(768, rows=None).block_n == 256

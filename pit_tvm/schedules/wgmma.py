@@ -133,7 +133,8 @@ def wgmma_config(n: int, rows: int | None = None) -> WgmmaConfig | None:
     ring that fits, up to :data:`MAX_STAGES`.  Without ``rows`` the widest N; with the expected
     number of rows the one whose grid takes the least time in whole waves of :data:`SMS` CTAs
     (a narrow layer over few rows fills the GPU with narrower tiles: BERT's N=768 over ~2400
-    rows is 57 CTAs of 256 columns, 114 of 128)."""
+    rows is 57 CTAs of 256 columns, 114 of 128); when that grid is one wave, 128- and 64-column
+    tiles take the few-rows tier's deeper ring (:data:`FEW_ROWS_STAGES`)."""
     candidates = [bn for bn in (256, 192, 128, 64) if n % bn == 0]
     if not candidates:
         return None
@@ -148,6 +149,12 @@ def wgmma_config(n: int, rows: int | None = None) -> WgmmaConfig | None:
     stages = 3
     while stages < MAX_STAGES and WgmmaConfig(block_n, stages + 1).smem_bytes("float32") <= MAX_SMEM_BYTES:
         stages += 1
+    one_wave = rows is not None and row_tiles * (n // block_n) <= SMS
+    if one_wave and block_n in FEW_ROWS_STAGES:
+        # one wave of CTAs, each alone on its SM for its whole K loop: the deeper ring of the
+        # few-rows tier (H100, 2,400 rows, 128-column tiles: K=3072 N=768 33.4 against 35.7 us,
+        # K=768 N=768 13.4 against 14.7 us; ``python3 benchmarks/_wgmma_stages.py 128x4 128x6``)
+        stages = FEW_ROWS_STAGES[block_n]
     return WgmmaConfig(block_n, stages)
 
 
