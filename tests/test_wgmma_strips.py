@@ -165,3 +165,21 @@ def test_gpu_compaction_kernel_path(sparsity):
     got = op(tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)).numpy()
     ref = a.astype(np.float32) @ b.astype(np.float32)
     np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * max(np.abs(ref).max(), 1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("micro_tile", [(32, 1), (32, 64)])
+def test_gpu_op_index(micro_tile):
+    """SparseMatmul.index runs the one pass (the strips kernel, then the pack) on the op's
+    workspace: the CSR index of the reference, each strip's ids as a set, on two calls."""
+    import pit_tvm
+
+    m, k = 1000, 512
+    a, _, _, _ = tiles_inputs(m, k, 16, micro_tile, 0.9, "float16", seed=5)
+    op = pit_tvm.sparse_matmul(k, 256, "float16", micro_tile=micro_tile, target="cuda")
+    ref_off, ref_ids = reference_tile_index(a.astype(np.float32), op.kernel_plan.micro_tile, "row")
+    for _ in range(2):
+        off, ids = (x.numpy() for x in op.index(tvm.runtime.tensor(a, tvm.cuda(0))))
+        np.testing.assert_array_equal(off, ref_off)
+        for s in range(len(off) - 1):
+            np.testing.assert_array_equal(np.sort(ids[off[s]:off[s + 1]]), ref_ids[ref_off[s]:ref_off[s + 1]])

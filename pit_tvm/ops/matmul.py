@@ -284,8 +284,6 @@ def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_thr
             names["micro_tile"] = tuple(int(x) for x in func.attrs["pit.micro_tile"])
         if gv.name_hint.startswith("pit_index_"):
             names["index_state"] = index_state(func)
-        if gv.name_hint.startswith("pit_strips_"):
-            names["strips_compact"] = len(func.params) == 5     # (a, state, counts, ids[, ac])
     return build(mod, target), names
 
 
@@ -333,7 +331,6 @@ class SparseMatmul:
         # the wgmma tiles kernel's index in one pass (pit_tvm.schedules.wgmma_strips): the
         # strips kernel (with the A compaction for thin micro-tiles), then the CSR pack
         self._strips = self.executable[names["strips"]] if "strips" in names else None
-        self._strips_compact = names.get("strips_compact", False)
 
     # -- tensors in and out ---------------------------------------------------------
     def _as_tensor(self, x, name, shape_check):
@@ -393,7 +390,7 @@ class SparseMatmul:
     def _strips_buffers(self, m):
         """``(state, counts, strip ids[, compacted A])`` of the one-pass index for ``m`` rows,
         allocated once per row count (the state zeroed once: the kernel leaves it zero)"""
-        from pit_tvm.schedules.wgmma_strips import strip_state_words
+        from pit_tvm.schedules.wgmma_strips import compacts, strip_state_words
 
         key = ("strips", m)
         if key not in self._workspace:
@@ -402,7 +399,8 @@ class SparseMatmul:
             self._workspace[key] = (
                 (tvm.runtime.tensor(np.zeros(groups), self.device), tvm.runtime.empty((groups,), "int32", self.device),
                  tvm.runtime.empty((capacity,), "int32", self.device))
-                + ((tvm.runtime.empty((m, self.k), self.dtype, self.device),) if self._strips_compact else ()))
+                + ((tvm.runtime.empty((m, self.k), self.dtype, self.device),)
+                   if compacts(self.kernel_plan.micro_tile[1]) else ()))
         return self._workspace[key]
 
     def index(self, a):
@@ -413,8 +411,9 @@ class SparseMatmul:
         a_t = self._as_tensor(a, "A", self._check_a)
         offsets, ids = self._index_buffers(int(a_t.shape[0]))
         if self._strips is not None:
-            self._strips(a_t, *self._strips_buffers(int(a_t.shape[0])))
-            self._index(*self._strips_buffers(int(a_t.shape[0]))[1:3], offsets, ids)
+            state, counts, strip_ids, *ac = self._strips_buffers(int(a_t.shape[0]))
+            self._strips(a_t, state, counts, strip_ids, *ac)
+            self._index(counts, strip_ids, offsets, ids)
         elif self._index_state_shape is None:
             self._index(a_t, offsets, ids)
         else:
@@ -554,10 +553,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         # (tiles: every 128-row strip has a CTA, so the tile width plans for all rows)
         wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt), _rows_hint(m, 1))
         if wgmma_tiles is not None:
-            plan, kernel, compact, dense_fallback = wgmma_tiles
-            from pit_tvm.schedules.wgmma_strips import strips_apply
-
-            strips = strips_apply(k, plan.micro_tile[1], dtype)
+            plan, kernel, compact, dense_fallback, strips = wgmma_tiles
         elif tc_plan is not None:
             kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log,
                                         _rows_hint(m, PIT_EXPECTED_DENSITY))
@@ -619,7 +615,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     else:
         index = _emit_index(bb, index_gv, index_src, groups, capacity)
         offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
-    if compact is not None and not strips:   # SRead of thin micro-tiles as a kernel of its own
+    if compact is not None:   # SRead of thin micro-tiles as a kernel of its own
         compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
     epilogue_args = ([bias] + _row_scale_arg(bb, row_scale if scaled is None else scaled[1], m, dtype)
@@ -687,20 +683,23 @@ def _rows_hint(m, fraction: float):
 def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, rows_hint=None):
     """On sm_90a, for micro-tiles along K with rows dividing 128: ``(plan covered by 128-row
     strips, the wgmma tiles kernel, the A-compaction kernel or None, the dense fallback
-    kernel)``; else None."""
+    kernel, whether the index is the one pass of :mod:`pit_tvm.schedules.wgmma_strips`)``
+    (which compacts A itself); else None."""
     from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func, wgmma_config,
                                          wgmma_dense_fallback_func, wgmma_tiles_applies,
                                          wgmma_tiles_gather_func)
+    from pit_tvm.schedules.wgmma_strips import strips_apply
 
     if plan.kind == "rows" or not wgmma_tiles_applies(plan.k, plan.n, plan.micro_tile, dtype,
                                                        out_dtype, arch):
         return None
     mk = plan.micro_tile[1]
     config = wgmma_config(plan.n, rows_hint)
-    compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) else None
+    strips = strips_apply(plan.k, mk, dtype)
+    compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) and not strips else None
     return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),
             wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype, config=config), compact,
-            wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype, config=config))
+            wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype, config=config), strips)
 
 
 def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):
@@ -744,8 +743,8 @@ def _emit_strips(bb, a, m, k, mk, dtype, density_threshold, tag):
     symbolic one a zeroed tensor per call."""
     from tvm import relax
 
-    from pit_tvm.index._tile_kernels import STATE_DTYPE
-    from pit_tvm.schedules.wgmma_strips import compacts, strip_list_func, strip_pack_func, strip_state_words
+    from pit_tvm.schedules.wgmma_strips import (STATE_DTYPE, compacts, strip_list_func, strip_pack_func,
+                                                strip_state_words)
 
     list_gv = _add_once(bb, f"pit_strips_{tag}", lambda: strip_list_func(k, mk, dtype))
     pack_gv = _add_once(bb, f"pit_index_{tag}", lambda: strip_pack_func(k, mk, density_threshold))

@@ -44,7 +44,7 @@ from tvm.script import tirx as T
 from pit_tvm.index._tile_kernels import STATE_DTYPE, UNITS_SCALE, nz_bits
 from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx
 
-__all__ = ["strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
+__all__ = ["STATE_DTYPE", "strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
 
 #: A's columns per CTA: 128 rows x 64 = 16 KiB of fp16.  (256 columns per CTA, all 16 loads of
 #: a thread issued first and a warp-shuffle rank, measured slower on the H100 at 4096 x 4096:
