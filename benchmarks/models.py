@@ -65,20 +65,25 @@ TABLE = ["workload", "method", "dtype", "median_ms", "speedup_vs_pit_off", "occu
 # ----------------------------------------------------------------------------- workloads
 
 def make_workloads(cfg, names=("ffn", "bert")) -> list[dict]:
-    """``[{name, model (fp32 ONNX), inputs (fp32 numpy), valid (bool mask over output rows), shape}]``."""
+    """``[{name, model (fp32 ONNX), inputs (fp32 numpy), valid (bool mask over output rows), shape,
+    expected_density (for compile_onnx; None: its default)}]``."""
     out = []
     if "ffn" in names:
         d, h = cfg.ffn_d, cfg.ffn_hidden
         out.append({"name": "opt_ffn", "model": opt_ffn(d, h),
                     "inputs": opt_ffn_inputs(d, batch=cfg.ffn_batch, seq=cfg.ffn_seq, seed=1),
-                    "valid": None,
+                    "valid": None, "expected_density": None,
                     "shape": f"d={d} hidden={h} tokens={cfg.ffn_batch}x{cfg.ffn_seq}"})
     if "bert" in names:
         rng = np.random.default_rng(cfg.seed)
         lengths = rng.integers(cfg.min_len, cfg.seq + 1, size=cfg.batch)
         inputs = bert_inputs(cfg.hidden, batch=cfg.batch, seq=cfg.seq, lengths=lengths, seed=cfg.seed + 1)
+        # the PIT build plans its tile widths for the real-token fraction of another batch of
+        # the same distribution (what a user measures on a sample of their traffic)
+        sample = rng.integers(cfg.min_len, cfg.seq + 1, size=cfg.batch)
         out.append({"name": "bert", "model": bert_encoder(cfg.layers, cfg.hidden, cfg.heads),
                     "inputs": inputs, "valid": inputs["attention_mask"].astype(bool),
+                    "expected_density": round(float(sample.mean()) / cfg.seq, 3),
                     "shape": (f"layers={cfg.layers} hidden={cfg.hidden} heads={cfg.heads} batch={cfg.batch} "
                               f"seq={cfg.seq} lengths~U[{cfg.min_len},{cfg.seq}] "
                               f"real_tokens={float(inputs['attention_mask'].mean()):.3f}")})
@@ -312,7 +317,8 @@ def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None, on_compil
         warnings.simplefilter("always")
         shapes = None if cfg.symbolic else {n: list(np.shape(v)) for n, v in inputs_t.items()}
         cm = compile_onnx(model_t, target, sparse=sparse, auto=auto, shapes=shapes,
-                          cuda_graph=cfg.cuda_graph and target == "cuda")
+                          cuda_graph=cfg.cuda_graph and target == "cuda",
+                          expected_density=wl.get("expected_density") if auto else None)
     compile_s = time.perf_counter() - t0
     if on_compiled is not None:
         on_compiled(cm)
@@ -329,6 +335,7 @@ def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None, on_compil
     ms = median_ms(call, dev, cfg.repeat, cfg.warmup)
     extra = {"compile_s": compile_s,
              "pit_matmuls": sum(a.get("status") == "pit" for a in cm.annotations),
+             "expected_density": wl.get("expected_density") if auto else None,
              "warnings": sorted({str(w.message)[:300] for w in caught})[:5]}
     return ms, out, extra, cm
 

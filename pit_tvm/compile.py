@@ -122,7 +122,7 @@ def static_shapes(proto, shapes) -> dict:
 
 
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
-                 cuda_graph=False) -> CompiledModel:
+                 cuda_graph=False, expected_density=None) -> CompiledModel:
     """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
 
     ``sparse``: explicit annotations by ONNX tensor name, ``{"hidden": (1, 64)}`` or ``["hidden"]``;
@@ -131,7 +131,10 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     the padded batch of a variable-length workload: static shapes let the generic kernels
     (elementwise, softmax, layer norm) drop run-time index arithmetic. Without it symbolic dims
     stay symbolic.  ``cuda_graph`` (CUDA): run the model's static regions as CUDA graphs
-    (:func:`pit_tvm.target.build`).
+    (:func:`pit_tvm.target.build`).  ``expected_density``: the fraction of rows the PIT matmuls
+    of row sparsity (padding, masks) are expected to list, e.g. the mean of a sample batch's
+    attention mask; the CUDA kernels' tile widths are planned for it (default
+    :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`).
     """
     proto = load_model(model)
     tgt = make_target(target)
@@ -142,7 +145,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
     notes = annotations_of(annotated)
     try:
-        lowered = LowerToPIT(target=tgt, tuning_log=tuning_log)(annotated)
+        lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(annotated)
     except Exception as err:  # the op layer (pit_tvm.ops.matmul) is not importable
         if "pit_tvm.ops" not in repr(err) and "emit_pit_matmul" not in repr(err):
             raise

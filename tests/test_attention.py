@@ -101,6 +101,8 @@ def test_kernel_compiles_without_spills(seq, packed):
                                                           out_packed=packed, row_scale=packed)}), TARGET)
     src = cuda_sources(ex)[0]
     assert "wgmma.mma_async" in src and "__shfl_xor_sync" in src
+    # masked keys (and with a row scale, zeroed queries) are zero-filled, not read
+    assert "__syncthreads_or" in src and "16, %2;" in src
     log = ptxas_log(src, "sm_90a")
     assert "0 bytes spill stores" in log and "C7515" not in log, log[-2000:]
 
@@ -114,15 +116,18 @@ def _reference(q, k, v, mask, scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seq,mask_batch,dtype", [(128, 3, "float16"), (256, 1, "float16"), (128, 3, "bfloat16")])
+@pytest.mark.parametrize("seq,mask_batch,dtype", [(128, 4, "float16"), (256, 1, "float16"), (128, 4, "bfloat16")])
 def test_gpu_kernel_matches_numpy(seq, mask_batch, dtype):
-    """Random Q, K, V; an additive padding mask per sequence (lengths 1 .. seq, -10000 past)."""
-    b, h, d, scale = 3, 2, 64, 0.125
+    """Random Q, K, V; an additive padding mask per sequence (lengths 1 .. seq, -10000 past,
+    which the kernel does not read; -30 on some real keys, which it does) and one sequence
+    with every key masked (the softmax spreads over all keys: the kernel reads them all)."""
+    b, h, d, scale = 4, 2, 64, 0.125
     rng = np.random.default_rng(seq + mask_batch)
     npd = np_dtype(dtype)
     q, k, v = (rng.standard_normal((b, h, seq, d)).astype(np.float32).astype(npd) for _ in range(3))
-    lengths = [1, seq // 3, seq][:mask_batch]
+    lengths = [1, seq // 3, seq, 0][:mask_batch]
     mask = np.stack([np.where(np.arange(seq) < n, 0.0, -10000.0) for n in lengths]).astype(np.float16)
+    mask[:, 2:seq // 4:5] = np.minimum(mask[:, 2:seq // 4:5], -30.0)
     mask = mask.reshape(mask_batch, 1, 1, seq)
     f = build(tvm.IRModule({"main": fused_attention_func(b, h, seq, d, scale, dtype, "float16", mask_batch)}),
               TARGET)["main"]

@@ -523,3 +523,19 @@ def test_split_to_slices_keeps_other_splits():
     want = [xv[:, :6], xv[:, 6:], yv[:3], yv[3:], xv[:, :5], xv[:, 5:]]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g.numpy(), w)
+
+
+def test_expected_density_is_checked_before_lowering():
+    """A fraction of rows outside (0, 1] is the caller's error, raised by name, not a dense
+    fallback with a warning; a valid one reaches the op layer's emit."""
+    for bad in (0, 1.01, "many"):
+        with pytest.raises((ValueError, TypeError)):
+            LowerToPIT(expected_density=bad)
+    seen = []
+
+    def emit(bb, a, b, expected_density=None, **kw):
+        seen.append(expected_density)
+        return stand_in_emit(bb, a, b, **kw)
+
+    LowerToPIT(emit=emit, expected_density=0.25)(annotate(masked_model()))
+    assert seen and set(seen) == {0.25}

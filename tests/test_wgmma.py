@@ -496,3 +496,35 @@ def test_tiles_dense_fallback_graph(micro_tile):
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     assert check_cuda_compiles(op.executable, archs=("sm_90a",)) >= 1
+
+
+def _rows_kernel_width(m, k, n, **emit_kw) -> int:
+    """the wgmma N of the rows kernel emit_pit_matmul picks for a static ``[m, k] @ [k, n]``"""
+    from tvm import relax
+    from pit_tvm.ops.matmul import emit_pit_matmul
+
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType([m, k], "float16"))
+    b = relax.Var("b", relax.TensorType([k, n], "float16"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(emit_pit_matmul(bb, a, b, micro_tile=(1, k), target="cuda", **emit_kw))
+        bb.emit_func_output(out)
+    kernels = [f for gv, f in bb.get().functions_items() if gv.name_hint.startswith("pit_kernel_")]
+    assert len(kernels) == 1
+    column_tiles = int(re.search(r'launch_thread\("blockIdx.x", (\d+)\)', kernels[0].script()).group(1))
+    return n // column_tiles
+
+
+def test_expected_density_plans_the_rows_kernel_width():
+    """BERT's FFN-in (4096 x 768 @ 768 x 3072): planned for the default half of the rows, 16 row
+    tiles of 192 columns fill two waves of 132 CTAs as 256 columns do (192 wins on tile count);
+    for 58.6 % of the rows (2,400: 19 row tiles) 192 columns need a third wave and 256 do not
+    (H100, ``benchmarks/_width_sweep.py``: 2,304-2,560 rows 30.9-32.9 us at 256 against
+    38.0-38.9 at 192).  A bad fraction is an error naming it."""
+    assert _rows_kernel_width(4096, 768, 3072) == 192
+    assert _rows_kernel_width(4096, 768, 3072, expected_density=0.586) == 256
+    assert _rows_kernel_width(4096, 768, 768, expected_density=0.586) == 128     # one wave of 114 CTAs
+    for bad in (0.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match="expected_density"):
+            _rows_kernel_width(4096, 768, 3072, expected_density=bad)

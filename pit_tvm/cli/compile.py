@@ -1,5 +1,5 @@
 """``pit-tvm compile MODEL.onnx --target cuda|llvm [--sparse NAME[:MxK]]... [--shape NAME=DxDx..]...
-[--tuning-log DIR] -o OUT.so``.
+[--tuning-log DIR] [--expected-density FRACTION] -o OUT.so``.
 
 Imports the ONNX model, annotates its dynamic sparsity (automatically: relu, masks, padding; and
 the ``--sparse`` tensors by ONNX name, with an optional micro-tile ``MxK``), lowers the annotated
@@ -48,6 +48,9 @@ def register(subparsers) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="NAME=DxD..",
                    help="compile for this static shape of input NAME (repeatable; default: symbolic dims stay symbolic)")
     p.add_argument("--tuning-log", default=None, metavar="DIR", help="tuning database for the PIT kernels")
+    p.add_argument("--expected-density", type=float, default=None, metavar="FRACTION",
+                   help="fraction of rows the row-sparse PIT matmuls are expected to list (e.g. a sample "
+                        "batch's mean attention mask); CUDA tile widths are planned for it (default 0.5)")
     p.add_argument("-o", "--output", required=True, help="output library (.so)")
     p.set_defaults(func=run)
 
@@ -74,7 +77,7 @@ def run(args) -> int:
             warnings.simplefilter("always")
             cm = compile_onnx(args.model, target=args.target, sparse=parse_sparse(args.sparse) or None,
                               tuning_log=args.tuning_log, auto=not args.no_auto,
-                              shapes=parse_shapes(args.shape) or None)
+                              shapes=parse_shapes(args.shape) or None, expected_density=args.expected_density)
     except (ValueError, FileNotFoundError) as err:
         print(f"pit-tvm compile: error: {err}", file=sys.stderr)
         return 2

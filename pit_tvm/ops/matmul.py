@@ -510,7 +510,7 @@ def _from_rows(bb, c, lead, n):
 
 def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=None, density_threshold=0.9,
                     tuning_log=None, tensor_core_only=True, row_mask=None, bias=None, activation=None,
-                    row_scale=None, residual=None):
+                    row_scale=None, residual=None, expected_density=None):
     """Emit the PIT matmul of ``a @ b`` into a Relax ``BlockBuilder``; return the result expr.
 
     ``a``: ``[..., K]`` (leading dims symbolic or static, flattened to M rows), ``b``: ``[K, N]``
@@ -528,6 +528,9 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     ``act(a @ b + bias) * row_scale + residual``, in the kernel where it takes one (the wgmma
     rows kernel: rows the index skips get the value of a zero row, ``act(bias) * row_scale +
     residual``), else as Relax ops after it.
+    ``expected_density``: the fraction of a static M's rows the index is expected to list
+    (default :data:`PIT_EXPECTED_DENSITY`); the CUDA rows kernel's tile width is planned for
+    it (the count itself is only known on the device).  Measure it on a sample of the traffic.
     """
     from tvm import relax
 
@@ -545,6 +548,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     a2, m, lead = _as_rows(bb, a, k)
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     tgt = make_target(target)
+    density = planned_density(expected_density)
     compact = dense_fallback = None
     strips = False      # the wgmma tiles kernel's index (and compaction) in one pass over A
     if is_gpu(tgt):
@@ -555,8 +559,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         if wgmma_tiles is not None:
             plan, kernel, compact, dense_fallback, strips = wgmma_tiles
         elif tc_plan is not None:
-            kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log,
-                                        _rows_hint(m, PIT_EXPECTED_DENSITY))
+            kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log, _rows_hint(m, density))
             if kernel is not None:
                 plan = tc_plan            # the index is built for the kernel's micro-tile
         if kernel is None and not tensor_core_only:
@@ -586,8 +589,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         if scaled is not None:
             a2, m, lead = _as_rows(bb, scaled[0], k)
             epilogue["row_scale_a"] = True
-        kernel, few_rows_kernel = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, PIT_EXPECTED_DENSITY),
-                                                    **epilogue)
+        kernel, few_rows_kernel = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, density), **epilogue)
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
@@ -673,6 +675,16 @@ def _wgmma_epilogue_applies(k, n, dtype, out_dtype, target, bias, activation, ro
 #: the fraction of a PIT matmul's rows a tile-width choice plans for (the count is only known
 #: on the device; a rows index is there because rows are expected to be missing)
 PIT_EXPECTED_DENSITY = 0.5
+
+
+def planned_density(value) -> float:
+    """``value`` (a fraction of rows in (0, 1]) or the default; ValueError naming it otherwise"""
+    if value is None:
+        return PIT_EXPECTED_DENSITY
+    density = float(value)
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"expected_density is a fraction of rows in (0, 1], got {value!r}")
+    return density
 
 
 def _rows_hint(m, fraction: float):

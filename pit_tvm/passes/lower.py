@@ -51,11 +51,19 @@ class LowerToPIT:
         Pass a bias / activation / row-scale / residual chain after a PIT matmul
         (:mod:`pit_tvm.passes.epilogue`) to the op layer, which runs it in the kernel where it
         can; default: with the op layer's ``emit``.
+    expected_density : float | None
+        The fraction of rows a rows-kind PIT matmul is expected to list, passed to
+        ``emit_pit_matmul`` (which plans the CUDA kernel's tile width for it).
     """
 
-    def __init__(self, target="llvm", tuning_log=None, emit=None, fuse_epilogues=None):
+    def __init__(self, target="llvm", tuning_log=None, emit=None, fuse_epilogues=None, expected_density=None):
         self.target = target
         self.tuning_log = tuning_log
+        if expected_density is not None:   # (a bad value is the caller's error, not a dense fallback)
+            from pit_tvm.ops.matmul import planned_density  # noqa: PLC0415
+
+            expected_density = planned_density(expected_density)
+        self.expected_density = expected_density
         self.emit = emit
         # the op layer takes bias= / activation= / row_scale=; a stand-in ``emit`` may not
         self.fuse_epilogues = emit is None if fuse_epilogues is None else fuse_epilogues
@@ -65,7 +73,8 @@ class LowerToPIT:
         if not pit:
             return mod
         emit = self.emit or _default_emit()
-        extra = {} if self.tuning_log is None else {"tuning_log": self.tuning_log}
+        extra = {key: value for key, value in (("tuning_log", self.tuning_log),
+                                               ("expected_density", self.expected_density)) if value is not None}
         target = self.target
 
         def is_pit_call(call):

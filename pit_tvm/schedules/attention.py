@@ -31,6 +31,13 @@ One CTA = 2 warpgroups (256 threads) per (128-query block, head, batch)::
     SWrite  O_acc / row sum -> staged O tile [128, 64 + 8] -> 16 B stores to o[b, h, rows]
 
 Shared memory: (128 + 2S) x 64 + 128 x S elements (S = 128: 80 KiB, two CTAs per SM).
+
+Padding (PIT's dynamic sparsity in attention): the kernel is memory-bound (Q, K, V read and O
+written once), so it saves the reads the result does not depend on.  K and V rows of keys
+masked at or below :data:`MASKED_KEY` are zero-filled by ``cp.async`` instead of read (all
+are read when every key of (b, h) is masked: the softmax then spreads over them all), and with
+``row_scale`` so are Q's rows that the row scale zeroes (their o is 0 either way).  The test is
+on the device, per call, from the mask the kernel already takes: no index, no host sync.
 """
 from __future__ import annotations
 
@@ -42,12 +49,16 @@ from tvm.script import tirx as T
 from pit_tvm.schedules.limits import IN_DTYPES, max_smem_bytes
 from pit_tvm.schedules.wgmma import _PTX_TYPE, _SWIZZLE_128B, _TARGET, WGMMA_ARCH, lower_tirx
 
-__all__ = ["attention_applies", "fused_attention_func"]
+__all__ = ["MASKED_KEY", "attention_applies", "fused_attention_func"]
 
 QUERY_BLOCK = 128      # queries per CTA: 2 warpgroups x wgmma M=64
 HEAD_DIM = 64          # one 128-byte swizzle atom of fp16 / bf16
 THREADS = 256
 SEQ_LENGTHS = (128, 256)
+#: keys whose additive mask is at or below this are not read (zero-filled): their weight
+#: ``exp(score + mask - row max)`` is below fp32's smallest subnormal (e^-104) unless their
+#: score exceeds every unmasked key's by ~9,900.  BERT's padding mask is -10000.
+MASKED_KEY = -1.0e4
 
 
 def attention_applies(batch, heads, seq, head_dim, dtype: str, mask_batch, arch: str) -> bool:
@@ -120,6 +131,15 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         """o's fp32 value of query row r, times its row scale where the kernel takes one"""
         return value * T.Cast("float32", rs_buf[b, r, 0]) if row_scale else value
 
+    def query_read(rs_buf, b, r):
+        """whether query row r is read: with a row scale, rows it zeroes are not (their o is 0)"""
+        return T.Cast("float32", rs_buf[b, r, 0]) != T.float32(0) if row_scale else T.bool(True)
+
+    def copy16(dst, src, read):
+        """16-byte cp.async (to wrap in ``T.evaluate``) that zero-fills ``dst`` without reading
+        where ``read`` is false"""
+        return T.ptx["cp.async.cg.shared.global"](dst, src, 16, T.Cast("uint32", T.if_then_else(read, 16, 0)))
+
     def swizzled(r, ch):
         """element offset of 16-byte chunk ch of row r in a [rows x 64] 128B-swizzled tile"""
         return r * D + T.bitwise_xor(ch, r % 8) * 8
@@ -140,19 +160,21 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         w = (tid % 128) // 32
         lane = tid % 32
         mb = b if MB > 1 else 0
-        # SRead: Q's query block, all of K and V for (b, h)
+        # SRead: Q's query block, all of K and V for (b, h); rows the result does not depend
+        # on are zero-filled, not read (module docstring: padding)
         for j in T.unroll(QB * ROW_CHUNKS // THREADS):
             r = (tid + THREADS * j) // ROW_CHUNKS
             ch = (tid + THREADS * j) % ROW_CHUNKS
-            T.evaluate(T.ptx["cp.async.cg.shared.global"](
-                smem.ptr_to([Q_OFF + swizzled(r, ch)]), row(Q, 0, b, h, qb * QB + r, ch * 8), 16))
+            T.evaluate(copy16(smem.ptr_to([Q_OFF + swizzled(r, ch)]), row(Q, 0, b, h, qb * QB + r, ch * 8),
+                              query_read(RS, b, qb * QB + r)))
+        # (a CTA-wide vote while Q's copies are in flight: does any key escape the mask?)
+        any_key = T.cuda.syncthreads_or(T.Cast("float32", MASK[mb, 0, 0, tid % S]) > MASKED_KEY)
         for j in T.unroll(S * ROW_CHUNKS // THREADS):
             r = (tid + THREADS * j) // ROW_CHUNKS
             ch = (tid + THREADS * j) % ROW_CHUNKS
-            T.evaluate(T.ptx["cp.async.cg.shared.global"](
-                smem.ptr_to([K_OFF + swizzled(r, ch)]), row(K, 1, b, h, r, ch * 8), 16))
-            T.evaluate(T.ptx["cp.async.cg.shared.global"](
-                smem.ptr_to([V_OFF + swizzled(r, ch)]), row(V, 2, b, h, r, ch * 8), 16))
+            key_read = T.Or(T.Cast("float32", MASK[mb, 0, 0, r]) > MASKED_KEY, any_key == 0)
+            T.evaluate(copy16(smem.ptr_to([K_OFF + swizzled(r, ch)]), row(K, 1, b, h, r, ch * 8), key_read))
+            T.evaluate(copy16(smem.ptr_to([V_OFF + swizzled(r, ch)]), row(V, 2, b, h, r, ch * 8), key_read))
         T.ptx["cp.async.commit_group"]()
         for i in T.unroll(ACC_S):
             acc_s[i] = T.float32(0)
