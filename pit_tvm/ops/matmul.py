@@ -672,8 +672,9 @@ def _wgmma_epilogue_applies(k, n, dtype, out_dtype, target, bias, activation, ro
                                       and _is_residual(residual, a_ty, n, out_dtype))))
 
 
-#: the fraction of a PIT matmul's rows a tile-width choice plans for (the count is only known
-#: on the device; a rows index is there because rows are expected to be missing)
+#: the fraction of a PIT matmul's rows a tile-width choice plans for by default (the count is
+#: only known on the device; a rows index is there because rows are expected to be missing);
+#: ``expected_density`` of emit_pit_matmul / compile_onnx replaces it
 PIT_EXPECTED_DENSITY = 0.5
 
 

@@ -32,12 +32,15 @@ One CTA = 2 warpgroups (256 threads) per (128-query block, head, batch)::
 
 Shared memory: (128 + 2S) x 64 + 128 x S elements (S = 128: 80 KiB, two CTAs per SM).
 
-Padding (PIT's dynamic sparsity in attention): the kernel is memory-bound (Q, K, V read and O
-written once), so it saves the reads the result does not depend on.  K and V rows of keys
+Padding (PIT's dynamic sparsity in attention): the kernel reads Q, K and V once, so it saves
+the reads the result does not depend on.  K and V rows of keys
 masked at or below :data:`MASKED_KEY` are zero-filled by ``cp.async`` instead of read (all
 are read when every key of (b, h) is masked: the softmax then spreads over them all), and with
 ``row_scale`` so are Q's rows that the row scale zeroes (their o is 0 either way).  The test is
 on the device, per call, from the mask the kernel already takes: no index, no host sync.
+(H100, BERT-base's 32 x 128 tokens with 58.6 % real: 17.2 against 19.6 us unpadded; each CTA
+waits on its loads before it computes, so 41 % fewer reads save 12 %:
+``benchmarks/_attention_padding.py``.)
 """
 from __future__ import annotations
 
