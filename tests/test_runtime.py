@@ -154,6 +154,11 @@ def test_cli_compile_then_run_runtime_only(tmp_path):
                            "--shape", "x=2x4", "-o", str(tmp_path / "bad.so")],
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "'x'" in proc.stderr and "cannot be [2, 4]" in proc.stderr
+    # --expected-density outside (0, 1]: an error naming it, exit code 2
+    proc = subprocess.run([sys.executable, "-m", "pit_tvm.cli.main", "compile", str(tmp_path / "m.onnx"),
+                           "--expected-density", "1.5", "-o", str(tmp_path / "bad.so")],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "expected_density" in proc.stderr and "1.5" in proc.stderr
 
 
 @pytest.fixture(scope="module")
