@@ -2,8 +2,8 @@
 
 Pipeline: :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's transposed weights
 become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` ->
-:class:`~pit_tvm.passes.LowerToPIT` -> :class:`~pit_tvm.passes.DenseMatmulToTensorCores` (CUDA:
-the remaining fp16/bf16 matmuls on the PIT kernels' tensor-core tiles) ->
+:class:`~pit_tvm.passes.LowerToPIT` -> :class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
+remaining matmuls on the PIT kernels' dense twin: tensor-core tiles on CUDA, the CPU schedule) ->
 :class:`~pit_tvm.passes.FuseAttention` (sm_90a: softmax attention in one kernel) -> ``DeadCodeElimination``
 -> :func:`pit_tvm.target.build` (``tvm.compile``; on CUDA it applies the dlight default schedules
 to the other operators).
@@ -24,7 +24,7 @@ from tvm import relax
 from .passes.annotate import AnnotateDynamicSparsity, annotations_of
 from .passes.attention import FuseAttention
 from .passes.combine import CombineParallelMatmuls
-from .passes.dense import DenseMatmulToTensorCores
+from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import import_onnx, load_model
 from .passes.lower import LowerToPIT
 from .runtime.loader import check_input_shapes, flatten_outputs
@@ -155,8 +155,8 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
             if n.get("status") == "pit":
                 n["status"] = "dense"
                 n["reason"] += "; op layer unavailable"
-    # dense matmuls on the PIT kernels' tensor-core tiles (CUDA; PIT-off builds too)
-    lowered = DenseMatmulToTensorCores(tgt)(lowered)
+    # dense matmuls on the PIT kernels' dense twin (PIT-off builds too)
+    lowered = DenseMatmulToPITKernels(tgt)(lowered)
     lowered = FuseAttention(tgt)(lowered)   # (both builds)
     # one rows index per row mask (LowerToPIT emits the same call for each matmul it masks)
     lowered = relax.transform.EliminateCommonSubexpr()(lowered)

@@ -26,7 +26,9 @@ def make_target(target) -> tvm.target.Target:
         raise TypeError(f"target must be a str, dict or tvm.target.Target, got {type(target).__name__}")
     kind, _, arch = target.partition(":")
     if kind in ("llvm", "cpu"):
-        return tvm.target.Target({"kind": "llvm", "num-cores": os.cpu_count() or 1})
+        # this machine's CPU (its vector width: AVX-512 / AVX2 / NEON); a dict target picks another
+        return tvm.target.Target({"kind": "llvm", "num-cores": os.cpu_count() or 1,
+                                  "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
     if kind == "cuda":
         return tvm.target.Target({"kind": "cuda", "arch": arch or DEFAULT_CUDA_ARCH})
     raise ValueError(f"unknown target {target!r}: use 'llvm' or 'cuda' (optionally 'cuda:sm_80')")

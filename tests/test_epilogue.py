@@ -13,7 +13,7 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-from pit_tvm.passes import AnnotateDynamicSparsity, CombineParallelMatmuls, DenseMatmulToTensorCores, LowerToPIT
+from pit_tvm.passes import AnnotateDynamicSparsity, CombineParallelMatmuls, DenseMatmulToPITKernels, LowerToPIT
 from pit_tvm.passes import import_onnx
 from pit_tvm.passes.epilogue import epilogue_chains
 
@@ -61,7 +61,7 @@ def test_torch_gelu_form_and_cuda_kernel_name():
     mod = relax.transform.FoldConstant()(import_onnx(W.to_float16(_gelu_torch_model())))
     chains = list(epilogue_chains(mod["main"], lambda c: c.op.same_as(MATMUL)).values())
     assert [(c.activation, c.row_scale) for c in chains] == [("gelu", None)]
-    out = DenseMatmulToTensorCores("cuda")(mod)
+    out = DenseMatmulToPITKernels("cuda")(mod)
     script = out["main"].script()
     assert "_bias_gelu" in script and "R.erf" not in script and "R.matmul" not in script
 
@@ -74,7 +74,7 @@ def test_bert_cuda_graph_fuses_gelu_and_mask(pit):
     adds_before = mod["main"].script().count("R.add(")
     mod = AnnotateDynamicSparsity(auto=pit)(mod)
     mod = LowerToPIT(target="cuda")(mod)
-    mod = DenseMatmulToTensorCores("cuda")(mod)
+    mod = DenseMatmulToPITKernels("cuda")(mod)
     mod = relax.transform.DeadCodeElimination()(mod)
     script = mod["main"].script()
     kernel = "pit_kernel_1x64" if pit else "tc_dense_matmul_k64_n256"

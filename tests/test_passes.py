@@ -292,15 +292,34 @@ def test_dense_matmuls_on_tensor_cores_for_cuda():
         assert check_cuda_compiles(off_sm90.executable, archs=("sm_90",)) >= 1
 
 
-def test_dense_tensor_core_pass_leaves_what_it_cannot_take():
-    """CPU target: no-op. CUDA: fp32 matmuls and a batched (runtime 3-D) right operand stay."""
-    from pit_tvm.passes import DenseMatmulToTensorCores
+def test_dense_pass_leaves_what_it_cannot_take():
+    """CUDA: fp32 matmuls and a batched (runtime 3-D) right operand stay; CPU: the batched one
+    stays."""
+    from pit_tvm.passes import DenseMatmulToPITKernels
 
-    mod = relax.transform.FoldConstant()(import_onnx(fp16_mlp()))
-    assert DenseMatmulToTensorCores("llvm")(mod).same_as(mod)
     for model in (relu_mlp(), batched_rhs_model()):
         m = relax.transform.FoldConstant()(import_onnx(model))
-        assert _tc_dense_funcs(DenseMatmulToTensorCores("cuda")(m)) == []
+        assert _tc_dense_funcs(DenseMatmulToPITKernels("cuda")(m)) == []
+    m = DenseMatmulToPITKernels("llvm")(relax.transform.FoldConstant()(import_onnx(batched_rhs_model())))
+    assert not any(gv.name_hint.startswith("cpu_dense") for gv in m.get_global_vars())
+    assert "R.matmul(" in m["main"].script()
+
+
+def test_cpu_builds_share_the_dense_twin():
+    """CPU: the PIT-off build's matmuls (and the PIT build's dense first one) run the PIT CPU
+    schedule's dense twin, not LegalizeOps' unscheduled loops; the Gemm's bias follows as an
+    op; both builds match onnxruntime."""
+    model = relu_mlp()
+    x = RNG.standard_normal((5, 64)).astype("float32")
+    ref = ort_run(model, {"x": x})[0]
+    for auto, dense_kernels in ((False, ["cpu_dense_matmul_k128_n32_float32_float32",
+                                         "cpu_dense_matmul_k64_n128_float32_float32"]),
+                                (True, ["cpu_dense_matmul_k64_n128_float32_float32"])):
+        cm = compile_onnx(model, "llvm", auto=auto)
+        names = sorted(gv.name_hint for gv in cm.lowered.get_global_vars() if gv.name_hint.startswith("cpu_dense"))
+        assert names == dense_kernels
+        assert "R.matmul(" not in cm.lowered["main"].script()
+        np.testing.assert_allclose(cm.run({"x": x})[0], ref, rtol=1e-4, atol=1e-4)
 
 
 def test_dense_matmul_workload_cpu_numerics():
@@ -533,9 +552,9 @@ def test_expected_density_is_checked_before_lowering():
             LowerToPIT(expected_density=bad)
     seen = []
 
-    def emit(bb, a, b, expected_density=None, **kw):
+    def emit(bb, a, b, expected_density=None, row_mask=None, **kw):
         seen.append(expected_density)
         return stand_in_emit(bb, a, b, **kw)
 
-    LowerToPIT(emit=emit, expected_density=0.25)(annotate(masked_model()))
+    LowerToPIT(emit=emit, expected_density=0.25)(annotate(relu_mlp()))
     assert seen and set(seen) == {0.25}

@@ -815,21 +815,25 @@ def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, a
 
 def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, activation=None, row_scale=None,
                       residual=None):
-    """Emit ``a @ b`` on the tensor-core dense kernel (:func:`pit_tvm.schedules.tensorcore.
-    schedule_dense_matmul`, the PIT kernels' tiles) into a Relax ``BlockBuilder``; return the
-    result expr, or None when it does not apply (not CUDA, not fp16/bf16, ``b`` not a static
-    2-D tensor, or no tile config fits K, N): the caller keeps its matmul then.
-    ``bias`` (a ``[N]`` tensor of ``a``'s dtype), ``activation`` (None, "relu" or "gelu") and
-    ``row_scale`` (``a``'s leading shape + ``[1]``, after the activation; needs a bias) and
-    ``residual`` (the result's shape and dtype, after a bias alone) run in the kernel's
-    epilogue; an epilogue the kernel does not take also returns None."""
+    """Emit ``a @ b`` on the dense kernel the PIT kernels are measured against into a Relax
+    ``BlockBuilder``; return the result expr, or None when it does not apply (``b`` not a
+    static 2-D tensor; on CUDA not fp16/bf16 or no tile config fits K, N): the caller keeps
+    its matmul then.
+
+    CUDA: the tensor-core kernel (:func:`pit_tvm.schedules.tensorcore.schedule_dense_matmul`,
+    the PIT kernels' tiles); ``bias`` (a ``[N]`` tensor of ``a``'s dtype), ``activation``
+    (None, "relu" or "gelu") and ``row_scale`` (``a``'s leading shape + ``[1]``, after the
+    activation; needs a bias) and ``residual`` (the result's shape and dtype, after a bias
+    alone) run in the kernel's epilogue; an epilogue the kernel does not take also returns
+    None.  CPU: the PIT CPU kernel's dense twin (:func:`dense_matmul_func`), the epilogue as
+    Relax ops after it (:func:`emit_epilogue`)."""
     from tvm import relax
 
     from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
 
     target = make_target(target)
     if not is_gpu(target):
-        return None
+        return _emit_cpu_dense_matmul(bb, a, b, target, out_dtype, bias, activation, row_scale, residual)
     a_ty, b_ty = a.ty, b.ty
     if not isinstance(a_ty, relax.TensorType) or not isinstance(b_ty, relax.TensorType):
         return None
@@ -877,6 +881,38 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, act
             + _residual_arg(bb, residual, m, n))
     c = bb.emit(relax.call_tir(gv, args, relax.TensorType([m, n], out_dtype)))
     return _from_rows(bb, c, lead, n)
+
+
+#: what the CPU dense twin takes (fp32 accumulation; LLVM computes fp16 in fp32 too)
+CPU_DENSE_DTYPES = ("float32", "float16")
+
+
+def _emit_cpu_dense_matmul(bb, a, b, target, out_dtype, bias, activation, row_scale, residual):
+    """:func:`emit_dense_matmul` on the CPU: the dense twin of the PIT CPU schedule (the same
+    loops without SRead / SWrite), so that PIT and PIT-off builds share the dense kernel (TVM
+    leaves a CPU matmul as LegalizeOps' unscheduled loops)."""
+    from tvm import relax
+
+    a_ty, b_ty = a.ty, b.ty
+    if not isinstance(a_ty, relax.TensorType) or not isinstance(b_ty, relax.TensorType):
+        return None
+    if a_ty.shape is None or b_ty.shape is None or len(b_ty.shape) != 2 or len(a_ty.shape) < 2:
+        return None
+    if not all(isinstance(d, tirx.IntImm) for d in b_ty.shape) or not isinstance(a_ty.shape[-1], tirx.IntImm):
+        return None
+    k, n = (int(d) for d in b_ty.shape)
+    dtype, out_dtype = str(a_ty.dtype), str(out_dtype or a_ty.dtype)
+    if (int(a_ty.shape[-1]) != k or dtype not in CPU_DENSE_DTYPES or str(b_ty.dtype) != dtype
+            or out_dtype not in CPU_DENSE_DTYPES):
+        return None
+    epilogue_dtypes = {str(x.ty.dtype) for x in (bias, row_scale, residual) if x is not None}
+    if epilogue_dtypes - {out_dtype}:     # (the Relax ops after the kernel add in its dtype)
+        return None
+    name = f"cpu_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
+    gv = bb.add_func(dense_matmul_func(k, n, dtype, out_dtype, target).with_attr("global_symbol", name), name)
+    a2, m, lead = _as_rows(bb, a, k)
+    c = bb.emit(relax.call_tir(gv, [a2, b], relax.TensorType([m, n], out_dtype)))
+    return emit_epilogue(bb, _from_rows(bb, c, lead, n), bias, activation, row_scale, residual)
 
 
 def _row_scaled_input(bb, a, a_ty, scale=None):

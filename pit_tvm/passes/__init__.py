@@ -1,6 +1,6 @@
 """Relax passes: merge matmuls that share an input (``CombineParallelMatmuls``), find dynamic
 sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels (``LowerToPIT``), put the
-dense matmuls on tensor cores on CUDA (``DenseMatmulToTensorCores``), fuse attention on the
+dense matmuls on tensor cores on CUDA (``DenseMatmulToPITKernels``), fuse attention on the
 H100 (``FuseAttention``); ``import_onnx`` imports
 ONNX keeping tensor names. Compiler-side only."""
 from importlib import import_module
@@ -9,7 +9,7 @@ _PUBLIC = {
     "AnnotateDynamicSparsity": "pit_tvm.passes.annotate",
     "annotations_of": "pit_tvm.passes.annotate",
     "LowerToPIT": "pit_tvm.passes.lower",
-    "DenseMatmulToTensorCores": "pit_tvm.passes.dense",
+    "DenseMatmulToPITKernels": "pit_tvm.passes.dense",
     "CombineParallelMatmuls": "pit_tvm.passes.combine",
     "FuseAttention": "pit_tvm.passes.attention",
     "import_onnx": "pit_tvm.passes.frontend",

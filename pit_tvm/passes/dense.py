@@ -1,24 +1,29 @@
-"""``DenseMatmulToTensorCores``: on CUDA, put the dense fp16/bf16 matmuls of a model on the
-tensor-core kernel that the PIT kernels use (:func:`pit_tvm.ops.matmul.emit_dense_matmul`).
+"""``DenseMatmulToPITKernels``: put the dense matmuls of a model on the dense kernel the PIT
+kernels are measured against (:func:`pit_tvm.ops.matmul.emit_dense_matmul`), in PIT and
+PIT-off builds alike.
 
-Why: TVM 0.27's default CUDA path schedules ``R.matmul`` with dlight's SIMT kernel (~80 TF/s
-on the H100, the PIT tensor-core kernels ~300).  Without this pass a PIT build would be
-faster than the PIT-off build partly because of a better GEMM, not because of sparsity; with
-it both builds share the dense kernel.  Run after :class:`~pit_tvm.passes.LowerToPIT`.
+Why: without it a PIT build would be faster than the PIT-off build partly because of a better
+GEMM, not because of sparsity.  CUDA: TVM 0.27's default path schedules ``R.matmul`` with
+dlight's SIMT kernel (~80 TF/s on the H100, the PIT tensor-core kernels ~300); the pass puts
+fp16/bf16 matmuls on the PIT kernels' tensor-core tiles.  CPU: TVM leaves a matmul as
+LegalizeOps' unscheduled loops (1024^3 fp32: ~0.5 GFLOP/s against ~40 for the PIT CPU
+schedule's dense twin on this machine's 2 cores); the pass puts fp32/fp16 matmuls on that twin.
+Run after :class:`~pit_tvm.passes.LowerToPIT`.
 
-Rewritten: ``R.matmul(a[..., K], b[K, N])`` with ``a`` fp16/bf16, ``b`` a 2-D tensor of static
-shape, and a tensor-core tile config that fits (K, N).  Everything else (batched matmuls such
-as attention's, fp32, odd shapes) keeps the normal path.  A matmul followed by an epilogue
-chain (:mod:`pit_tvm.passes.epilogue`: a bias, ReLU or GELU, a row scale, a residual) runs it in the
-kernel's epilogue: the OPT FFN's separate bias + ReLU kernel over the [tokens, 4d] activation
-took 127 us of 0.88 ms on the H100, BERT's bias + GELU + mask 336 us of ~3 ms.
+Rewritten: ``R.matmul(a[..., K], b[K, N])`` with ``b`` a 2-D tensor of static shape (and on
+CUDA a tensor-core tile config that fits (K, N)).  Everything else (batched matmuls such as
+attention's, odd shapes) keeps the normal path.  A matmul followed by an epilogue chain
+(:mod:`pit_tvm.passes.epilogue`: a bias, ReLU or GELU, a row scale, a residual) runs it in the
+CUDA kernel's epilogue (the OPT FFN's separate bias + ReLU kernel over the [tokens, 4d]
+activation took 127 us of 0.88 ms on the H100, BERT's bias + GELU + mask 336 us of ~3 ms), on
+the CPU as Relax ops after the kernel.
 """
 from __future__ import annotations
 
 import tvm
 from tvm import relax
 
-from pit_tvm.target import is_gpu, make_target
+from pit_tvm.target import make_target
 
 from .epilogue import epilogue_chains
 
@@ -29,18 +34,15 @@ def _default_emit():
     return emit_dense_matmul
 
 
-@tvm.transform.module_pass(opt_level=0, name="DenseMatmulToTensorCores")
-class DenseMatmulToTensorCores:
-    """Module pass (a no-op on CPU targets); ``emit``: replacement for
-    ``emit_dense_matmul`` (same signature), for tests."""
+@tvm.transform.module_pass(opt_level=0, name="DenseMatmulToPITKernels")
+class DenseMatmulToPITKernels:
+    """Module pass; ``emit``: replacement for ``emit_dense_matmul`` (same signature), for tests."""
 
     def __init__(self, target="cuda", emit=None):
         self.target = make_target(target)
         self.emit = emit
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
-        if not is_gpu(self.target):
-            return mod
         emit = self.emit or _default_emit()
         target = self.target
         matmul_op = tvm.ir.Op.get("relax.matmul")

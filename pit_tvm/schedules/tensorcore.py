@@ -45,7 +45,7 @@ The PIT part (:func:`schedule_row_gather_matmul`):
 
 The same tiles also serve a plain dense matmul (:func:`dense_matmul_func`,
 :func:`schedule_dense_matmul`): a model's dense fp16/bf16 layers on CUDA use it
-(:class:`pit_tvm.passes.DenseMatmulToTensorCores`) instead of dlight's SIMT kernel.
+(:class:`pit_tvm.passes.DenseMatmulToPITKernels`) instead of dlight's SIMT kernel.
 
 Requirements of the tensor-core path: ``K % block_k == 0`` and ``N % block_n == 0``
 (otherwise :class:`ValueError`); ``M`` is free (rows past ``M`` in the last tile are
