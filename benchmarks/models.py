@@ -19,7 +19,8 @@ Methods (each in its own try/except: a failure becomes a row with ``error``, nev
 
 * ``tvm_pit``: ``compile_onnx(model, target)`` (auto annotations, PIT lowering).
 * ``tvm_pit_off``: ``compile_onnx(model, target, auto=False)``: no annotations, so the same
-  dense kernels (dlight on CUDA; LegalizeOps' unscheduled loops on llvm).
+  dense kernels (the PIT kernels' dense twin for the 2-D-weight matmuls, ``DenseMatmulToPITKernels``;
+  TVM's defaults for the rest: dlight on CUDA, LegalizeOps' unscheduled loops on llvm).
 * cuda: ``torch_eager`` fp16 (cuBLAS, SDPA with the additive mask) on the padded batch, the same
   weights read from the ONNX initializers; ``torch_varlen`` (bert): non-padded tokens only, packed
   from the mask every call, attention through ``torch.nn.attention.varlen.varlen_attn`` (falls
@@ -475,7 +476,9 @@ def run(device: str, cfg, names=("ffn", "bert")) -> tuple[dict, list[dict]]:
     env["notes"] = ("TVM rows: dtype as given (ONNX converted with workloads.to_float16 for float16). "
                     "References: onnxruntime CPU on the fp32 model; bert errors over non-padded positions. "
                     "occupancy: non-zero micro-tile fraction of each PIT matmul's sparse operand. "
-                    "On llvm the PIT-off build's matmuls are LegalizeOps' unscheduled loops (no dlight on CPU).")
+                    "Both TVM builds run their 2-D-weight matmuls on the PIT kernels' dense twin "
+                    "(DenseMatmulToPITKernels); on llvm the other operators (attention's batched matmuls, "
+                    "softmax, layer norm) are LegalizeOps' unscheduled loops (no dlight rules on CPU).")
     return env, rows
 
 

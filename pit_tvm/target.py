@@ -17,7 +17,10 @@ DEFAULT_CUDA_ARCH = "sm_90a"
 
 
 def make_target(target) -> tvm.target.Target:
-    """Normalise ``"llvm"``/``"cpu"``/``"cuda"``/``"cuda:sm_80"``/dict/Target to a Target."""
+    """Normalise ``"llvm"``/``"cpu"``/``"cuda"``/``"cuda:sm_80"``/dict/Target to a Target.
+    ``"llvm"`` is this machine's CPU (``mcpu``: its vector width; a library built for it runs
+    on CPUs with the same features), a dict such as ``{"kind": "llvm", "mcpu": "x86-64-v3"}``
+    another."""
     if isinstance(target, tvm.target.Target):
         return target
     if isinstance(target, dict):
