@@ -1,6 +1,6 @@
 """Relax passes: merge matmuls that share an input (``CombineParallelMatmuls``), find dynamic
 sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels (``LowerToPIT``), put the
-dense matmuls on tensor cores on CUDA (``DenseMatmulToPITKernels``), fuse attention on the
+dense matmuls on the PIT kernels' dense twin (``DenseMatmulToPITKernels``), fuse attention on the
 H100 (``FuseAttention``); ``import_onnx`` imports
 ONNX keeping tensor names. Compiler-side only."""
 from importlib import import_module
