@@ -229,13 +229,14 @@ def simt_matmul_func(plan: MatmulPlan, dtype: str, out_dtype: str, target) -> ti
     else:
         index = PitIndex.create("pit", capacity, groups, micro=mk, group_axis="vi", group_micro=mr)
         a_name, b_name = "A", "B"
-        if is_gpu(target):
-            # Pad rows to whole strips and N to the CTA tile first (dlight's pad_einsum), so the
-            # kernel has constant-size tiles and no predicate in its main loop.
-            from pit_tvm.schedules.matmul import gpu_tiles_padding
+        if is_gpu(target) or mr > 1:
+            # Pad rows to whole strips first (dlight's pad_einsum), so the kernel has
+            # constant-size tiles and no predicate in its main loop (on the CPU: tile-sized
+            # buffers, see pit_tvm.schedules.matmul._pad_rows_to_tile)
+            from pit_tvm.schedules.matmul import tiles_padding
 
             mm = sch.get_sblock("matmul")
-            sch.pad_einsum(mm, gpu_tiles_padding(plan))
+            sch.pad_einsum(mm, tiles_padding(plan))
             a_name, b_name = (sch.get(mm).reads[n].source.name for n in (0, 1))   # "A"/"A_pad", ...
         sch = sread(sch, "matmul", a_name, "vk", index)
         sch = sread(sch, "matmul", b_name, "vk", index)

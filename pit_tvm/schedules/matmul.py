@@ -34,7 +34,7 @@ from pit_tvm.schedules.sparse_access import guard_compact_loop, lower_pit
 from pit_tvm.target import is_gpu
 
 CPU_BN = 64           # columns per parallel task
-CPU_BM = 8            # compact rows per tile (rows kind)
+CPU_BM = 4            # compact rows per tile (rows kind): 4 x 64 fp32 accumulators fit AVX-512 registers
 CPU_BK = 16           # compact k positions per step (tiles kind, per micro-tile column)
 
 GPU_BM, GPU_BN, GPU_BK = 64, 64, 16
@@ -68,8 +68,31 @@ def schedule_dense_matmul(sch, target):
 
 
 # ---------------------------------------------------------------- CPU
+def _pad_rows_to_tile(sch, mm, rows: int, gather=None):
+    """Pad the matmul's M (symbolic) to whole ``rows``-row tiles; the padded accumulator is
+    consumed directly.  The padded A is read in place (inlined) or, with a ``gather`` block
+    (SRead), is that gather (it is inlined into the padding) and is returned to be staged.
+    Why: a row split of a symbolic M guards each row (``i < m``), and that guard keeps TVM
+    from compacting a tile's buffers: the accumulator stayed an ``[m, BN]`` buffer per
+    parallel task, the gathered rows ``[m, K]`` (1024^3 fp32 on 2 cores: ~40 GFLOP/s, ~70-90
+    with the tile's accumulator in registers)."""
+    sch.pad_einsum(mm, [rows, 1, 1])
+    for consumer in sch.get_consumers(mm):
+        if sch.get(consumer).name_hint.endswith("_pad"):
+            sch.compute_inline(consumer)
+    padded_a = [p for p in sch.get_producers(mm) if sch.get(p).name_hint.endswith("_pad")]
+    if gather is None:
+        for block in padded_a:
+            sch.compute_inline(block)
+        return None
+    sch.compute_inline(gather)
+    (staged,) = padded_a
+    return staged
+
+
 def _cpu_rows(sch, plan):
     mm = sch.get_sblock("matmul")
+    gather = _pad_rows_to_tile(sch, mm, CPU_BM, sch.get_sblock("A_sread") if plan is not None else None)
     i, j, k = sch.get_loops(mm)
     io, ii = sch.split(i, [None, CPU_BM])
     jo, ji = sch.split(j, [None, CPU_BN])
@@ -79,7 +102,6 @@ def _cpu_rows(sch, plan):
     cast = sch.get_sblock("cast")
     sch.reverse_compute_at(cast, jo)
     if plan is not None:
-        gather = sch.get_sblock("A_sread")
         sch.compute_at(gather, io)
         sch.set_scope(gather, 0, "local")
         sch.vectorize(sch.get_loops(gather)[-1])
@@ -88,7 +110,10 @@ def _cpu_rows(sch, plan):
         sch.vectorize(sch.get_loops(sch.get_sblock("C_swrite"))[-1])
         guard_compact_loop(sch, io, CPU_BM, INDEX_OFFSETS, plan.micro_tile[0])
     sch.vectorize(sch.get_loops(cast)[-1])
-    sch.decompose_reduction(mm, k)
+    sch.set_scope(mm, 0, "local")      # the [BM, BN] accumulator tile, in registers
+    sch.unroll(ii)
+    init = sch.decompose_reduction(mm, k)
+    sch.vectorize(sch.get_loops(init)[-1])
     return _finish(sch, gpu=False)
 
 
@@ -103,14 +128,20 @@ def _cpu_tiles(sch, plan):
     sch.reorder(io, jo, ko, ki, ii, ji)
     sch.parallel(io)
     sch.vectorize(ji)
-    for name in ("A_sread", "B_sread"):
-        blk = sch.get_sblock(name)
-        sch.compute_at(blk, ko)
-        sch.set_scope(blk, 0, "local")
+    for crop in sch.get_consumers(mm):     # (the crop of the row padding: the cast reads the tile)
+        if sch.get(crop).name_hint != "cast":
+            sch.compute_inline(crop)
+    for name in ("A_sread", "A_pad_sread", "B_sread"):
+        if _has(sch, name):
+            blk = sch.get_sblock(name)
+            sch.compute_at(blk, ko)
+            sch.set_scope(blk, 0, "local")
+            auto_inline_producers(sch, blk)      # the padded A, read inside the gather
     cast = sch.get_sblock("cast")
     sch.reverse_compute_at(cast, jo)
     sch.vectorize(sch.get_loops(cast)[-1])
     guard_compact_loop(sch, ko, bk, INDEX_OFFSETS, mk, group_loop=io)
+    sch.set_scope(mm, 0, "local")      # the strip's [mr, BN] accumulator tile
     sch.decompose_reduction(mm, ko)
     return _finish(sch, gpu=False)
 
@@ -178,8 +209,8 @@ def _gpu_tiles_shape(plan):
     return ty, tx, mr // ty, 4, (mk if mk > 1 else GPU_BK)
 
 
-def gpu_tiles_padding(plan):
-    """pad_einsum factors (i, j, k) of the matmul block for the GPU tiles schedule.
+def tiles_padding(plan):
+    """pad_einsum factors (i, j, k) of the matmul block for the tiles schedules (CPU, GPU).
 
     Only M (symbolic) is padded, to whole strips. Padding N would add a padded copy of B that
     cannot be inlined into the B gather (its rows are read through the index) and would
