@@ -886,6 +886,8 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, act
 
 #: what the CPU dense twin takes (fp32 accumulation; LLVM computes fp16 in fp32 too)
 CPU_DENSE_DTYPES = ("float32", "float16")
+#: Relax's ``kOpaque`` operator pattern (``op_pattern`` attr): FuseOps leaves the call alone
+OPAQUE_OP_PATTERN = 8
 
 
 def _emit_cpu_dense_matmul(bb, a, b, target, out_dtype, bias, activation, row_scale, residual):
@@ -910,7 +912,11 @@ def _emit_cpu_dense_matmul(bb, a, b, target, out_dtype, bias, activation, row_sc
     if epilogue_dtypes - {out_dtype}:     # (the Relax ops after the kernel add in its dtype)
         return None
     name = f"cpu_dense_matmul_k{k}_n{n}_{dtype}_{out_dtype}"
-    gv = bb.add_func(dense_matmul_func(k, n, dtype, out_dtype, target).with_attr("global_symbol", name), name)
+    # (opaque to FuseOps: fused with the ops after it, the kernel's symbolic-M buffers meet
+    # their static-shaped arguments and FuseTIR fails: "inconsistent buffers")
+    func = dense_matmul_func(k, n, dtype, out_dtype, target).with_attrs(
+        {"global_symbol": name, "op_pattern": OPAQUE_OP_PATTERN})
+    gv = bb.add_func(func, name)
     a2, m, lead = _as_rows(bb, a, k)
     c = bb.emit(relax.call_tir(gv, [a2, b], relax.TensorType([m, n], out_dtype)))
     return emit_epilogue(bb, _from_rows(bb, c, lead, n), bias, activation, row_scale, residual)
