@@ -120,7 +120,8 @@ def build(mod, target, cuda_graph: bool = False):
     and the Relax pipeline is :func:`cuda_relax_pipeline`.  ``cuda_graph`` (CUDA): Relax's
     ``RewriteCUDAGraph`` captures the static regions of the model into CUDA graphs (one launch
     instead of a kernel launch per operator; the PIT index never goes to the host, so the
-    sparse kernels are captured too).
+    sparse kernels are captured too).  On the CPU the Relax pipeline is
+    :func:`cpu_relax_pipeline`.
     """
     tgt = make_target(target)
     if tgt.kind.name != "cuda":
