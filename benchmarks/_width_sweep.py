@@ -18,7 +18,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, "tests")
 from _helpers import rows_index  # noqa: E402
-from pit_tvm.schedules.wgmma import FEW_ROWS_STAGES, SMS, WgmmaConfig, wgmma_row_gather_func  # noqa: E402
+from pit_tvm.schedules.wgmma import wgmma_config, wgmma_row_gather_func  # noqa: E402
 from pit_tvm.target import build  # noqa: E402
 
 M = 4096
@@ -27,11 +27,6 @@ SHAPES = [(768, 3072)] if GELU else [(768, 3072), (768, 2304), (3072, 768), (768
 COUNTS = list(range(1792, 3073, 256)) if GELU else list(range(512, M + 1, 256))
 dev = tvm.cuda(0)
 out = []
-
-
-def config_for(bn, n, rows):
-    one_wave = -(-rows // 128) * (n // bn) <= SMS
-    return WgmmaConfig(bn, FEW_ROWS_STAGES[bn] if one_wave and bn in FEW_ROWS_STAGES else 4)
 
 
 for k, n in SHAPES:
@@ -43,7 +38,7 @@ for k, n in SHAPES:
         if n % bn:
             continue
         for cnt in COUNTS:
-            cfg = config_for(bn, n, cnt)
+            cfg = wgmma_config(n, cnt, block_n=bn)
             if cfg not in kernels:
                 mod = tvm.IRModule({"main": wgmma_row_gather_func(k, n, config=cfg, bias=GELU, gelu=GELU)})
                 kernels[cfg] = build(mod, "cuda:sm_90a")["main"]

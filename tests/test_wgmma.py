@@ -59,6 +59,10 @@ def test_config_choice():
     assert wgmma_config(2304, rows=2048).block_n == 192
     assert wgmma_config(4096, rows=4096).block_n == 256
     assert wgmma_config(768, rows=None).block_n == 256
+    # a given width takes the ring the choice would give it (benchmarks/_width_sweep.py)
+    assert wgmma_config(768, rows=2400, block_n=64) == WgmmaConfig(64, 4)    # 228 CTAs: two waves
+    assert wgmma_config(768, rows=1280, block_n=64) == WgmmaConfig(64, 8)    # 120 CTAs: one wave
+    assert wgmma_config(768, rows=2400, block_n=96) is None
     for n in (4096, 384, 320):
         assert wgmma_config(n).smem_bytes("float32") <= MAX_SMEM_BYTES
     assert wgmma_applies(768, 3072, "float16", "float16", "sm_90a")

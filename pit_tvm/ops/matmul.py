@@ -833,20 +833,15 @@ def emit_dense_matmul(bb, a, b, *, target="cuda", out_dtype=None, bias=None, act
     from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
 
     target = make_target(target)
+    kn = _weight_matmul_shape(a, b)
+    if kn is None:
+        return None
+    k, n = kn
     if not is_gpu(target):
-        return _emit_cpu_dense_matmul(bb, a, b, target, out_dtype, bias, activation, row_scale, residual)
-    a_ty, b_ty = a.ty, b.ty
-    if not isinstance(a_ty, relax.TensorType) or not isinstance(b_ty, relax.TensorType):
-        return None
-    if a_ty.shape is None or b_ty.shape is None or len(b_ty.shape) != 2 or len(a_ty.shape) < 2:
-        return None
-    if not all(isinstance(d, tirx.IntImm) for d in b_ty.shape):
-        return None
-    k, n = (int(d) for d in b_ty.shape)
+        return _emit_cpu_dense_matmul(bb, a, b, k, n, target, out_dtype, bias, activation, row_scale, residual)
+    a_ty = a.ty
     dtype, out_dtype = str(a_ty.dtype), str(out_dtype or a_ty.dtype)
-    last = a_ty.shape[-1]
-    if (dtype not in IN_DTYPES or str(b_ty.dtype) != dtype or out_dtype not in OUT_DTYPES
-            or not isinstance(last, tirx.IntImm) or int(last) != k):
+    if dtype not in IN_DTYPES or out_dtype not in OUT_DTYPES:
         return None
     if bias is not None:
         b_shape = getattr(bias.ty, "shape", None)
@@ -890,10 +885,9 @@ CPU_DENSE_DTYPES = ("float32", "float16")
 OPAQUE_OP_PATTERN = 8
 
 
-def _emit_cpu_dense_matmul(bb, a, b, target, out_dtype, bias, activation, row_scale, residual):
-    """:func:`emit_dense_matmul` on the CPU: the dense twin of the PIT CPU schedule (the same
-    loops without SRead / SWrite), so that PIT and PIT-off builds share the dense kernel (TVM
-    leaves a CPU matmul as LegalizeOps' unscheduled loops)."""
+def _weight_matmul_shape(a, b):
+    """``(K, N)`` when ``a @ b`` is ``[..., K] @ [K, N]`` with ``b`` a 2-D tensor of static
+    shape and ``a``'s dtype (a layer's weight), K static; else None."""
     from tvm import relax
 
     a_ty, b_ty = a.ty, b.ty
@@ -901,12 +895,22 @@ def _emit_cpu_dense_matmul(bb, a, b, target, out_dtype, bias, activation, row_sc
         return None
     if a_ty.shape is None or b_ty.shape is None or len(b_ty.shape) != 2 or len(a_ty.shape) < 2:
         return None
-    if not all(isinstance(d, tirx.IntImm) for d in b_ty.shape) or not isinstance(a_ty.shape[-1], tirx.IntImm):
+    if not all(isinstance(d, tirx.IntImm) for d in b_ty.shape) or str(b_ty.dtype) != str(a_ty.dtype):
         return None
     k, n = (int(d) for d in b_ty.shape)
-    dtype, out_dtype = str(a_ty.dtype), str(out_dtype or a_ty.dtype)
-    if (int(a_ty.shape[-1]) != k or dtype not in CPU_DENSE_DTYPES or str(b_ty.dtype) != dtype
-            or out_dtype not in CPU_DENSE_DTYPES):
+    last = a_ty.shape[-1]
+    return (k, n) if isinstance(last, tirx.IntImm) and int(last) == k else None
+
+
+def _emit_cpu_dense_matmul(bb, a, b, k, n, target, out_dtype, bias, activation, row_scale, residual):
+    """:func:`emit_dense_matmul` on the CPU (``a @ b`` of :func:`_weight_matmul_shape` K, N):
+    the dense twin of the PIT CPU schedule (the same loops without SRead / SWrite), so that PIT
+    and PIT-off builds share the dense kernel (TVM leaves a CPU matmul as LegalizeOps'
+    unscheduled loops)."""
+    from tvm import relax
+
+    dtype, out_dtype = str(a.ty.dtype), str(out_dtype or a.ty.dtype)
+    if dtype not in CPU_DENSE_DTYPES or out_dtype not in CPU_DENSE_DTYPES:
         return None
     epilogue_dtypes = {str(x.ty.dtype) for x in (bias, row_scale, residual) if x is not None}
     if epilogue_dtypes - {out_dtype}:     # (the Relax ops after the kernel add in its dtype)

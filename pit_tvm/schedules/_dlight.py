@@ -1,5 +1,6 @@
-"""What pit_tvm's dlight rules (:mod:`.row_reduction`, :mod:`.elementwise`) share: the blocks
-of a CUDA PrimFunc as dlight's analysis sees them, and the static-shape test."""
+"""What pit_tvm's dlight rules (:mod:`.row_reduction`, :mod:`.elementwise`,
+:mod:`.cpu_batched_matmul`) share: the blocks of a PrimFunc as dlight's analysis sees them, and
+the static-shape test."""
 from __future__ import annotations
 
 from tvm import s_tir, tirx
@@ -7,11 +8,11 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 
 
-def cuda_blocks(func, target):
+def dlight_blocks(func, target, kind: str = "cuda"):
     """``(schedule, block infos)`` of ``func`` after dlight's normalisation and inlining of
-    contiguous spatial producers, or None when ``func`` is not a PrimFunc for CUDA or has no
-    analysable blocks."""
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+    contiguous spatial producers, or None when ``func`` is not a PrimFunc for a target of
+    ``kind`` ("cuda", "llvm") or has no analysable blocks."""
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != kind:
         return None
     sch = s_tir.Schedule(func)
     infos = normalize_prim_func(sch)

@@ -18,12 +18,10 @@ Anything else returns None (the next rule, or TVM's default loops).
 """
 from __future__ import annotations
 
-from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+from tvm import s_tir
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
-from pit_tvm.schedules._dlight import is_static
+from pit_tvm.schedules._dlight import dlight_blocks, is_static
 
 #: batched only: a plain 2-D matmul with a weight is the PIT dense twin's, not this rule's
 MIN_SPATIAL = 3
@@ -33,13 +31,10 @@ class CPUBatchedMatmul(CPUScheduleRule):
     """Row-parallel, j-vectorised schedule for static batched matmuls on the CPU."""
 
     def apply(self, func, target, _tunable):  # noqa: D102 - see the module docstring
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+        found = dlight_blocks(func, target, "llvm")
+        if found is None:
             return None
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        infos = try_inline_contiguous_spatial(sch, infos) if infos else None
-        if not infos:
-            return None
+        sch, infos = found
         reductions = [info for info in infos if "R" in info.dom_kind()]
         if len(reductions) != 1:
             return None

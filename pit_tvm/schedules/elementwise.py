@@ -21,7 +21,7 @@ from __future__ import annotations
 from tvm import sym, tirx
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
-from pit_tvm.schedules._dlight import cuda_blocks, is_static
+from pit_tvm.schedules._dlight import dlight_blocks, is_static
 
 #: elements per thread (half4 / float4: types the CUDA codegen has for every operation)
 VEC = 4
@@ -57,7 +57,7 @@ class VectorizedElementwise(GPUScheduleRule):
     """``VEC`` contiguous elements per thread for static-shape injective kernels."""
 
     def apply(self, func, target, _tunable):  # noqa: D102 - see the module docstring
-        found = cuda_blocks(func, target)
+        found = dlight_blocks(func, target)
         if found is None or len(found[1]) != 1:
             return None
         sch, (info,) = found

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
-from pit_tvm.schedules._dlight import cuda_blocks, is_static
+from pit_tvm.schedules._dlight import dlight_blocks, is_static
 
 WARP = 32
 MAX_ROW = 4096
@@ -40,7 +40,7 @@ class RowReduction(GPUScheduleRule):
     """Warp-per-row schedule for multi-block row reductions (softmax, layer norm) with static shapes."""
 
     def apply(self, func, target, _tunable):  # noqa: D102 - see the module docstring
-        found = cuda_blocks(func, target)
+        found = dlight_blocks(func, target)
         if found is None or len(found[1]) < 2:
             return None
         sch, infos = found

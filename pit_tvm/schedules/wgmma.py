@@ -128,14 +128,17 @@ SMS = 132
 MAX_STAGES = 4
 
 
-def wgmma_config(n: int, rows: int | None = None) -> WgmmaConfig | None:
+def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) -> WgmmaConfig | None:
     """The default tiles for N: the wgmma N (256, 192, 128 or 64, dividing N) and the deepest
     ring that fits, up to :data:`MAX_STAGES`.  Without ``rows`` the widest N; with the expected
     number of rows the one whose grid takes the least time in whole waves of :data:`SMS` CTAs
     (a narrow layer over few rows fills the GPU with narrower tiles: BERT's N=768 over ~2400
     rows is 57 CTAs of 256 columns, 114 of 128); when that grid is one wave, 128- and 64-column
-    tiles take the few-rows tier's deeper ring (:data:`FEW_ROWS_STAGES`)."""
+    tiles take the few-rows tier's deeper ring (:data:`FEW_ROWS_STAGES`).  ``block_n``: that
+    width instead of the chosen one (its ring as above; None where it does not divide N)."""
     candidates = [bn for bn in (256, 192, 128, 64) if n % bn == 0]
+    if block_n is not None:
+        candidates = [bn for bn in candidates if bn == block_n]
     if not candidates:
         return None
     block_n = candidates[0]
