@@ -262,6 +262,34 @@ def test_gpu_bias_gelu_row_scale(dense, masks, scale_a):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dense", [False, True])
+def test_gpu_gelu_epilogue_is_exact_gelu_in_fp32(dense):
+    """The GELU epilogue (``gelu_erf``: a fast erfc, not CUDA's ``erff``) against float64 GELU of
+    the same kernel's fp32 pre-activation (same accumulation order): within 1e-6 (relative above
+    1) over pre-activations of standard deviation 4, zero at zero and positive above it."""
+    from math import erf
+
+    m, k, n = 300, 768, 768
+    a, b, offsets, ids, bias_v = make_inputs(m, k, n, 0.0 if dense else 0.3, bias=True, seed=21)
+    b = (b.astype(np.float32) * 4).astype(np.float16)
+    bias_v[:8] = [0, -0.0, 1, -1, 6, -6, 12, -12]                # exact inputs where A's rows are zero
+    dev = tvm.cuda()
+    t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
+    outs = []
+    for gelu in (False, True):
+        f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, "float16", "float32", bias=True, gelu=gelu,
+                                                              dense=dense)}), TARGET)["main"]
+        c = t(np.zeros((m, n), np.float32))
+        f(*([t(a), t(b)] + ([] if dense else [t(offsets), t(ids)]) + [t(bias_v), c]))
+        outs.append(c.numpy().astype(np.float64))
+    pre, got = outs
+    assert np.abs(pre).max() > 12
+    want = 0.5 * pre * (1 + np.vectorize(erf)(pre / np.sqrt(2)))
+    assert np.all(np.abs(got - want) <= 1e-6 * np.maximum(1, np.abs(pre)))
+    assert np.all(got[pre == 0] == 0) and np.all(got[pre > 0] > 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dense", [False, True])
 def test_gpu_bias_input_row_scale(dense):
     """A GEMM on a row-scaled input, ``(s * x) @ b + bias``, given x and s (BERT's QKV on its
     padding-masked input): listed rows, and unlisted ones (``bias``: their A rows are zero)."""
