@@ -560,3 +560,67 @@ def test_expected_density_plans_the_rows_kernel_width():
     for bad in (0.0, 1.5, -0.2):
         with pytest.raises(ValueError, match="expected_density"):
             _rows_kernel_width(4096, 768, 3072, expected_density=bad)
+
+
+def _tiles_epilogue_module(k, n, micro_tile, residual=True):
+    """``a @ b + bias (+ r)`` through emit_pit_matmul on CUDA, M symbolic."""
+    from tvm import relax
+    from pit_tvm.ops.matmul import emit_pit_matmul
+
+    bb = relax.BlockBuilder()
+    m = tvm.tirx.Var("m", "int64")
+    a = relax.Var("a", relax.TensorType([m, k], "float16"))
+    b = relax.Var("b", relax.TensorType([k, n], "float16"))
+    bias = relax.Var("bias", relax.TensorType([n], "float16"))
+    r = relax.Var("r", relax.TensorType([m, n], "float16"))
+    with bb.function("main", [a, b, bias] + ([r] if residual else [])):
+        with bb.dataflow():
+            out = bb.emit_output(emit_pit_matmul(bb, a, b, micro_tile=micro_tile, target="cuda", bias=bias,
+                                                 residual=r if residual else None))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_tiles_kernels_run_bias_and_residual(residual):
+    """An FFN's fc2, ``hidden @ w + bias + x``: the wgmma tiles kernel and its dense fallback
+    both take the bias (and the residual), so no elementwise kernel follows them; nvcc compiles
+    both variants (ptxas keeps the wgmmas async, no spills)."""
+    mod = _tiles_epilogue_module(512, 256, (32, 1), residual)
+    text = mod["main"].script()
+    tag = "_bias_residual" if residual else "_bias"
+    calls = [line for line in text.splitlines() if "R.call_tir" in line or "call_tir_inplace" in line]
+    assert any("pit_kernel_" in c and tag in c for c in calls), text
+    fallback = [c for c in calls if "pit_dense_fallback_" in c]
+    # (a, b, offsets, bias[, residual], c): c, written in place, is argument 4 or 5
+    assert len(fallback) == 1 and tag in fallback[0] and f"inplace_indices=[{4 + residual}]" in fallback[0]
+    assert "R.add" not in text
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    for name in ("pit_kernel_", "pit_dense_fallback_"):
+        gv = next(g for g in mod.get_global_vars() if g.name_hint.startswith(name))
+        ex = build(tvm.IRModule({"main": mod[gv].with_attr("global_symbol", "main")}), TARGET)
+        log = ptxas_log(cuda_sources(ex)[0], "sm_90a")
+        assert "C7515" not in log and re.search(r"\b0 bytes spill stores", log), log[-2000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sparsity", [0.0, 0.9, 1.0])
+@pytest.mark.parametrize("micro_tile", [(32, 1), (32, 64)])
+def test_gpu_tiles_bias_residual(micro_tile, sparsity):
+    """``a @ b + bias + r`` on the H100 through the tiles kernel (0.9), the dense fallback (0.0)
+    and all-empty strips (1.0: ``bias + r`` on every row), M not a multiple of 128."""
+    from tvm import relax
+    from test_tensorcore_tiles import make_inputs as tiles_inputs
+
+    m, k, n = 1000, 512, 256
+    a, b, _, _ = tiles_inputs(m, k, n, micro_tile, sparsity, "float16", seed=int(sparsity * 10) + 7)
+    rng = np.random.default_rng(8)
+    bias_v = rng.standard_normal(n).astype(np.float16)
+    r = rng.standard_normal((m, n)).astype(np.float16)
+    vm = relax.VirtualMachine(build(_tiles_epilogue_module(k, n, micro_tile), "cuda"), tvm.cuda(0))
+    t = lambda x: tvm.runtime.tensor(x, tvm.cuda(0))  # noqa: E731
+    got = vm["main"](t(a), t(b), t(bias_v), t(r)).numpy().astype(np.float32)
+    pre = (a.astype(np.float32) @ b.astype(np.float32) + bias_v.astype(np.float32)).astype(np.float16)
+    ref = pre.astype(np.float32) + r.astype(np.float32)
+    np.testing.assert_allclose(got, ref, rtol=1e-2, atol=1e-2 * max(np.abs(ref).max(), 1.0))

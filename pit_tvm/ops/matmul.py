@@ -552,11 +552,17 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     density = planned_density(expected_density)
     compact = dense_fallback = None
     strips = False      # the wgmma tiles kernel's index (and compaction) in one pass over A
+    # the wgmma tiles kernels' epilogue: a bias, then a residual (an FFN's fc2 and its skip)
+    tiles_fused = (is_gpu(tgt) and plan.kind != "rows" and bias is not None and activation is None
+                   and row_scale is None
+                   and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, None, None, residual, a_ty))
     if is_gpu(tgt):
         kernel = None
         tc_plan = tensor_core_plan(plan)
         # (tiles: every 128-row strip has a CTA, so the tile width plans for all rows)
-        wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt), _rows_hint(m, 1))
+        wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt), _rows_hint(m, 1),
+                                        bias=tiles_fused, residual=tiles_fused and residual is not None)
+        tiles_fused = tiles_fused and wgmma_tiles is not None
         if wgmma_tiles is not None:
             plan, kernel, compact, dense_fallback, strips = wgmma_tiles
         elif tc_plan is not None:
@@ -606,7 +612,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         index_src = a2
     # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
     # a static row count is part of the name: the kernel's tile width may depend on it
-    name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale, residual) if fused else "")
+    name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale, residual) if fused or tiles_fused
+                                   else "")
             + ("_masked" if masks else "") + ("_ascale" if epilogue.get("row_scale_a") else "")
             + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else ""))
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
@@ -622,7 +629,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
     epilogue_args = ([bias] + _row_scale_arg(bb, row_scale if scaled is None else scaled[1], m, dtype)
-                     + _residual_arg(bb, residual, m, n) if fused else [])
+                     + _residual_arg(bb, residual, m, n) if fused else
+                     [bias] + _residual_arg(bb, residual, m, n) if tiles_fused else [])
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
     if few_rows_kernel is not None:
         # the few-rows tier writes C in place when the many-rows kernel above skipped it
@@ -633,10 +641,10 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         # a full index (the device-side dense fallback, or a dense pattern): the tiles kernel
         # and the compaction skipped their work, the dense kernel writes C in place
         fallback_gv = _add_once(bb, name.replace("pit_kernel_", "pit_dense_fallback_"), lambda: dense_fallback)
-        c = bb.emit(relax.call_tir_inplace(fallback_gv, [a_in, b, offsets, c], [3],
-                                           relax.TensorType([m, n], out_dtype)))
+        c = bb.emit(relax.call_tir_inplace(fallback_gv, [a_in, b, offsets] + epilogue_args + [c],
+                                           [3 + len(epilogue_args)], relax.TensorType([m, n], out_dtype)))
     c = _from_rows(bb, c, lead, n)
-    return c if fused else emit_epilogue(bb, c, bias, activation, row_scale, residual)
+    return c if fused or tiles_fused else emit_epilogue(bb, c, bias, activation, row_scale, residual)
 
 
 def _wgmma_rows(kernel) -> bool:
@@ -694,11 +702,13 @@ def _rows_hint(m, fraction: float):
     return max(1, int(int(m) * fraction)) if isinstance(m, (int, tirx.IntImm)) else None
 
 
-def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, rows_hint=None):
+def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, rows_hint=None,
+                      bias: bool = False, residual: bool = False):
     """On sm_90a, for micro-tiles along K with rows dividing 128: ``(plan covered by 128-row
     strips, the wgmma tiles kernel, the A-compaction kernel or None, the dense fallback
     kernel, whether the index is the one pass of :mod:`pit_tvm.schedules.wgmma_strips`)``
-    (which compacts A itself); else None."""
+    (which compacts A itself); else None.  ``bias`` / ``residual``: both GEMM kernels run that
+    epilogue."""
     from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func, wgmma_config,
                                          wgmma_dense_fallback_func, wgmma_tiles_applies,
                                          wgmma_tiles_gather_func)
@@ -712,8 +722,10 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
     strips = strips_apply(plan.k, mk, dtype)
     compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) and not strips else None
     return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),
-            wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype, config=config), compact,
-            wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype, config=config), strips)
+            wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype, config=config, bias=bias,
+                                    residual=residual), compact,
+            wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype, config=config, bias=bias,
+                                      residual=residual), strips)
 
 
 def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):

@@ -295,7 +295,8 @@ def needs_compaction(mk: int, in_dtype: str) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
-                            out_dtype: str = "float16", config: WgmmaConfig | None = None) -> tirx.PrimFunc:
+                            out_dtype: str = "float16", config: WgmmaConfig | None = None,
+                            bias: bool = False, residual: bool = False) -> tirx.PrimFunc:
     """The lowered wgmma PIT matmul for micro-tiles ``(128, mk)`` along K (the "tiles" kind).
 
     Parameters ``(a, b, offsets, ids, c)`` with the index of
@@ -306,16 +307,26 @@ def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
     B's rows at the same K columns (16-byte cp.async, zero-filled past the count), wgmma as
     in the rows kernel, and stores every row of C (a strip with nothing listed stores zeros).
     When :func:`needs_compaction`, ``a`` must be the output of :func:`wgmma_compact_a_func`
-    (K position q of strip g in column q), otherwise A itself."""
+    (K position q of strip g in column q), otherwise A itself.  Epilogue (:func:`_tiles_epilogue`):
+    ``bias`` (a ``[N]`` parameter after ``ids``), then ``residual`` (a ``[M, N]`` parameter of
+    the output dtype, added last): ``c = a @ b + bias + residual``, every row."""
+    _tiles_epilogue(bias, residual)
     config = config or wgmma_config(n)
     if (not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n
             or config.block_k != BLOCK_K):
         raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0, K % mk == 0 (mk < K), N % block_n == 0, "
                          f"block_k {BLOCK_K} and fp16/bf16 in, got K={k}, mk={mk}, N={n}, {config}, "
                          f"{in_dtype} -> {out_dtype}")
-    func = _kernel(int(k), int(n), in_dtype, out_dtype, False, None, "tiles", config, mk=int(mk),
-                   a_compact=needs_compaction(mk, in_dtype))
+    func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), None, "tiles", config, mk=int(mk),
+                   a_compact=needs_compaction(mk, in_dtype), residual=bool(residual))
     return lower_tirx(func, _TARGET)
+
+
+def _tiles_epilogue(bias: bool, residual: bool) -> None:
+    """The tiles kind's epilogues: none, a bias, or a bias then a residual (an FFN's second
+    matmul and its skip connection); ValueError otherwise."""
+    if residual and not bias:
+        raise ValueError("residual comes with a bias (the kernel variants that take it)")
 
 
 def index_is_full(offsets, m, tiles_per_strip: int):
@@ -327,16 +338,20 @@ def index_is_full(offsets, m, tiles_per_strip: int):
 
 @functools.lru_cache(maxsize=64)
 def wgmma_dense_fallback_func(k: int, n: int, mk: int, in_dtype: str = "float16",
-                              out_dtype: str = "float16", config: WgmmaConfig | None = None) -> tirx.PrimFunc:
-    """The dense kernel of the tiles kind's dense fallback, ``(a, b, offsets, c)``: ``c = a @ b``
-    when the ``(128, mk)`` tiles index lists every micro-tile (:func:`index_is_full`), else it
-    loads and stores nothing.  Called in place on the tiles kernel's output, which skips its
-    work exactly when this one runs: a full index through the tiles kernel (and, for thin
-    micro-tiles, the A compaction) cost up to twice the dense kernel on the H100."""
+                              out_dtype: str = "float16", config: WgmmaConfig | None = None,
+                              bias: bool = False, residual: bool = False) -> tirx.PrimFunc:
+    """The dense kernel of the tiles kind's dense fallback, ``(a, b, offsets[, bias[, residual]],
+    c)``: ``c = a @ b (+ bias + residual)`` when the ``(128, mk)`` tiles index lists every
+    micro-tile (:func:`index_is_full`), else it loads and stores nothing.  Called in place on
+    the tiles kernel's output, which skips its work exactly when this one runs: a full index
+    through the tiles kernel (and, for thin micro-tiles, the A compaction) cost up to twice the
+    dense kernel on the H100."""
+    _tiles_epilogue(bias, residual)
     config = config or wgmma_config(n)
     if not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n:
         raise ValueError(f"no wgmma tiles kind for K={k}, mk={mk}, N={n}, {config}, {in_dtype} -> {out_dtype}")
-    func = _kernel(int(k), int(n), in_dtype, out_dtype, False, None, "dense", config, full_mk=int(mk))
+    func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), None, "dense", config, full_mk=int(mk),
+                   residual=bool(residual))
     return lower_tirx(func, _TARGET)
 
 
@@ -710,16 +725,49 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
 def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False,  # noqa: C901
                residual=False):
     """The PrimFunc around ``body`` with exactly the parameters its variant takes (``full_mk``:
-    the dense fallback, ``(a, b, offsets, c)`` with ``c`` written in place).  ``body``'s
+    the dense fallback, ``(a, b, offsets[, bias[, residual]], c)`` with ``c`` written in place).  ``body``'s
     operands: ``M, A, B, offsets, ids, bias, row_scale, residual, C`` (None where absent)."""
     dense = mode == "dense"
-    if full_mk:
+    if full_mk and residual:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, bias: T.handle, residual: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None,
+                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(residual, (M, N), out_dtype),
+                 T.match_buffer(c, (M, N), out_dtype))
+    elif full_mk and has_bias:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, bias: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None,
+                 T.match_buffer(bias, (N,), in_dtype), None, None, T.match_buffer(c, (M, N), out_dtype))
+    elif full_mk:
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, offsets: T.handle, c: T.handle):
             M = T.int64()
             body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
                  T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None, None, None,
                  None, T.match_buffer(c, (M, N), out_dtype))
+    elif mode == "tiles" and residual:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle,
+                   residual: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"),
+                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"),
+                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(residual, (M, N), out_dtype),
+                 T.match_buffer(c, (M, N), out_dtype))
+    elif mode == "tiles" and has_bias:
+        @T.prim_func(s_tir=False)
+        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle, c: T.handle):
+            M = T.int64()
+            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"),
+                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"),
+                 T.match_buffer(bias, (N,), in_dtype), None, None, T.match_buffer(c, (M, N), out_dtype))
     elif mode == "tiles":
         @T.prim_func(s_tir=False)
         def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
