@@ -528,7 +528,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     shape + ``[1]``), ``residual`` (the result's shape, after a bias alone): an epilogue
     ``act(a @ b + bias) * row_scale + residual``, in the kernel where it takes one (the wgmma
     rows kernel: rows the index skips get the value of a zero row, ``act(bias) * row_scale +
-    residual``), else as Relax ops after it.
+    residual``; the wgmma tiles kernels: a bias, then a residual), else as Relax ops after it.
     ``expected_density``: the fraction of a static M's rows the index is expected to list
     (default :data:`PIT_EXPECTED_DENSITY`); the CUDA rows kernel's tile width is planned for
     it (the count itself is only known on the device).  Measure it on a sample of the traffic.
