@@ -105,16 +105,20 @@ def mark_shape_funcs_noalias(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
 
 
 def cpu_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
-    """TVM 0.27's CPU Relax pipeline with :class:`~pit_tvm.schedules.cpu_batched_matmul.
-    CPUBatchedMatmul` applied after legalization (TVM's pipeline schedules nothing there), then
+    """TVM 0.27's CPU Relax pipeline, erf first rewritten to its fast form
+    (:func:`~pit_tvm.passes.fast_erf.ErfToFastErf`), with :class:`~pit_tvm.schedules.
+    cpu_batched_matmul.CPUBatchedMatmul` and :class:`~pit_tvm.schedules.cpu_elementwise.
+    CPUElementwise` applied after legalization (TVM's pipeline schedules nothing there), then
     :func:`mark_shape_funcs_noalias`."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu  # noqa: PLC0415
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
     from pit_tvm.schedules.cpu_batched_matmul import CPUBatchedMatmul  # noqa: PLC0415
+    from pit_tvm.passes.fast_erf import ErfToFastErf  # noqa: PLC0415
+    from pit_tvm.schedules.cpu_elementwise import CPUElementwise  # noqa: PLC0415
 
-    passes = (cpu.library_dispatch_passes(tgt) + cpu.legalize_passes(tgt)
-              + [dl.ApplyDefaultSchedule(CPUBatchedMatmul())]
+    passes = ([ErfToFastErf] + cpu.library_dispatch_passes(tgt) + cpu.legalize_passes(tgt)
+              + [dl.ApplyDefaultSchedule(CPUBatchedMatmul(), CPUElementwise())]
               + cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt) + [mark_shape_funcs_noalias])
     return tvm.transform.Sequential(passes, name="pit_cpu_pipeline")
 
