@@ -15,13 +15,13 @@ from pit_tvm.schedules.cpu_elementwise import MIN_ELEMENTS, CPUElementwise
 from pit_tvm.target import build, make_target
 
 
-def _gelu_module(shape):
+def _gelu_module(shape, dtype="float32"):
     """``gelu(x + b) * mask`` in GELU's erf form, as the ONNX importer writes it."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
-    b = relax.Var("b", relax.TensorType([shape[-1]], "float32"))
-    mask = relax.Var("mask", relax.TensorType(list(shape[:-1]) + [1], "float32"))
-    f32 = lambda v: relax.const(v, "float32")  # noqa: E731
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    b = relax.Var("b", relax.TensorType([shape[-1]], dtype))
+    mask = relax.Var("mask", relax.TensorType(list(shape[:-1]) + [1], dtype))
+    f32 = lambda v: relax.const(v, dtype)  # noqa: E731
     with bb.function("main", [x, b, mask]):
         with bb.dataflow():
             h = bb.emit(relax.op.add(x, b))
@@ -57,6 +57,11 @@ def test_fast_erf_rewrite_and_cpu_build_match_numpy():
     h = x.astype(np.float64) + b
     want = 0.5 * h * (1 + np.vectorize(erf)(h / np.sqrt(2))) * mask
     assert np.abs(got - want).max() <= 1e-6 * max(1.0, np.abs(h).max())
+
+
+def test_fp16_erf_is_left_alone():
+    """TOPI's fp16 fast_erf is 0.04 off erf: an fp16 ``R.erf`` stays."""
+    assert "R.erf" in ErfToFastErf(_gelu_module((2, 48, 256), "float16"))["main"].script()
 
 
 def test_elementwise_is_parallel_and_vectorised():

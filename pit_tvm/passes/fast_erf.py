@@ -18,15 +18,16 @@ from tvm import relax, topi
 class _ErfRewriter(relax.PyExprMutator):
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.erf":
+        if (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.erf"
+                and getattr(call.args[0].ty, "dtype", None) == "float32"):
             return self.builder_.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="fast_erf")
         return call
 
 
 @tvm.transform.module_pass(opt_level=0, name="ErfToFastErf")
 def ErfToFastErf(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N802 - a pass, named like TVM's
-    """Rewrite every ``R.erf`` of the module's Relax functions into a ``call_tir`` of TOPI's
-    ``fast_erf`` (fp32 and fp16)."""
+    """Rewrite every fp32 ``R.erf`` of the module's Relax functions into a ``call_tir`` of TOPI's
+    ``fast_erf`` (its fp16 form is 0.04 off: fp16 erf stays as it is)."""
     rewriter = _ErfRewriter(mod)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
