@@ -1,5 +1,5 @@
 """What pit_tvm's dlight rules (:mod:`.row_reduction`, :mod:`.elementwise`,
-:mod:`.cpu_batched_matmul`) share: the blocks of a PrimFunc as dlight's analysis sees them, and
+:mod:`.cpu_batched_matmul`, :mod:`.cpu_elementwise`) share: the blocks of a PrimFunc as dlight's analysis sees them, and
 the static-shape test."""
 from __future__ import annotations
 

@@ -39,13 +39,10 @@ class CPUElementwise(CPUScheduleRule):
         if found is None:
             return None
         sch, infos = found
-        if len(infos) != 1 or not infos[0].is_injective():
+        if len(infos) != 1 or not infos[0].is_injective() or not is_static(infos[0].dom()):
             return None
         block = infos[0].block_rv
-        extents = [int(e) for e in infos[0].dom()] if is_static(infos[0].dom()) else None
-        if not extents:
-            return None
-        total = math.prod(extents)
+        total = math.prod(int(e) for e in infos[0].dom())
         vec = next((v for v in (VEC, VEC // 2, VEC // 4) if total % v == 0), None)
         if vec is None or total < MIN_ELEMENTS:
             return None

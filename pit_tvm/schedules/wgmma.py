@@ -722,117 +722,33 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                       residual)
 
 
-def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False,  # noqa: C901
+def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False,
                residual=False):
-    """The PrimFunc around ``body`` with exactly the parameters its variant takes (``full_mk``:
-    the dense fallback, ``(a, b, offsets[, bias[, residual]], c)`` with ``c`` written in place).  ``body``'s
-    operands: ``M, A, B, offsets, ids, bias, row_scale, residual, C`` (None where absent)."""
-    dense = mode == "dense"
-    if full_mk and residual:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, bias: T.handle, residual: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None,
-                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(residual, (M, N), out_dtype),
-                 T.match_buffer(c, (M, N), out_dtype))
-    elif full_mk and has_bias:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, bias: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None,
-                 T.match_buffer(bias, (N,), in_dtype), None, None, T.match_buffer(c, (M, N), out_dtype))
-    elif full_mk:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"), None, None, None,
-                 None, T.match_buffer(c, (M, N), out_dtype))
-    elif mode == "tiles" and residual:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle,
-                   residual: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"),
-                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"),
-                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(residual, (M, N), out_dtype),
-                 T.match_buffer(c, (M, N), out_dtype))
-    elif mode == "tiles" and has_bias:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"),
-                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"),
-                 T.match_buffer(bias, (N,), in_dtype), None, None, T.match_buffer(c, (M, N), out_dtype))
-    elif mode == "tiles":
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, ((M + BLOCK_M - 1) // BLOCK_M + 1,), "int32"),
-                 T.match_buffer(ids, ((M + BLOCK_M - 1) // BLOCK_M * mkt,), "int32"), None, None, None,
-                 T.match_buffer(c, (M, N), out_dtype))
-    elif dense and residual:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, bias: T.handle, residual: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None, None,
-                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(residual, (M, N), out_dtype),
-                 T.match_buffer(c, (M, N), out_dtype))
-    elif residual:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle,
-                   residual: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"),
-                 T.match_buffer(bias, (N,), in_dtype), None, T.match_buffer(residual, (M, N), out_dtype),
-                 T.match_buffer(c, (M, N), out_dtype))
-    elif dense and row_scale:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, bias: T.handle, row_scale: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None, None,
-                 T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype), None,
-                 T.match_buffer(c, (M, N), out_dtype))
-    elif row_scale:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle,
-                   row_scale: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"),
-                 T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype), None,
-                 T.match_buffer(c, (M, N), out_dtype))
-    elif dense and has_bias:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, bias: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None, None,
-                 T.match_buffer(bias, (N,), in_dtype), None, None, T.match_buffer(c, (M, N), out_dtype))
-    elif dense:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype), None, None,
-                 None, None, None, T.match_buffer(c, (M, N), out_dtype))
-    elif has_bias:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle,
-                   c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"),
-                 T.match_buffer(bias, (N,), in_dtype), None, None, T.match_buffer(c, (M, N), out_dtype))
-    else:
-        @T.prim_func(s_tir=False)
-        def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
-            M = T.int64()
-            body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
-                 T.match_buffer(offsets, (2,), "int32"), T.match_buffer(ids, (M,), "int32"), None, None,
-                 None, T.match_buffer(c, (M, N), out_dtype))
-    return kernel
+    """The PrimFunc around ``body`` with exactly the parameters its variant takes, in the order
+    ``a, b[, offsets][, ids][, bias][, row_scale][, residual], c``: the index unless dense (the
+    dense fallback, ``full_mk``, takes the tiles index's ``offsets`` alone and writes ``c`` in
+    place), then the epilogue's inputs.  ``body``'s operands: ``M, A, B, offsets, ids, bias,
+    row_scale, residual, C``; it reads none that its variant does not take, so those parameters
+    are dropped from the function built with all of them."""
+    strips = mode == "tiles" or bool(full_mk)
+    takes = {"offsets": mode != "dense" or bool(full_mk), "ids": mode in ("rows", "tiles"), "bias": has_bias,
+             "row_scale": row_scale, "residual": residual}
+
+    def offsets_shape(M):
+        return ((M + BLOCK_M - 1) // BLOCK_M + 1,) if strips else (2,)
+
+    def ids_shape(M):
+        return ((M + BLOCK_M - 1) // BLOCK_M * mkt,) if mode == "tiles" else (M,)
+
+    @T.prim_func(s_tir=False)
+    def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle, row_scale: T.handle,
+               residual: T.handle, c: T.handle):
+        M = T.int64()
+        body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
+             T.match_buffer(offsets, offsets_shape(M), "int32"), T.match_buffer(ids, ids_shape(M), "int32"),
+             T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype),
+             T.match_buffer(residual, (M, N), out_dtype), T.match_buffer(c, (M, N), out_dtype))
+
+    names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "c")
+    params = [p for name, p in zip(names, kernel.params) if takes.get(name, True)]
+    return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)
