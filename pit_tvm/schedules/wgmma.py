@@ -96,7 +96,6 @@ class WgmmaConfig:
     block_n: int = 256
     stages: int = 4
     block_k: int = BLOCK_K   # 64 (A rows of 128 B, 128-byte swizzle) or 32 (64 B, 64-byte swizzle)
-    inflight: int = 1        # wgmma groups left running while the next K tile's loads go out
 
     def smem_bytes(self, out_dtype: str = "float16") -> int:
         ring = self.stages * (BLOCK_M * self.block_k + self.block_k * self.block_n) * 2
@@ -240,10 +239,8 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
                          f"(block_n a multiple of 64, block_k 32 or 64), got K={k}, N={n}, {config}")
     if in_dtype not in IN_DTYPES or out_dtype not in OUT_DTYPES:
         raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
-    if (config.inflight not in (1, 2) or config.stages < 2 + config.inflight
-            or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES):
-        raise ValueError(f"{config} needs inflight 1 or 2, >= 2 + inflight stages and at most "
-                         f"{MAX_SMEM_BYTES} B of shared memory")
+    if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
+        raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
     act = "relu" if relu else ("gelu" if gelu else None)
     func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, "dense" if dense else "rows",
                    config, row_scale=bool(row_scale), row_scale_masks=bool(row_scale_masks),
@@ -422,8 +419,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     # tile's stores wait on its row ids: ~1 us on the H100, a K step ~0.5 us)
     zero_tiles_per_loop = max(1, KT // 2)
     MKT = K // mk if tiles else 0         # micro-tile columns per strip
-    INFLIGHT = cfg.inflight               # wgmma groups left running past each K tile
-    PREFETCH = STAGES - 1 - INFLIGHT      # K tiles in flight ahead of the one computed
+    PREFETCH = STAGES - 2                 # K tiles in flight ahead of the one computed
     A_TILE, B_TILE = BM * BK, BK * BN     # elements per ring slot
     B_BASE = STAGES * A_TILE              # B ring after the A ring (one dynamic allocation)
     ACC = BN // 2                         # fp32 accumulators per thread (m64 x BN / 128)
@@ -615,10 +611,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                             desc_b[0] + T.Cast("uint64", (slot * B_TILE + kk * 16 * 64) // 8),
                             True, 1, 1, 0, 1)
                     T.ptx.wgmma.commit_group.sync.aligned()
-                    T.ptx.wgmma.wait_group.sync.aligned(INFLIGHT)   # wgmma kt - PREFETCH - INFLIGHT retired
+                    T.ptx.wgmma.wait_group.sync.aligned(1)      # wgmma kt - PREFETCH - 1 retired
                 if kt < nkt:
                     # SRead of K tile kt into slot kt % STAGES, which held tile kt - STAGES =
-                    # kt - PREFETCH - INFLIGHT - 1: its wgmma retired in both warpgroups before the barrier
+                    # kt - PREFETCH - 2: its wgmma retired in both warpgroups before the barrier
                     slot_w = kt % STAGES
                     for j in T.unroll(A_CHUNKS):
                         r = (tid + THREADS * j) // A_ROW_CHUNKS
