@@ -260,6 +260,8 @@ FEW_ROWS_STAGES = {128: 6, 64: 8}
 #: K tiles (a split pays the ring's fill and one partial-sum round trip through L2)
 MAX_SPLITS = 8
 MIN_SPLIT_K_TILES = 4
+#: the CTAs the split tiles may fill (the rest store the unlisted rows meanwhile)
+SPLIT_SMS = SMS
 
 
 def wgmma_few_rows_tier(n: int, config: WgmmaConfig, out_dtype: str = "float16", rows_hint=None):
@@ -750,8 +752,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             # loop or the tile: the sync pass cannot place the loop's barriers inside one.)
             last = T.alloc_local([1], "int32")
             tc = (count_of(OFF, m) + BM - 1) // BM * (N // BN)
-            splits = T.if_then_else(T.And(tc > 0, tc * 2 <= SMS),
-                                    T.max(T.min(T.min(SMS // T.max(tc, 1), KT // MIN_SPLIT_K_TILES), MAX_SPLITS), 1),
+            splits = T.if_then_else(T.And(tc > 0, tc * 2 <= SPLIT_SMS),
+                                    T.max(T.min(T.min(SPLIT_SMS // T.max(tc, 1), KT // MIN_SPLIT_K_TILES),
+                                                MAX_SPLITS), 1),
                                     1)
             ci = tc * splits
             total = (m + BM - 1) // BM * (N // BN)
