@@ -1,8 +1,8 @@
-"""The few-rows tier's split K by how many CTAs the split tiles may fill
-(``pit_tvm.schedules.wgmma.SPLIT_SMS``; the others store the unlisted rows meanwhile): the
-kernel alone at 4096^3 fp16 (do_bench, L2 cleared), checked against torch.
+"""The few-rows tier's split K against none (``pit_tvm.schedules.wgmma.MAX_SPLITS`` 1): the
+kernel alone at 4096^3 fp16 (do_bench, L2 cleared; the median of 5 interleaved rounds), checked
+against torch.
 
-    python3 benchmarks/_few_rows_splits.py [SPLIT_SMS ...]   (default 132 99 66 1: 1 = no split)
+    python3 benchmarks/_few_rows_splits.py [MAX_SPLITS ...]   (default 8 1: the default, no split)
 """
 import sys
 
@@ -25,10 +25,10 @@ b = torch.randn(k, n, device="cuda", dtype=torch.float16) / k ** 0.5
 c = torch.empty(m, n, device="cuda", dtype=torch.float16)
 ref = a.float() @ b.float()
 few_rows, cfg = w.wgmma_few_rows_tier(n, w.WgmmaConfig(256, 4))
-shares = [int(x) for x in sys.argv[1:]] or [132, 99, 66, 1]
+shares = [int(x) for x in sys.argv[1:]] or [w.MAX_SPLITS, 1]
 kernels = {}
 for share in shares:
-    w.SPLIT_SMS = share
+    w.MAX_SPLITS = share
     w.wgmma_row_gather_func.cache_clear()
     kernels[share] = build(tvm.IRModule({"main": w.wgmma_row_gather_func(k, n, config=cfg, rows_upto=few_rows)}),
                            "cuda:sm_90a")["main"]
@@ -52,6 +52,6 @@ for cnt in counts:
         for share, few in kernels.items():
             times[share, cnt].append(do_bench(lambda: few(T(a), T(b), off, ids, counters, T(c), partials)) * 1e3)
 for share in shares:
-    print(f"SPLIT_SMS {share:3d}:" + "".join(f"  {cnt} rows {np.median(times[share, cnt]):5.1f} us"
+    print(f"MAX_SPLITS {share}:" + "".join(f"  {cnt} rows {np.median(times[share, cnt]):5.1f} us"
                                             f" ({min(times[share, cnt]):.1f}-{max(times[share, cnt]):.1f})"
                                             for cnt in counts), flush=True)

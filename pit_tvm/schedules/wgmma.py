@@ -260,8 +260,6 @@ FEW_ROWS_STAGES = {128: 6, 64: 8}
 #: K tiles (a split pays the ring's fill and one partial-sum round trip through L2)
 MAX_SPLITS = 8
 MIN_SPLIT_K_TILES = 4
-#: the CTAs the split tiles may fill (the rest store the unlisted rows meanwhile)
-SPLIT_SMS = SMS
 
 
 def wgmma_few_rows_tier(n: int, config: WgmmaConfig, out_dtype: str = "float16", rows_hint=None):
@@ -476,6 +474,39 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def count_of(off_buf, m):
         return off_buf[1] if mode == "rows" else m
 
+    # The few-rows tier's work, as expressions of the row count that each use re-reads (values
+    # bound once and live across the K loop measured ~6 us slower at 410 rows of 4096^3, with
+    # nvcc recomputing the loop's address arithmetic every K tile)
+    def listed_tiles(off_buf, m):
+        """tc: the tiles of listed rows (the first strips)"""
+        return (count_of(off_buf, m) + BM - 1) // BM * (N // BN)
+
+    def split_count(off_buf, m):
+        """splits of each listed tile along K: under SMS / 4 tiles, so that they fill half the
+        SMs (the other half store the unlisted rows meanwhile); under SMS / 2, all of them"""
+        tc = listed_tiles(off_buf, m)
+        return T.max(T.min(T.min(T.if_then_else(
+            tc * 4 <= SMS, SMS // 2 // T.max(tc, 1), T.if_then_else(tc * 2 <= SMS, SMS // T.max(tc, 1), 1)),
+            KT // MIN_SPLIT_K_TILES), MAX_SPLITS), 1)
+
+    def split_items(off_buf, m):
+        """ci: the split tiles' items"""
+        return listed_tiles(off_buf, m) * split_count(off_buf, m)
+
+    def all_items(off_buf, m):
+        """the split items, then one item per tile of unlisted rows"""
+        return (m + BM - 1) // BM * (N // BN) + split_items(off_buf, m) - listed_tiles(off_buf, m)
+
+    def idle_only(off_buf, m):
+        """whether the CTAs past the split items can store the unlisted tiles in about one
+        split's K loop (zero_tiles_per_loop of a whole one each)"""
+        ci = split_items(off_buf, m)
+        return T.And(ci < SMS, (all_items(off_buf, m) - ci + SMS - ci - 1) // T.max(SMS - ci, 1)
+                     <= T.max(zero_tiles_per_loop // split_count(off_buf, m), 1))
+
+    def item_stride(off_buf, m):
+        return T.if_then_else(idle_only(off_buf, m), SMS - split_items(off_buf, m), SMS)
+
     def n_valid(off_buf, g):
         return strip_positions(off_buf, g, mk)
 
@@ -546,16 +577,57 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         return T.ptx["cp.async.cg.shared.global"](dst, src, 16)
 
     @T.macro
+    def index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next):
+        """tiles: K tile kt's A columns and B rows from the index entries loaded the iteration
+        before, and the next tile's loaded now: before any cp.async of the iteration (each one
+        orders memory, so a load after one would wait for it)"""
+        if tiles:
+            for j in T.unroll(A_CHUNKS):
+                qa = kt * BK + (tid + THREADS * j) % A_ROW_CHUNKS * 8
+                if gather_a:
+                    a_col[j] = column_of_id(a_col_next[j], qa, mk)
+                    a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, qa + BK)
+                else:
+                    a_col[j] = qa   # (a compacted A holds position q in column q)
+            for j in T.unroll(B_CHUNKS):
+                qb = kt * BK + (tid + THREADS * j) // B_ROW_CHUNKS
+                b_row_id[j] = column_of_id(b_row_next[j], qb, mk)
+                b_row_next[j] = micro_tile_id(OFF, IDS, m, bm, qb + BK)
+
+    @T.macro
+    def sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id):
+        """SRead of K tile kt into ring slot kt % STAGES (cp.async, not yet committed)"""
+        slot_w = kt % STAGES
+        for j in T.unroll(A_CHUNKS):
+            r = (tid + THREADS * j) // A_ROW_CHUNKS
+            ch = (tid + THREADS * j) % A_ROW_CHUNKS
+            # (a compacted A, like rows / dense, holds K position q in column q)
+            T.evaluate(copy16(
+                smem.ptr_to([slot_w * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
+                A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
+                a_valid(OFF, bm, kt * BK + ch * 8, p0 + r, count)))
+        for j in T.unroll(B_CHUNKS):
+            kr = (tid + THREADS * j) // B_ROW_CHUNKS
+            gch = (tid + THREADS * j) % B_ROW_CHUNKS
+            # tiles: B's row column(q) for the strip's compact position q
+            T.evaluate(copy16(
+                smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
+                             + T.bitwise_xor(gch % 8, kr % 8) * 8]),
+                B.ptr_to([b_row_of(b_row_id, j, kt * BK + kr), bn * BN + gch * 8]),
+                b_valid(OFF, bm, kt * BK + kr)))
+
+    @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, split, splits, tc, CNT, WS, last):
+             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, split, CNT, WS, last):
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite.  The few-rows
         tier (``persistent``) computes K tiles ``[split * KT / splits, (split + 1) * KT / splits)``
         of it; with ``splits > 1`` the last of the tile's splits to finish adds the others'
         partial sums (``WS``, counted in ``CNT``) and alone runs the epilogue and SWrite."""
         count = count_of(OFF, m)
         p0 = bm * BM
-        k0 = split * KT // splits                  # (0 and KT, Python ints, but in the few-rows tier)
-        nkt = k_tiles(OFF, bm) if tiles else (split + 1) * KT // splits - k0
+        # K tiles [k0, k1): 0 and KT as Python ints, but in the tiles kind and the few-rows tier
+        k0 = split * KT // split_count(OFF, m) if persistent else 0
+        k1 = k_tiles(OFF, bm) if tiles else ((split + 1) * KT // split_count(OFF, m) if persistent else KT)
         if persistent:
             last[0] = 1
         if runs(OFF, m, p0 < count):
@@ -582,85 +654,62 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, (tid + THREADS * j) % A_ROW_CHUNKS * 8)
                 for j in T.unroll(B_CHUNKS):
                     b_row_next[j] = micro_tile_id(OFF, IDS, m, bm, (tid + THREADS * j) // B_ROW_CHUNKS)
-            for kt in T.serial(nkt + PREFETCH):
+            # the first PREFETCH K tiles' loads (as many as there are), one commit group each
+            for i in T.serial(PREFETCH):
+                if k0 + i < k1:
+                    index_ahead(k0 + i, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
+                    sread(k0 + i, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
+                T.ptx["cp.async.commit_group"]()
+            # then compute K tile kt - PREFETCH and load K tile kt (while there is one)
+            for i in T.serial(k1 - k0):
+                kt = k0 + PREFETCH + i
                 if tiles:
-                    if kt < nkt:
-                        # before any cp.async of this iteration: each one orders memory, so a
-                        # load after one would wait for it
-                        for j in T.unroll(A_CHUNKS):
-                            qa = kt * BK + (tid + THREADS * j) % A_ROW_CHUNKS * 8
-                            if gather_a:
-                                a_col[j] = column_of_id(a_col_next[j], qa, mk)
-                                a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, qa + BK)
-                            else:
-                                a_col[j] = qa   # (a compacted A holds position q in column q)
-                        for j in T.unroll(B_CHUNKS):
-                            qb = kt * BK + (tid + THREADS * j) // B_ROW_CHUNKS
-                            b_row_id[j] = column_of_id(b_row_next[j], qb, mk)
-                            b_row_next[j] = micro_tile_id(OFF, IDS, m, bm, qb + BK)
-                if kt >= PREFETCH:
-                    # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
-                    T.ptx["cp.async.wait_group"](PREFETCH - 1)
-                    T.ptx["fence.proxy.async.shared::cta"]()
+                    if kt < k1:
+                        index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
+                # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
+                T.ptx["cp.async.wait_group"](PREFETCH - 1)
+                T.ptx["fence.proxy.async.shared::cta"]()
                 T.cuda.cta_sync()
-                if kt >= PREFETCH:
-                    slot = (kt - PREFETCH) % STAGES
-                    T.ptx.wgmma.fence.sync.aligned()
-                    for kk in T.unroll(BK // 16):
-                        T.ptx[wgmma](
-                            *[acc[i] for i in range(ACC)],
-                            desc_a[0] + T.Cast("uint64", (slot * A_TILE + kk * 16) // 8),
-                            desc_b[0] + T.Cast("uint64", (slot * B_TILE + kk * 16 * 64) // 8),
-                            True, 1, 1, 0, 1)
-                    T.ptx.wgmma.commit_group.sync.aligned()
-                    T.ptx.wgmma.wait_group.sync.aligned(1)      # wgmma kt - PREFETCH - 1 retired
-                if kt < nkt:
-                    # SRead of K tile kt into slot kt % STAGES, which held tile kt - STAGES =
-                    # kt - PREFETCH - 2: its wgmma retired in both warpgroups before the barrier
-                    slot_w = kt % STAGES
-                    for j in T.unroll(A_CHUNKS):
-                        r = (tid + THREADS * j) // A_ROW_CHUNKS
-                        ch = (tid + THREADS * j) % A_ROW_CHUNKS
-                        # (a compacted A, like rows / dense, holds K position q in column q)
-                        T.evaluate(copy16(
-                            smem.ptr_to([slot_w * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
-                            A.ptr_to([a_row[j], a_col_of(a_col, j, (k0 + kt) * BK + ch * 8)]),
-                            a_valid(OFF, bm, kt * BK + ch * 8, p0 + r, count)))
-                    for j in T.unroll(B_CHUNKS):
-                        kr = (tid + THREADS * j) // B_ROW_CHUNKS
-                        gch = (tid + THREADS * j) % B_ROW_CHUNKS
-                        # tiles: B's row column(q) for the strip's compact position q
-                        T.evaluate(copy16(
-                            smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
-                                         + T.bitwise_xor(gch % 8, kr % 8) * 8]),
-                            B.ptr_to([b_row_of(b_row_id, j, (k0 + kt) * BK + kr), bn * BN + gch * 8]),
-                            b_valid(OFF, bm, kt * BK + kr)))
+                slot = (kt - PREFETCH) % STAGES
+                T.ptx.wgmma.fence.sync.aligned()
+                for kk in T.unroll(BK // 16):
+                    T.ptx[wgmma](
+                        *[acc[i] for i in range(ACC)],
+                        desc_a[0] + T.Cast("uint64", (slot * A_TILE + kk * 16) // 8),
+                        desc_b[0] + T.Cast("uint64", (slot * B_TILE + kk * 16 * 64) // 8),
+                        True, 1, 1, 0, 1)
+                T.ptx.wgmma.commit_group.sync.aligned()
+                T.ptx.wgmma.wait_group.sync.aligned(1)      # wgmma kt - PREFETCH - 1 retired
+                if kt < k1:
+                    # slot kt % STAGES held tile kt - STAGES = kt - PREFETCH - 2: its wgmma
+                    # retired in both warpgroups before the barrier
+                    sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
                 T.ptx["cp.async.commit_group"]()
             T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
             T.cuda.cta_sync()
             if persistent:
-                if splits > 1:
+                if split_count(OFF, m) > 1:
                     # split K: this split's partial sums out (thread tid's fragments at stride
                     # THREADS: the same tid of the CTA that adds them holds the same elements),
                     # then one count per tile; the CTA that counts last adds the others'
                     t = bm * (N // BN) + bn
                     for i in T.unroll(ACC):
-                        WS[((split * tc + t) * ACC + i) * THREADS + tid] = acc[i]
+                        WS[((split * listed_tiles(OFF, m) + t) * ACC + i) * THREADS + tid] = acc[i]
                     T.ptx["fence.acq_rel.gpu"]()
                     T.cuda.cta_sync()
                     if tid == 0:
-                        last[0] = T.Cast("int32", T.cuda.atomic_add(T.address_of(CNT[t]), 1) == splits - 1)
+                        last[0] = T.Cast("int32", T.cuda.atomic_add(T.address_of(CNT[t]), 1) == split_count(OFF, m) - 1)
                     else:
                         last[0] = 0
                     # (thread 0's count to every thread: a barrier that ORs, no shared memory)
                     last[0] = T.call_extern("int32", "__syncthreads_or", last[0])
                     if last[0] != 0:
                         T.ptx["fence.acq_rel.gpu"]()
-                        for s2 in T.serial(splits):
+                        for s2 in T.serial(split_count(OFF, m)):
                             if s2 != split:
                                 for i in T.unroll(ACC):
-                                    acc[i] = acc[i] + WS[((s2 * tc + t) * ACC + i) * THREADS + tid]
+                                    acc[i] = acc[i] + WS[((s2 * listed_tiles(OFF, m) + t) * ACC + i) * THREADS + tid]
                         if tid == 0:
                             CNT[t] = 0            # left zero for the next call
             if stores(last, True):
@@ -751,30 +800,22 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             # c, c + SMS...  No loop at all when the many-rows tier runs.  (No branch around the
             # loop or the tile: the sync pass cannot place the loop's barriers inside one.)
             last = T.alloc_local([1], "int32")
-            tc = (count_of(OFF, m) + BM - 1) // BM * (N // BN)
-            splits = T.if_then_else(T.And(tc > 0, tc * 2 <= SPLIT_SMS),
-                                    T.max(T.min(T.min(SPLIT_SMS // T.max(tc, 1), KT // MIN_SPLIT_K_TILES),
-                                                MAX_SPLITS), 1),
-                                    1)
-            ci = tc * splits
-            total = (m + BM - 1) // BM * (N // BN)
-            items = total + ci - tc
-            idle_only = T.And(ci < SMS, (items - ci + SMS - ci - 1) // T.max(SMS - ci, 1)
-                              <= T.max(zero_tiles_per_loop // splits, 1))
-            stride = T.if_then_else(idle_only, SMS - ci, SMS)
             for it in T.serial(T.if_then_else(
                     count_of(OFF, m) > rows_upto, 0, T.if_then_else(
-                        T.And(idle_only, cta < ci), 1, (T.max(items - cta, 0) + stride - 1) // stride))):
-                item = cta + it * stride
-                t = T.if_then_else(item < ci, item % T.max(tc, 1), item - ci + tc)
-                split = T.if_then_else(item < ci, item // T.max(tc, 1), 0)
+                        T.And(idle_only(OFF, m), cta < split_items(OFF, m)), 1,
+                        (T.max(all_items(OFF, m) - cta, 0) + item_stride(OFF, m) - 1) // item_stride(OFF, m)))):
+                item = cta + it * item_stride(OFF, m)
+                t = T.if_then_else(item < split_items(OFF, m), item % T.max(listed_tiles(OFF, m), 1),
+                                   item - split_items(OFF, m) + listed_tiles(OFF, m))
                 tile(t % (N // BN), t // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
-                     b_row_id, a_col_next, b_row_next, desc_a, desc_b, split, splits, tc, CNT, WS, last)
+                     b_row_id, a_col_next, b_row_next, desc_a, desc_b,
+                     T.if_then_else(item < split_items(OFF, m), item // T.max(listed_tiles(OFF, m), 1), 0),
+                     CNT, WS, last)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, 0, 1, 0, None, None, None)
+                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, 0, None, None, None)
 
     return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale or row_scale_a,
                       residual, partial_elems=SMS * ACC * THREADS if persistent else 0)
