@@ -634,17 +634,9 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
     if few_rows_kernel is not None:
         # the few-rows tier writes C in place when the many-rows kernel above skipped it
-        # (its split K: per-tile counters, a zero constant of the model that the kernel leaves
-        # zero, as the index's; the partial sums' workspace, a new output)
         few_gv = _add_once(bb, name.replace("pit_kernel_", "pit_few_rows_"), lambda: few_rows_kernel)
-        counters, _, partials = few_rows_kernel.params[-3:]
-        inputs = [a2, b, offsets, ids] + epilogue_args
-        few = bb.emit(relax.call_tir_inplace(
-            few_gv, inputs + [relax.const(np.zeros(_param_shape(counters)), "int32"), c],
-            [len(inputs) + 1, -1],
-            [relax.TensorType([m, n], out_dtype),
-             relax.TensorType(_param_shape(partials), "float32")]))
-        c = bb.emit(relax.TupleGetItem(few, 0))
+        c = bb.emit(relax.call_tir_inplace(few_gv, [a2, b, offsets, ids] + epilogue_args + [c], [4 + len(epilogue_args)],
+                                           relax.TensorType([m, n], out_dtype)))
     if dense_fallback is not None:
         # a full index (the device-side dense fallback, or a dense pattern): the tiles kernel
         # and the compaction skipped their work, the dense kernel writes C in place
@@ -653,11 +645,6 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                                            [3 + len(epilogue_args)], relax.TensorType([m, n], out_dtype)))
     c = _from_rows(bb, c, lead, n)
     return c if fused or tiles_fused else emit_epilogue(bb, c, bias, activation, row_scale, residual)
-
-
-def _param_shape(param):
-    """the static shape of a PrimFunc's buffer parameter"""
-    return [int(x) for x in param.ty.shape]
 
 
 def _wgmma_rows(kernel) -> bool:

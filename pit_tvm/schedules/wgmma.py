@@ -256,10 +256,6 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
 #: 64 x 4 52.9; ``COUNTS=45,205 python3 benchmarks/_wgmma_stages.py --square 256x4 128x4 128x6
 #: 64x4 64x8``)
 FEW_ROWS_STAGES = {128: 6, 64: 8}
-#: the few-rows tier's split K: at most this many splits of a tile, each of at least this many
-#: K tiles (a split pays the ring's fill and one partial-sum round trip through L2)
-MAX_SPLITS = 8
-MIN_SPLIT_K_TILES = 4
 
 
 def wgmma_few_rows_tier(n: int, config: WgmmaConfig, out_dtype: str = "float16", rows_hint=None):
@@ -474,39 +470,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def count_of(off_buf, m):
         return off_buf[1] if mode == "rows" else m
 
-    # The few-rows tier's work, as expressions of the row count that each use re-reads (values
-    # bound once and live across the K loop measured ~6 us slower at 410 rows of 4096^3, with
-    # nvcc recomputing the loop's address arithmetic every K tile)
-    def listed_tiles(off_buf, m):
-        """tc: the tiles of listed rows (the first strips)"""
-        return (count_of(off_buf, m) + BM - 1) // BM * (N // BN)
-
-    def split_count(off_buf, m):
-        """splits of each listed tile along K: under SMS / 4 tiles, so that they fill half the
-        SMs (the other half store the unlisted rows meanwhile); under SMS / 2, all of them"""
-        tc = listed_tiles(off_buf, m)
-        return T.max(T.min(T.min(T.if_then_else(
-            tc * 4 <= SMS, SMS // 2 // T.max(tc, 1), T.if_then_else(tc * 2 <= SMS, SMS // T.max(tc, 1), 1)),
-            KT // MIN_SPLIT_K_TILES), MAX_SPLITS), 1)
-
-    def split_items(off_buf, m):
-        """ci: the split tiles' items"""
-        return listed_tiles(off_buf, m) * split_count(off_buf, m)
-
-    def all_items(off_buf, m):
-        """the split items, then one item per tile of unlisted rows"""
-        return (m + BM - 1) // BM * (N // BN) + split_items(off_buf, m) - listed_tiles(off_buf, m)
-
-    def idle_only(off_buf, m):
-        """whether the CTAs past the split items can store the unlisted tiles in about one
-        split's K loop (zero_tiles_per_loop of a whole one each)"""
-        ci = split_items(off_buf, m)
-        return T.And(ci < SMS, (all_items(off_buf, m) - ci + SMS - ci - 1) // T.max(SMS - ci, 1)
-                     <= T.max(zero_tiles_per_loop // split_count(off_buf, m), 1))
-
-    def item_stride(off_buf, m):
-        return T.if_then_else(idle_only(off_buf, m), SMS - split_items(off_buf, m), SMS)
-
     def n_valid(off_buf, g):
         return strip_positions(off_buf, g, mk)
 
@@ -561,13 +524,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             return T.And(count_of(off_buf, m) > rows_above, cond)
         return cond
 
-    def stores(last, cond):
-        """``cond``, and in the few-rows tier whether this CTA stores its tile: a tile split along
-        K is stored by the split that finishes it (``last``)"""
-        if not persistent:
-            return cond
-        return last[0] != 0 if cond is True else T.And(last[0] != 0, cond)
-
     def copy16(dst, src, valid):
         """16-byte cp.async (a call to wrap in ``T.evaluate``); zero-fills the destination where
         ``valid`` is false"""
@@ -580,7 +536,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next):
         """tiles: K tile kt's A columns and B rows from the index entries loaded the iteration
         before, and the next tile's loaded now: before any cp.async of the iteration (each one
-        orders memory, so a load after one would wait for it)"""
+        orders memory, so a load after one would wait for it; a lookup just before its use cost
+        the tiles kernel a global-load latency per K tile)"""
         if tiles:
             for j in T.unroll(A_CHUNKS):
                 qa = kt * BK + (tid + THREADS * j) % A_ROW_CHUNKS * 8
@@ -618,18 +575,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
 
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, split, CNT, WS, last):
-        """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite.  The few-rows
-        tier (``persistent``) computes K tiles ``[split * KT / splits, (split + 1) * KT / splits)``
-        of it; with ``splits > 1`` the last of the tile's splits to finish adds the others'
-        partial sums (``WS``, counted in ``CNT``) and alone runs the epilogue and SWrite."""
+             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b):
+        """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
-        # K tiles [k0, k1): 0 and KT as Python ints, but in the tiles kind and the few-rows tier
-        k0 = split * KT // split_count(OFF, m) if persistent else 0
-        k1 = k_tiles(OFF, bm) if tiles else ((split + 1) * KT // split_count(OFF, m) if persistent else KT)
-        if persistent:
-            last[0] = 1
         if runs(OFF, m, p0 < count):
             wg = tid // 128
             for i in T.unroll(ACC):
@@ -655,22 +604,23 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 for j in T.unroll(B_CHUNKS):
                     b_row_next[j] = micro_tile_id(OFF, IDS, m, bm, (tid + THREADS * j) // B_ROW_CHUNKS)
             # the first PREFETCH K tiles' loads (as many as there are), one commit group each
-            for i in T.serial(PREFETCH):
-                if k0 + i < k1:
-                    index_ahead(k0 + i, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
-                    sread(k0 + i, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
+            # (a peeled loop: no test of the loop counter against PREFETCH in the one below)
+            for kt in T.serial(PREFETCH):
+                if kt < k_tiles(OFF, bm):
+                    index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
+                    sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
                 T.ptx["cp.async.commit_group"]()
             # then compute K tile kt - PREFETCH and load K tile kt (while there is one)
-            for i in T.serial(k1 - k0):
-                kt = k0 + PREFETCH + i
+            for q in T.serial(k_tiles(OFF, bm)):
+                kt = q + PREFETCH
                 if tiles:
-                    if kt < k1:
+                    if kt < k_tiles(OFF, bm):
                         index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
                 # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
                 T.ptx["cp.async.wait_group"](PREFETCH - 1)
                 T.ptx["fence.proxy.async.shared::cta"]()
                 T.cuda.cta_sync()
-                slot = (kt - PREFETCH) % STAGES
+                slot = q % STAGES
                 T.ptx.wgmma.fence.sync.aligned()
                 for kk in T.unroll(BK // 16):
                     T.ptx[wgmma](
@@ -680,7 +630,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         True, 1, 1, 0, 1)
                 T.ptx.wgmma.commit_group.sync.aligned()
                 T.ptx.wgmma.wait_group.sync.aligned(1)      # wgmma kt - PREFETCH - 1 retired
-                if kt < k1:
+                if kt < k_tiles(OFF, bm):
                     # slot kt % STAGES held tile kt - STAGES = kt - PREFETCH - 2: its wgmma
                     # retired in both warpgroups before the barrier
                     sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
@@ -688,46 +638,21 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
             T.cuda.cta_sync()
-            if persistent:
-                if split_count(OFF, m) > 1:
-                    # split K: this split's partial sums out (thread tid's fragments at stride
-                    # THREADS: the same tid of the CTA that adds them holds the same elements),
-                    # then one count per tile; the CTA that counts last adds the others'
-                    t = bm * (N // BN) + bn
-                    for i in T.unroll(ACC):
-                        WS[((split * listed_tiles(OFF, m) + t) * ACC + i) * THREADS + tid] = acc[i]
-                    T.ptx["fence.acq_rel.gpu"]()
-                    T.cuda.cta_sync()
-                    if tid == 0:
-                        last[0] = T.Cast("int32", T.cuda.atomic_add(T.address_of(CNT[t]), 1) == split_count(OFF, m) - 1)
-                    else:
-                        last[0] = 0
-                    # (thread 0's count to every thread: a barrier that ORs, no shared memory)
-                    last[0] = T.call_extern("int32", "__syncthreads_or", last[0])
-                    if last[0] != 0:
-                        T.ptx["fence.acq_rel.gpu"]()
-                        for s2 in T.serial(split_count(OFF, m)):
-                            if s2 != split:
-                                for i in T.unroll(ACC):
-                                    acc[i] = acc[i] + WS[((s2 * listed_tiles(OFF, m) + t) * ACC + i) * THREADS + tid]
-                        if tid == 0:
-                            CNT[t] = 0            # left zero for the next call
-            if stores(last, True):
-                # fragments -> staged C tile: thread (warp w, lane l) of warpgroup g holds rows
-                # 64g + 16w + l/4 (+8) and columns 8nb + 2(l%4) (+1) in acc[4nb + 2i + e]
-                w = (tid % 128) // 32
-                lane = tid % 32
-                if row_scale or row_scale_a:   # the scales of this thread's two fragment rows
-                    for i in T.unroll(2):
-                        rs_val[i] = T.Cast("float32", RS[row_of(IDS, T.min(p0 + wg * 64 + w * 16 + lane // 4 + 8 * i,
-                                                                           m - 1))])
-                for nb in T.unroll(BN // 8):
-                    for i in T.unroll(2):
-                        # (no assignment in a vectorized loop: TIRx makes it a one-element local)
-                        for e in T.vectorized(2):
-                            smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
-                                                 + nb * 8 + (lane % 4) * 2 + e] = epilogue(
-                                acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
+            # fragments -> staged C tile: thread (warp w, lane l) of warpgroup g holds rows
+            # 64g + 16w + l/4 (+8) and columns 8nb + 2(l%4) (+1) in acc[4nb + 2i + e]
+            w = (tid % 128) // 32
+            lane = tid % 32
+            if row_scale or row_scale_a:   # the scales of this thread's two fragment rows
+                for i in T.unroll(2):
+                    rs_val[i] = T.Cast("float32", RS[row_of(IDS, T.min(p0 + wg * 64 + w * 16 + lane // 4 + 8 * i,
+                                                                       m - 1))])
+            for nb in T.unroll(BN // 8):
+                for i in T.unroll(2):
+                    # (no assignment in a vectorized loop: TIRx makes it a one-element local)
+                    for e in T.vectorized(2):
+                        smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
+                                             + nb * 8 + (lane % 4) * 2 + e] = epilogue(
+                            acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
             T.cuda.cta_sync()
         T.cuda.cta_sync()
         if has_bias and not row_scale and mode == "rows":
@@ -741,7 +666,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         # are all loaded before the first store: a store between two id loads orders them, and
         # one id load's latency per chunk made the zero-only CTAs of a few-rows call most of
         # its time (45 of 4096 rows: ~70 % of the stall samples on the H100)
-        if stores(last, runs(OFF, m, p0 < m)):
+        if runs(OFF, m, p0 < m):
             for j in T.unroll(C_CHUNKS):
                 c_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m - 1)))
             if residual:
@@ -752,7 +677,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         for j in T.unroll(C_CHUNKS):
             r = (tid + THREADS * j) // C_ROW_CHUNKS
             ch = (tid + THREADS * j) % C_ROW_CHUNKS
-            if stores(last, runs(OFF, m, p0 + r < m)):
+            if runs(OFF, m, p0 + r < m):
                 if p0 + r < count:
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
@@ -770,7 +695,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         C[c_row[j], bn * BN + ch * C_VEC + e] = zero_out
 
     @T.macro
-    def body(M, A, B, OFF, IDS, BIAS, RS, RES, CNT, C, WS):
+    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C):
         T.device_entry()
         if persistent:
             cta = T.cta_id([SMS])
@@ -792,50 +717,41 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         m = T.Cast("int32", M)
         if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
-            # z of unlisted rows (stores only).  Fewer than SMS / 2 listed tiles are split along
-            # K into `splits` items each (tile i % tc, split i / tc for items i < ci), so that
-            # most SMs compute; the z tiles follow as items ci...  While the idle CTAs can store
-            # the z tiles in about one K loop's time (zero_tiles_per_loop each), CTA c < ci
-            # computes item c and the idle ones stride over the rest; otherwise CTA c takes items
-            # c, c + SMS...  No loop at all when the many-rows tier runs.  (No branch around the
-            # loop or the tile: the sync pass cannot place the loop's barriers inside one.)
-            last = T.alloc_local([1], "int32")
+            # z of unlisted rows (stores only).  While the idle CTAs can store the z tiles in
+            # about one K loop's time (zero_tiles_per_loop each), CTA c < tc computes tile c
+            # and the idle ones stride over the rest; otherwise CTA c takes tiles c, c + SMS...
+            # No loop at all when the many-rows tier runs.  (No branch around the loop or the
+            # tile: the sync pass cannot place the loop's barriers inside one.)
+            tc = (count_of(OFF, m) + BM - 1) // BM * (N // BN)
+            total = (m + BM - 1) // BM * (N // BN)
+            idle_only = T.And(tc < SMS, (total - tc + SMS - tc - 1) // T.max(SMS - tc, 1) <= zero_tiles_per_loop)
+            stride = T.if_then_else(idle_only, SMS - tc, SMS)
             for it in T.serial(T.if_then_else(
                     count_of(OFF, m) > rows_upto, 0, T.if_then_else(
-                        T.And(idle_only(OFF, m), cta < split_items(OFF, m)), 1,
-                        (T.max(all_items(OFF, m) - cta, 0) + item_stride(OFF, m) - 1) // item_stride(OFF, m)))):
-                item = cta + it * item_stride(OFF, m)
-                t = T.if_then_else(item < split_items(OFF, m), item % T.max(listed_tiles(OFF, m), 1),
-                                   item - split_items(OFF, m) + listed_tiles(OFF, m))
-                tile(t % (N // BN), t // (N // BN),
+                        T.And(idle_only, cta < tc), 1, (T.max(total - cta, 0) + stride - 1) // stride))):
+                tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
-                     b_row_id, a_col_next, b_row_next, desc_a, desc_b,
-                     T.if_then_else(item < split_items(OFF, m), item // T.max(listed_tiles(OFF, m), 1), 0),
-                     CNT, WS, last)
+                     b_row_id, a_col_next, b_row_next, desc_a, desc_b)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, 0, None, None, None)
+                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b)
 
     return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale or row_scale_a,
-                      residual, partial_elems=SMS * ACC * THREADS if persistent else 0)
+                      residual)
 
 
 def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False,
-               residual=False, partial_elems=0):
+               residual=False):
     """The PrimFunc around ``body`` with exactly the parameters its variant takes, in the order
-    ``a, b[, offsets][, ids][, bias][, row_scale][, residual][, split_counters], c[,
-    split_partials]``: the index unless dense (the dense fallback, ``full_mk``, takes the tiles
-    index's ``offsets`` alone and writes ``c`` in place), then the epilogue's inputs; the
-    few-rows tier's split K (``partial_elems``: its workspace's fp32 elements) takes
-    :data:`SMS` tile counters (zero, left zero) and, after ``c``, the workspace.  ``body``'s
-    operands: ``M, A, B, offsets, ids, bias, row_scale, residual, split_counters, C,
-    split_partials``; it reads none that its variant does not take, so those parameters are
-    dropped from the function built with all of them."""
+    ``a, b[, offsets][, ids][, bias][, row_scale][, residual], c``: the index unless dense (the
+    dense fallback, ``full_mk``, takes the tiles index's ``offsets`` alone and writes ``c`` in
+    place), then the epilogue's inputs.  ``body``'s operands: ``M, A, B, offsets, ids, bias,
+    row_scale, residual, C``; it reads none that its variant does not take, so those parameters
+    are dropped from the function built with all of them."""
     strips = mode == "tiles" or bool(full_mk)
     takes = {"offsets": mode != "dense" or bool(full_mk), "ids": mode in ("rows", "tiles"), "bias": has_bias,
-             "row_scale": row_scale, "residual": residual, "split_counters": bool(partial_elems),
-             "split_partials": bool(partial_elems)}
+             "row_scale": row_scale, "residual": residual}
 
     def offsets_shape(M):
         return ((M + BLOCK_M - 1) // BLOCK_M + 1,) if strips else (2,)
@@ -845,14 +761,13 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
 
     @T.prim_func(s_tir=False)
     def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle, row_scale: T.handle,
-               residual: T.handle, split_counters: T.handle, c: T.handle, split_partials: T.handle):
+               residual: T.handle, c: T.handle):
         M = T.int64()
         body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
              T.match_buffer(offsets, offsets_shape(M), "int32"), T.match_buffer(ids, ids_shape(M), "int32"),
              T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype),
-             T.match_buffer(residual, (M, N), out_dtype), T.match_buffer(split_counters, (SMS,), "int32"),
-             T.match_buffer(c, (M, N), out_dtype), T.match_buffer(split_partials, (max(partial_elems, 1),), "float32"))
+             T.match_buffer(residual, (M, N), out_dtype), T.match_buffer(c, (M, N), out_dtype))
 
-    names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "split_counters", "c", "split_partials")
+    names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "c")
     params = [p for name, p in zip(names, kernel.params) if takes.get(name, True)]
     return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)
