@@ -53,6 +53,13 @@ So a rows matmul runs as two tiers chosen on the device by the row count
 persistent CTAs, the idle ones storing the unlisted rows meanwhile.  Both are launched, the
 one not needed returns at once.  4096^3 at 99 % / 95 % of rows empty: kernel 57 -> 47-49 /
 48-54 us (``benchmarks/gpu_matmul.py``, H100, two runs).
+
+Tried and dropped: splitting the few-rows tier's K loop over the idle SMs (partial sums through
+an L2 workspace, the last split of a tile adding them; 665ee14 with ``benchmarks/_few_rows_splits.py``).
+It took 41 rows of 4096^3 from 43.8 to 36.4 us, but the kernel that could split ran ~6 us slower
+wherever it did not (410 rows: 47.7 -> 54.0 us; nvcc recomputed the loop's address arithmetic
+every K tile), and the unlisted rows' stores (a 32 MiB memset alone takes 14.6 us) bound what
+it can gain.
 """
 from __future__ import annotations
 
