@@ -542,9 +542,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     @T.macro
     def index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next):
         """tiles: K tile kt's A columns and B rows from the index entries loaded the iteration
-        before, and the next tile's loaded now: before any cp.async of the iteration (each one
-        orders memory, so a load after one would wait for it; a lookup just before its use cost
-        the tiles kernel a global-load latency per K tile)"""
+        before, and the next tile's loaded now; called before any cp.async of the iteration (each
+        one orders memory, so a load after one would wait for it)"""
         if tiles:
             for j in T.unroll(A_CHUNKS):
                 qa = kt * BK + (tid + THREADS * j) % A_ROW_CHUNKS * 8
