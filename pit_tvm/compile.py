@@ -26,7 +26,7 @@ from .passes.attention import FuseAttention
 from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import import_onnx, load_model
-from .passes.lower import LowerToPIT
+from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
 from .runtime.loader import check_input_shapes, flatten_outputs
 from .target import build, device_for, make_target
 
@@ -160,7 +160,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     lowered = FuseAttention(tgt)(lowered)   # (both builds)
     # one rows index per row mask (LowerToPIT emits the same call for each matmul it masks)
     lowered = relax.transform.EliminateCommonSubexpr()(lowered)
-    lowered = relax.transform.DeadCodeElimination()(lowered)
+    lowered = DropUnusedPrimFuncs(relax.transform.DeadCodeElimination()(lowered))
     ex = build(lowered, tgt, cuda_graph=cuda_graph)
     init = {t.name for t in proto.graph.initializer}
     inputs = [{"name": i.name, "dtype": _onnx_dtype(i), "shape": fixed.get(i.name, _dims(i))}

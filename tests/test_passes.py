@@ -363,6 +363,29 @@ def test_gpu_dense_tensor_core_kernel(in_dtype, out_dtype):
         np.testing.assert_allclose(c.numpy().astype(np.float32), ref, rtol=3e-2, atol=3e-2)
 
 
+def test_lowered_module_keeps_only_the_kernels_it_calls():
+    """LowerToPIT lowers a matmul at its binding and again with its epilogue chain; the first
+    lowering's kernels carry a global symbol, so DeadCodeElimination keeps them, and
+    DropUnusedPrimFuncs (run by compile_onnx) drops them before the build compiles them."""
+    from pit_tvm.passes.lower import DropUnusedPrimFuncs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(fp16_biased_mlp(), "cuda")
+    called = {gv.name_hint for gv in relax.analysis.all_global_vars(cm.lowered["main"])}
+    prims = {gv.name_hint: f for gv, f in cm.lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert any(name.startswith("pit_kernel_") and "_bias" in name for name in prims)   # the chain's kernel
+    assert set(prims) <= called
+    # a kernel no Relax function calls: DeadCodeElimination keeps it, DropUnusedPrimFuncs does not
+    kernel = next(f for name, f in prims.items() if name.startswith("pit_kernel_"))
+    mod = tvm.IRModule(dict(cm.lowered.functions_items()))
+    mod[tvm.ir.GlobalVar("pit_kernel_unused")] = kernel.with_attr("global_symbol", "pit_kernel_unused")
+    kept = relax.transform.DeadCodeElimination()(mod)
+    assert "pit_kernel_unused" in {gv.name_hint for gv in kept.get_global_vars()}
+    assert "pit_kernel_unused" not in {gv.name_hint for gv in DropUnusedPrimFuncs(kept).get_global_vars()}
+    assert set(prims) <= {gv.name_hint for gv in DropUnusedPrimFuncs(kept).get_global_vars()}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("model_fn", [fp16_mlp, fp16_biased_mlp])
 def test_gpu_fp16_mlp_pit_and_dense_match_onnxruntime(model_fn):

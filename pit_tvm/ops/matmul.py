@@ -581,6 +581,9 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     masks = False
     fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)
              and _wgmma_epilogue_applies(k, n, dtype, out_dtype, tgt, bias, activation, row_scale, residual, a_ty))
+    # the epilogue runs in the kernel (rows: bias, activation, row scale, residual; tiles: bias,
+    # residual); the two are exclusive
+    in_kernel = fused or tiles_fused
     few_rows_kernel, epilogue, scaled = None, {}, None
     if is_gpu(tgt) and plan.kind == "rows" and _wgmma_rows(kernel):
         # a row scale that is the index's row mask is zero on every row the index skips
@@ -612,8 +615,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         index_src = a2
     # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
     # a static row count is part of the name: the kernel's tile width may depend on it
-    name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale, residual) if fused or tiles_fused
-                                   else "")
+    name = (f"pit_kernel_{tag}" + (_epilogue_tag(bias, activation, row_scale, residual) if in_kernel else "")
             + ("_masked" if masks else "") + ("_ascale" if epilogue.get("row_scale_a") else "")
             + (f"_m{int(m)}" if isinstance(m, (int, tirx.IntImm)) and is_gpu(tgt) else ""))
     kernel_gv = bb.add_func(kernel.with_attr("pit.micro_tile", [int(x) for x in plan.micro_tile])
@@ -629,8 +631,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
     epilogue_args = ([bias] + _row_scale_arg(bb, row_scale if scaled is None else scaled[1], m, dtype)
-                     + _residual_arg(bb, residual, m, n) if fused else
-                     [bias] + _residual_arg(bb, residual, m, n) if tiles_fused else [])
+                     + _residual_arg(bb, residual, m, n) if in_kernel else [])
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
     if few_rows_kernel is not None:
         # the few-rows tier writes C in place when the many-rows kernel above skipped it
@@ -644,7 +645,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         c = bb.emit(relax.call_tir_inplace(fallback_gv, [a_in, b, offsets] + epilogue_args + [c],
                                            [3 + len(epilogue_args)], relax.TensorType([m, n], out_dtype)))
     c = _from_rows(bb, c, lead, n)
-    return c if fused or tiles_fused else emit_epilogue(bb, c, bias, activation, row_scale, residual)
+    return c if in_kernel else emit_epilogue(bb, c, bias, activation, row_scale, residual)
 
 
 def _wgmma_rows(kernel) -> bool:

@@ -88,7 +88,8 @@ class LowerToPIT:
                 chain = chains.get(op)
                 # bias / activation / row scale / residual after a PIT matmul: lowered again with
                 # the chain (the head's own lowering, emitted at its binding for the case the chain
-                # is not taken, is then dead code for the pipeline's DeadCodeElimination)
+                # is not taken, is then dead code: DeadCodeElimination drops its bindings and
+                # DropUnusedPrimFuncs its kernels)
                 if chain is not None:
                     epilogue = {"bias": chain.bias, "activation": chain.activation,
                                 "row_scale": None if chain.row_scale is None else self.visit_expr(chain.row_scale),
@@ -137,3 +138,18 @@ class LowerToPIT:
         new = lowerer.builder_.get()
         out = tvm.IRModule({gv: f for gv, f in new.functions_items() if gv.name_hint not in pit}, attrs=new.attrs)
         return out
+
+
+@tvm.transform.module_pass(opt_level=0, name="DropUnusedPrimFuncs")
+def DropUnusedPrimFuncs(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N802 - a pass, named like TVM's
+    """Drop the PrimFuncs no Relax function calls (run after ``DeadCodeElimination``).
+
+    Why: :class:`LowerToPIT` lowers a matmul at its own binding and again with its epilogue
+    chain; DeadCodeElimination removes the dead binding but keeps its kernels, which carry a
+    ``global_symbol`` (so the build would compile them: nvcc time, and binary size)."""
+    used = set()
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            used.update(gv.name_hint for gv in relax.analysis.all_global_vars(func))
+    return tvm.IRModule({gv: f for gv, f in mod.functions_items()
+                         if not isinstance(f, tvm.tirx.PrimFunc) or gv.name_hint in used}, attrs=mod.attrs)
