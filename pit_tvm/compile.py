@@ -4,6 +4,7 @@ Pipeline: :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's tra
 become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` ->
 :class:`~pit_tvm.passes.LowerToPIT` -> :class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
 remaining matmuls on the PIT kernels' dense twin: tensor-core tiles on CUDA, the CPU schedule) ->
+:class:`~pit_tvm.passes.ListStripsInProducer` (a strips index in its producer's epilogue) ->
 :class:`~pit_tvm.passes.FuseAttention` (sm_90a: softmax attention in one kernel) -> ``DeadCodeElimination``
 -> :func:`pit_tvm.target.build` (``tvm.compile``; on CUDA it applies the dlight default schedules
 to the other operators).
@@ -27,6 +28,7 @@ from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
+from .passes.strips import ListStripsInProducer
 from .runtime.loader import check_input_shapes, flatten_outputs
 from .target import build, device_for, make_target
 
@@ -157,6 +159,8 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
                 n["reason"] += "; op layer unavailable"
     # dense matmuls on the PIT kernels' dense twin (PIT-off builds too)
     lowered = DenseMatmulToPITKernels(tgt)(lowered)
+    # a PIT matmul's strips index in the epilogue of the dense kernel producing its operand
+    lowered = ListStripsInProducer()(lowered)
     lowered = FuseAttention(tgt)(lowered)   # (both builds)
     # one rows index per row mask (LowerToPIT emits the same call for each matmul it masks)
     lowered = relax.transform.EliminateCommonSubexpr()(lowered)

@@ -1026,3 +1026,20 @@ def emit_epilogue(bb, c, bias=None, activation=None, row_scale=None, residual=No
     if residual is not None:
         c = bb.emit(relax.op.add(c, residual))
     return c
+
+
+def strips_listing_producer(producer, strip_list):
+    """The dense wgmma kernel ``producer`` (a PrimFunc) made to also do, in its epilogue, what
+    the one-pass strips index ``strip_list`` (:func:`pit_tvm.schedules.wgmma_strips.strip_list_func`)
+    does on its output C (:func:`pit_tvm.schedules.wgmma.wgmma_row_gather_func`'s ``strips_mk``);
+    None when they do not fit together: not such kernels, C's columns not the index's K, or
+    C's dtype not the index's."""
+    from pit_tvm.schedules.wgmma import dense_kernel_args, wgmma_row_gather_func
+    from pit_tvm.schedules.wgmma_strips import LIST_ATTR
+
+    args = dense_kernel_args(producer)
+    listing = strip_list.attrs[LIST_ATTR] if strip_list.attrs is not None and LIST_ATTR in strip_list.attrs else None
+    if (args is None or listing is None or args["strips_mk"] or int(listing["k"]) != args["n"]
+            or str(listing["dtype"]) != args["out_dtype"]):
+        return None
+    return wgmma_row_gather_func(**dict(args, strips_mk=int(listing["mk"])))

@@ -1,6 +1,7 @@
 """Relax passes: merge matmuls that share an input (``CombineParallelMatmuls``), find dynamic
 sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels (``LowerToPIT``), put the
-dense matmuls on the PIT kernels' dense twin (``DenseMatmulToPITKernels``), fuse attention on the
+dense matmuls on the PIT kernels' dense twin (``DenseMatmulToPITKernels``), build a strips index in
+the epilogue of the kernel producing its operand (``ListStripsInProducer``), fuse attention on the
 H100 (``FuseAttention``); ``import_onnx`` imports
 ONNX keeping tensor names. Compiler-side only."""
 from importlib import import_module
@@ -12,6 +13,7 @@ _PUBLIC = {
     "DenseMatmulToPITKernels": "pit_tvm.passes.dense",
     "CombineParallelMatmuls": "pit_tvm.passes.combine",
     "FuseAttention": "pit_tvm.passes.attention",
+    "ListStripsInProducer": "pit_tvm.passes.strips",
     "import_onnx": "pit_tvm.passes.frontend",
 }
 

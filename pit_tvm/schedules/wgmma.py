@@ -70,13 +70,15 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
+from pit_tvm.index._tile_kernels import STATE_DTYPE, UNITS_SCALE, nz_bits
 from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
            "wgmma_few_rows_tier",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
-           "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx"]
+           "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
+           "dense_kernel_args"]
 
 #: the only arch with wgmma (the ``a`` suffix: arch-specific features, H100 / H200)
 WGMMA_ARCH = "sm_90a"
@@ -210,7 +212,7 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
                           config: WgmmaConfig | None = None, gelu: bool = False,
                           row_scale: bool = False, row_scale_masks: bool = False,
                           residual: bool = False, rows_above: int = 0, rows_upto: int = 0,
-                          row_scale_a: bool = False) -> tirx.PrimFunc:
+                          row_scale_a: bool = False, strips_mk: int = 0) -> tirx.PrimFunc:
     """The lowered wgmma row-gather (or, ``dense=True``, plain) matmul PrimFunc; ``M`` is a
     symbolic int64, K and N compile-time.  Epilogue: ``bias`` (a ``[N]`` parameter), then
     ``relu`` or ``gelu`` (erf form), then ``row_scale`` (a ``[M]`` parameter after the bias,
@@ -226,7 +228,14 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
 
     The two tiers of :func:`wgmma_few_rows_tier`, each writing all of C when it runs and
     nothing otherwise: ``rows_above=F`` runs when the index lists more than F rows,
-    ``rows_upto=F`` when it lists at most F (on :data:`SMS` persistent CTAs)."""
+    ``rows_upto=F`` when it lists at most F (on :data:`SMS` persistent CTAs).
+
+    ``strips_mk`` (dense, fp16/bf16 out): the epilogue also builds the one-pass strips index of
+    C (:func:`pit_tvm.schedules.wgmma_strips.strip_list_func` on C, for ``(128, strips_mk)``
+    micro-tiles) from the staged tile, so a PIT matmul consuming C need not read it again:
+    the function takes the strips' ``state`` after the epilogue's inputs and writes ``counts``,
+    ``strip_ids`` (and, for micro-tiles under 16 bytes, the compacted ``ac``) after ``c``.
+    Dense kernels carry :data:`DENSE_ATTR`, the arguments that rebuild them."""
     if rows_above and rows_upto:
         raise ValueError("rows_above and rows_upto are the two tiers: one kernel is one of them")
     if dense and (rows_above or rows_upto):
@@ -248,14 +257,39 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
         raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
     if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
         raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
+    if strips_mk and (not dense or dtype_bytes(out_dtype) != 2 or 64 % int(strips_mk)):
+        raise ValueError(f"strips_mk lists a dense kernel's fp16/bf16 C in micro-tiles dividing 64 columns, "
+                         f"got strips_mk={strips_mk}, dense={dense}, {out_dtype}")
     act = "relu" if relu else ("gelu" if gelu else None)
     func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, "dense" if dense else "rows",
                    config, row_scale=bool(row_scale), row_scale_masks=bool(row_scale_masks),
                    residual=bool(residual), rows_above=int(rows_above), rows_upto=int(rows_upto),
-                   row_scale_a=bool(row_scale_a))
+                   row_scale_a=bool(row_scale_a), strips_mk=int(strips_mk))
     func = lower_tirx(func, _TARGET)
+    if dense:
+        return func.with_attr(DENSE_ATTR, {
+            "k": int(k), "n": int(n), "in_dtype": in_dtype, "out_dtype": out_dtype, "bias": bool(bias),
+            "relu": bool(relu), "gelu": bool(gelu), "row_scale": bool(row_scale), "residual": bool(residual),
+            "row_scale_a": bool(row_scale_a), "block_n": config.block_n, "stages": config.stages,
+            "block_k": config.block_k, "strips_mk": int(strips_mk)})
     # (the op layer looks for it: the rows kernel may be split into the two row-count tiers)
-    return func if dense else func.with_attr("pit.wgmma_rows", True)
+    return func.with_attr("pit.wgmma_rows", True)
+
+
+#: the attr of a dense wgmma kernel: the arguments of :func:`wgmma_row_gather_func` that made it
+DENSE_ATTR = "pit.wgmma_dense"
+
+
+def dense_kernel_args(func) -> dict | None:
+    """The keyword arguments of :func:`wgmma_row_gather_func` that rebuild the dense kernel
+    ``func`` (``config`` a :class:`WgmmaConfig`), or None for any other PrimFunc."""
+    attrs = func.attrs
+    if attrs is None or DENSE_ATTR not in attrs:
+        return None
+    args = {key: (str(v) if key.endswith("dtype") else int(v)) for key, v in attrs[DENSE_ATTR].items()}
+    config = WgmmaConfig(args.pop("block_n"), args.pop("stages"), args.pop("block_k"))
+    flags = ("bias", "relu", "gelu", "row_scale", "residual", "row_scale_a")
+    return dict(args, **{f: bool(args[f]) for f in flags}, config=config, dense=True)
 
 
 #: the few-rows tier's ring depth by tile width (H100, 4096^3 fp16 rows, one wave of CTAs:
@@ -405,13 +439,15 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
 
 def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
             full_mk=0, row_scale=False, row_scale_masks=False, residual=False, rows_above=0, rows_upto=0,
-            row_scale_a=False):
+            row_scale_a=False, strips_mk=0):
     """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
     (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
     runs only when it lists every one (:func:`wgmma_dense_fallback_func`).  Rows: ``rows_above``
     runs only when the index lists more rows than that, ``rows_upto`` only when it lists at
-    most that many, on a persistent grid (:func:`wgmma_few_rows_tier`)."""
+    most that many, on a persistent grid (:func:`wgmma_few_rows_tier`).  ``strips_mk`` (dense):
+    the epilogue also builds the strips index of C for ``(128, strips_mk)`` micro-tiles (see
+    :func:`wgmma_row_gather_func`)."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK
@@ -435,6 +471,20 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     C_CHUNKS = BM * BN // C_VEC // THREADS
     C_ROW_CHUNKS = BN // C_VEC
     smem_elems = cfg.smem_bytes(out_dtype) // 2   # the ring, or the staged C tile after it
+    strips = strips_mk > 0
+    # strips: the listing's scratch (int32 words) after the staged C tile: a flag per micro-tile
+    # of the CTA's columns, the tile column of each output slot, each warp's listed count, and
+    # (base, last) of the CTA's atomic add
+    S_NMT = BN // strips_mk if strips else 0         # micro-tiles per CTA
+    S_MKT = N // strips_mk if strips else 0          # micro-tiles per strip of C
+    S_COMPACT = strips and needs_compaction(strips_mk, out_dtype)
+    S_LISTED = (_c_stage_elems(BN, out_dtype) * dtype_bytes(out_dtype) + 3) // 4
+    S_SRC = S_LISTED + S_NMT
+    S_WARPS = S_SRC + BN
+    S_INFO = S_WARPS + THREADS // 32
+    NZ_WORDS = (BN // 8 * 2 + 31) // 32     # bit 2 nb + e: this thread's column 8 nb + 2 (l % 4) + e
+    if strips:
+        smem_elems = max(smem_elems, (S_INFO + 2) * 2)
     t = _PTX_TYPE[in_dtype]
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{t}.{t}"
     # descriptor offsets are in 16-byte units: A (K-major, 128B swizzle): 8-row groups 1024 B
@@ -444,6 +494,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     A_SWIZZLE = _SWIZZLE_128B if BK == 64 else _SWIZZLE_64B
     B_LBO, B_SBO = BK * 128 // 16, 1024 // 16
     zero_out = tirx.const(0, out_dtype)
+    nz_of = nz_bits(out_dtype)
 
     def activation(v):
         if act == "relu":
@@ -580,8 +631,74 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 b_valid(OFF, bm, kt * BK + kr)))
 
     @T.macro
+    def list_tile(bn, bm, tid, smem, ST, nzw, ballot, sloc, old):
+        """strips, first half (before the SWrite, which then hides the atomic's latency): the
+        micro-tiles of this CTA's columns that a row of C makes non-zero, each one's rank among
+        them (a warp ballot, then the warps' counts), their output slots' tile columns, and the
+        atomic add that places them in the strip (sloc: mine, rank in the warp, rank, listed)"""
+        for nb in T.unroll(BN // 8):
+            for e in T.unroll(2):
+                if T.bitwise_and(T.shift_right(nzw[(nb * 2 + e) // 32], T.uint32((nb * 2 + e) % 32)), T.uint32(1)) != T.uint32(0):
+                    smem.view("int32")[S_LISTED + (nb * 8 + (tid % 4) * 2 + e) // strips_mk] = 1   # (all write 1)
+        T.cuda.cta_sync()
+        sloc[0] = 0
+        if tid < S_NMT:
+            sloc[0] = smem.view("int32")[S_LISTED + tid]
+        ballot[0] = T.call_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), sloc[0] != 0)
+        sloc[1] = T.Cast("int32", T.popcount(T.bitwise_and(
+            ballot[0], T.shift_left(T.uint32(1), T.Cast("uint32", tid % 32)) - T.uint32(1))))
+        if tid % 32 == 0:
+            smem.view("int32")[S_WARPS + tid // 32] = T.Cast("int32", T.popcount(ballot[0]))
+        T.cuda.cta_sync()
+        sloc[2] = sloc[1]
+        sloc[3] = 0
+        for i in T.unroll(THREADS // 32):
+            sloc[3] = sloc[3] + smem.view("int32")[S_WARPS + i]
+            if i < tid // 32:
+                sloc[2] = sloc[2] + smem.view("int32")[S_WARPS + i]
+        if S_COMPACT:
+            if sloc[0] != 0:
+                for e in T.unroll(strips_mk):
+                    smem.view("int32")[S_SRC + sloc[2] * strips_mk + e] = tid * strips_mk + e
+        if tid == 0:
+            old[0] = T.cuda.atomic_add(T.address_of(ST[bm]), T.Cast(STATE_DTYPE, sloc[3]) + T.float64(UNITS_SCALE))
+
+    @T.macro
+    def place_tile(bn, bm, tid, m, p0, smem, ST, CNT, SIDS, AC, sloc, old):
+        """strips, second half: the listed micro-tiles' ids at the CTA's base in the strip's list,
+        (compacting) their columns of the staged C tile into Ac at the same positions, a warp
+        per row; the strip's last CTA writes its count, Ac's zeros up to the next 16-byte chunk,
+        and a zero state (sloc[4:6]: base, last)"""
+        if tid == 0:
+            smem.view("int32")[S_INFO] = T.Cast("int32", old[0] - T.floor(old[0] / T.float64(UNITS_SCALE))
+                                                * T.float64(UNITS_SCALE))
+            smem.view("int32")[S_INFO + 1] = T.Cast(
+                "int32", T.floor(old[0] / T.float64(UNITS_SCALE)) + T.float64(1) == T.float64(N // BN))
+        T.cuda.cta_sync()
+        sloc[4] = smem.view("int32")[S_INFO]
+        sloc[5] = smem.view("int32")[S_INFO + 1]
+        if sloc[0] != 0:
+            SIDS[bm * S_MKT + sloc[4] + sloc[2]] = bn * S_NMT + tid
+        if S_COMPACT:
+            for rr in T.serial(BM // (THREADS // 32)):
+                for t in T.serial((sloc[3] * strips_mk + 31) // 32):
+                    if T.And(tid % 32 + 32 * t < sloc[3] * strips_mk, p0 + tid // 32 + 8 * rr < m):
+                        AC[p0 + tid // 32 + 8 * rr, sloc[4] * strips_mk + tid % 32 + 32 * t] = smem.view(out_dtype)[
+                            (tid // 32 + 8 * rr) * C_ROW + smem.view("int32")[S_SRC + tid % 32 + 32 * t]]
+        if sloc[5] != 0:
+            if S_COMPACT:
+                if tid < 8:
+                    if (sloc[4] + sloc[3]) * strips_mk + tid < ((sloc[4] + sloc[3]) * strips_mk + 7) // 8 * 8:
+                        for i in T.serial(BM):
+                            if p0 + i < m:
+                                AC[p0 + i, (sloc[4] + sloc[3]) * strips_mk + tid] = zero_out
+            if tid == 0:
+                CNT[bm] = sloc[4] + sloc[3]
+                ST[bm] = T.float64(0)
+
+    @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b):
+             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, nzw, val, ballot, sloc, old):
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
@@ -652,15 +769,34 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 for i in T.unroll(2):
                     rs_val[i] = T.Cast("float32", RS[row_of(IDS, T.min(p0 + wg * 64 + w * 16 + lane // 4 + 8 * i,
                                                                        m - 1))])
+            if strips:
+                # (the listing's flags: the K loop's ring held them)
+                if tid < S_NMT:
+                    smem.view("int32")[S_LISTED + tid] = 0
+                for j in T.unroll(NZ_WORDS):
+                    nzw[j] = T.uint32(0)
             for nb in T.unroll(BN // 8):
                 for i in T.unroll(2):
-                    # (no assignment in a vectorized loop: TIRx makes it a one-element local)
-                    for e in T.vectorized(2):
-                        smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
-                                             + nb * 8 + (lane % 4) * 2 + e] = epilogue(
-                            acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
+                    if strips:
+                        # each value also sets its column's bit where it is non-zero in a row of C
+                        for e in T.unroll(2):
+                            val[0] = epilogue(acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e,
+                                              rs_val[i])
+                            smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
+                                                 + nb * 8 + (lane % 4) * 2 + e] = val[0]
+                            nzw[(nb * 2 + e) // 32] = T.bitwise_or(nzw[(nb * 2 + e) // 32], T.if_then_else(
+                                T.And(p0 + wg * 64 + w * 16 + lane // 4 + 8 * i < m, nz_of(val[0]) != 0),
+                                T.shift_left(T.uint32(1), T.uint32((nb * 2 + e) % 32)), T.uint32(0)))
+                    else:
+                        # (no assignment in a vectorized loop: TIRx makes it a one-element local)
+                        for e in T.vectorized(2):
+                            smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
+                                                 + nb * 8 + (lane % 4) * 2 + e] = epilogue(
+                                acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
             T.cuda.cta_sync()
         T.cuda.cta_sync()
+        if strips:
+            list_tile(bn, bm, tid, smem, ST, nzw, ballot, sloc, old)
         if has_bias and not row_scale and mode == "rows":
             # the value of a zero row (unlisted rows: epilogue(0), the same for every row)
             for j in T.unroll((BN + THREADS - 1) // THREADS):
@@ -699,9 +835,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 else:     # no bias, or a row scale that is zero wherever the index skips a row
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = zero_out
+        if strips:
+            place_tile(bn, bm, tid, m, p0, smem, ST, CNT, SIDS, AC, sloc, old)
 
     @T.macro
-    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C):
+    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
         T.device_entry()
         if persistent:
             cta = T.cta_id([SMS])
@@ -720,6 +858,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         b_row_next = T.alloc_local([B_CHUNKS], "int32")
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
+        nzw = T.alloc_local([max(NZ_WORDS, 1)], "uint32")   # strips: this thread's columns' non-zero bits
+        val = T.alloc_local([1], out_dtype)                 # strips: one staged value
+        ballot = T.alloc_local([1], "uint32")
+        sloc = T.alloc_local([6], "int32")                  # strips: mine, warp rank, rank, listed, base, last
+        old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         m = T.Cast("int32", M)
         if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
@@ -737,27 +880,32 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         T.And(idle_only, cta < tc), 1, (T.max(total - cta, 0) + stride - 1) // stride))):
                 tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
-                     b_row_id, a_col_next, b_row_next, desc_a, desc_b)
+                     b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, nzw, val, ballot, sloc, old)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b)
+                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, nzw, val, ballot, sloc,
+                 old)
 
     return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale or row_scale_a,
-                      residual)
+                      residual, S_MKT, S_COMPACT)
 
 
 def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False,
-               residual=False):
+               residual=False, strips_mkt=0, strips_compact=False):
     """The PrimFunc around ``body`` with exactly the parameters its variant takes, in the order
-    ``a, b[, offsets][, ids][, bias][, row_scale][, residual], c``: the index unless dense (the
-    dense fallback, ``full_mk``, takes the tiles index's ``offsets`` alone and writes ``c`` in
-    place), then the epilogue's inputs.  ``body``'s operands: ``M, A, B, offsets, ids, bias,
-    row_scale, residual, C``; it reads none that its variant does not take, so those parameters
-    are dropped from the function built with all of them."""
+    ``a, b[, offsets][, ids][, bias][, row_scale][, residual][, state], c[, counts, strip_ids[,
+    ac]]``: the index unless dense (the dense fallback, ``full_mk``, takes the tiles index's
+    ``offsets`` alone and writes ``c`` in place), then the epilogue's inputs; a dense kernel
+    that lists C's strips (``strips_mkt`` micro-tiles a strip) takes their state and writes
+    the strips index (and, ``strips_compact``, the compacted C) after C.  ``body``'s operands:
+    ``M, A, B, offsets, ids, bias, row_scale, residual, C, state, counts, strip_ids, ac``; it
+    reads none that its variant does not take, so those parameters are dropped from the
+    function built with all of them."""
     strips = mode == "tiles" or bool(full_mk)
     takes = {"offsets": mode != "dense" or bool(full_mk), "ids": mode in ("rows", "tiles"), "bias": has_bias,
-             "row_scale": row_scale, "residual": residual}
+             "row_scale": row_scale, "residual": residual, "state": bool(strips_mkt),
+             "counts": bool(strips_mkt), "strip_ids": bool(strips_mkt), "ac": strips_compact}
 
     def offsets_shape(M):
         return ((M + BLOCK_M - 1) // BLOCK_M + 1,) if strips else (2,)
@@ -765,15 +913,22 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
     def ids_shape(M):
         return ((M + BLOCK_M - 1) // BLOCK_M * mkt,) if mode == "tiles" else (M,)
 
+    def strips_of(M):
+        return (M + BLOCK_M - 1) // BLOCK_M
+
     @T.prim_func(s_tir=False)
     def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle, row_scale: T.handle,
-               residual: T.handle, c: T.handle):
+               residual: T.handle, state: T.handle, c: T.handle, counts: T.handle, strip_ids: T.handle,
+               ac: T.handle):
         M = T.int64()
         body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
              T.match_buffer(offsets, offsets_shape(M), "int32"), T.match_buffer(ids, ids_shape(M), "int32"),
              T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype),
-             T.match_buffer(residual, (M, N), out_dtype), T.match_buffer(c, (M, N), out_dtype))
+             T.match_buffer(residual, (M, N), out_dtype), T.match_buffer(c, (M, N), out_dtype),
+             T.match_buffer(state, (strips_of(M),), STATE_DTYPE), T.match_buffer(counts, (strips_of(M),), "int32"),
+             T.match_buffer(strip_ids, (strips_of(M) * max(strips_mkt, 1),), "int32"),
+             T.match_buffer(ac, (M, N), out_dtype))
 
-    names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "c")
+    names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "state", "c", "counts", "strip_ids", "ac")
     params = [p for name, p in zip(names, kernel.params) if takes.get(name, True)]
     return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)

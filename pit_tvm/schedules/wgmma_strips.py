@@ -44,7 +44,7 @@ from tvm.script import tirx as T
 from pit_tvm.index._tile_kernels import STATE_DTYPE, UNITS_SCALE, nz_bits
 from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx
 
-__all__ = ["STATE_DTYPE", "strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
+__all__ = ["LIST_ATTR", "STATE_DTYPE", "strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
 
 #: A's columns per CTA: 128 rows x 64 = 16 KiB of fp16.  (256 columns per CTA, all 16 loads of
 #: a thread issued first and a warp-shuffle rank, measured slower on the H100 at 4096 x 4096:
@@ -55,6 +55,9 @@ VEC = 8                   # elements per 16-byte load
 CHUNKS = COLS // VEC      # 16-byte chunks per tile row
 LOADS = BLOCK_M * CHUNKS // THREADS      # 16-byte loads per thread (4)
 SLOT_ROWS = THREADS // COLS              # rows one pass of the column stores covers (4)
+#: the attr of :func:`strip_list_func`'s kernels: its K, mk and dtype (a pass that lists the
+#: strips in the producer's epilogue instead looks for it)
+LIST_ATTR = "pit.strip_list"
 
 
 def strips_apply(k: int, mk: int, in_dtype: str) -> bool:
@@ -200,7 +203,7 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
                  T.match_buffer(counts, (strip_state_words(M),), "int32"),
                  T.match_buffer(strip_ids, (strip_state_words(M) * MKT,), "int32"), None)
 
-    return lower_tirx(kernel, _TARGET)
+    return lower_tirx(kernel, _TARGET).with_attr(LIST_ATTR, {"k": K, "mk": MK, "dtype": in_dtype})
 
 
 @functools.lru_cache(maxsize=32)
