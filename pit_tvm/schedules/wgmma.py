@@ -70,7 +70,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.index._tile_kernels import STATE_DTYPE, UNITS_SCALE, nz_bits
+from pit_tvm.index._tile_kernels import STATE_DTYPE, UNITS_SCALE
 from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
@@ -482,7 +482,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     S_SRC = S_LISTED + S_NMT
     S_WARPS = S_SRC + BN
     S_INFO = S_WARPS + THREADS // 32
-    NZ_WORDS = (BN // 8 * 2 + 31) // 32     # bit 2 nb + e: this thread's column 8 nb + 2 (l % 4) + e
     if strips:
         smem_elems = max(smem_elems, (S_INFO + 2) * 2)
     t = _PTX_TYPE[in_dtype]
@@ -494,7 +493,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     A_SWIZZLE = _SWIZZLE_128B if BK == 64 else _SWIZZLE_64B
     B_LBO, B_SBO = BK * 128 // 16, 1024 // 16
     zero_out = tirx.const(0, out_dtype)
-    nz_of = nz_bits(out_dtype)
 
     def activation(v):
         if act == "relu":
@@ -631,15 +629,28 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 b_valid(OFF, bm, kt * BK + kr)))
 
     @T.macro
-    def list_tile(bn, bm, tid, smem, ST, nzw, ballot, sloc, old):
+    def list_tile(bn, bm, tid, m, smem, ST, orw, ballot, sloc, old):
         """strips, first half (before the SWrite, which then hides the atomic's latency): the
         micro-tiles of this CTA's columns that a row of C makes non-zero, each one's rank among
         them (a warp ballot, then the warps' counts), their output slots' tile columns, and the
         atomic add that places them in the strip (sloc: mine, rank in the warp, rank, listed)"""
-        for nb in T.unroll(BN // 8):
-            for e in T.unroll(2):
-                if T.bitwise_and(T.shift_right(nzw[(nb * 2 + e) // 32], T.uint32((nb * 2 + e) % 32)), T.uint32(1)) != T.uint32(0):
-                    smem.view("int32")[S_LISTED + (nb * 8 + (tid % 4) * 2 + e) // strips_mk] = 1   # (all write 1)
+        # the staged tile's 16-byte chunks as the SWrite reads them (chunk tid % (BN / 8) of rows
+        # tid / (BN / 8) + (2048 / BN) j), OR-ed over this thread's rows of C without their sign
+        # bits: half h of word e is non-zero where column 8 chunk + 2 e + h is in one of them
+        for e in T.unroll(4):
+            orw[e] = T.uint32(0)
+        for j in T.unroll(C_CHUNKS):
+            for e in T.unroll(4):
+                # (rows past M masked, not skipped: the four loads stay one 16-byte load)
+                orw[e] = T.bitwise_or(orw[e], T.bitwise_and(
+                    smem.view("uint32")[((tid + THREADS * j) // C_ROW_CHUNKS * C_ROW
+                                         + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC) // 2 + e],
+                    T.if_then_else(bm * BM + (tid + THREADS * j) // C_ROW_CHUNKS < m, T.uint32(0xFFFFFFFF),
+                                   T.uint32(0))))
+        for e in T.unroll(4):
+            for h in T.unroll(2):
+                if T.bitwise_and(T.shift_right(orw[e], T.uint32(16 * h)), T.uint32(0x7FFF)) != T.uint32(0):
+                    smem.view("int32")[S_LISTED + (tid % C_ROW_CHUNKS * C_VEC + 2 * e + h) // strips_mk] = 1  # (all write 1)
         T.cuda.cta_sync()
         sloc[0] = 0
         if tid < S_NMT:
@@ -680,11 +691,15 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         if sloc[0] != 0:
             SIDS[bm * S_MKT + sloc[4] + sloc[2]] = bn * S_NMT + tid
         if S_COMPACT:
-            for rr in T.serial(BM // (THREADS // 32)):
-                for t in T.serial((sloc[3] * strips_mk + 31) // 32):
-                    if T.And(tid % 32 + 32 * t < sloc[3] * strips_mk, p0 + tid // 32 + 8 * rr < m):
-                        AC[p0 + tid // 32 + 8 * rr, sloc[4] * strips_mk + tid % 32 + 32 * t] = smem.view(out_dtype)[
-                            (tid // 32 + 8 * rr) * C_ROW + smem.view("int32")[S_SRC + tid % 32 + 32 * t]]
+            # output slot l + 32 t of rows w + 8 rr (warp w, lane l): every row's load of a slot
+            # issued together
+            for t in T.serial((sloc[3] * strips_mk + 31) // 32):
+                if tid % 32 + 32 * t < sloc[3] * strips_mk:
+                    sloc[6] = smem.view("int32")[S_SRC + tid % 32 + 32 * t]
+                    for rr in T.unroll(BM // (THREADS // 32)):
+                        if p0 + tid // 32 + 8 * rr < m:
+                            AC[p0 + tid // 32 + 8 * rr, sloc[4] * strips_mk + tid % 32 + 32 * t] = \
+                                smem.view(out_dtype)[(tid // 32 + 8 * rr) * C_ROW + sloc[6]]
         if sloc[5] != 0:
             if S_COMPACT:
                 if tid < 8:
@@ -698,7 +713,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
 
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, nzw, val, ballot, sloc, old):
+             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old):
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
@@ -773,30 +788,17 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 # (the listing's flags: the K loop's ring held them)
                 if tid < S_NMT:
                     smem.view("int32")[S_LISTED + tid] = 0
-                for j in T.unroll(NZ_WORDS):
-                    nzw[j] = T.uint32(0)
             for nb in T.unroll(BN // 8):
                 for i in T.unroll(2):
-                    if strips:
-                        # each value also sets its column's bit where it is non-zero in a row of C
-                        for e in T.unroll(2):
-                            val[0] = epilogue(acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e,
-                                              rs_val[i])
-                            smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
-                                                 + nb * 8 + (lane % 4) * 2 + e] = val[0]
-                            nzw[(nb * 2 + e) // 32] = T.bitwise_or(nzw[(nb * 2 + e) // 32], T.if_then_else(
-                                T.And(p0 + wg * 64 + w * 16 + lane // 4 + 8 * i < m, nz_of(val[0]) != 0),
-                                T.shift_left(T.uint32(1), T.uint32((nb * 2 + e) % 32)), T.uint32(0)))
-                    else:
-                        # (no assignment in a vectorized loop: TIRx makes it a one-element local)
-                        for e in T.vectorized(2):
-                            smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
-                                                 + nb * 8 + (lane % 4) * 2 + e] = epilogue(
-                                acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
+                    # (no assignment in a vectorized loop: TIRx makes it a one-element local)
+                    for e in T.vectorized(2):
+                        smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
+                                             + nb * 8 + (lane % 4) * 2 + e] = epilogue(
+                            acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
             T.cuda.cta_sync()
         T.cuda.cta_sync()
         if strips:
-            list_tile(bn, bm, tid, smem, ST, nzw, ballot, sloc, old)
+            list_tile(bn, bm, tid, m, smem, ST, orw, ballot, sloc, old)
         if has_bias and not row_scale and mode == "rows":
             # the value of a zero row (unlisted rows: epilogue(0), the same for every row)
             for j in T.unroll((BN + THREADS - 1) // THREADS):
@@ -858,10 +860,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         b_row_next = T.alloc_local([B_CHUNKS], "int32")
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
-        nzw = T.alloc_local([max(NZ_WORDS, 1)], "uint32")   # strips: this thread's columns' non-zero bits
-        val = T.alloc_local([1], out_dtype)                 # strips: one staged value
+        orw = T.alloc_local([4], "uint32")                  # strips: this thread's chunks of C, OR-ed
         ballot = T.alloc_local([1], "uint32")
-        sloc = T.alloc_local([6], "int32")                  # strips: mine, warp rank, rank, listed, base, last
+        sloc = T.alloc_local([7], "int32")     # strips: mine, warp rank, rank, listed, base, last, a slot's column
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         m = T.Cast("int32", M)
         if persistent:
@@ -880,12 +881,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         T.And(idle_only, cta < tc), 1, (T.max(total - cta, 0) + stride - 1) // stride))):
                 tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
-                     b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, nzw, val, ballot, sloc, old)
+                     b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, nzw, val, ballot, sloc,
-                 old)
+                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old)
 
     return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale or row_scale_a,
                       residual, S_MKT, S_COMPACT)
