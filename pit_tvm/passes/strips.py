@@ -58,8 +58,8 @@ class ListStripsInProducer:
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
         make = self.make or _default_make()
-        zeros = tvm.ir.Op.get("relax.zeros")
         plans = {}     # producer var -> (listing var, fused PrimFunc, state value or constant)
+        fused_calls = {}   # listing var -> the fused call's var (filled while rewriting)
 
         def plan(func):
             g = FuncGraph(func)
@@ -76,7 +76,7 @@ class ListStripsInProducer:
                     continue
                 if isinstance(state, relax.Var):
                     state = g.bound.get(state)
-                    if op_name(state) != "relax.zeros" or not state.op.same_as(zeros):
+                    if op_name(state) != "relax.zeros":
                         continue
                 elif not isinstance(state, tvm.ir.GenericConst):
                     continue
@@ -86,8 +86,6 @@ class ListStripsInProducer:
 
         @relax.expr_functor.mutator
         class _Fuse(relax.PyExprMutator):
-            listed = {}
-
             def visit_var_binding_(self, binding):
                 var = binding.var
                 if var in plans:
@@ -100,10 +98,10 @@ class ListStripsInProducer:
                     out = self.builder_.emit(relax.call_tir(fused_gv, args + [state_arg],
                                                             [var.ty] + list(listing_var.ty.fields)))
                     self.set_var_remap(var, self.builder_.emit(relax.TupleGetItem(out, 0)))
-                    self.listed[listing_var] = out
+                    fused_calls[listing_var] = out
                     return
-                if var in self.listed:
-                    out = self.listed[var]
+                if var in fused_calls:
+                    out = fused_calls[var]
                     fields = [relax.TupleGetItem(out, i + 1) for i in range(len(var.ty.fields))]
                     self.set_var_remap(var, self.builder_.emit(relax.Tuple(fields)))
                     return

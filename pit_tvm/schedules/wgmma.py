@@ -37,6 +37,10 @@ One CTA = 2 warpgroups (256 threads) computes a 128 x BN tile of compacted rows:
     SWrite  acc -> epilogue (bias, relu / gelu, row scale, cast) -> C_s[128, BN + pad] -> 16 B stores to rows
             ids[p] of C (epilogue(0) for count <= p < M), + residual
 
+A dense kernel can also list its C's 128-row strips for a PIT matmul reading C (``strips_mk``,
+:func:`wgmma_row_gather_func`): the staged tile's chunks flag its non-zero columns, and the
+listed ones are placed in the strip by one atomic add per CTA while the SWrite stores.
+
 Shared memory per CTA: STAGES * (128 * 64 + 64 * BN) * 2 bytes (BN=256, 4 stages: 192 KiB).
 (``WgmmaConfig.block_k=32``: 32-deep K tiles, A rows of 64 B with the 64-byte swizzle, chunk c
 of row r at c ^ (r / 2 % 4); measured slower, kept for rows / dense as a tuning knob.)
