@@ -63,7 +63,11 @@ an L2 workspace, the last split of a tile adding them; 665ee14 with ``benchmarks
 It took 41 rows of 4096^3 from 43.8 to 36.4 us, but the kernel that could split ran ~6 us slower
 wherever it did not (410 rows: 47.7 -> 54.0 us; nvcc recomputed the loop's address arithmetic
 every K tile), and the unlisted rows' stores (a 32 MiB memset alone takes 14.6 us) bound what
-it can gain.
+it can gain.  Also tried: launching the tiles kernel's CTAs strip-major, so that the CTAs
+running together share B's N tiles (4aa3458, ``benchmarks/_tiles_raster.py``): the FFN's fc2
+61.0 against 60.4 us.  ncu on that kernel (``benchmarks/_ncu_tiles_ffn.py``): DRAM 34 % and SM
+54 % of peak, L2 hit rate 67 % (the dense kernel of the shape: 19 %, 76 %, 81 %): neither
+memory nor tensor cores bound it; ~1.3 us per K tile under ncu against 0.93 dense.
 """
 from __future__ import annotations
 
@@ -137,9 +141,6 @@ def wgmma_applies(k: int, n: int, in_dtype: str, out_dtype: str, arch: str) -> b
 TILE_SPEED = {256: 1.0, 192: 0.92, 128: 0.82, 64: 0.6}
 #: SMs of the H100 SXM: CTAs past a multiple of it start a new wave
 SMS = 132
-#: the tiles kernel's CTAs launch strip-major (every strip's CTA of one N tile, then the next
-#: N tile), so that the CTAs running together read the same N tiles of B
-TILES_STRIPS_FASTEST = True
 #: deepest ring: on the H100 4 stages beat 6 at every N (128 x 6: 283-295 us vs 266)
 MAX_STAGES = 4
 
@@ -852,8 +853,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         T.device_entry()
         if persistent:
             cta = T.cta_id([SMS])
-        elif tiles and TILES_STRIPS_FASTEST:
-            bm, bn = T.cta_id([T.Cast("int32", (M + BM - 1) // BM), N // BN])
         else:
             bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
         tid = T.thread_id([THREADS])
