@@ -67,7 +67,10 @@ it can gain.  Also tried: launching the tiles kernel's CTAs strip-major, so that
 running together share B's N tiles (4aa3458, ``benchmarks/_tiles_raster.py``): the FFN's fc2
 61.0 against 60.4 us.  ncu on that kernel (``benchmarks/_ncu_tiles_ffn.py``): DRAM 34 % and SM
 54 % of peak, L2 hit rate 67 % (the dense kernel of the shape: 19 %, 76 %, 81 %): neither
-memory nor tensor cores bound it; ~1.3 us per K tile under ncu against 0.93 dense.
+memory nor tensor cores bound it; ~1.3 us per K tile under ncu against 0.93 dense.  A deeper
+pipeline does not help it either: 32-deep K tiles (the check below relaxed to allow them) with
+8 or 6 stages took 74.8 / 75.1 us against 60.4-60.7 at 256x4 (``_tiles_widths.py 256x4
+256x8x32 256x6x32``), so its K step's fixed cost, not load latency, is what to cut.
 """
 from __future__ import annotations
 
