@@ -68,9 +68,11 @@ running together share B's N tiles (4aa3458, ``benchmarks/_tiles_raster.py``): t
 61.0 against 60.4 us.  ncu on that kernel (``benchmarks/_ncu_tiles_ffn.py``): DRAM 34 % and SM
 54 % of peak, L2 hit rate 67 % (the dense kernel of the shape: 19 %, 76 %, 81 %): neither
 memory nor tensor cores bound it; ~1.3 us per K tile under ncu against 0.93 dense.  A deeper
-pipeline does not help it either: 32-deep K tiles (the check below relaxed to allow them) with
+pipeline does not help it either: 32-deep K tiles (the block_k check relaxed for the trial) with
 8 or 6 stages took 74.8 / 75.1 us against 60.4-60.7 at 256x4 (``_tiles_widths.py 256x4
-256x8x32 256x6x32``), so its K step's fixed cost, not load latency, is what to cut.
+256x8x32 256x6x32``), so its K step's fixed cost, not load latency, is what to cut.  Gathering
+B with 16 lanes a row, so that a thread loads 4 index entries a K tile instead of 8, took it
+60.4-60.7 -> 57.9-58.0 us (222 -> 203 registers).
 """
 from __future__ import annotations
 
@@ -476,6 +478,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     A_CHUNKS = BM * BK // 8 // THREADS    # 16-byte chunks per thread per K tile
     B_CHUNKS = BK * BN // 8 // THREADS
     B_ROW_CHUNKS = BN // 8
+    # a thread's B chunks of a K tile: rows tid / B_LANES + (THREADS / B_LANES) i, chunks
+    # tid % B_LANES + B_LANES h.  Tiles: 16 lanes a row (two 256-byte runs a warp), so that a
+    # thread gathers B_ROWS = 4 rows at BN=256 (their index entries loaded per K tile), not 8
+    B_LANES = min(16, B_ROW_CHUNKS) if tiles else B_ROW_CHUNKS
+    B_GROUPS = B_ROW_CHUNKS // B_LANES
+    B_ROWS = B_CHUNKS // B_GROUPS
     C_ROW = _c_row(BN, out_dtype)
     Z_OFF = BM * C_ROW                    # (out dtype elements) the zero row's value, after C
     C_VEC = 16 // dtype_bytes(out_dtype)  # elements per 16-byte store
@@ -572,6 +580,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def b_row_of(rows, j, q):
         return rows[j] if tiles else q
 
+    def b_kr(tid, i):
+        """the K-tile row of this thread's i-th B row"""
+        return tid // B_LANES + (THREADS // B_LANES) * i
+
     def a_swizzled(ch, r):
         """the 16-byte slot of chunk ch of A's tile row r: 128-byte swizzle (8 chunks a row)
         XORs with r % 8, the 64-byte one (4 chunks) with (r / 2) % 4"""
@@ -612,10 +624,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, qa + BK)
                 else:
                     a_col[j] = qa   # (a compacted A holds position q in column q)
-            for j in T.unroll(B_CHUNKS):
-                qb = kt * BK + (tid + THREADS * j) // B_ROW_CHUNKS
-                b_row_id[j] = column_of_id(b_row_next[j], qb, mk)
-                b_row_next[j] = micro_tile_id(OFF, IDS, m, bm, qb + BK)
+            for i in T.unroll(B_ROWS):
+                qb = kt * BK + b_kr(tid, i)
+                b_row_id[i] = column_of_id(b_row_next[i], qb, mk)
+                b_row_next[i] = micro_tile_id(OFF, IDS, m, bm, qb + BK)
 
     @T.macro
     def sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id):
@@ -629,15 +641,16 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 smem.ptr_to([slot_w * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
                 A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
                 a_valid(OFF, bm, kt * BK + ch * 8, p0 + r, count)))
-        for j in T.unroll(B_CHUNKS):
-            kr = (tid + THREADS * j) // B_ROW_CHUNKS
-            gch = (tid + THREADS * j) % B_ROW_CHUNKS
-            # tiles: B's row column(q) for the strip's compact position q
-            T.evaluate(copy16(
-                smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
-                             + T.bitwise_xor(gch % 8, kr % 8) * 8]),
-                B.ptr_to([b_row_of(b_row_id, j, kt * BK + kr), bn * BN + gch * 8]),
-                b_valid(OFF, bm, kt * BK + kr)))
+        for i in T.unroll(B_ROWS):
+            for h in T.unroll(B_GROUPS):
+                kr = b_kr(tid, i)
+                gch = tid % B_LANES + B_LANES * h
+                # tiles: B's row column(q) for the strip's compact position q
+                T.evaluate(copy16(
+                    smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
+                                 + T.bitwise_xor(gch % 8, kr % 8) * 8]),
+                    B.ptr_to([b_row_of(b_row_id, i, kt * BK + kr), bn * BN + gch * 8]),
+                    b_valid(OFF, bm, kt * BK + kr)))
 
     @T.macro
     def list_tile(bn, bm, tid, m, smem, ST, orw, ballot, sloc, old):
@@ -750,8 +763,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 for j in T.unroll(A_CHUNKS):
                     if gather_a:
                         a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, (tid + THREADS * j) % A_ROW_CHUNKS * 8)
-                for j in T.unroll(B_CHUNKS):
-                    b_row_next[j] = micro_tile_id(OFF, IDS, m, bm, (tid + THREADS * j) // B_ROW_CHUNKS)
+                for i in T.unroll(B_ROWS):
+                    b_row_next[i] = micro_tile_id(OFF, IDS, m, bm, b_kr(tid, i))
             # the first PREFETCH K tiles' loads (as many as there are), one commit group each
             # (a peeled loop: no test of the loop counter against PREFETCH in the one below)
             for kt in T.serial(PREFETCH):
@@ -866,9 +879,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         rs_val = T.alloc_local([2], "float32")           # row_scale: its fragment rows' scales
         res_v = T.alloc_local([C_CHUNKS * C_VEC if residual else 1], out_dtype)   # residual chunks
         a_col = T.alloc_local([A_CHUNKS], "int32")        # tiles: this K tile's A columns
-        b_row_id = T.alloc_local([B_CHUNKS], "int32")     # tiles: this K tile's B rows
+        b_row_id = T.alloc_local([B_ROWS], "int32")       # tiles: this K tile's B rows
         a_col_next = T.alloc_local([A_CHUNKS], "int32")   # tiles: the next K tile's
-        b_row_next = T.alloc_local([B_CHUNKS], "int32")
+        b_row_next = T.alloc_local([B_ROWS], "int32")
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
         orw = T.alloc_local([4], "uint32")                  # strips: this thread's chunks of C, OR-ed
