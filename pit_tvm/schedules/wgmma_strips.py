@@ -33,6 +33,10 @@ The state (one float64 word per strip) must be zero before a call: a model with 
 count passes a zero constant, which the kernel leaves zero (so runs of one compiled model must
 not overlap on two streams); a symbolic row count zeroes one per call (``R.zeros``).  CUDA only
 (the CPU build has neither the wgmma tiles kernel nor the compaction).
+
+Where A is the output of a dense wgmma kernel (an FFN's fc2 reading fc1's ReLU output), that
+kernel builds the same outputs in its epilogue instead (``wgmma_row_gather_func(strips_mk=)``,
+put there by :class:`pit_tvm.passes.ListStripsInProducer`), and this kernel does not run.
 """
 from __future__ import annotations
 
