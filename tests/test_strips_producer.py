@@ -156,3 +156,37 @@ def test_gpu_ffn_with_fused_listing_matches_onnxruntime(shapes):
         for _ in range(2):
             got = cm.run(inputs)[0].astype(np.float32)
             np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
+
+def test_two_ffn_blocks_each_list_in_their_producer():
+    """Two fc1 -> fc2 pairs of the same shapes (built with the op layer): each fc1 call lists
+    its own fc2's strips, the two fused calls share one kernel, and no strips kernel is left."""
+    from tvm import relax
+
+    from pit_tvm.ops.matmul import emit_dense_matmul, emit_pit_matmul
+    from pit_tvm.passes.lower import DropUnusedPrimFuncs
+
+    rng = np.random.default_rng(0)
+
+    def const(*shape):
+        return relax.const(rng.standard_normal(shape).astype("float16"))
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([300, 256], "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = x
+            for _ in range(2):
+                hidden = emit_dense_matmul(bb, h, const(256, 1024), target="cuda", bias=const(1024),
+                                           activation="relu")
+                h = emit_pit_matmul(bb, hidden, const(1024, 256), micro_tile=(32, 1), target="cuda",
+                                    bias=const(256), residual=h)
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert mod["main"].script().count("pit_strips_") == 2
+    fused = DropUnusedPrimFuncs(ListStripsInProducer()(mod))
+    text = fused["main"].script()
+    assert "pit_strips_" not in text and text.count("_strips, (") == 2
+    assert [gv.name_hint for gv in fused.get_global_vars()].count(
+        "tc_dense_matmul_k256_n1024_float16_float16_bias_relu_m300_strips") == 1
