@@ -5,7 +5,8 @@ coverage), then the dense kernel of the same shape, each run three times.
     ncu --kernel-name regex:"pit_kernel|fc2_dense" --launch-skip 2 --launch-count 2 \\
         python3 benchmarks/_ncu_tiles_ffn.py
 """
-import numpy as np
+import sys
+
 import torch
 import tvm
 
@@ -13,13 +14,11 @@ from pit_tvm.ops.matmul import SparseMatmul
 from pit_tvm.schedules.wgmma import wgmma_row_gather_func
 from pit_tvm.target import build
 
+sys.path.insert(0, "benchmarks")
+from common import ffn_fc2_operands  # noqa: E402
+
 m, k, n = 4096, 8192, 2048
-rng = np.random.default_rng(0)
-rate = np.full(k, 0.0011)
-rate[rng.permutation(k)[: k // 10]] = 0.99
-on = torch.rand(m, k, device="cuda") < torch.from_numpy(rate).float().cuda()
-a = (torch.rand(m, k, device="cuda", dtype=torch.float16) + 0.1) * on
-b = torch.randn(k, n, device="cuda", dtype=torch.float16) / k ** 0.5
+a, b, _ = ffn_fc2_operands(m, k, n)
 at, bt = tvm.runtime.from_dlpack(a), tvm.runtime.from_dlpack(b)
 op = SparseMatmul(k, n, "float16", (32, 1), "cuda")
 dense = build(tvm.IRModule({"fc2_dense": wgmma_row_gather_func(k, n, dense=True).with_attr("global_symbol", "fc2_dense")}),

@@ -7,7 +7,6 @@ columns of ``hidden`` non-zero for 99 % of the tokens, the rest for ~0.1 % (stri
 """
 import sys
 
-import numpy as np
 import torch
 import tvm
 
@@ -15,15 +14,10 @@ import pit_tvm.schedules.wgmma as wg
 from pit_tvm.ops.matmul import SparseMatmul
 
 sys.path.insert(0, "benchmarks")
-from common import kernel_split_us  # noqa: E402
+from common import ffn_fc2_operands, kernel_split_us  # noqa: E402
 
 m, k, n = 4096, 8192, 2048
-rng = np.random.default_rng(0)
-rate = np.full(k, 0.0011)
-rate[rng.permutation(k)[: k // 10]] = 0.99
-on = torch.rand(m, k, device="cuda") < torch.from_numpy(rate).float().cuda()
-a = (torch.rand(m, k, device="cuda", dtype=torch.float16) + 0.1) * on
-b = torch.randn(k, n, device="cuda", dtype=torch.float16) / k ** 0.5
+a, b, on = ffn_fc2_operands(m, k, n)
 ref = a.float() @ b.float()
 strips = on.view(m // 128, 128, k).any(1).float().mean().item()
 print(f"strip coverage {strips:.3f}, element density {on.float().mean().item():.3f}", flush=True)

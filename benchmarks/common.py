@@ -134,6 +134,21 @@ def run_checked(mod, dev, inputs, shape, out_dtype, ref):
     return targs, err
 
 
+def ffn_fc2_operands(m: int = 4096, k: int = 8192, n: int = 2048, seed: int = 0):
+    """``(a, b, on)``: torch CUDA fp16 operands of an OPT FFN's fc2 (``a`` = ``hidden``, [m, k]),
+    10 % of ``a``'s columns non-zero for 99 % of the rows and the rest for ~0.1 % (~22 % of
+    128-row strips' columns listed at 4096 x 8192), ``b`` ~ N(0, 1/k); ``on``: a's non-zero mask."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    rate = np.full(k, 0.0011)
+    rate[rng.permutation(k)[: k // 10]] = 0.99
+    on = torch.rand(m, k, device="cuda") < torch.from_numpy(rate).float().cuda()
+    a = (torch.rand(m, k, device="cuda", dtype=torch.float16) + 0.1) * on
+    b = torch.randn(k, n, device="cuda", dtype=torch.float16) / k ** 0.5
+    return a, b, on
+
+
 def kernel_split_us(fn, iters: int = 20) -> dict[str, float]:
     """Mean device time per call of each CUDA kernel ``fn()`` launches, in µs, from
     ``torch.profiler`` (CUPTI sees TVM's launches too); {} without torch."""

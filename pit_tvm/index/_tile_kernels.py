@@ -58,6 +58,23 @@ STATE_DTYPE = "float64"
 UNITS_SCALE = float(1 << 26)
 
 
+def state_add(listed, units):
+    """what a CTA adds to a listing state word: ``listed + units * UNITS_SCALE`` (this index's
+    units are tile-rows; the strips kernels count themselves, one unit per CTA)"""
+    return T.Cast(STATE_DTYPE, listed) + T.Cast(STATE_DTYPE, units) * T.float64(UNITS_SCALE)
+
+
+def state_units(old):
+    """the units the CTAs that added before summed, from the word an atomic add returned
+    (float64; exact below 2**53)"""
+    return T.floor(old / T.float64(UNITS_SCALE))
+
+
+def state_listed(old):
+    """the items the CTAs that added before listed (int32), from the word an atomic add returned"""
+    return T.Cast("int32", old - state_units(old) * T.float64(UNITS_SCALE))
+
+
 def _pow2_ceil(n):
     p = 1
     while p < n:
@@ -336,11 +353,10 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                             tot[0] = tot[0] + sWc[w]
                             tot[1] = tot[1] + sWz[w]
                         old = T.alloc_buffer((1,), STATE_DTYPE, scope="local")
-                        fetch_add(ST, T.Cast(STATE_DTYPE, tot[0]) + T.Cast(STATE_DTYPE, tot[0] + tot[1])
-                                  * T.float64(UNITS_SCALE), old)
+                        fetch_add(ST, state_add(tot[0], tot[0] + tot[1]), old)
                         base = T.alloc_buffer((2,), "int32", scope="local")   # listed, units before
-                        base[1] = T.Cast("int32", T.floor(old[0] / T.float64(UNITS_SCALE)))
-                        base[0] = T.Cast("int32", old[0] - T.Cast(STATE_DTYPE, base[1]) * T.float64(UNITS_SCALE))
+                        base[1] = T.Cast("int32", state_units(old[0]))
+                        base[0] = state_listed(old[0])
                         for w in T.unroll(WPB):
                             sOc[w] = ex[w] + base[0]
                             sOz[w] = ex[WPB + w] + base[1] - base[0]

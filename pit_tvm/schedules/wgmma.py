@@ -83,7 +83,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.index._tile_kernels import STATE_DTYPE, UNITS_SCALE
+from pit_tvm.index._tile_kernels import STATE_DTYPE, state_add, state_listed, state_units
 from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
@@ -103,6 +103,8 @@ _PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 _SWIZZLE_128B = 3      # encode_matrix_descriptor's codes for the 128- and 64-byte swizzles
 _SWIZZLE_64B = 2
 _TARGET = tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH})
+#: the attr of a dense wgmma kernel: the arguments of :func:`wgmma_row_gather_func` that made it
+DENSE_ATTR = "pit.wgmma_dense"
 
 
 @dataclass(frozen=True)
@@ -288,9 +290,6 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     # (the op layer looks for it: the rows kernel may be split into the two row-count tiers)
     return func.with_attr("pit.wgmma_rows", True)
 
-
-#: the attr of a dense wgmma kernel: the arguments of :func:`wgmma_row_gather_func` that made it
-DENSE_ATTR = "pit.wgmma_dense"
 
 
 def dense_kernel_args(func) -> dict | None:
@@ -501,6 +500,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     S_SRC = S_LISTED + S_NMT
     S_WARPS = S_SRC + BN
     S_INFO = S_WARPS + THREADS // 32
+    # the listing's per-thread values (one int32 local array): whether its micro-tile is listed,
+    # its rank in its warp and in the CTA, the CTA's listed count, the CTA's base in the strip,
+    # whether the CTA completes the strip, an output slot's tile column
+    MINE, WARP_RANK, RANK, LISTED, BASE, LAST, SLOT_COL = range(7)
     if strips:
         smem_elems = max(smem_elems, (S_INFO + 2) * 2)
     t = _PTX_TYPE[in_dtype]
@@ -657,7 +660,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         """strips, first half (before the SWrite, which then hides the atomic's latency): the
         micro-tiles of this CTA's columns that a row of C makes non-zero, each one's rank among
         them (a warp ballot, then the warps' counts), their output slots' tile columns, and the
-        atomic add that places them in the strip (sloc: mine, rank in the warp, rank, listed)"""
+        atomic add that places them in the strip"""
         # the staged tile's 16-byte chunks as the SWrite reads them (chunk tid % (BN / 8) of rows
         # tid / (BN / 8) + (2048 / BN) j), OR-ed over this thread's rows of C without their sign
         # bits: half h of word e is non-zero where column 8 chunk + 2 e + h is in one of them
@@ -676,63 +679,61 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 if T.bitwise_and(T.shift_right(orw[e], T.uint32(16 * h)), T.uint32(0x7FFF)) != T.uint32(0):
                     smem.view("int32")[S_LISTED + (tid % C_ROW_CHUNKS * C_VEC + 2 * e + h) // strips_mk] = 1  # (all write 1)
         T.cuda.cta_sync()
-        sloc[0] = 0
+        sloc[MINE] = 0
         if tid < S_NMT:
-            sloc[0] = smem.view("int32")[S_LISTED + tid]
-        ballot[0] = T.call_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), sloc[0] != 0)
-        sloc[1] = T.Cast("int32", T.popcount(T.bitwise_and(
+            sloc[MINE] = smem.view("int32")[S_LISTED + tid]
+        ballot[0] = T.call_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), sloc[MINE] != 0)
+        sloc[WARP_RANK] = T.Cast("int32", T.popcount(T.bitwise_and(
             ballot[0], T.shift_left(T.uint32(1), T.Cast("uint32", tid % 32)) - T.uint32(1))))
         if tid % 32 == 0:
             smem.view("int32")[S_WARPS + tid // 32] = T.Cast("int32", T.popcount(ballot[0]))
         T.cuda.cta_sync()
-        sloc[2] = sloc[1]
-        sloc[3] = 0
+        sloc[RANK] = sloc[WARP_RANK]
+        sloc[LISTED] = 0
         for i in T.unroll(THREADS // 32):
-            sloc[3] = sloc[3] + smem.view("int32")[S_WARPS + i]
+            sloc[LISTED] = sloc[LISTED] + smem.view("int32")[S_WARPS + i]
             if i < tid // 32:
-                sloc[2] = sloc[2] + smem.view("int32")[S_WARPS + i]
+                sloc[RANK] = sloc[RANK] + smem.view("int32")[S_WARPS + i]
         if S_COMPACT:
-            if sloc[0] != 0:
+            if sloc[MINE] != 0:
                 for e in T.unroll(strips_mk):
-                    smem.view("int32")[S_SRC + sloc[2] * strips_mk + e] = tid * strips_mk + e
+                    smem.view("int32")[S_SRC + sloc[RANK] * strips_mk + e] = tid * strips_mk + e
         if tid == 0:
-            old[0] = T.cuda.atomic_add(T.address_of(ST[bm]), T.Cast(STATE_DTYPE, sloc[3]) + T.float64(UNITS_SCALE))
+            old[0] = T.cuda.atomic_add(T.address_of(ST[bm]), state_add(sloc[LISTED], 1))
 
     @T.macro
     def place_tile(bn, bm, tid, m, p0, smem, ST, CNT, SIDS, AC, sloc, old):
         """strips, second half: the listed micro-tiles' ids at the CTA's base in the strip's list,
         (compacting) their columns of the staged C tile into Ac at the same positions, a warp
         per row; the strip's last CTA writes its count, Ac's zeros up to the next 16-byte chunk,
-        and a zero state (sloc[4:6]: base, last)"""
+        and a zero state"""
         if tid == 0:
-            smem.view("int32")[S_INFO] = T.Cast("int32", old[0] - T.floor(old[0] / T.float64(UNITS_SCALE))
-                                                * T.float64(UNITS_SCALE))
-            smem.view("int32")[S_INFO + 1] = T.Cast(
-                "int32", T.floor(old[0] / T.float64(UNITS_SCALE)) + T.float64(1) == T.float64(N // BN))
+            smem.view("int32")[S_INFO] = state_listed(old[0])
+            smem.view("int32")[S_INFO + 1] = T.Cast("int32", state_units(old[0]) + T.float64(1) == T.float64(N // BN))
         T.cuda.cta_sync()
-        sloc[4] = smem.view("int32")[S_INFO]
-        sloc[5] = smem.view("int32")[S_INFO + 1]
-        if sloc[0] != 0:
-            SIDS[bm * S_MKT + sloc[4] + sloc[2]] = bn * S_NMT + tid
+        sloc[BASE] = smem.view("int32")[S_INFO]
+        sloc[LAST] = smem.view("int32")[S_INFO + 1]
+        if sloc[MINE] != 0:
+            SIDS[bm * S_MKT + sloc[BASE] + sloc[RANK]] = bn * S_NMT + tid
         if S_COMPACT:
             # output slot l + 32 t of rows w + 8 rr (warp w, lane l): every row's load of a slot
             # issued together
-            for t in T.serial((sloc[3] * strips_mk + 31) // 32):
-                if tid % 32 + 32 * t < sloc[3] * strips_mk:
-                    sloc[6] = smem.view("int32")[S_SRC + tid % 32 + 32 * t]
+            for t in T.serial((sloc[LISTED] * strips_mk + 31) // 32):
+                if tid % 32 + 32 * t < sloc[LISTED] * strips_mk:
+                    sloc[SLOT_COL] = smem.view("int32")[S_SRC + tid % 32 + 32 * t]
                     for rr in T.unroll(BM // (THREADS // 32)):
                         if p0 + tid // 32 + 8 * rr < m:
-                            AC[p0 + tid // 32 + 8 * rr, sloc[4] * strips_mk + tid % 32 + 32 * t] = \
-                                smem.view(out_dtype)[(tid // 32 + 8 * rr) * C_ROW + sloc[6]]
-        if sloc[5] != 0:
+                            AC[p0 + tid // 32 + 8 * rr, sloc[BASE] * strips_mk + tid % 32 + 32 * t] = \
+                                smem.view(out_dtype)[(tid // 32 + 8 * rr) * C_ROW + sloc[SLOT_COL]]
+        if sloc[LAST] != 0:
             if S_COMPACT:
                 if tid < 8:
-                    if (sloc[4] + sloc[3]) * strips_mk + tid < ((sloc[4] + sloc[3]) * strips_mk + 7) // 8 * 8:
+                    if (sloc[BASE] + sloc[LISTED]) * strips_mk + tid < ((sloc[BASE] + sloc[LISTED]) * strips_mk + 7) // 8 * 8:
                         for i in T.serial(BM):
                             if p0 + i < m:
-                                AC[p0 + i, (sloc[4] + sloc[3]) * strips_mk + tid] = zero_out
+                                AC[p0 + i, (sloc[BASE] + sloc[LISTED]) * strips_mk + tid] = zero_out
             if tid == 0:
-                CNT[bm] = sloc[4] + sloc[3]
+                CNT[bm] = sloc[BASE] + sloc[LISTED]
                 ST[bm] = T.float64(0)
 
     @T.macro
@@ -886,7 +887,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         desc_b = T.alloc_local([1], "uint64")
         orw = T.alloc_local([4], "uint32")                  # strips: this thread's chunks of C, OR-ed
         ballot = T.alloc_local([1], "uint32")
-        sloc = T.alloc_local([7], "int32")     # strips: mine, warp rank, rank, listed, base, last, a slot's column
+        sloc = T.alloc_local([7], "int32")                  # strips: MINE ... SLOT_COL
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         m = T.Cast("int32", M)
         if persistent:
