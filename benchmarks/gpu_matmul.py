@@ -16,8 +16,10 @@ Methods (the pattern changes every call, so each pays its index/conversion every
   device-to-device copy timed in the same run.
 
 Every method runs inside try/except (a failure is recorded as "error: …"), is checked once
-against a float32 reference (max relative error), and timed with ``triton.testing.do_bench``
-(median, L2 flushed before each call). Writes gpu_matmul.json, .png and .md under $OUT (or
+against a float32 reference (max relative error), and timed between CUDA events (median, L2
+swept before each call, by a read unless ``--l2 dirty``: see :func:`make_bench`). Beside the
+index: one read of A by a minimal Triton kernel (``benchmarks/peers/read_once.py``), the floor
+of any index under the same cache state. Writes gpu_matmul.json, .png and .md under $OUT (or
 docs/results/ and docs/gpu_matmul.md).
 """
 from __future__ import annotations
@@ -168,36 +170,56 @@ def facet_plot(rows: list[dict], env: dict):
 
 
 # -- the GPU run ----------------------------------------------------------------------------------
-def make_bench(torch, warmup_ms: float, rep_ms: float):
-    """bench(fn) -> median ms: triton.testing.do_bench, else CUDA events (median)."""
-    try:
-        from triton.testing import do_bench
+L2_STATES = ("clean", "dirty")
 
-        def bench(fn, rep=rep_ms):
-            return float(do_bench(fn, warmup=warmup_ms, rep=rep, return_mode="median"))
 
-        return bench, f"triton.testing.do_bench, median, warmup {warmup_ms:g} ms, rep {rep_ms:g} ms, L2 flushed"
-    except ImportError:
-        pass
+def make_bench(torch, warmup_ms: float, rep_ms: float, l2: str = "clean"):
+    """``(bench, description)``: ``bench(fn, rep=rep_ms)`` -> median ms of ``fn()`` between two CUDA
+    events, with 256 MiB (> L2) swept through L2 before each call, as triton.testing.do_bench does.
+
+    ``l2="clean"`` sweeps by reading the buffer, ``"dirty"`` by writing it (do_bench's
+    ``zero_``): then L2 is full of dirty lines that the timed call's own misses must write back
+    (ncu counts 11 MB of DRAM writes in the rows index, a kernel that writes 8 KiB) -- traffic
+    that is not the call's, and that costs a short call over a third of its time.
+    """
+    if l2 not in L2_STATES:
+        raise ValueError(f"l2 must be one of {L2_STATES}, got {l2!r}")
+    sweep_buf = torch.ones(64 * 2**20, device="cuda", dtype=torch.int32)       # 256 MiB
+
+    def sweep():
+        if l2 == "clean":
+            sweep_buf.amax()
+        else:
+            sweep_buf.zero_()
+
+    def events():
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def bench(fn, rep=rep_ms):
         fn()
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        one = max((time.perf_counter() - t0) * 1e3, 1e-3)
-        times = []
-        for _ in range(max(5, min(1000, int(rep / one)))):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
+        start, end = events()
+        start.record()
+        for _ in range(5):
+            sweep()
             fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        return float(np.median(times))
+        end.record()
+        torch.cuda.synchronize()
+        estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)     # one sweep + call
+        for _ in range(max(1, int(warmup_ms / estimate_ms))):
+            fn()
+        pairs = [events() for _ in range(max(1, int(rep / estimate_ms)))]
+        for start, end in pairs:
+            sweep()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return float(np.median([start.elapsed_time(end) for start, end in pairs]))
 
-    return bench, f"CUDA events, median over ~{rep_ms:g} ms of calls"
+    how = "reading" if l2 == "clean" else "writing (triton.testing.do_bench's zero_)"
+    return bench, (f"CUDA events around each call, median; warmup {warmup_ms:g} ms, rep {rep_ms:g} ms; "
+                   f"L2 swept before each call by {how} 256 MiB (--l2 {l2})")
 
 
 def run_size(size, args, torch, bench, bandwidth, env, rows):
@@ -218,6 +240,11 @@ def run_size(size, args, torch, bench, bandwidth, env, rows):
         trg_err = None
     except Exception as err:  # noqa: BLE001 - no triton: its rows say why
         trg, trg_err = None, short_error(err)
+    try:
+        from peers.read_once import read_once_fn
+        read_err = None
+    except Exception as err:  # noqa: BLE001
+        read_once_fn, read_err = None, short_error(err)
 
     for pattern in args.patterns:
         mt = micro_tile_for(pattern, k)
@@ -278,6 +305,10 @@ def run_size(size, args, torch, bench, bandwidth, env, rows):
                 idx = record("pit_index", lambda: op.index(a_t), check=False)
                 if tot["ms"] is not None and idx["ms"] is not None:
                     record("pit_kernel", ms=tot["ms"] - idx["ms"], note="derived: total - index")
+            if read_once_fn is None:
+                record("read_a", error=read_err)
+            else:
+                record("read_a", read_once_fn(a), check=False)
                 try:
                     wall = median_ms(lambda: op(a_t, b_t), tvm.cuda(0), repeat=10, warmup=2)
                     record("pit_total_wallclock", ms=wall)
@@ -380,8 +411,11 @@ def main(argv=None):
     p.add_argument("--sizes", type=int, nargs="+", default=[4096], help="M=K=N values (default 4096)")
     p.add_argument("--sparsities", type=float, nargs="+", default=list(SPARSITIES))
     p.add_argument("--patterns", nargs="+", default=list(PATTERNS), help="row, 1x64, 32x1, 32x64 or any RxC")
-    p.add_argument("--warmup", type=float, default=25.0, help="do_bench warm-up, ms")
-    p.add_argument("--rep", type=float, default=100.0, help="do_bench measuring time per method, ms")
+    p.add_argument("--warmup", type=float, default=25.0, help="warm-up per method, ms")
+    p.add_argument("--rep", type=float, default=100.0, help="measuring time per method, ms")
+    p.add_argument("--l2", choices=L2_STATES, default="clean",
+                   help="L2 state before each call: swept by a read (clean, default) or a write (dirty, "
+                        "triton.testing.do_bench's)")
     p.add_argument("--name", default="gpu_matmul", help="output file stem")
     args = p.parse_args(argv)
     for pat in args.patterns:
@@ -398,7 +432,7 @@ def main(argv=None):
     warnings.filterwarnings("ignore", message=".*Sparse BSR tensor support is in beta.*")
     torch.backends.cuda.matmul.allow_tf32 = False        # the float32 reference stays float32
 
-    bench, timing = make_bench(torch, args.warmup, args.rep)
+    bench, timing = make_bench(torch, args.warmup, args.rep, args.l2)
     src = torch.empty(128 * 2**20, device="cuda", dtype=torch.float16)    # 256 MiB, > L2
     dst = torch.empty_like(src)
     copy_ms = bench(lambda: dst.copy_(src))

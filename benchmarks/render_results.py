@@ -36,6 +36,8 @@ METHODS = {
     "triton_gather_kernel": ("Triton gather GEMM, kernel only", "index given, C allocated (best of its configs)",
                              False),
     "triton_row_index": ("Triton row index", "the Triton index alone", False),
+    "read_a": ("one read of A", "a Triton kernel that only reads A once (`benchmarks/peers/read_once.py`): the "
+               "floor of any index", False),
     "torch_bsr_matmul_only": ("torch BSR, matmul only", "BSR tensor built in advance", False),
     "torch_csr_matmul_only": ("torch CSR, matmul only", "CSR tensor built in advance", False),
     "pit_total_wallclock": ("PIT total, wall clock", "host timer around `op(a, b)` + sync: cross-checks the "
@@ -44,7 +46,7 @@ METHODS = {
 PLOTTED = ("pit_total", "torch_gather_mm_scatter", "triton_gather_torch_index", "triton_gather_triton_index",
            "torch_bsr", "torch_csr", "roofline")
 PATTERN_ORDER = ("row", "1x64", "32x1", "32x64")
-NO_SPEEDUP = ("cublas", "pit_index", "triton_row_index")   # not a matmul: no speedup shown
+NO_SPEEDUP = ("cublas", "pit_index", "triton_row_index", "read_a")   # not a matmul: no speedup shown
 
 
 def label(method: str) -> str:

@@ -1,0 +1,43 @@
+"""Probe: the rows index (4096 x 4096 fp16, one kernel) against one read of A by a minimal Triton
+kernel and a copy of A, with L2 swept before each call by a read (clean), by a write (dirty:
+triton.testing.do_bench's zero_) or not at all: device time per kernel (torch.profiler).
+
+    python3 benchmarks/_index_flush.py
+
+Under ncu (``--cache-control none``), with the write sweep before each call, the index kernel
+writes ~11 MB to DRAM (the sweep's dirty lines it evicts) for its 8 KiB of ids.
+"""
+import sys
+
+import numpy as np
+import torch
+import tvm
+
+from pit_tvm.index import tiles
+
+sys.path.insert(0, "benchmarks")
+from common import kernel_split_us  # noqa: E402
+from peers.read_once import read_once_fn  # noqa: E402
+
+m = k = 4096
+sweep_buf = torch.ones(64 * 2**20, dtype=torch.int32, device="cuda")       # 256 MiB, > L2
+sweeps = {"clean": lambda: sweep_buf.amax(), "dirty": lambda: sweep_buf.zero_(), "none": lambda: None}
+
+builder = tiles.IndexBuilder(tiles._tile_index_func(k, (1, k), "col", "float16", "cuda", density_threshold=0.9),
+                             "cuda")
+for s in (0.5, 0.9):
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    a[torch.from_numpy(np.random.default_rng(0).permutation(m)[: int(round(s * m))]).cuda()] = 0
+    at = tvm.runtime.from_dlpack(a)
+    off, _ = builder(at)
+    assert int(off.numpy()[1]) == int((a != 0).any(1).sum())
+    c = torch.empty_like(a)
+    calls = {"index": lambda: builder(at), "read A once": read_once_fn(a), "copy A": lambda: c.copy_(a)}
+    for l2, sweep in sweeps.items():
+        row = {}
+        for name, fn in calls.items():
+            before = set(kernel_split_us(sweep, iters=3)) if l2 != "none" else set()
+            t = kernel_split_us(lambda: (sweep(), fn()))
+            row[name] = round(sum(v for kk, v in t.items() if kk not in before), 1)
+        print(f"s={s} L2 {l2}: {row} us; one read of A at 2938 GB/s would be {a.numel() * 2 / 2938e3:.1f} us",
+              flush=True)
