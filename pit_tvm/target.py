@@ -79,13 +79,16 @@ def cuda_schedule_rules() -> list:
 
 
 def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
-    """TVM 0.27's CUDA Relax pipeline with :func:`cuda_schedule_rules` as its dlight stage."""
+    """TVM 0.27's CUDA Relax pipeline with :func:`cuda_schedule_rules` as its dlight stage, and
+    reshapes into model outputs made views (:func:`~pit_tvm.passes.output_views.ReshapeOutputsAsViews`)."""
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
+
+    from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
     legalize = [p for p in cuda.legalize_passes(tgt) if p.info.name != "ApplyDefaultSchedule"]
     passes = (cuda.library_dispatch_passes(tgt) + legalize
-              + [dl.ApplyDefaultSchedule(*cuda_schedule_rules())]
+              + [dl.ApplyDefaultSchedule(*cuda_schedule_rules()), ReshapeOutputsAsViews]
               + cuda.dataflow_lower_passes(tgt) + cuda.finalize_passes(tgt))
     return tvm.transform.Sequential(passes, name="pit_cuda_pipeline")
 
@@ -116,9 +119,10 @@ def cpu_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     from pit_tvm.schedules.cpu_batched_matmul import CPUBatchedMatmul  # noqa: PLC0415
     from pit_tvm.passes.fast_erf import ErfToFastErf  # noqa: PLC0415
     from pit_tvm.schedules.cpu_elementwise import CPUElementwise  # noqa: PLC0415
+    from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
 
     passes = ([ErfToFastErf] + cpu.library_dispatch_passes(tgt) + cpu.legalize_passes(tgt)
-              + [dl.ApplyDefaultSchedule(CPUBatchedMatmul(), CPUElementwise())]
+              + [dl.ApplyDefaultSchedule(CPUBatchedMatmul(), CPUElementwise()), ReshapeOutputsAsViews]
               + cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt) + [mark_shape_funcs_noalias])
     return tvm.transform.Sequential(passes, name="pit_cpu_pipeline")
 

@@ -1,0 +1,101 @@
+"""ReshapeOutputsAsViews: a model whose output is a reshape returns a view, not a copy (CPU)."""
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+
+from pit_tvm.compile import compile_onnx
+from pit_tvm.passes.output_views import ReshapeOutputsAsViews
+
+ort = pytest.importorskip("onnxruntime")
+RNG = np.random.default_rng(0)
+
+
+def _model(nodes, outputs, inits):
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 32])], outputs,
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def reshaped_mlp():
+    """x[2, 8, 32] -> [16, 32] -MatMul-> Relu -MatMul-> [2, 8, 32] (the last matmul, PIT's, is a
+    kernel nothing fuses into, so the output reshape is a kernel of its own unless it is a view)"""
+    nodes = [helper.make_node("Reshape", ["x", "flat"], ["x2"]),
+             helper.make_node("MatMul", ["x2", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hidden"]),
+             helper.make_node("MatMul", ["hidden", "w2"], ["y2"]),
+             helper.make_node("Reshape", ["y2", "shape3"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 32])],
+                  {"w1": RNG.standard_normal((32, 64)).astype("float32"),
+                   "w2": RNG.standard_normal((64, 32)).astype("float32"),
+                   "flat": np.array([16, 32], "int64"), "shape3": np.array([2, 8, 32], "int64")})
+
+
+def reshaped_input():
+    """y = x reshaped to [16, 32]: a view would alias the caller's input"""
+    return _model([helper.make_node("Reshape", ["x", "flat"], ["y"])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])],
+                  {"flat": np.array([16, 32], "int64")})
+
+
+def _reshape_kernels_called(mod):
+    """names of the reshape PrimFuncs main still calls through call_tir"""
+    names = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.call_tir":
+            callee = mod[e.args[0]]
+            if relax.analysis.has_reshape_pattern(callee):
+                names.append(e.args[0].name_hint)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return names
+
+
+def _legalized(model):
+    """the model as the CPU pipeline has it before RewriteDataflowReshape (legalized, its
+    bindings canonicalized: the output var is bound to the reshape call itself)"""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    from pit_tvm.passes import import_onnx
+    from pit_tvm.target import make_target
+
+    tgt = make_target("llvm")
+    with tgt, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(cpu.library_dispatch_passes(tgt) + cpu.legalize_passes(tgt))(
+            relax.transform.FoldConstant()(import_onnx(model)))
+
+
+@pytest.mark.parametrize("model, copies_left", [(reshaped_mlp, 0), (reshaped_input, 1)])
+def test_output_reshape_becomes_a_view(model, copies_left):
+    mod = _legalized(model())
+    before = _reshape_kernels_called(relax.transform.RewriteDataflowReshape()(mod))
+    after = _reshape_kernels_called(relax.transform.RewriteDataflowReshape()(ReshapeOutputsAsViews(mod)))
+    # without the pass the output reshape is a kernel (a copy); with it only a reshape of the input is
+    assert len(before) == 1
+    assert len(after) == copies_left
+
+
+def test_output_view_numerics_and_no_aliasing_across_calls():
+    model = reshaped_mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(model, "llvm", auto=True)
+    calls = [line.split()[1] for line in cm.executable.as_text().splitlines() if line.strip().startswith("call ")]
+    assert "vm.builtin.reshape" in calls and not any("reshape" in c and c != "vm.builtin.reshape" for c in calls)
+    main = cm._machine()["main"]
+    xs = [RNG.standard_normal((2, 8, 32)).astype("float32") for _ in range(3)]
+    kept = []
+    for x in xs:
+        out = main(tvm.runtime.tensor(x, cm.device))
+        kept.append((x, out.numpy().copy(), out))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for x, first_read, out in kept:    # the outputs of earlier calls are not overwritten by later ones
+        np.testing.assert_array_equal(out.numpy(), first_read)
+        np.testing.assert_allclose(first_read, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
