@@ -18,6 +18,8 @@ from _helpers import np_dtype
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.schedules.wgmma import (
     MAX_SMEM_BYTES,
+    THREADS,
+    BCopyLayout,
     WgmmaConfig,
     needs_compaction,
     wgmma_applies,
@@ -87,6 +89,21 @@ def test_few_rows_tier():
         wgmma_row_gather_func(512, 256, rows_above=128, rows_upto=128)
     with pytest.raises(ValueError, match="tiers"):
         wgmma_row_gather_func(512, 256, dense=True, rows_upto=128)
+
+
+@pytest.mark.parametrize("block_n", [64, 128, 192, 256])
+@pytest.mark.parametrize("block_k", [32, 64])
+@pytest.mark.parametrize("tiles", [False, True])
+def test_b_copy_layout_copies_each_chunk_once(block_n, block_k, tiles):
+    """Every 16-byte chunk of a K tile of B is copied by exactly one (thread, i, h): at
+    block_n=192, whose rows' 24 chunks do not divide the 256 threads, a lane pattern per row
+    once left chunks uncopied (and BERT's output wrong on the H100)."""
+    lay = BCopyLayout(block_n, block_k, tiles)
+    copied = [(lay.row(t, i), lay.chunk(t, i, h))
+              for t in range(THREADS) for i in range(lay.rows) for h in range(lay.groups)]
+    assert sorted(copied) == [(r, c) for r in range(block_k) for c in range(block_n // 8)]
+    if tiles and block_n == 256 and block_k == 64:
+        assert lay.rows == 4     # 16 lanes a row: 4 index entries a thread per K tile
 
 
 def test_op_runs_both_row_tiers():

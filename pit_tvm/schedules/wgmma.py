@@ -87,7 +87,7 @@ from pit_tvm.index._tile_kernels import STATE_DTYPE, state_add, state_listed, st
 from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
-__all__ = ["WgmmaConfig", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
+__all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
            "wgmma_few_rows_tier",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
@@ -124,6 +124,50 @@ class WgmmaConfig:
     def smem_bytes(self, out_dtype: str = "float16") -> int:
         ring = self.stages * (BLOCK_M * self.block_k + self.block_k * self.block_n) * 2
         return max(ring, _c_stage_elems(self.block_n, out_dtype) * dtype_bytes(out_dtype))
+
+
+@dataclass(frozen=True)
+class BCopyLayout:
+    """Which 16-byte chunks of a K tile of B (``block_k`` rows of ``block_n / 8`` chunks) each
+    of a CTA's threads copies: for ``i < rows`` and ``h < groups``, chunk ``chunk(tid, i, h)``
+    of the tile's row ``row(tid, i)`` (ints or TIR expressions).
+
+    The tiles kind, where ``16`` divides a row's chunks: 16 lanes a row (two 256-byte runs a
+    warp), rows ``tid / 16 + 16 i``, so that a thread gathers 4 rows of B a K tile at
+    ``block_n=256`` (their index entries loaded per K tile), not 8.  Otherwise the chunks in
+    linear order, chunk ``tid + THREADS i`` of the tile (at ``block_n=192`` a row's 24 chunks
+    do not divide ``THREADS``, so no lane pattern repeats across rows)."""
+
+    block_n: int
+    block_k: int
+    tiles: bool
+
+    @property
+    def row_chunks(self) -> int:
+        return self.block_n // 8
+
+    @property
+    def lanes(self) -> int:
+        """threads per row of B (0: the linear order)"""
+        return 16 if self.tiles and self.row_chunks % 16 == 0 else 0
+
+    @property
+    def groups(self) -> int:
+        return self.row_chunks // self.lanes if self.lanes else 1
+
+    @property
+    def rows(self) -> int:
+        return self.block_k * self.row_chunks // THREADS // self.groups
+
+    def row(self, tid, i):
+        if self.lanes:
+            return tid // self.lanes + (THREADS // self.lanes) * i
+        return (tid + THREADS * i) // self.row_chunks
+
+    def chunk(self, tid, i, h):
+        if self.lanes:
+            return tid % self.lanes + self.lanes * h
+        return (tid + THREADS * i) % self.row_chunks
 
 
 def _c_row(block_n: int, out_dtype: str) -> int:
@@ -475,14 +519,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     B_BASE = STAGES * A_TILE              # B ring after the A ring (one dynamic allocation)
     ACC = BN // 2                         # fp32 accumulators per thread (m64 x BN / 128)
     A_CHUNKS = BM * BK // 8 // THREADS    # 16-byte chunks per thread per K tile
-    B_CHUNKS = BK * BN // 8 // THREADS
     B_ROW_CHUNKS = BN // 8
-    # a thread's B chunks of a K tile: rows tid / B_LANES + (THREADS / B_LANES) i, chunks
-    # tid % B_LANES + B_LANES h.  Tiles: 16 lanes a row (two 256-byte runs a warp), so that a
-    # thread gathers B_ROWS = 4 rows at BN=256 (their index entries loaded per K tile), not 8
-    B_LANES = min(16, B_ROW_CHUNKS) if tiles else B_ROW_CHUNKS
-    B_GROUPS = B_ROW_CHUNKS // B_LANES
-    B_ROWS = B_CHUNKS // B_GROUPS
+    b_copy = BCopyLayout(BN, BK, tiles)
+    B_ROWS, B_GROUPS = b_copy.rows, b_copy.groups
     C_ROW = _c_row(BN, out_dtype)
     Z_OFF = BM * C_ROW                    # (out dtype elements) the zero row's value, after C
     C_VEC = 16 // dtype_bytes(out_dtype)  # elements per 16-byte store
@@ -583,9 +622,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def b_row_of(rows, j, q):
         return rows[j] if tiles else q
 
-    def b_kr(tid, i):
-        """the K-tile row of this thread's i-th B row"""
-        return tid // B_LANES + (THREADS // B_LANES) * i
+    b_kr, b_chunk = b_copy.row, b_copy.chunk
 
     def a_swizzled(ch, r):
         """the 16-byte slot of chunk ch of A's tile row r: 128-byte swizzle (8 chunks a row)
@@ -647,7 +684,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         for i in T.unroll(B_ROWS):
             for h in T.unroll(B_GROUPS):
                 kr = b_kr(tid, i)
-                gch = tid % B_LANES + B_LANES * h
+                gch = b_chunk(tid, i, h)
                 # tiles: B's row column(q) for the strip's compact position q
                 T.evaluate(copy16(
                     smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
