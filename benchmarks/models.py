@@ -541,5 +541,12 @@ def main(argv=None):
     return env, rows
 
 
+def wrong_outputs(rows) -> list[str]:
+    """``workload/method`` of every row whose outputs missed the reference's tolerance"""
+    return [f"{r['workload']}/{r['method']}" for r in rows if r.get("correct") is False]
+
+
 if __name__ == "__main__":
-    main()
+    wrong = wrong_outputs(main()[1])
+    if wrong:     # the results are written (to look at), but a run with wrong outputs fails
+        raise SystemExit(f"outputs differ from the reference beyond tolerance: {', '.join(wrong)}")

@@ -42,6 +42,8 @@ def test_models_benchmark_cpu_tiny(tmp_path, monkeypatch):
         assert r["median_ms"] > 0 and r["speedup_vs_pit_off"] > 0
         assert r["correct"] is True and r["max_rel_err"] <= 1e-3 and r["max_abs_err"] >= 0, key
     assert got[("opt_ffn", "tvm_pit_off")]["speedup_vs_pit_off"] == 1.0
+    assert M.wrong_outputs(rows) == []
+    assert M.wrong_outputs([dict(rows[0], correct=False)]) == [f"{rows[0]['workload']}/{rows[0]['method']}"]
     # per layer: Q/K/V (one combined matmul), attention output, FFN in, FFN out
     assert got[("bert", "tvm_pit")]["pit_matmuls"] == 8 and got[("bert", "tvm_pit_off")]["pit_matmuls"] == 0
     assert got[("opt_ffn", "tvm_pit_8x1")]["micro_tiles"] == ["8x1"]
