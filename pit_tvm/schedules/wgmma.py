@@ -72,7 +72,11 @@ pipeline does not help it either: 32-deep K tiles (the block_k check relaxed for
 8 or 6 stages took 74.8 / 75.1 us against 60.4-60.7 at 256x4 (``_tiles_widths.py 256x4
 256x8x32 256x6x32``), so its K step's fixed cost, not load latency, is what to cut.  Gathering
 B with 16 lanes a row, so that a thread loads 4 index entries a K tile instead of 8, took it
-60.4-60.7 -> 57.9-58.0 us (222 -> 203 registers).
+60.4-60.7 -> 57.9-58.0 us (222 -> 203 registers).  L2 traffic under ncu (the same probe,
+2026-11-24): the tiles kernel 378 MB in 70.3 us, the dense kernel of the shape 1.23 GB in
+238.8 us: both ~5.2-5.4 TB/s, 54-55 % of ncu's L2 peak.  If that is this chip's practical L2
+ceiling, it bounds both kernels, and CTAs sharing their B tiles (a cluster with TMA multicast)
+would be the way past it; not tried.
 """
 from __future__ import annotations
 
