@@ -39,5 +39,5 @@ for s in (0.5, 0.9):
             before = set(kernel_split_us(sweep, iters=3)) if l2 != "none" else set()
             t = kernel_split_us(lambda: (sweep(), fn()))
             row[name] = round(sum(v for kk, v in t.items() if kk not in before), 1)
-        print(f"s={s} L2 {l2}: {row} us; one read of A at 2938 GB/s would be {a.numel() * 2 / 2938e3:.1f} us",
+        print(f"s={s} L2 {l2}: {row} us (half the copy, a read at the copy's bandwidth: {row['copy A'] / 2:.1f} us)",
               flush=True)

@@ -12,10 +12,11 @@ Rewritten, in a dataflow block, where ``out`` is a block output::
  -> view = call_tir(reshape, (x,))        (a DataflowVar: RewriteDataflowReshape's to rewrite)
     out = view
 
-The output then shares the storage of ``x``; Relax's memory planner follows reshapes, so that
-storage is not handed to another tensor while the output lives.  Only reshapes of tensors
-computed in the block are taken: a view of a parameter would alias the caller's input.  Run after legalization and
-before ``RewriteDataflowReshape`` (both Relax pipelines of :mod:`pit_tvm.target` do).
+Only a reshape whose result the function returns (alone or in its output tuple), of tensors
+computed in the block, is taken: the returned view keeps the storage of ``x`` alive after the
+call and nothing in the call runs after it, while a view of a parameter would alias the
+caller's input.  Run after legalization and before ``RewriteDataflowReshape`` (both Relax
+pipelines of :mod:`pit_tvm.target` do).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class _OutputReshapeRewriter(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
         self.mod_ = mod
+        self.returned = set()      # the vars the function being rewritten returns
 
     def _reshapes_own_tensor(self, value) -> bool:
         """``call_tir`` of a reshape PrimFunc on tensors computed in the block (a view of a
@@ -41,7 +43,7 @@ class _OutputReshapeRewriter(relax.PyExprMutator):
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         if (self.builder_.current_block_is_dataflow() and not isinstance(binding.var, relax.DataflowVar)
-                and self._reshapes_own_tensor(binding.value)):
+                and binding.var in self.returned and self._reshapes_own_tensor(binding.value)):
             view = self.builder_.emit(self.visit_expr(binding.value), name_hint=f"{binding.var.name}_view")
             self.builder_.emit_normalized(relax.VarBinding(binding.var, view))
             return
@@ -50,9 +52,14 @@ class _OutputReshapeRewriter(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="ReshapeOutputsAsViews")
 def ReshapeOutputsAsViews(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N802 - a pass
-    """Module pass: bind each reshape producing a dataflow block's output to a DataflowVar first."""
+    """Module pass: bind each reshape a function returns to a DataflowVar first."""
     rewriter = _OutputReshapeRewriter(mod)
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, relax.Function):
-            mod[gv] = rewriter.visit_expr(func)
-    return mod
+    out = mod.clone()     # (the caller's module is left as it was)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            result = func.body.body
+            fields = result.fields if isinstance(result, relax.Tuple) else [result]
+            rewriter.returned = {f for f in fields if isinstance(f, relax.Var)}
+            if rewriter.returned:
+                out[gv] = rewriter.visit_expr(func)
+    return out
