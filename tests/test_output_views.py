@@ -126,3 +126,27 @@ def test_reshape_not_returned_stays():
     assert len(_reshape_kernels_called(mod)) == 1
     after = ReshapeOutputsAsViews(mod)
     assert tvm_ffi.structural_equal(after["main"], mod["main"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_gpu_ffn_outputs_are_views_and_stay_apart(cuda_graph):
+    """The OPT FFN on the GPU (its output reshape a view), with and without CUDA graphs: three
+    calls' outputs, all kept, each matches onnxruntime on its own input after the last call."""
+    from benchmarks.workloads import opt_ffn, opt_ffn_inputs, to_float16
+
+    model = opt_ffn(256)
+    shapes = {"x": [4, 64, 256]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(to_float16(model), "cuda", shapes=shapes, cuda_graph=cuda_graph)
+    calls = [line.split()[1] for line in cm.executable.as_text().splitlines() if line.strip().startswith("call ")]
+    assert not any("reshape" in c and c != "vm.builtin.reshape" for c in calls)
+    main = cm._machine()["main"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    kept = []
+    for seed in range(3):
+        x = opt_ffn_inputs(256, batch=4, seq=64, seed=seed)["x"]
+        kept.append((x, main(tvm.runtime.tensor(x.astype(np.float16), cm.device))))
+    for x, out in kept:
+        np.testing.assert_allclose(out.numpy().astype(np.float32), sess.run(None, {"x": x})[0], rtol=2e-2, atol=2e-2)
