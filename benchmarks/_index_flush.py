@@ -17,11 +17,11 @@ from pit_tvm.index import tiles
 
 sys.path.insert(0, "benchmarks")
 from common import kernel_split_us  # noqa: E402
+from gpu_matmul import L2_STATES, l2_sweep  # noqa: E402
 from peers.read_once import read_once_fn  # noqa: E402
 
 m = k = 4096
-sweep_buf = torch.ones(64 * 2**20, dtype=torch.int32, device="cuda")       # 256 MiB, > L2
-sweeps = {"clean": lambda: sweep_buf.amax(), "dirty": lambda: sweep_buf.zero_(), "none": lambda: None}
+sweeps = dict({l2: l2_sweep(torch, l2) for l2 in L2_STATES}, none=lambda: None)
 
 builder = tiles.IndexBuilder(tiles._tile_index_func(k, (1, k), "col", "float16", "cuda", density_threshold=0.9),
                              "cuda")

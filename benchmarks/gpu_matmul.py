@@ -173,6 +173,14 @@ def facet_plot(rows: list[dict], env: dict):
 L2_STATES = ("clean", "dirty")
 
 
+def l2_sweep(torch, l2: str):
+    """``sweep()``: 256 MiB (> L2) through L2, read (``"clean"``) or written (``"dirty"``)."""
+    if l2 not in L2_STATES:
+        raise ValueError(f"l2 must be one of {L2_STATES}, got {l2!r}")
+    sweep_buf = torch.ones(64 * 2**20, device="cuda", dtype=torch.int32)       # 256 MiB
+    return (lambda: sweep_buf.amax()) if l2 == "clean" else (lambda: sweep_buf.zero_())
+
+
 def make_bench(torch, warmup_ms: float, rep_ms: float, l2: str = "clean"):
     """``(bench, description)``: ``bench(fn, rep=rep_ms)`` -> median ms of ``fn()`` between two CUDA
     events, with 256 MiB (> L2) swept through L2 before each call, as triton.testing.do_bench does.
@@ -182,15 +190,7 @@ def make_bench(torch, warmup_ms: float, rep_ms: float, l2: str = "clean"):
     (ncu counts 11 MB of DRAM writes in the rows index, a kernel that writes 8 KiB) -- traffic
     that is not the call's, and that costs a short call over a third of its time.
     """
-    if l2 not in L2_STATES:
-        raise ValueError(f"l2 must be one of {L2_STATES}, got {l2!r}")
-    sweep_buf = torch.ones(64 * 2**20, device="cuda", dtype=torch.int32)       # 256 MiB
-
-    def sweep():
-        if l2 == "clean":
-            sweep_buf.amax()
-        else:
-            sweep_buf.zero_()
+    sweep = l2_sweep(torch, l2)
 
     def events():
         return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -82,9 +82,9 @@ def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     """TVM 0.27's CUDA Relax pipeline with :func:`cuda_schedule_rules` as its dlight stage, and
     reshapes into model outputs made views (:func:`~pit_tvm.passes.output_views.ReshapeOutputsAsViews`)."""
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
+    from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
     from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
-    from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
     legalize = [p for p in cuda.legalize_passes(tgt) if p.info.name != "ApplyDefaultSchedule"]
     passes = (cuda.library_dispatch_passes(tgt) + legalize

@@ -2,27 +2,21 @@
 import warnings
 
 import numpy as np
-import onnx
 import pytest
 import tvm
 import tvm_ffi
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 from tvm import relax
 
 from pit_tvm.compile import compile_onnx
 from pit_tvm.passes.output_views import ReshapeOutputsAsViews
+from test_passes import _model
 
 ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(0)
 
 
-def _model(nodes, outputs, inits):
-    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 32])], outputs,
-                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.checker.check_model(m)
-    return m
+X = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 32])
 
 
 def reshaped_mlp():
@@ -32,7 +26,7 @@ def reshaped_mlp():
              helper.make_node("MatMul", ["x2", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hidden"]),
              helper.make_node("MatMul", ["hidden", "w2"], ["y2"]),
              helper.make_node("Reshape", ["y2", "shape3"], ["y"])]
-    return _model(nodes, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 32])],
+    return _model(nodes, [X], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 32])],
                   {"w1": RNG.standard_normal((32, 64)).astype("float32"),
                    "w2": RNG.standard_normal((64, 32)).astype("float32"),
                    "flat": np.array([16, 32], "int64"), "shape3": np.array([2, 8, 32], "int64")})
@@ -40,7 +34,7 @@ def reshaped_mlp():
 
 def reshaped_input():
     """y = x reshaped to [16, 32]: a view would alias the caller's input"""
-    return _model([helper.make_node("Reshape", ["x", "flat"], ["y"])],
+    return _model([helper.make_node("Reshape", ["x", "flat"], ["y"])], [X],
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])],
                   {"flat": np.array([16, 32], "int64")})
 
@@ -57,6 +51,13 @@ def _reshape_kernels_called(mod):
 
     relax.analysis.post_order_visit(mod["main"], visit)
     return names
+
+
+def _reshape_copies(executable) -> list[str]:
+    """the reshape kernels (copies, not ``vm.builtin.reshape`` views) a built model calls"""
+    calls = [line.split()[1] for line in executable.as_text().splitlines() if line.strip().startswith("call ")]
+    assert "vm.builtin.reshape" in calls
+    return [c for c in calls if "reshape" in c and c != "vm.builtin.reshape"]
 
 
 def _legalized(model):
@@ -90,8 +91,7 @@ def test_output_view_numerics_and_no_aliasing_across_calls():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cm = compile_onnx(model, "llvm", auto=True)
-    calls = [line.split()[1] for line in cm.executable.as_text().splitlines() if line.strip().startswith("call ")]
-    assert "vm.builtin.reshape" in calls and not any("reshape" in c and c != "vm.builtin.reshape" for c in calls)
+    assert _reshape_copies(cm.executable) == []
     main = cm._machine()["main"]
     xs = [RNG.standard_normal((2, 8, 32)).astype("float32") for _ in range(3)]
     kept = []
@@ -140,8 +140,7 @@ def test_gpu_ffn_outputs_are_views_and_stay_apart(cuda_graph):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cm = compile_onnx(to_float16(model), "cuda", shapes=shapes, cuda_graph=cuda_graph)
-    calls = [line.split()[1] for line in cm.executable.as_text().splitlines() if line.strip().startswith("call ")]
-    assert not any("reshape" in c and c != "vm.builtin.reshape" for c in calls)
+    assert _reshape_copies(cm.executable) == []
     main = cm._machine()["main"]
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     kept = []

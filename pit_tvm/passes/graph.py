@@ -6,7 +6,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-__all__ = ["FuncGraph", "op_name", "other_operand", "scalar_constant"]
+__all__ = ["FuncGraph", "call_tir_parts", "op_name", "other_operand", "scalar_constant"]
 
 
 def op_name(expr) -> str | None:
@@ -14,6 +14,13 @@ def op_name(expr) -> str | None:
     if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
         return expr.op.name
     return None
+
+
+def call_tir_parts(expr):
+    """``(callee GlobalVar, argument list)`` of a ``call_tir``, else None."""
+    if op_name(expr) != "relax.call_tir":
+        return None
+    return expr.args[0], list(expr.args[1].fields)
 
 
 def scalar_constant(expr) -> float | None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .graph import call_tir_parts
+
 
 @relax.expr_functor.mutator
 class _OutputReshapeRewriter(relax.PyExprMutator):
@@ -34,12 +36,12 @@ class _OutputReshapeRewriter(relax.PyExprMutator):
     def _reshapes_own_tensor(self, value) -> bool:
         """``call_tir`` of a reshape PrimFunc on tensors computed in the block (a view of a
         function parameter would alias the caller's input)"""
-        if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                and value.op.name == "relax.call_tir"):
+        parts = call_tir_parts(value)
+        if parts is None:
             return False
-        callee = self.mod_[value.args[0]]
+        callee = self.mod_[parts[0]]
         return (isinstance(callee, tvm.tirx.PrimFunc) and relax.analysis.has_reshape_pattern(callee)
-                and all(isinstance(a, relax.DataflowVar) for a in value.args[1].fields))
+                and all(isinstance(a, relax.DataflowVar) for a in parts[1]))
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         if (self.builder_.current_block_is_dataflow() and not isinstance(binding.var, relax.DataflowVar)

@@ -26,20 +26,13 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .graph import FuncGraph, op_name
+from .graph import FuncGraph, call_tir_parts, op_name
 
 
 def _default_make():
     from pit_tvm.ops.matmul import strips_listing_producer  # noqa: PLC0415 - the op layer's
 
     return strips_listing_producer
-
-
-def _call_tir_parts(value):
-    """``(callee GlobalVar, argument list)`` of a ``call_tir``, else None."""
-    if op_name(value) != "relax.call_tir":
-        return None
-    return value.args[0], list(value.args[1].fields)
 
 
 def _same_shape(x, y) -> bool:
@@ -64,12 +57,12 @@ class ListStripsInProducer:
         def plan(func):
             g = FuncGraph(func)
             for var, value in g.bound.items():
-                parts = _call_tir_parts(value)
+                parts = call_tir_parts(value)
                 if parts is None or not isinstance(var, relax.DataflowVar) or len(parts[1]) != 2:
                     continue
                 listing, (a, state) = mod[parts[0]], parts[1]
                 passed, producer = g.chain(a, ("relax.reshape",))
-                made = _call_tir_parts(producer)
+                made = call_tir_parts(producer)
                 source = passed[-1] if passed else None     # the var bound to the producer's call
                 if (made is None or not isinstance(source, relax.DataflowVar) or source in plans
                         or not _same_shape(source, a)):
@@ -91,7 +84,7 @@ class ListStripsInProducer:
                 if var in plans:
                     listing_var, fused, state = plans[var]
                     call = self.visit_expr(binding.value)
-                    gv, args = _call_tir_parts(call)
+                    gv, args = call_tir_parts(call)
                     name = f"{gv.name_hint}_strips"
                     fused_gv = self.builder_.add_func(fused.with_attr("global_symbol", name), name)
                     state_arg = state if isinstance(state, tvm.ir.GenericConst) else self.builder_.emit(state)

@@ -95,7 +95,7 @@ __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_c
            "wgmma_few_rows_tier",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
-           "dense_kernel_args"]
+           "dense_kernel_args", "strip_state_words", "strip_closer"]
 
 #: the only arch with wgmma (the ``a`` suffix: arch-specific features, H100 / H200)
 WGMMA_ARCH = "sm_90a"
@@ -172,6 +172,36 @@ class BCopyLayout:
         if self.lanes:
             return tid % self.lanes + self.lanes * h
         return (tid + THREADS * i) % self.row_chunks
+
+
+def strip_state_words(m):
+    """the strips listing's state words for ``m`` rows (an int or a TIR expression): one per
+    128-row strip"""
+    return (m + BLOCK_M - 1) // BLOCK_M
+
+
+def strip_closer(mk: int, compact: bool, dtype: str):
+    """The ``T.macro`` ``close_strip(tid, g, m, end, AC, CNT, ST)`` that the CTA completing strip
+    ``g`` of a strips listing runs (the one-pass strips kernel and a dense kernel listing its
+    C's strips): with ``compact``, zeros in the compacted ``AC`` from column ``end * mk`` up to
+    the next 16-byte chunk (the tiles kernel reads whole chunks); the strip's count ``end``; its
+    state word zeroed for the next call."""
+    vec = 16 // dtype_bytes(dtype)
+    zero = tirx.const(0, dtype)
+
+    @T.macro
+    def close_strip(tid, g, m, end, AC, CNT, ST):
+        if compact:
+            if tid < vec:
+                if end * mk + tid < (end * mk + vec - 1) // vec * vec:
+                    for i in T.serial(BLOCK_M):
+                        if g * BLOCK_M + i < m:
+                            AC[g * BLOCK_M + i, end * mk + tid] = zero
+        if tid == 0:
+            CNT[g] = end
+            ST[g] = T.float64(0)
+
+    return close_strip
 
 
 def _c_row(block_n: int, out_dtype: str) -> int:
@@ -337,7 +367,6 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
             "block_k": config.block_k, "strips_mk": int(strips_mk)})
     # (the op layer looks for it: the rows kernel may be split into the two row-count tiers)
     return func.with_attr("pit.wgmma_rows", True)
-
 
 
 def dense_kernel_args(func) -> dict | None:
@@ -523,7 +552,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     B_BASE = STAGES * A_TILE              # B ring after the A ring (one dynamic allocation)
     ACC = BN // 2                         # fp32 accumulators per thread (m64 x BN / 128)
     A_CHUNKS = BM * BK // 8 // THREADS    # 16-byte chunks per thread per K tile
-    B_ROW_CHUNKS = BN // 8
     b_copy = BCopyLayout(BN, BK, tiles)
     B_ROWS, B_GROUPS = b_copy.rows, b_copy.groups
     C_ROW = _c_row(BN, out_dtype)
@@ -549,6 +577,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     MINE, WARP_RANK, RANK, LISTED, BASE, LAST, SLOT_COL = range(7)
     if strips:
         smem_elems = max(smem_elems, (S_INFO + 2) * 2)
+        close_strip = strip_closer(strips_mk, S_COMPACT, out_dtype)
     t = _PTX_TYPE[in_dtype]
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{t}.{t}"
     # descriptor offsets are in 16-byte units: A (K-major, 128B swizzle): 8-row groups 1024 B
@@ -767,15 +796,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                             AC[p0 + tid // 32 + 8 * rr, sloc[BASE] * strips_mk + tid % 32 + 32 * t] = \
                                 smem.view(out_dtype)[(tid // 32 + 8 * rr) * C_ROW + sloc[SLOT_COL]]
         if sloc[LAST] != 0:
-            if S_COMPACT:
-                if tid < 8:
-                    if (sloc[BASE] + sloc[LISTED]) * strips_mk + tid < ((sloc[BASE] + sloc[LISTED]) * strips_mk + 7) // 8 * 8:
-                        for i in T.serial(BM):
-                            if p0 + i < m:
-                                AC[p0 + i, (sloc[BASE] + sloc[LISTED]) * strips_mk + tid] = zero_out
-            if tid == 0:
-                CNT[bm] = sloc[BASE] + sloc[LISTED]
-                ST[bm] = T.float64(0)
+            close_strip(tid, bm, m, sloc[BASE] + sloc[LISTED], AC, CNT, ST)
 
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
@@ -974,13 +995,10 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
              "counts": bool(strips_mkt), "strip_ids": bool(strips_mkt), "ac": strips_compact}
 
     def offsets_shape(M):
-        return ((M + BLOCK_M - 1) // BLOCK_M + 1,) if strips else (2,)
+        return (strip_state_words(M) + 1,) if strips else (2,)
 
     def ids_shape(M):
-        return ((M + BLOCK_M - 1) // BLOCK_M * mkt,) if mode == "tiles" else (M,)
-
-    def strips_of(M):
-        return (M + BLOCK_M - 1) // BLOCK_M
+        return (strip_state_words(M) * mkt,) if mode == "tiles" else (M,)
 
     @T.prim_func(s_tir=False)
     def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle, row_scale: T.handle,
@@ -991,8 +1009,9 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
              T.match_buffer(offsets, offsets_shape(M), "int32"), T.match_buffer(ids, ids_shape(M), "int32"),
              T.match_buffer(bias, (N,), in_dtype), T.match_buffer(row_scale, (M,), in_dtype),
              T.match_buffer(residual, (M, N), out_dtype), T.match_buffer(c, (M, N), out_dtype),
-             T.match_buffer(state, (strips_of(M),), STATE_DTYPE), T.match_buffer(counts, (strips_of(M),), "int32"),
-             T.match_buffer(strip_ids, (strips_of(M) * max(strips_mkt, 1),), "int32"),
+             T.match_buffer(state, (strip_state_words(M),), STATE_DTYPE),
+             T.match_buffer(counts, (strip_state_words(M),), "int32"),
+             T.match_buffer(strip_ids, (strip_state_words(M) * max(strips_mkt, 1),), "int32"),
              T.match_buffer(ac, (M, N), out_dtype))
 
     names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "state", "c", "counts", "strip_ids", "ac")

@@ -46,7 +46,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from pit_tvm.index._tile_kernels import STATE_DTYPE, nz_bits, state_add, state_listed, state_units
-from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx
+from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx, strip_closer, strip_state_words
 
 __all__ = ["LIST_ATTR", "STATE_DTYPE", "strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
 
@@ -70,11 +70,6 @@ def strips_apply(k: int, mk: int, in_dtype: str) -> bool:
     return in_dtype in ("float16", "bfloat16") and k % COLS == 0 and 0 < mk <= COLS and COLS % mk == 0
 
 
-def strip_state_words(m):
-    """the state's words for ``m`` rows (an int or a TIR expression): one per 128-row strip"""
-    return (m + BLOCK_M - 1) // BLOCK_M
-
-
 def compacts(mk: int) -> bool:
     """whether the one pass also writes the compacted A: micro-tiles under one 16-byte chunk
     (wider ones the tiles kernel reads in place)"""
@@ -96,6 +91,7 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
     compact = compacts(MK)
     nz = nz_bits(in_dtype)
     zero = tirx.const(0, in_dtype)
+    close_strip = strip_closer(MK, compact, in_dtype)
 
     @T.macro
     def body(M, A, ST, CNT, SIDS, AC):
@@ -181,16 +177,7 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
                             AC[g * BLOCK_M + tid // COLS + SLOT_ROWS * i, inf[1] * MK + tid % COLS] = \
                                 tile[(tid // COLS + SLOT_ROWS * i) * COLS + col[0]]
             if inf[2] != 0:
-                # the strip's last CTA: its count, (Ac's zeros to the next chunk,) a zero state
-                if compact:
-                    if tid < VEC:
-                        if (inf[1] + inf[0]) * MK + tid < (((inf[1] + inf[0]) * MK + VEC - 1) // VEC) * VEC:
-                            for i in T.serial(BLOCK_M):
-                                if g * BLOCK_M + i < m:
-                                    AC[g * BLOCK_M + i, (inf[1] + inf[0]) * MK + tid] = zero
-                if tid == 0:
-                    CNT[g] = inf[1] + inf[0]
-                    ST[g] = T.float64(0)
+                close_strip(tid, g, m, inf[1] + inf[0], AC, CNT, ST)
 
     if compact:
         @T.prim_func(s_tir=False)
@@ -226,6 +213,10 @@ def strip_pack_func(k: int, mk: int, density_threshold: float | None = None) -> 
     MKT = K // MK
     SLICES = -(-MKT // PACK_SLICE)
     thr = density_threshold
+
+    def entry(sl, i, tid):
+        """the strip entry thread ``tid`` of slice ``sl`` writes in step ``i``"""
+        return sl * PACK_SLICE + i * THREADS + tid
 
     @T.prim_func(s_tir=False)
     def kernel(counts: T.handle, strip_ids: T.handle, offsets: T.handle, ids: T.handle):
@@ -265,8 +256,8 @@ def strip_pack_func(k: int, mk: int, density_threshold: float | None = None) -> 
         if thr is not None and T.Cast("float64", sums[1]) > T.float64(thr) * T.Cast("float64", n * MKT):
             if g < n:
                 for i in T.unroll(PACK_SLICE // THREADS):
-                    if sl * PACK_SLICE + i * THREADS + tid < MKT:
-                        IDS[g * MKT + sl * PACK_SLICE + i * THREADS + tid] = sl * PACK_SLICE + i * THREADS + tid
+                    if entry(sl, i, tid) < MKT:
+                        IDS[g * MKT + entry(sl, i, tid)] = entry(sl, i, tid)
                 if sl == 0 and tid == 0:
                     OFF[g] = g * MKT
             if g == 0 and sl == 0:
@@ -277,11 +268,10 @@ def strip_pack_func(k: int, mk: int, density_threshold: float | None = None) -> 
                 # entry e of strip g: its e-th listed id, or (e >= count) its share of the -1 tail
                 # (the unlisted micro-tiles of the strips before it and its own)
                 for i in T.unroll(PACK_SLICE // THREADS):
-                    if sl * PACK_SLICE + i * THREADS + tid < sums[2]:
-                        IDS[sums[0] + sl * PACK_SLICE + i * THREADS + tid] = SIDS[
-                            g * MKT + sl * PACK_SLICE + i * THREADS + tid]
-                    elif sl * PACK_SLICE + i * THREADS + tid < MKT:
-                        IDS[sums[1] + g * MKT - sums[0] + sl * PACK_SLICE + i * THREADS + tid - sums[2]] = -1
+                    if entry(sl, i, tid) < sums[2]:
+                        IDS[sums[0] + entry(sl, i, tid)] = SIDS[g * MKT + entry(sl, i, tid)]
+                    elif entry(sl, i, tid) < MKT:
+                        IDS[sums[1] + g * MKT - sums[0] + entry(sl, i, tid) - sums[2]] = -1
                 if sl == 0 and tid == 0:
                     OFF[g] = sums[0]
             if g == 0 and sl == 0:
