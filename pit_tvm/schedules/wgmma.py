@@ -107,6 +107,19 @@ _PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 _SWIZZLE_128B = 3      # encode_matrix_descriptor's codes for the 128- and 64-byte swizzles
 _SWIZZLE_64B = 2
 _TARGET = tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH})
+#: the warp after the two consumer warpgroups that issues the TMA loads of a warp-specialized kernel
+LOADER_THREADS = 32
+_TMA_LOAD_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+_TMA_SWIZZLE_128B = 3          # CUtensorMapSwizzle / CUtensorMapL2promotion codes
+_TMA_L2_PROMOTION_128B = 2
+
+
+def _exit_thread():
+    """PTX ``exit``: the calling thread ends (CTA barriers then wait only for the others)"""
+    return T.cuda.func_call("pit_exit_thread", source_code=(
+        "__forceinline__ __device__ void pit_exit_thread() { asm volatile(\"exit;\" ::: \"memory\"); }"))
+
+
 #: the attr of a dense wgmma kernel: the arguments of :func:`wgmma_row_gather_func` that made it
 DENSE_ATTR = "pit.wgmma_dense"
 
@@ -560,6 +573,13 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     C_CHUNKS = BM * BN // C_VEC // THREADS
     C_ROW_CHUNKS = BN // C_VEC
     smem_elems = cfg.smem_bytes(out_dtype) // 2   # the ring, or the staged C tile after it
+    # dense, 64-deep K tiles: warp-specialized K loop, the loads by TMA (see ``tma_loader``).
+    # Its 9 warps leave 168 registers a thread (ptxas allocates for 12): an fp32 residual, whose
+    # 32 chunks are loaded ahead of the SWrite, would spill, so that kernel keeps the old loop.
+    ws = (mode == "dense" and BK == BLOCK_K and not persistent
+          and not (residual and dtype_bytes(out_dtype) == 4))
+    LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
+    TX_BYTES = (A_TILE + B_TILE) * dtype_bytes(in_dtype)   # a ring slot's bytes, as TMA counts them
     strips = strips_mk > 0
     # strips: the listing's scratch (int32 words) after the staged C tile: a flag per micro-tile
     # of the CTA's columns, the tile column of each output slot, each warp's listed count, and
@@ -799,13 +819,71 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             close_strip(tid, bm, m, sloc[BASE] + sloc[LISTED], AC, CNT, ST)
 
     @T.macro
+    def wgmma_step(slot, acc, desc_a, desc_b):
+        """the warpgroup's wgmma on ring slot ``slot`` (its 64 rows of A x B, 4 k16 steps), one
+        commit group; returns once the group before it retired (one group stays in flight)"""
+        T.ptx.wgmma.fence.sync.aligned()
+        for kk in T.unroll(BK // 16):
+            T.ptx[wgmma](
+                *[acc[i] for i in range(ACC)],
+                desc_a[0] + T.Cast("uint64", (slot * A_TILE + kk * 16) // 8),
+                desc_b[0] + T.Cast("uint64", (slot * B_TILE + kk * 16 * 64) // 8),
+                True, 1, 1, 0, 1)
+        T.ptx.wgmma.commit_group.sync.aligned()
+        T.ptx.wgmma.wait_group.sync.aligned(1)
+
+    @T.macro
+    def tma_loader(bn, bm, smem, bars, map_a, map_b):
+        """ws: the loader thread's K loop: once the consumers released ring slot kt % STAGES
+        (its ``empty`` mbarrier), A's 128 x 64 box and B's BN / 64 atoms of 64 x 64 into it by
+        TMA, their bytes counted on its ``full`` mbarrier (TMA writes the 128-byte swizzle the
+        wgmma descriptors read, and zeros past M)"""
+        for kt in T.serial(KT):
+            s = kt % STAGES
+            if kt >= STAGES:
+                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
+            T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
+            T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
+                                bars.ptr_to([s]))
+            for atom in T.unroll(BN // 64):
+                T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]), T.address_of(map_b),
+                                    bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
+
+    @T.macro
+    def ws_k_loop(tid, smem, acc, desc_a, desc_b, bars):
+        """ws: a consumer warpgroup's K loop: wait for slot q % STAGES to fill, issue its wgmma,
+        and release the slot of K tile q - 1 once that one's wgmma retired"""
+        for q in T.serial(KT):
+            slot = q % STAGES
+            T.cuda.mbarrier_wait(bars.ptr_to([slot]), (q // STAGES) % 2)
+            wgmma_step(slot, acc, desc_a, desc_b)
+            if q > 0:
+                if tid % 128 == 0:
+                    T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (q - 1) % STAGES]), T.uint32(1))
+
+    @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old):
+             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
+             bars, map_a, map_b):
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
         if runs(OFF, m, p0 < count):
             wg = tid // 128
+            if ws:
+                # full[s] waits for one arrival and the slot's TMA bytes, empty[s] for both
+                # consumer warpgroups
+                if tid == 0:
+                    for s in T.unroll(STAGES):
+                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(1))
+                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
+                T.cuda.cta_sync()
+                if tid >= THREADS:
+                    if tid == THREADS:
+                        tma_loader(bn, bm, smem, bars, map_a, map_b)
+                    # (the rest of the kernel is the consumers': a CTA barrier waits for every
+                    # thread that has not exited)
+                    T.evaluate(_exit_thread())
             for i in T.unroll(ACC):
                 acc[i] = T.float32(0)
             # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
@@ -819,47 +897,42 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                                                   A_SWIZZLE)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
                                                   B_LBO, B_SBO, _SWIZZLE_128B)
-            if tiles:
-                # K tile 0's index entries; each iteration then loads the next tile's while
-                # this one's cp.async go out (a lookup just before its use cost the tiles
-                # kernel a global-load latency per K tile)
-                for j in T.unroll(A_CHUNKS):
-                    if gather_a:
-                        a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, (tid + THREADS * j) % A_ROW_CHUNKS * 8)
-                for i in T.unroll(B_ROWS):
-                    b_row_next[i] = micro_tile_id(OFF, IDS, m, bm, b_kr(tid, i))
-            # the first PREFETCH K tiles' loads (as many as there are), one commit group each
-            # (a peeled loop: no test of the loop counter against PREFETCH in the one below)
-            for kt in T.serial(PREFETCH):
-                if kt < k_tiles(OFF, bm):
-                    index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
-                    sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
-                T.ptx["cp.async.commit_group"]()
-            # then compute K tile kt - PREFETCH and load K tile kt (while there is one)
-            for q in T.serial(k_tiles(OFF, bm)):
-                kt = q + PREFETCH
+            if ws:
+                ws_k_loop(tid, smem, acc, desc_a, desc_b, bars)
+            else:
                 if tiles:
+                    # K tile 0's index entries; each iteration then loads the next tile's while
+                    # this one's cp.async go out (a lookup just before its use cost the tiles
+                    # kernel a global-load latency per K tile)
+                    for j in T.unroll(A_CHUNKS):
+                        if gather_a:
+                            a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, (tid + THREADS * j) % A_ROW_CHUNKS * 8)
+                    for i in T.unroll(B_ROWS):
+                        b_row_next[i] = micro_tile_id(OFF, IDS, m, bm, b_kr(tid, i))
+                # the first PREFETCH K tiles' loads (as many as there are), one commit group each
+                # (a peeled loop: no test of the loop counter against PREFETCH in the one below)
+                for kt in T.serial(PREFETCH):
                     if kt < k_tiles(OFF, bm):
                         index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
-                # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
-                T.ptx["cp.async.wait_group"](PREFETCH - 1)
-                T.ptx["fence.proxy.async.shared::cta"]()
-                T.cuda.cta_sync()
-                slot = q % STAGES
-                T.ptx.wgmma.fence.sync.aligned()
-                for kk in T.unroll(BK // 16):
-                    T.ptx[wgmma](
-                        *[acc[i] for i in range(ACC)],
-                        desc_a[0] + T.Cast("uint64", (slot * A_TILE + kk * 16) // 8),
-                        desc_b[0] + T.Cast("uint64", (slot * B_TILE + kk * 16 * 64) // 8),
-                        True, 1, 1, 0, 1)
-                T.ptx.wgmma.commit_group.sync.aligned()
-                T.ptx.wgmma.wait_group.sync.aligned(1)      # wgmma kt - PREFETCH - 1 retired
-                if kt < k_tiles(OFF, bm):
-                    # slot kt % STAGES held tile kt - STAGES = kt - PREFETCH - 2: its wgmma
-                    # retired in both warpgroups before the barrier
-                    sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
-                T.ptx["cp.async.commit_group"]()
+                        sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
+                    T.ptx["cp.async.commit_group"]()
+                # then compute K tile kt - PREFETCH and load K tile kt (while there is one)
+                for q in T.serial(k_tiles(OFF, bm)):
+                    kt = q + PREFETCH
+                    if tiles:
+                        if kt < k_tiles(OFF, bm):
+                            index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
+                    # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
+                    T.ptx["cp.async.wait_group"](PREFETCH - 1)
+                    T.ptx["fence.proxy.async.shared::cta"]()
+                    T.cuda.cta_sync()
+                    slot = q % STAGES
+                    wgmma_step(slot, acc, desc_a, desc_b)      # then wgmma kt - PREFETCH - 1 has retired
+                    if kt < k_tiles(OFF, bm):
+                        # slot kt % STAGES held tile kt - STAGES = kt - PREFETCH - 2: its wgmma
+                        # retired in both warpgroups before the barrier
+                        sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
+                    T.ptx["cp.async.commit_group"]()
             T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
             T.cuda.cta_sync()
@@ -883,6 +956,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                                              + nb * 8 + (lane % 4) * 2 + e] = epilogue(
                             acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
             T.cuda.cta_sync()
+        if ws:
+            if tid >= THREADS:    # (a CTA that skips its tile: the loader leaves here)
+                T.evaluate(_exit_thread())
         T.cuda.cta_sync()
         if strips:
             list_tile(bn, bm, tid, m, smem, ST, orw, ballot, sloc, old)
@@ -928,13 +1004,13 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             place_tile(bn, bm, tid, m, p0, smem, ST, CNT, SIDS, AC, sloc, old)
 
     @T.macro
-    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
+    def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b):
         T.device_entry()
         if persistent:
             cta = T.cta_id([SMS])
         else:
             bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
-        tid = T.thread_id([THREADS])
+        tid = T.thread_id([LAUNCH_THREADS])
         smem = T.alloc_buffer([smem_elems], in_dtype, scope="shared.dyn", align=1024)
         acc = T.alloc_local([ACC], "float32")
         a_row = T.alloc_local([A_CHUNKS], "int64")
@@ -951,6 +1027,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         ballot = T.alloc_local([1], "uint32")
         sloc = T.alloc_local([7], "int32")                  # strips: MINE ... SLOT_COL
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
+        bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
         m = T.Cast("int32", M)
         if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
@@ -968,13 +1045,32 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         T.And(idle_only, cta < tc), 1, (T.max(total - cta, 0) + stride - 1) // stride))):
                 tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
-                     b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old)
+                     b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
+                     bars, map_a, map_b)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old)
+                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
+                 bars, map_a, map_b)
 
-    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, MKT, full_mk, row_scale or row_scale_a,
+    @T.macro
+    def body_ws(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
+        # (host) the TMA descriptors of A (128 x 64 boxes) and B (64 x 64 atoms), 128-byte swizzle
+        map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+        T.tensormap_encode_tiled(map_a, A.data, K, M, K * dtype_bytes(in_dtype), BK, BM, 1, 1,
+                                 descriptor_dtype=in_dtype, rank=2, interleave=0, swizzle=_TMA_SWIZZLE_128B,
+                                 l2_promotion=_TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
+        map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+        T.tensormap_encode_tiled(map_b, B.data, N, K, N * dtype_bytes(in_dtype), 64, BK, 1, 1,
+                                 descriptor_dtype=in_dtype, rank=2, interleave=0, swizzle=_TMA_SWIZZLE_128B,
+                                 l2_promotion=_TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
+        device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)
+
+    @T.macro
+    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
+        device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, None)
+
+    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body_ws if ws else body, MKT, full_mk, row_scale or row_scale_a,
                       residual, S_MKT, S_COMPACT)
 
 
