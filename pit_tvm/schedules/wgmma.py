@@ -107,8 +107,9 @@ _PTX_TYPE = {"float16": "f16", "bfloat16": "bf16"}
 _SWIZZLE_128B = 3      # encode_matrix_descriptor's codes for the 128- and 64-byte swizzles
 _SWIZZLE_64B = 2
 _TARGET = tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH})
-#: the warp after the two consumer warpgroups that issues the TMA loads of a warp-specialized kernel
-LOADER_THREADS = 32
+#: the warpgroup after the two consumer warpgroups that loads the ring of a warp-specialized kernel
+#: (ptxas allocates registers for 12 warps even with 9, so a whole warpgroup costs nothing more)
+LOADER_THREADS = 128
 _TMA_LOAD_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 _TMA_SWIZZLE_128B = 3          # CUtensorMapSwizzle / CUtensorMapL2promotion codes
 _TMA_L2_PROMOTION_128B = 2
@@ -576,10 +577,14 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     # dense, 64-deep K tiles: warp-specialized K loop, the loads by TMA (see ``tma_loader``).
     # Its 9 warps leave 168 registers a thread (ptxas allocates for 12): an fp32 residual, whose
     # 32 chunks are loaded ahead of the SWrite, would spill, so that kernel keeps the old loop.
-    ws = (mode == "dense" and BK == BLOCK_K and not persistent
+    ws = (mode in ("dense", "rows") and BK == BLOCK_K and not persistent
           and not (residual and dtype_bytes(out_dtype) == 4))
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
-    TX_BYTES = (A_TILE + B_TILE) * dtype_bytes(in_dtype)   # a ring slot's bytes, as TMA counts them
+    # a ring slot's bytes that TMA loads (rows: B's; the loader warpgroup copies A's listed rows)
+    TX_BYTES = ((A_TILE if mode == "dense" else 0) + B_TILE) * dtype_bytes(in_dtype)
+    FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" else 0)
+    A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
+    A_LOADER_ROWS = LOADER_THREADS // (BK // 8)          # rows between a loader thread's chunks
     strips = strips_mk > 0
     # strips: the listing's scratch (int32 words) after the staged C tile: a flag per micro-tile
     # of the CTA's columns, the tile column of each output slot, each warp's listed count, and
@@ -833,21 +838,39 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         T.ptx.wgmma.wait_group.sync.aligned(1)
 
     @T.macro
-    def tma_loader(bn, bm, smem, bars, map_a, map_b):
-        """ws: the loader thread's K loop: once the consumers released ring slot kt % STAGES
-        (its ``empty`` mbarrier), A's 128 x 64 box and B's BN / 64 atoms of 64 x 64 into it by
-        TMA, their bytes counted on its ``full`` mbarrier (TMA writes the 128-byte swizzle the
-        wgmma descriptors read, and zeros past M)"""
+    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_id):
+        """ws: the loader warpgroup's K loop.  Once the consumers released ring slot kt % STAGES
+        (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
+        and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
+        writes the 128-byte swizzle the wgmma descriptors read (it follows the shared-memory
+        address) and zeros past M.  Rows: every loader thread copies 8 chunks of A's listed
+        rows by cp.async (as ``sread``), arriving on ``full`` when they land.  (A TMA per listed
+        row took 4096^3 from 225 to 1010 us on the H100: small boxes are slow.)"""
+        lane = tid - THREADS
+        if mode == "rows":
+            for j in T.unroll(A_LOADER_CHUNKS):
+                a_id[j] = T.Cast("int64", row_of(IDS, T.min(bm * BM + lane // A_ROW_CHUNKS + A_LOADER_ROWS * j,
+                                                            m - 1)))
         for kt in T.serial(KT):
             s = kt % STAGES
             if kt >= STAGES:
                 T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
-            T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
-            T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
-                                bars.ptr_to([s]))
-            for atom in T.unroll(BN // 64):
-                T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]), T.address_of(map_b),
-                                    bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
+            if lane == 0:
+                T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
+                if mode == "dense":
+                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
+                                        bars.ptr_to([s]))
+                for atom in T.unroll(BN // 64):
+                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
+                                        T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
+            if mode == "rows":
+                for j in T.unroll(A_LOADER_CHUNKS):
+                    r = lane // A_ROW_CHUNKS + A_LOADER_ROWS * j
+                    ch = lane % A_ROW_CHUNKS
+                    T.evaluate(copy16(smem.ptr_to([s * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
+                                      A.ptr_to([a_id[j], kt * BK + ch * 8]),
+                                      a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
+                T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
     @T.macro
     def ws_k_loop(tid, smem, acc, desc_a, desc_b, bars):
@@ -856,6 +879,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         for q in T.serial(KT):
             slot = q % STAGES
             T.cuda.mbarrier_wait(bars.ptr_to([slot]), (q // STAGES) % 2)
+            if mode == "rows":
+                # (A came by cp.async, the generic proxy; wgmma reads through the async one)
+                T.ptx["fence.proxy.async.shared::cta"]()
             wgmma_step(slot, acc, desc_a, desc_b)
             if q > 0:
                 if tid % 128 == 0:
@@ -864,32 +890,32 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
              a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-             bars, map_a, map_b):
+             bars, map_a, map_b, a_id):
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
         if runs(OFF, m, p0 < count):
             wg = tid // 128
             if ws:
-                # full[s] waits for one arrival and the slot's TMA bytes, empty[s] for both
-                # consumer warpgroups
+                # full[s] waits for one arrival and the slot's TMA bytes (rows: and each loader
+                # thread's cp.async), empty[s] for both consumer warpgroups
                 if tid == 0:
                     for s in T.unroll(STAGES):
-                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(1))
+                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(FULL_ARRIVALS))
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
                 T.cuda.cta_sync()
                 if tid >= THREADS:
-                    if tid == THREADS:
-                        tma_loader(bn, bm, smem, bars, map_a, map_b)
+                    tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_id)
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
                     # thread that has not exited)
                     T.evaluate(_exit_thread())
             for i in T.unroll(ACC):
                 acc[i] = T.float32(0)
             # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
-            for j in T.unroll(A_CHUNKS):
-                a_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // A_ROW_CHUNKS,
-                                                             m - 1)))
+            if not ws:
+                for j in T.unroll(A_CHUNKS):
+                    a_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // A_ROW_CHUNKS,
+                                                                 m - 1)))
             # descriptors of ring slot 0 (this warpgroup's 64 A rows; B's first k16 rows): the
             # other slots and k16 steps add their 16-byte offsets to the start-address field
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
@@ -1028,6 +1054,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         sloc = T.alloc_local([7], "int32")                  # strips: MINE ... SLOT_COL
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
+        a_id = T.alloc_local([A_LOADER_CHUNKS if ws else 1], "int64")   # ws rows: a loader thread's rows of A
         m = T.Cast("int32", M)
         if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
@@ -1046,25 +1073,29 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
                      b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                     bars, map_a, map_b)
+                     bars, map_a, map_b, a_id)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
                  a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                 bars, map_a, map_b)
+                 bars, map_a, map_b, a_id)
 
     @T.macro
     def body_ws(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
-        # (host) the TMA descriptors of A (128 x 64 boxes) and B (64 x 64 atoms), 128-byte swizzle
-        map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
-        T.tensormap_encode_tiled(map_a, A.data, K, M, K * dtype_bytes(in_dtype), BK, BM, 1, 1,
-                                 descriptor_dtype=in_dtype, rank=2, interleave=0, swizzle=_TMA_SWIZZLE_128B,
-                                 l2_promotion=_TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
+        # (host) the TMA descriptors of B (64 x 64 atoms) and, dense, A (128 x 64 boxes), with
+        # the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
         T.tensormap_encode_tiled(map_b, B.data, N, K, N * dtype_bytes(in_dtype), 64, BK, 1, 1,
                                  descriptor_dtype=in_dtype, rank=2, interleave=0, swizzle=_TMA_SWIZZLE_128B,
                                  l2_promotion=_TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
-        device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)
+        if mode == "dense":
+            map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+            T.tensormap_encode_tiled(map_a, A.data, K, M, K * dtype_bytes(in_dtype), BK, BM, 1, 1,
+                                     descriptor_dtype=in_dtype, rank=2, interleave=0, swizzle=_TMA_SWIZZLE_128B,
+                                     l2_promotion=_TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
+            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)
+        else:
+            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, map_b)
 
     @T.macro
     def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
