@@ -41,6 +41,28 @@ A dense kernel can also list its C's 128-row strips for a PIT matmul reading C (
 :func:`wgmma_row_gather_func`): the staged tile's chunks flag its non-zero columns, and the
 listed ones are placed in the strip by one atomic add per CTA while the SWrite stores.
 
+Warp-specialized (dense and rows kernels with 64-deep K tiles, not the few-rows tier): a third
+warpgroup fills the ring and the two above only compute, with no CTA barrier in the K loop::
+
+    loader warpgroup (threads 256..383), K tile kt into slot s = kt % STAGES:
+        wait empty[s] (the consumers released K tile kt - STAGES)
+        thread 256: expect_tx(full[s], bytes); TMA B_s <- B[k0:k0+64, n0:n0+BN] (BN / 64 atoms
+                    of 64 x 64, 128B swizzle); dense: TMA A_s <- A[p0:p0+128, k0:k0+64] too
+        rows: each thread cp.async 8 chunks of A's listed rows into A_s (as above), then
+              cp.async.mbarrier.arrive.noinc(full[s]) when they land
+        then the warpgroup exits (the epilogue's CTA barriers wait only for live threads)
+    consumer warpgroup g, K tile q: wait full[q % STAGES]; 4 x wgmma; keep one group in
+        flight; arrive empty[(q - 1) % STAGES] once K tile q - 1's wgmma retired
+
+H100 (``benchmarks/_ws_probe.py``, 4096^3 fp16 dense, one wave of 128 x 256 tiles, the old
+kernel 219 us, cuBLAS 181): the same loop loading by cp.async from 1 / 2 / 4 loader warps took
+448 / 289 / 222 us (issuing cp.async bounds it), by TMA 200 us; 4096 x 2048 x 8192 218 against
+245 us, 4096 x 8192 x 2048 188 against 211 (cuBLAS 203, 195).  A TMA per listed row of A
+(rows) took 4096^3 from 225 to 1010 us: small boxes are slow, so A's rows stay cp.async.
+ptxas allocates registers for 12 warps whatever the count past 8, so 168 a thread: the dense
+kernel with an fp32 residual (32 chunks loaded ahead of the SWrite) would spill and keeps the
+all-threads loop, as do the tiles kernel and the few-rows tier.
+
 Shared memory per CTA: STAGES * (128 * 64 + 64 * BN) * 2 bytes (BN=256, 4 stages: 192 KiB).
 (``WgmmaConfig.block_k=32``: 32-deep K tiles, A rows of 64 B with the 64-byte swizzle, chunk c
 of row r at c ^ (r / 2 % 4); measured slower, kept for rows / dense as a tuning knob.)
