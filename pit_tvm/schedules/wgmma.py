@@ -599,14 +599,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     # dense, 64-deep K tiles: warp-specialized K loop, the loads by TMA (see ``tma_loader``).
     # Its 9 warps leave 168 registers a thread (ptxas allocates for 12): an fp32 residual, whose
     # 32 chunks are loaded ahead of the SWrite, would spill, so that kernel keeps the old loop.
-    ws = (mode in ("dense", "rows", "tiles") and BK == BLOCK_K and not persistent
+    ws = (mode in ("dense", "rows") and BK == BLOCK_K and not persistent
           and not (residual and dtype_bytes(out_dtype) == 4))
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
-    WS_TILES = ws and tiles
-    # a ring slot's bytes that TMA loads (rows: B's, the loader warpgroup copies A's listed rows;
-    # tiles: none, the loader warpgroup copies both by cp.async through the index)
-    TX_BYTES = ((A_TILE if mode == "dense" else 0) + (B_TILE if mode != "tiles" else 0)) * dtype_bytes(in_dtype)
-    FULL_ARRIVALS = (1 if mode != "tiles" else 0) + (LOADER_THREADS if mode != "dense" else 0)
+    # a ring slot's bytes that TMA loads (rows: B's; the loader warpgroup copies A's listed rows)
+    TX_BYTES = ((A_TILE if mode == "dense" else 0) + B_TILE) * dtype_bytes(in_dtype)
+    FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" else 0)
     A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
     A_LOADER_ROWS = LOADER_THREADS // (BK // 8)          # rows between a loader thread's chunks
     strips = strips_mk > 0
@@ -897,44 +895,14 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
     @T.macro
-    def tiles_loader(tid, bn, bm, m, count, OFF, IDS, A, B, smem, bars, a_row, a_col, b_row_id, a_col_next,
-                     b_row_next, a_row2, a_col2, b_row_id2, a_col_next2, b_row_next2):
-        """ws tiles: the loader warpgroup's K loop.  Each loader thread does the copies of two
-        threads of the all-threads kernel (``tid - 256`` and ``tid - 128``, the second one's in
-        the arrays ending in 2): their index lookups one K tile ahead (``index_ahead``) and their
-        cp.async into slot kt % STAGES (``sread``, zero-filled past the strip's list), then
-        arrives on the slot's ``full`` mbarrier when they land."""
-        v0 = tid - THREADS
-        v1 = tid - LOADER_THREADS
-        for j in T.unroll(A_CHUNKS):
-            a_row[j] = T.Cast("int64", T.min(bm * BM + (v0 + THREADS * j) // A_ROW_CHUNKS, m - 1))
-            a_row2[j] = T.Cast("int64", T.min(bm * BM + (v1 + THREADS * j) // A_ROW_CHUNKS, m - 1))
-            if gather_a:
-                a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, (v0 + THREADS * j) % A_ROW_CHUNKS * 8)
-                a_col_next2[j] = micro_tile_id(OFF, IDS, m, bm, (v1 + THREADS * j) % A_ROW_CHUNKS * 8)
-        for i in T.unroll(B_ROWS):
-            b_row_next[i] = micro_tile_id(OFF, IDS, m, bm, b_kr(v0, i))
-            b_row_next2[i] = micro_tile_id(OFF, IDS, m, bm, b_kr(v1, i))
-        for kt in T.serial(k_tiles(OFF, bm)):
-            s = kt % STAGES
-            index_ahead(kt, v0, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
-            index_ahead(kt, v1, m, bm, OFF, IDS, a_col2, b_row_id2, a_col_next2, b_row_next2)
-            if kt >= STAGES:
-                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
-            sread(kt, v0, bn, bm, bm * BM, count, OFF, A, B, smem, a_row, a_col, b_row_id)
-            sread(kt, v1, bn, bm, bm * BM, count, OFF, A, B, smem, a_row2, a_col2, b_row_id2)
-            T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
-
-    @T.macro
-    def ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars):
+    def ws_k_loop(tid, smem, acc, desc_a, desc_b, bars):
         """ws: a consumer warpgroup's K loop: wait for slot q % STAGES to fill, issue its wgmma,
         and release the slot of K tile q - 1 once that one's wgmma retired"""
-        for q in T.serial(k_tiles(OFF, bm)):
+        for q in T.serial(KT):
             slot = q % STAGES
             T.cuda.mbarrier_wait(bars.ptr_to([slot]), (q // STAGES) % 2)
-            if mode != "dense":
-                # (A, and the tiles kind's B, came by cp.async, the generic proxy; wgmma reads
-                # through the async one)
+            if mode == "rows":
+                # (A came by cp.async, the generic proxy; wgmma reads through the async one)
                 T.ptx["fence.proxy.async.shared::cta"]()
             wgmma_step(slot, acc, desc_a, desc_b)
             if q > 0:
@@ -944,7 +912,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
              a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-             bars, map_a, map_b, a_id, a_row2, a_col2, b_row_id2, a_col_next2, b_row_next2):
+             bars, map_a, map_b, a_id):
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
@@ -959,11 +927,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
                 T.cuda.cta_sync()
                 if tid >= THREADS:
-                    if tiles:
-                        tiles_loader(tid, bn, bm, m, count, OFF, IDS, A, B, smem, bars, a_row, a_col, b_row_id,
-                                     a_col_next, b_row_next, a_row2, a_col2, b_row_id2, a_col_next2, b_row_next2)
-                    else:
-                        tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_id)
+                    tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_id)
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
                     # thread that has not exited)
                     T.evaluate(_exit_thread())
@@ -982,7 +946,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
                                                   B_LBO, B_SBO, _SWIZZLE_128B)
             if ws:
-                ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars)
+                ws_k_loop(tid, smem, acc, desc_a, desc_b, bars)
             else:
                 if tiles:
                     # K tile 0's index entries; each iteration then loads the next tile's while
@@ -1113,12 +1077,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
         a_id = T.alloc_local([A_LOADER_CHUNKS if ws else 1], "int64")   # ws rows: a loader thread's rows of A
-        # ws tiles: a loader thread's second set of a_row ... b_row_next (see tiles_loader)
-        a_row2 = T.alloc_local([A_CHUNKS if WS_TILES else 1], "int64")
-        a_col2 = T.alloc_local([A_CHUNKS if WS_TILES else 1], "int32")
-        b_row_id2 = T.alloc_local([B_ROWS if WS_TILES else 1], "int32")
-        a_col_next2 = T.alloc_local([A_CHUNKS if WS_TILES else 1], "int32")
-        b_row_next2 = T.alloc_local([B_ROWS if WS_TILES else 1], "int32")
         m = T.Cast("int32", M)
         if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
@@ -1137,12 +1095,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
                      b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                     bars, map_a, map_b, a_id, a_row2, a_col2, b_row_id2, a_col_next2, b_row_next2)
+                     bars, map_a, map_b, a_id)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
                  a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                 bars, map_a, map_b, a_id, a_row2, a_col2, b_row_id2, a_col_next2, b_row_next2)
+                 bars, map_a, map_b, a_id)
 
     @T.macro
     def body_ws(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
@@ -1165,7 +1123,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
         device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, None)
 
-    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body_ws if ws and not tiles else body, MKT, full_mk, row_scale or row_scale_a,
+    return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body_ws if ws else body, MKT, full_mk, row_scale or row_scale_a,
                       residual, S_MKT, S_COMPACT)
 
 
