@@ -61,7 +61,10 @@ kernel 219 us, cuBLAS 181): the same loop loading by cp.async from 1 / 2 / 4 loa
 (rows) took 4096^3 from 225 to 1010 us: small boxes are slow, so A's rows stay cp.async.
 ptxas allocates registers for 12 warps whatever the count past 8, so 168 a thread: the dense
 kernel with an fp32 residual (32 chunks loaded ahead of the SWrite) would spill and keeps the
-all-threads loop, as do the tiles kernel and the few-rows tier.
+all-threads loop, as do the tiles kernel and the few-rows tier.  (The tiles kernel loaded that
+way, each loader thread doing two all-threads kernel threads' index lookups and cp.async of B's
+gathered rows, took the OPT FFN's fc2 from 63.5 to 72.6 us: trial 86c8377, reverted; as in the
+probe, 24 cp.async a loader thread per K tile bound the loop.)
 
 Shared memory per CTA: STAGES * (128 * 64 + 64 * BN) * 2 bytes (BN=256, 4 stages: 192 KiB).
 (``WgmmaConfig.block_k=32``: 32-deep K tiles, A rows of 64 B with the 64-byte swizzle, chunk c
