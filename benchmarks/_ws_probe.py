@@ -1,15 +1,17 @@
-"""Probe: does a warp-specialized wgmma K loop beat the all-threads one of pit_tvm's kernels?
+"""Probe: the warp-specialized K loop of the dense wgmma kernel, its ring loaded by cp.async from
+1, 2 or 4 loader warps instead of by TMA.
 
-The wgmma kernels in :mod:`pit_tvm.schedules.wgmma` make every thread both load (cp.async) and
-compute, with one CTA barrier per K tile; their K step costs ~0.9 us at 128 x 256 x 64 on the
-H100 where the tensor cores need ~0.56.  Here a producer warpgroup issues the cp.async of each
-ring slot and signals a ``full`` mbarrier (``cp.async.mbarrier.arrive.noinc``); the two consumer
-warpgroups wait on it, run the wgmma, and release the slot on an ``empty`` mbarrier once their
-wgmma on it retired.  No CTA barrier in the K loop; ``setmaxnreg`` gives the consumers the
-registers.  Dense fp16 only (C = A @ B), checked against torch and timed beside the kernel of
-pit_tvm and cuBLAS::
+:mod:`pit_tvm.schedules.wgmma`'s dense kernel runs its K loop warp-specialized: a loader fills
+the ring and signals each slot's ``full`` mbarrier, the two consumer warpgroups wait on it, run
+the wgmma and release the slot on an ``empty`` mbarrier.  Its loader uses TMA.  Here the same
+loop is loaded by cp.async from ``LOADERS`` threads (``cp.async.mbarrier.arrive.noinc``), the
+way a gathered operand must be, to see what issuing the copies costs.  Dense fp16 (C = A @ B),
+checked against torch and timed beside the kernel of pit_tvm and cuBLAS::
 
     python3 benchmarks/_ws_probe.py [MxKxN ...]
+
+(H100 at 7e82e0d, which also had this loop loaded by TMA: 4096^3 1 / 2 / 4 loader warps 448 /
+289 / 222 us, TMA 200, the all-threads kernel 219, cuBLAS 181.)
 """
 from __future__ import annotations
 
@@ -126,105 +128,6 @@ def ws_dense_func(K: int, N: int, STAGES: int = 4, LOADERS: int = 32):
     return lower_tirx(kernel, _TARGET)
 
 
-def ws_tma_dense_func(K: int, N: int, STAGES: int = 4):
-    """the same K loop, the loads by TMA: one elected thread of the loader warp issues A's
-    128 x 64 box and B's four 64 x 64 atoms of a ring slot, the mbarrier counting their bytes"""
-    THREADS = 288
-    KT = K // BK
-    A_TILE, B_TILE = BM * BK, BK * BN
-    B_BASE = STAGES * A_TILE
-    ACC = BN // 2
-    C_ROW = BN + 8
-    C_CHUNKS = BM * BN // 8 // 256
-    TX = (A_TILE + B_TILE) * 2
-    wgmma = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.f16.f16"
-    A_LBO, A_SBO = 1, 8 * BK * 2 // 16
-    B_LBO, B_SBO = BK * 128 // 16, 1024 // 16
-    tma = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-
-    @T.prim_func(s_tir=False)
-    def kernel(a: T.handle, b: T.handle, c: T.handle):
-        M = T.int64()
-        A = T.match_buffer(a, (M, K), "float16")
-        B = T.match_buffer(b, (K, N), "float16")
-        C = T.match_buffer(c, (M, N), "float16")
-        map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
-        T.tensormap_encode_tiled(map_a, A.data, K, M, K * 2, BK, BM, 1, 1, descriptor_dtype="float16",
-                                 rank=2, interleave=0, swizzle=3, l2_promotion=2, oob_fill=0, force_cu_dtype=-1)
-        map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
-        T.tensormap_encode_tiled(map_b, B.data, N, K, N * 2, 64, BK, 1, 1, descriptor_dtype="float16",
-                                 rank=2, interleave=0, swizzle=3, l2_promotion=2, oob_fill=0, force_cu_dtype=-1)
-        T.device_entry()
-        bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
-        tid = T.thread_id([THREADS])
-        smem = T.alloc_buffer([STAGES * (A_TILE + B_TILE)], "float16", scope="shared.dyn", align=1024)
-        bars = T.alloc_buffer([2 * STAGES], "uint64", scope="shared", align=8)   # full[s], empty[s]
-        acc = T.alloc_local([ACC], "float32")
-        desc_a = T.alloc_local([1], "uint64")
-        desc_b = T.alloc_local([1], "uint64")
-        m = T.Cast("int32", M)
-        p0 = bm * BM
-        if tid == 0:
-            for s in T.unroll(STAGES):
-                T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(1))
-                T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
-        T.cuda.cta_sync()
-        if tid == 256:
-            for kt in T.serial(KT):
-                s = kt % STAGES
-                if kt >= STAGES:
-                    T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES - 1) % 2)
-                T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX))
-                T.ptx[tma](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, p0, bars.ptr_to([s]))
-                for atom in T.unroll(BN // 64):
-                    T.ptx[tma](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]), T.address_of(map_b),
-                               bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
-        if tid < 256:
-            wg = tid // 128
-            for i in T.unroll(ACC):
-                acc[i] = T.float32(0)
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([wg * 64 * BK]),
-                                                  A_LBO, A_SBO, _SWIZZLE_128B)
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
-                                                  B_LBO, B_SBO, _SWIZZLE_128B)
-            for q in T.serial(KT):
-                s = q % STAGES
-                T.cuda.mbarrier_wait(bars.ptr_to([s]), (q // STAGES) % 2)
-                T.ptx.wgmma.fence.sync.aligned()
-                for kk in T.unroll(BK // 16):
-                    T.ptx[wgmma](
-                        *[acc[i] for i in range(ACC)],
-                        desc_a[0] + T.Cast("uint64", (s * A_TILE + kk * 16) // 8),
-                        desc_b[0] + T.Cast("uint64", (s * B_TILE + kk * 16 * 64) // 8),
-                        True, 1, 1, 0, 1)
-                T.ptx.wgmma.commit_group.sync.aligned()
-                T.ptx.wgmma.wait_group.sync.aligned(1)      # wgmma q - 1 retired: release its slot
-                if q > 0:
-                    if tid % 128 == 0:
-                        T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (q - 1) % STAGES]), T.uint32(1))
-            T.ptx.wgmma.wait_group.sync.aligned(0)
-        T.cuda.cta_sync()
-        if tid < 256:
-            wg = tid // 128
-            w = (tid % 128) // 32
-            lane = tid % 32
-            for nb in T.unroll(BN // 8):
-                for i in T.unroll(2):
-                    for e in T.vectorized(2):
-                        smem[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW + nb * 8 + (lane % 4) * 2 + e] = \
-                            T.Cast("float16", acc[nb * 4 + i * 2 + e])
-        T.cuda.cta_sync()
-        if tid < 256:
-            for j in T.unroll(C_CHUNKS):
-                r = (tid + 256 * j) // (BN // 8)
-                ch = (tid + 256 * j) % (BN // 8)
-                if p0 + r < m:
-                    for e in T.vectorized(8):
-                        C[p0 + r, bn * BN + ch * 8 + e] = smem[r * C_ROW + ch * 8 + e]
-
-    return lower_tirx(kernel, _TARGET)
-
-
 def main(shapes):
     import torch
     from triton.testing import do_bench
@@ -239,9 +142,8 @@ def main(shapes):
         c = torch.empty(m, n, device="cuda", dtype=torch.float16)
         ref = a.float() @ b.float()
         line = f"{m}x{k}x{n}: cuBLAS {do_bench(lambda: torch.matmul(a, b)) * 1e3:6.1f} us"
-        kernels = {"pit dense": wgmma_row_gather_func(k, n, dense=True),
-                   "ws cp.async 4 loader warps": ws_dense_func(k, n, 4, 128),
-                   "ws tma": ws_tma_dense_func(k, n, 4)}
+        kernels = {"pit dense (TMA loader)": wgmma_row_gather_func(k, n, dense=True),
+                   **{f"cp.async, {w} loader warps": ws_dense_func(k, n, 4, 32 * w) for w in (1, 2, 4)}}
         for name, func in kernels.items():
             fn = build(tvm.IRModule({"main": func}), "cuda:sm_90a")["main"]
             c.fill_(7)
