@@ -599,9 +599,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     C_CHUNKS = BM * BN // C_VEC // THREADS
     C_ROW_CHUNKS = BN // C_VEC
     smem_elems = cfg.smem_bytes(out_dtype) // 2   # the ring, or the staged C tile after it
-    # dense, 64-deep K tiles: warp-specialized K loop, the loads by TMA (see ``tma_loader``).
-    # Its 9 warps leave 168 registers a thread (ptxas allocates for 12): an fp32 residual, whose
-    # 32 chunks are loaded ahead of the SWrite, would spill, so that kernel keeps the old loop.
+    # dense and rows, 64-deep K tiles, not the few-rows tier: the warp-specialized K loop (see
+    # ``tma_loader``, ``ws_k_loop``).  Its 12 warps leave 168 registers a thread: an fp32
+    # residual, whose 32 chunks are loaded ahead of the SWrite, would spill, so that kernel keeps
+    # the all-threads loop.
     ws = (mode in ("dense", "rows") and BK == BLOCK_K and not persistent
           and not (residual and dtype_bytes(out_dtype) == 4))
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
