@@ -54,10 +54,10 @@ warpgroup fills the ring and the two above only compute, with no CTA barrier in 
     consumer warpgroup g, K tile q: wait full[q % STAGES]; 4 x wgmma; keep one group in
         flight; arrive empty[(q - 1) % STAGES] once K tile q - 1's wgmma retired
 
-H100 (``benchmarks/_ws_probe.py`` at 7e82e0d, 4096^3 fp16 dense; the all-threads kernel 219 us,
-cuBLAS 181): the same loop loading by cp.async from 1 / 2 / 4 loader warps took 448 / 289 /
-222 us (issuing cp.async bounds it), by TMA 200 us; 4096 x 2048 x 8192 218 against 245 us,
-4096 x 8192 x 2048 188 against 211 (cuBLAS 203, 195).  A TMA per listed row of A
+H100 (``python3 benchmarks/_ws_probe.py`` at 7e82e0d, a probe since removed; 4096^3 fp16
+dense; the all-threads kernel 219 us, cuBLAS 181): the same loop loading by cp.async from 1 /
+2 / 4 loader warps took 448 / 289 / 222 us (issuing cp.async bounds it), by TMA 200 us;
+4096 x 2048 x 8192 218 against 245 us, 4096 x 8192 x 2048 188 against 211 (cuBLAS 203, 195).  A TMA per listed row of A
 (rows) took 4096^3 from 225 to 1010 us: small boxes are slow, so A's rows stay cp.async.
 ptxas allocates registers for 12 warps whatever the count past 8, so 168 a thread: the dense
 kernel with an fp32 residual (32 chunks loaded ahead of the SWrite) would spill and keeps the
