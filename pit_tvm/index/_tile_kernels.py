@@ -75,6 +75,11 @@ def state_listed(old):
     return T.Cast("int32", old - state_units(old) * T.float64(UNITS_SCALE))
 
 
+def state_completes(old, units):
+    """int32 1 where the CTA adding one unit to the word ``old`` completes a strip of ``units``"""
+    return T.Cast("int32", state_units(old) + T.float64(1) == T.float64(units))
+
+
 def _pow2_ceil(n):
     p = 1
     while p < n:

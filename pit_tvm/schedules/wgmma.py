@@ -57,8 +57,9 @@ warpgroup fills the ring and the two above only compute, with no CTA barrier in 
 H100 (``python3 benchmarks/_ws_probe.py`` at 7e82e0d, a probe since removed; 4096^3 fp16
 dense; the all-threads kernel 219 us, cuBLAS 181): the same loop loading by cp.async from 1 /
 2 / 4 loader warps took 448 / 289 / 222 us (issuing cp.async bounds it), by TMA 200 us;
-4096 x 2048 x 8192 218 against 245 us, 4096 x 8192 x 2048 188 against 211 (cuBLAS 203, 195).  A TMA per listed row of A
-(rows) took 4096^3 from 225 to 1010 us: small boxes are slow, so A's rows stay cp.async.
+4096 x 2048 x 8192 218 against 245 us, 4096 x 8192 x 2048 188 against 211 (cuBLAS 203, 195).
+A TMA per listed row of A (rows) took 4096^3 from 225 to 1010 us: small boxes are slow, so A's
+rows stay cp.async.
 ptxas allocates registers for 12 warps whatever the count past 8, so 168 a thread: the dense
 kernel with an fp32 residual (32 chunks loaded ahead of the SWrite) would spill and keeps the
 all-threads loop, as do the tiles kernel and the few-rows tier.  (The tiles kernel loaded that
@@ -112,7 +113,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.index._tile_kernels import STATE_DTYPE, state_add, state_listed, state_units
+from pit_tvm.index._tile_kernels import STATE_DTYPE, state_add, state_completes, state_listed
 from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
@@ -668,6 +669,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def row_of(ids_buf, p):
         return ids_buf[p] if mode == "rows" else p
 
+    def row_id(ids_buf, p, m):
+        """(int64) the row of A / C that compacted row p maps to, the last one past M (not stored)"""
+        return T.Cast("int64", row_of(ids_buf, T.min(p, m - 1)))
+
     def count_of(off_buf, m):
         return off_buf[1] if mode == "rows" else m
 
@@ -830,7 +835,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         and a zero state"""
         if tid == 0:
             smem.view("int32")[S_INFO] = state_listed(old[0])
-            smem.view("int32")[S_INFO + 1] = T.Cast("int32", state_units(old[0]) + T.float64(1) == T.float64(N // BN))
+            smem.view("int32")[S_INFO + 1] = state_completes(old[0], N // BN)
         T.cuda.cta_sync()
         sloc[BASE] = smem.view("int32")[S_INFO]
         sloc[LAST] = smem.view("int32")[S_INFO + 1]
@@ -864,7 +869,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         T.ptx.wgmma.wait_group.sync.aligned(1)
 
     @T.macro
-    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_id):
+    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row):
         """ws: the loader warpgroup's K loop.  Once the consumers released ring slot kt % STAGES
         (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
         and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
@@ -875,8 +880,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         lane = tid - THREADS
         if mode == "rows":
             for j in T.unroll(A_LOADER_CHUNKS):
-                a_id[j] = T.Cast("int64", row_of(IDS, T.min(bm * BM + lane // A_ROW_CHUNKS + A_LOADER_ROWS * j,
-                                                            m - 1)))
+                a_row[j] = row_id(IDS, bm * BM + lane // A_ROW_CHUNKS + A_LOADER_ROWS * j, m)
         for kt in T.serial(KT):
             s = kt % STAGES
             if kt >= STAGES:
@@ -894,7 +898,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     r = lane // A_ROW_CHUNKS + A_LOADER_ROWS * j
                     ch = lane % A_ROW_CHUNKS
                     T.evaluate(copy16(smem.ptr_to([s * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
-                                      A.ptr_to([a_id[j], kt * BK + ch * 8]),
+                                      A.ptr_to([a_row[j], kt * BK + ch * 8]),
                                       a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
@@ -916,7 +920,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
              a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-             bars, map_a, map_b, a_id):
+             bars, map_a, map_b):
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
@@ -931,7 +935,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
                 T.cuda.cta_sync()
                 if tid >= THREADS:
-                    tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_id)
+                    tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row)
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
                     # thread that has not exited)
                     T.evaluate(_exit_thread())
@@ -940,8 +944,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
             if not ws:
                 for j in T.unroll(A_CHUNKS):
-                    a_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // A_ROW_CHUNKS,
-                                                                 m - 1)))
+                    a_row[j] = row_id(IDS, p0 + (tid + THREADS * j) // A_ROW_CHUNKS, m)
             # descriptors of ring slot 0 (this warpgroup's 64 A rows; B's first k16 rows): the
             # other slots and k16 steps add their 16-byte offsets to the start-address field
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
@@ -1027,7 +1030,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         # its time (45 of 4096 rows: ~70 % of the stall samples on the H100)
         if runs(OFF, m, p0 < m):
             for j in T.unroll(C_CHUNKS):
-                c_row[j] = T.Cast("int64", row_of(IDS, T.min(p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m - 1)))
+                c_row[j] = row_id(IDS, p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m)
             if residual:
                 # every residual chunk loaded before the first store, for the same reason
                 for j in T.unroll(C_CHUNKS):
@@ -1065,7 +1068,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         tid = T.thread_id([LAUNCH_THREADS])
         smem = T.alloc_buffer([smem_elems], in_dtype, scope="shared.dyn", align=1024)
         acc = T.alloc_local([ACC], "float32")
-        a_row = T.alloc_local([A_CHUNKS], "int64")
+        # the A rows this thread copies (ws rows: this loader thread's, A_LOADER_CHUNKS of them)
+        a_row = T.alloc_local([A_LOADER_CHUNKS if ws else A_CHUNKS], "int64")
         c_row = T.alloc_local([C_CHUNKS], "int64")       # the C rows this thread stores
         rs_val = T.alloc_local([2], "float32")           # row_scale: its fragment rows' scales
         res_v = T.alloc_local([C_CHUNKS * C_VEC if residual else 1], out_dtype)   # residual chunks
@@ -1080,7 +1084,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         sloc = T.alloc_local([7], "int32")                  # strips: MINE ... SLOT_COL
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
-        a_id = T.alloc_local([A_LOADER_CHUNKS if ws else 1], "int64")   # ws rows: a loader thread's rows of A
         m = T.Cast("int32", M)
         if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
@@ -1099,12 +1102,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
                      b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                     bars, map_a, map_b, a_id)
+                     bars, map_a, map_b)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
                  a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                 bars, map_a, map_b, a_id)
+                 bars, map_a, map_b)
 
     @T.macro
     def body_ws(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):

@@ -45,7 +45,7 @@ import functools
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.index._tile_kernels import STATE_DTYPE, nz_bits, state_add, state_listed, state_units
+from pit_tvm.index._tile_kernels import STATE_DTYPE, nz_bits, state_add, state_completes, state_listed
 from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx, strip_closer, strip_state_words
 
 __all__ = ["LIST_ATTR", "STATE_DTYPE", "strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
@@ -158,7 +158,7 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
                 inf[0] = n_listed[0]
                 old[0] = T.cuda.atomic_add(T.address_of(ST[g]), state_add(inf[0], 1))
                 base[0] = state_listed(old[0])
-                last[0] = T.Cast("int32", state_units(old[0]) + T.float64(1) == T.float64(CTAS))
+                last[0] = state_completes(old[0], CTAS)
         T.cuda.cta_sync()
         if g < G:
             inf[0] = n_listed[0]
