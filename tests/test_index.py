@@ -21,6 +21,7 @@ from pit_tvm.index import (
     tile_index_func,
     tiles_from_index,
 )
+from pit_tvm.index._tile_kernels import flag_geometry
 from pit_tvm.index.tiles import _tile_index_func
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
 from pit_tvm.target import build
@@ -111,6 +112,34 @@ def test_tile_index_cuda_structure_on_cpu(group, micro_tile):
             for s in (0.0, 0.5, 0.9, 1.0):
                 data = make_data(rows, cols, mt, s, "float16", rng)
                 check_tile_index(data, mt, group, *b(data))
+
+
+@pytest.mark.parametrize("micro_tile,cols", [((1, "cols"), 2056), ((32, 64), 150), ((8, 64), 600)],
+                         ids=["rows-2056", "32x64-150", "8x64-600"])
+def test_early_exit_reads_the_rest(micro_tile, cols):
+    """Tiles whose lanes read an eighth of their loads first (``FlagGeometry.early``): a tile whose
+    only non-zero lies in that eighth, past it, at its last element or in a partial tile at the
+    edge is listed; a zero tile is not (the CUDA structure run on the CPU, and the CPU kernel)."""
+    mt = _mt(micro_tile, cols)
+    assert flag_geometry(cols, mt[0], mt[1], "float16").early > 0
+    rng = np.random.default_rng(11)
+    rows = 3 * mt[0] + 1
+    ntr, ntc = tile_grid(rows, cols, mt)
+    data = np.zeros((rows, cols), np.float16)
+    for tr in range(ntr):
+        for tc in range(ntc):
+            h, w = min(mt[0], rows - tr * mt[0]), min(mt[1], cols - tc * mt[1])
+            where = (tr + tc) % 4      # 0: zero tile, 1: first rows / columns, 2: anywhere, 3: last element
+            if where == 1:
+                data[tr * mt[0], tc * mt[1] + int(rng.integers(0, min(w, 2)))] = 1.5
+            elif where == 2:
+                data[tr * mt[0] + int(rng.integers(0, h)), tc * mt[1] + int(rng.integers(0, w))] = -0.75
+            elif where == 3:
+                data[tr * mt[0] + h - 1, tc * mt[1] + w - 1] = 2.0
+    for emulate in (True, False):
+        b = IndexBuilder(_tile_index_func(cols, mt, "row", "float16", "llvm", emulate_gpu=emulate), "llvm")
+        check_tile_index(data, mt, "row", *b(data))
+        check_tile_index(np.zeros_like(data), mt, "row", *b(np.zeros_like(data)))
 
 
 def reference_with_fallback(data, micro_tile, group, threshold):

@@ -8,7 +8,9 @@ compaction kernel (which can also apply the dense fallback); with one tile colum
    ``(1, 64)`` -> 8 lanes/tile, whole rows -> a warp per row, ``NI`` vectors per lane) and
    OR-ed with warp shuffles, or one vector holding ``TPV = VEC / mc`` whole micro-tiles
    (``mc`` < ``VEC``: e.g. ``(32, 1)`` -> 8 column tiles per lane, walking the 32 rows).
-   Each lane loops over the ``mr`` rows of its tile-row. CTA ``b`` covers units
+   Each lane loops over the ``mr`` rows of its tile-row; a lane holding one tile (at least 8
+   loads) reads an eighth of them first and the rest only when its tile's lanes found no
+   non-zero there (``FlagGeometry.early``: a non-zero tile is mostly read in part). CTA ``b`` covers units
    ``[b*UPB, (b+1)*UPB)``, i.e. flat ids ``[b*FPB, (b+1)*FPB)``; it writes the int8 flags and,
    when the group order is the row-major tile order (``group="row"`` or one tile column), the
    number of set flags of its range into ``CNT[b]`` (otherwise a small count kernel does it).
@@ -102,6 +104,7 @@ class FlagGeometry:
     fpb: int  # flat ids per flag CTA
     chc: int  # flat ids per compaction CTA
     fb: int  # flag CTAs per compaction CTA
+    early: int  # loads of a lane's tile read before the rest (0: all at once)
 
 
 def flag_geometry(cols, mr, mc, dtype) -> FlagGeometry:
@@ -128,7 +131,11 @@ def flag_geometry(cols, mr, mc, dtype) -> FlagGeometry:
     fpb = upb * tpv
     chc = max(CHC_MIN, fpb)  # both powers of two: chc is a whole number of flag CTAs
     assert chc % fpb == 0
-    return FlagGeometry(vec, tpv, uw, mcv, L, lp, ni, tpw, u, upb, fpb, chc, chc // fpb)
+    # early exit: a lane holding one tile (u == tpv == 1, so at least 8 loads) first reads an
+    # eighth of them, and the rest only if its tile's lanes found no non-zero there (a non-zero
+    # tile is then mostly read in part: 4096 x 4096 fp16 rows, 1 of a row's 8 KiB)
+    early = loads // 8 if u == 1 and tpv == 1 else 0
+    return FlagGeometry(vec, tpv, uw, mcv, L, lp, ni, tpw, u, upb, fpb, chc, chc // fpb, early)
 
 
 def nz_bits(dtype):
@@ -158,6 +165,7 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
     LOG_LP = LP.bit_length() - 1
     need_v_check = NI * LP != L
     need_c_check = TPV == 1 and C % mc != 0
+    LOADS, EARLY = mr * NI, g.early  # vector loads per lane per unit; read first (0: all at once)
     thr = density_threshold
 
     def over_threshold(count, nf):
@@ -176,41 +184,42 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
         return tirx.const(True, "bool")
 
     @T.macro
-    def partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, checked):
-        # checked=False: the whole CTA lies inside the data (no per-load bounds tests, so the
-        # loads of the unrolled steps are independent and can all be in flight)
+    def partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, checked, j0, j1):
+        # the lane's loads j0 <= j < j1 of unit u (load j: row j // NI of the tile-row, vector
+        # j % NI).  checked=False: the whole CTA lies inside the data (no per-load bounds tests,
+        # so the loads of the unrolled steps are independent and can all be in flight)
         un = b * UPB + (ty * U + u) * TPW + tx // LP
-        for ri in T.unroll(mr):
-            if in_range(un, ri, R, NUT, checked):
-                for it in T.unroll(NI):
-                    if vcheck(it, lane):
-                        if ccheck(un, it, lane):
-                            for e in T.vectorized(VEC):
-                                vb[e] = D[(un // NU) * mr + ri, (un % NU) * UW + (it * LP + lane) * VEC + e]
-                            for e in T.unroll(VEC):
-                                accs[u * TPV + e // MCV] = T.bitwise_or(accs[u * TPV + e // MCV], nz(vb[e]))
+        for j in T.unroll(j0, j1):
+            if in_range(un, j // NI, R, NUT, checked):
+                if vcheck(j % NI, lane):
+                    if ccheck(un, j % NI, lane):
+                        for e in T.vectorized(VEC):
+                            vb[e] = D[(un // NU) * mr + j // NI, (un % NU) * UW + ((j % NI) * LP + lane) * VEC + e]
+                        for e in T.unroll(VEC):
+                            accs[u * TPV + e // MCV] = T.bitwise_or(accs[u * TPV + e // MCV], nz(vb[e]))
 
     @T.macro
-    def units(D, accs, vb, R, NUT, b, ty, tx, checked):
+    def units(D, accs, vb, R, NUT, b, ty, tx, checked, j0, j1):
         # every unit of this lane (on the CPU the leader runs its lanes' loads itself)
         for u in T.unroll(U):
             if gpu:
-                partial(D, accs, vb, R, NUT, b, ty, tx, u, tx % LP, checked)
+                partial(D, accs, vb, R, NUT, b, ty, tx, u, tx % LP, checked, j0, j1)
             else:
                 if tx % LP == 0:
                     for lane in range(LP):
-                        partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, checked)
+                        partial(D, accs, vb, R, NUT, b, ty, tx, u, lane, checked, j0, j1)
 
     @T.macro
-    def lane_flags(D, accs, vb, R, NUT, b, ty, tx):
-        # accs[u * TPV + j] != 0 iff tile j of this lane's unit u is non-zero (valid in the unit's
-        # leader lane, tx % LP == 0, after the in-warp OR)
-        for q in T.unroll(U * TPV):
-            accs[q] = 0
+    def loads(D, accs, vb, R, NUT, b, ty, tx, j0, j1):
         if (b + 1) * UPB <= NUT and ((b + 1) * UPB - 1) // NU * mr + mr <= R:
-            units(D, accs, vb, R, NUT, b, ty, tx, False)
+            units(D, accs, vb, R, NUT, b, ty, tx, False, j0, j1)
         else:
-            units(D, accs, vb, R, NUT, b, ty, tx, True)
+            units(D, accs, vb, R, NUT, b, ty, tx, True, j0, j1)
+
+    @T.macro
+    def unit_or(accs):
+        # OR each of the lane's flags over its unit's LP lanes (a no-op on the CPU, whose leader
+        # lane ran them all)
         if gpu:
             for q in T.unroll(U * TPV):
                 for s in T.unroll(LOG_LP):
@@ -218,6 +227,22 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                         accs[q],
                         T.tvm_warp_shuffle_xor(T.uint32(FULL_MASK), accs[q], T.shift_right(LP // 2, s), 32, 32),
                     )
+
+    @T.macro
+    def lane_flags(D, accs, vb, R, NUT, b, ty, tx):
+        # accs[u * TPV + j] != 0 iff tile j of this lane's unit u is non-zero (valid in the unit's
+        # leader lane, tx % LP == 0, after the in-warp OR)
+        for q in T.unroll(U * TPV):
+            accs[q] = 0
+        if EARLY > 0:
+            # one tile per lane: a non-zero among its first EARLY loads settles it
+            loads(D, accs, vb, R, NUT, b, ty, tx, 0, EARLY)
+            unit_or(accs)
+            if accs[0] == 0:
+                loads(D, accs, vb, R, NUT, b, ty, tx, EARLY, LOADS)
+        else:
+            loads(D, accs, vb, R, NUT, b, ty, tx, 0, LOADS)
+        unit_or(accs)
 
     @T.macro
     def flags(D, FL, CNT, R, NUT, flat):
