@@ -89,7 +89,16 @@ an L2 workspace, the last split of a tile adding them; 665ee14 with ``benchmarks
 It took 41 rows of 4096^3 from 43.8 to 36.4 us, but the kernel that could split ran ~6 us slower
 wherever it did not (410 rows: 47.7 -> 54.0 us; nvcc recomputed the loop's address arithmetic
 every K tile), and the unlisted rows' stores (a 32 MiB memset alone takes 14.6 us) bound what
-it can gain.  Also tried: launching the tiles kernel's CTAs strip-major, so that the CTAs
+it can gain.  Tried again on the warp-specialized rows kernel (trial 3c7cbe5, reverted; ``python3
+benchmarks/_split_k_probe.py`` there): a 1-D grid whose first CTAs split each tile of listed
+rows over up to ``SMS / tiles`` CTAs (at most 2 or 4), fp32 partials through a workspace, the
+last split adding them before the epilogue.  Device time per call (torch.profiler, L2 warm,
+H100, 2026-11-24), 4096^3 at 41 / 205 / 410 / 1024 / 2048 / 4096 listed rows: the op's kernels
+30.2 / 40.2 / 42.9 / 55.6 / 99.6 / 195.9 us, the split kernel's best width 32.9 / 40.8 / 44.4 /
+57.9 / 106.7 / 210.1 us (where nothing splits the 1-D grid's dynamic K range costs ~7 %); 128
+rows alone (no unlisted rows) 22.9 against 21.7 us with 4 splits of 128 columns (4x fewer K steps
+a CTA); BERT's FFN-out (4096 x 3072 x 768, 2,400 rows) 23.8 against 23.8 us, its output
+projection (K = 768) 7.4 against 9.2 us.  Fewer K steps a CTA did not shorten these calls.  Also tried: launching the tiles kernel's CTAs strip-major, so that the CTAs
 running together share B's N tiles (4aa3458, ``benchmarks/_tiles_raster.py``): the FFN's fc2
 61.0 against 60.4 us.  ncu on that kernel (``benchmarks/_ncu_tiles_ffn.py``): DRAM 34 % and SM
 54 % of peak, L2 hit rate 67 % (the dense kernel of the shape: 19 %, 76 %, 81 %): neither
@@ -118,7 +127,7 @@ from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, st
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
-           "wgmma_few_rows_tier", "split_count",
+           "wgmma_few_rows_tier",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
            "dense_kernel_args", "strip_state_words", "strip_closer"]
@@ -345,7 +354,7 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
                           config: WgmmaConfig | None = None, gelu: bool = False,
                           row_scale: bool = False, row_scale_masks: bool = False,
                           residual: bool = False, rows_above: int = 0, rows_upto: int = 0,
-                          row_scale_a: bool = False, strips_mk: int = 0, max_splits: int = 1) -> tirx.PrimFunc:
+                          row_scale_a: bool = False, strips_mk: int = 0) -> tirx.PrimFunc:
     """The lowered wgmma row-gather (or, ``dense=True``, plain) matmul PrimFunc; ``M`` is a
     symbolic int64, K and N compile-time.  Epilogue: ``bias`` (a ``[N]`` parameter), then
     ``relu`` or ``gelu`` (erf form), then ``row_scale`` (a ``[M]`` parameter after the bias,
@@ -368,13 +377,7 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     micro-tiles) from the staged tile, so a PIT matmul consuming C need not read it again:
     the function takes the strips' ``state`` after the epilogue's inputs and writes ``counts``,
     ``strip_ids`` (and, for micro-tiles under 16 bytes, the compacted ``ac``) after ``c``.
-    Dense kernels carry :data:`DENSE_ATTR`, the arguments that rebuild them.
-
-    ``max_splits`` > 1 (rows, warp-specialized): when the listed rows' tiles leave SMs idle, each
-    tile's K loop is split over up to that many CTAs (:func:`split_count`), the last to finish
-    adding the others' fp32 partial tiles before the epilogue.  The function then takes the
-    split counters ``split_count`` (int32 ``[SMS]``, zero before a call and left zero) before
-    ``c`` and writes ``partials`` (fp32, ``SMS * 128 * block_n``) after it."""
+    Dense kernels carry :data:`DENSE_ATTR`, the arguments that rebuild them."""
     if rows_above and rows_upto:
         raise ValueError("rows_above and rows_upto are the two tiers: one kernel is one of them")
     if dense and (rows_above or rows_upto):
@@ -399,15 +402,11 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     if strips_mk and (not dense or dtype_bytes(out_dtype) != 2 or 64 % int(strips_mk)):
         raise ValueError(f"strips_mk lists a dense kernel's fp16/bf16 C in micro-tiles dividing 64 columns, "
                          f"got strips_mk={strips_mk}, dense={dense}, {out_dtype}")
-    if max_splits > 1 and (dense or rows_above or rows_upto or config.block_k != BLOCK_K
-                           or (residual and dtype_bytes(out_dtype) == 4)):
-        raise ValueError("max_splits splits the warp-specialized rows kernel (block_k 64, no tiers, no fp32 residual)")
     act = "relu" if relu else ("gelu" if gelu else None)
     func = _kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, "dense" if dense else "rows",
                    config, row_scale=bool(row_scale), row_scale_masks=bool(row_scale_masks),
                    residual=bool(residual), rows_above=int(rows_above), rows_upto=int(rows_upto),
-                   row_scale_a=bool(row_scale_a), strips_mk=int(strips_mk),
-                   max_splits=min(int(max_splits), int(k) // BLOCK_K))
+                   row_scale_a=bool(row_scale_a), strips_mk=int(strips_mk))
     func = lower_tirx(func, _TARGET)
     if dense:
         return func.with_attr(DENSE_ATTR, {
@@ -417,14 +416,6 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
             "block_k": config.block_k, "strips_mk": int(strips_mk)})
     # (the op layer looks for it: the rows kernel may be split into the two row-count tiers)
     return func.with_attr("pit.wgmma_rows", True)
-
-
-def split_count(tiles, max_splits: int):
-    """The CTAs each of ``tiles`` tiles' K loop is split over (an int or a TIR expression): as
-    many as leave none of the :data:`SMS` SMs without a CTA to spare, at most ``max_splits``."""
-    if isinstance(tiles, int):
-        return max(1, min(max_splits, SMS // max(tiles, 1)))
-    return T.max(1, T.min(max_splits, SMS // T.max(tiles, 1)))
 
 
 def dense_kernel_args(func) -> dict | None:
@@ -586,7 +577,7 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
 
 def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
             full_mk=0, row_scale=False, row_scale_masks=False, residual=False, rows_above=0, rows_upto=0,
-            row_scale_a=False, strips_mk=0, max_splits=1):
+            row_scale_a=False, strips_mk=0):
     """The kernel body for ``mode`` "rows" / "dense" (see the module docstring) or "tiles"
     (:func:`wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
@@ -594,8 +585,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     runs only when the index lists more rows than that, ``rows_upto`` only when it lists at
     most that many, on a persistent grid (:func:`wgmma_few_rows_tier`).  ``strips_mk`` (dense):
     the epilogue also builds the strips index of C for ``(128, strips_mk)`` micro-tiles (see
-    :func:`wgmma_row_gather_func`).  ``max_splits`` (rows, warp-specialized): split the K loop of
-    few tiles over up to that many CTAs (:func:`split_count`)."""
+    :func:`wgmma_row_gather_func`)."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK
@@ -626,11 +616,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     ws = (mode in ("dense", "rows") and BK == BLOCK_K and not persistent
           and not (residual and dtype_bytes(out_dtype) == 4))
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
-    split_k = max_splits > 1
-    NTI = N // BN                         # tiles across N
-    # the CTA's split values (int32 local): its tile's splits, its split, its tile, its first K
-    # tile and K tile count, the tile's splits counted in before it
-    SK_SPLITS, SK_SPLIT, SK_TILE, SK_KT0, SK_KTS, SK_BEFORE = range(6)
     # a ring slot's bytes that TMA loads (rows: B's; the loader warpgroup copies A's listed rows)
     TX_BYTES = ((A_TILE if mode == "dense" else 0) + B_TILE) * dtype_bytes(in_dtype)
     FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" else 0)
@@ -696,14 +681,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def row_id(ids_buf, p, m):
         """(int64) the row of A / C that compacted row p maps to, the last one past M (not stored)"""
         return T.Cast("int64", row_of(ids_buf, T.min(p, m - 1)))
-
-    def k_first(sk):
-        """the first K tile of the CTA's K loop"""
-        return sk[SK_KT0] if split_k else 0
-
-    def k_count(sk):
-        """the K tiles of the CTA's K loop"""
-        return sk[SK_KTS] if split_k else KT
 
     def count_of(off_buf, m):
         return off_buf[1] if mode == "rows" else m
@@ -901,7 +878,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         T.ptx.wgmma.wait_group.sync.aligned(1)
 
     @T.macro
-    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, sk):
+    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row):
         """ws: the loader warpgroup's K loop.  Once the consumers released ring slot kt % STAGES
         (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
         and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
@@ -913,33 +890,32 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         if mode == "rows":
             for j in T.unroll(A_LOADER_CHUNKS):
                 a_row[j] = row_id(IDS, bm * BM + lane // A_ROW_CHUNKS + A_LOADER_ROWS * j, m)
-        for kt in T.serial(k_count(sk)):
+        for kt in T.serial(KT):
             s = kt % STAGES
             if kt >= STAGES:
                 T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
             if lane == 0:
                 T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
                 if mode == "dense":
-                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), (k_first(sk) + kt) * BK,
-                                        bm * BM, bars.ptr_to([s]))
+                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
+                                        bars.ptr_to([s]))
                 for atom in T.unroll(BN // 64):
                     T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                        T.address_of(map_b), bn * BN + atom * 64, (k_first(sk) + kt) * BK,
-                                        bars.ptr_to([s]))
+                                        T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
             if mode == "rows":
                 for j in T.unroll(A_LOADER_CHUNKS):
                     r = lane // A_ROW_CHUNKS + A_LOADER_ROWS * j
                     ch = lane % A_ROW_CHUNKS
                     T.evaluate(copy16(smem.ptr_to([s * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
-                                      A.ptr_to([a_row[j], (k_first(sk) + kt) * BK + ch * 8]),
-                                      a_valid(OFF, bm, (k_first(sk) + kt) * BK + ch * 8, bm * BM + r, count)))
+                                      A.ptr_to([a_row[j], kt * BK + ch * 8]),
+                                      a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
     @T.macro
-    def ws_k_loop(tid, smem, acc, desc_a, desc_b, bars, sk):
+    def ws_k_loop(tid, smem, acc, desc_a, desc_b, bars):
         """ws: a consumer warpgroup's K loop: wait for slot q % STAGES to fill, issue its wgmma,
         and release the slot of K tile q - 1 once that one's wgmma retired"""
-        for q in T.serial(k_count(sk)):
+        for q in T.serial(KT):
             slot = q % STAGES
             T.cuda.mbarrier_wait(bars.ptr_to([slot]), (q // STAGES) % 2)
             if mode == "rows":
@@ -951,56 +927,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (q - 1) % STAGES]), T.uint32(1))
 
     @T.macro
-    def split_of(cta, m, OFF, sk):
-        """split_k: CTA ``cta`` of the 1-D grid -> ``sk``: the listed rows' tiles ``tc`` (row tile
-        major), each split over ``S = split_count(tc)`` CTAs (CTA ``S t + s``: split s of tile t,
-        K tiles ``s * ceil(KT / S)`` on), then one CTA per tile of unlisted rows (tile ``tc +
-        ...``: stores only), then CTAs whose tile lies past M (nothing)"""
-        sk[SK_TILE] = (count_of(OFF, m) + BM - 1) // BM * NTI          # (tc, for now)
-        sk[SK_SPLITS] = split_count(sk[SK_TILE], max_splits)
-        sk[SK_SPLIT] = T.if_then_else(cta < sk[SK_TILE] * sk[SK_SPLITS], cta % sk[SK_SPLITS], 0)
-        sk[SK_TILE] = T.if_then_else(cta < sk[SK_TILE] * sk[SK_SPLITS], cta // sk[SK_SPLITS],
-                                     sk[SK_TILE] + cta - sk[SK_TILE] * sk[SK_SPLITS])
-        sk[SK_KT0] = sk[SK_SPLIT] * ((KT + sk[SK_SPLITS] - 1) // sk[SK_SPLITS])
-        sk[SK_KTS] = T.min((KT + sk[SK_SPLITS] - 1) // sk[SK_SPLITS], KT - sk[SK_KT0])
-
-    @T.macro
-    def reduce_splits(tid, acc, sk, SEM, PART):
-        """split_k, after the K loop: every split of a tile stores its fp32 accumulators to its
-        slot of PART (thread-major 16-byte chunks), then counts itself in on ``SEM[tile]``; the
-        last one adds the others' slots to its accumulators, zeroes ``SEM[tile]`` for the next
-        call and goes on to the epilogue; the others end"""
-        if sk[SK_SPLITS] > 1:
-            # (a split CTA's slot is its CTA index S t + s < SMS: split tiles are under SMS / S)
-            for j in T.unroll(ACC // 4):
-                for e in T.vectorized(4):
-                    PART[((sk[SK_TILE] * sk[SK_SPLITS] + sk[SK_SPLIT]) * (ACC // 4 * THREADS) + j * THREADS + tid) * 4
-                         + e] = acc[j * 4 + e]
-            T.cuda.thread_fence()
-            T.cuda.cta_sync()
-            sk[SK_BEFORE] = 0
-            if tid == 0:
-                sk[SK_BEFORE] = T.cuda.atomic_add(T.address_of(SEM[sk[SK_TILE]]), 1)
-            # (a barrier that ORs thread 0's test to every thread)
-            if T.cuda.syncthreads_or(T.Cast("int32", T.And(tid == 0, sk[SK_BEFORE] == sk[SK_SPLITS] - 1))) != 0:
-                T.cuda.thread_fence()
-                if tid == 0:
-                    SEM[sk[SK_TILE]] = 0
-                for s2 in T.serial(sk[SK_SPLITS]):
-                    if s2 != sk[SK_SPLIT]:
-                        for j in T.unroll(ACC // 4):
-                            for e in T.unroll(4):
-                                acc[j * 4 + e] = acc[j * 4 + e] + PART[
-                                    ((sk[SK_TILE] * sk[SK_SPLITS] + s2) * (ACC // 4 * THREADS) + j * THREADS + tid) * 4 + e]
-            else:
-                T.evaluate(_exit_thread())
-
-    @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
              a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-             bars, map_a, map_b, sk, SEM, PART):
-        """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop (split: K tiles ``sk[SK_KT0]`` on,
-        ``k_count(sk)`` of them), epilogue, SWrite"""
+             bars, map_a, map_b):
+        """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
         if runs(OFF, m, p0 < count):
@@ -1014,7 +944,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
                 T.cuda.cta_sync()
                 if tid >= THREADS:
-                    tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, sk)
+                    tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row)
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
                     # thread that has not exited)
                     T.evaluate(_exit_thread())
@@ -1032,7 +962,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
                                                   B_LBO, B_SBO, _SWIZZLE_128B)
             if ws:
-                ws_k_loop(tid, smem, acc, desc_a, desc_b, bars, sk)
+                ws_k_loop(tid, smem, acc, desc_a, desc_b, bars)
             else:
                 if tiles:
                     # K tile 0's index entries; each iteration then loads the next tile's while
@@ -1070,8 +1000,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
             T.cuda.cta_sync()
-            if split_k:
-                reduce_splits(tid, acc, sk, SEM, PART)
             # fragments -> staged C tile: thread (warp w, lane l) of warpgroup g holds rows
             # 64g + 16w + l/4 (+8) and columns 8nb + 2(l%4) (+1) in acc[4nb + 2i + e]
             w = (tid % 128) // 32
@@ -1140,13 +1068,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             place_tile(bn, bm, tid, m, p0, smem, ST, CNT, SIDS, AC, sloc, old)
 
     @T.macro
-    def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, SEM, PART, map_a, map_b):
+    def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b):
         T.device_entry()
         if persistent:
             cta = T.cta_id([SMS])
-        elif split_k:
-            # (the split tiles' CTAs need SMS more than the tiles at most: see split_of)
-            cta = T.cta_id([NTI * T.Cast("int32", (M + BM - 1) // BM) + SMS])
         else:
             bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
         tid = T.thread_id([LAUNCH_THREADS])
@@ -1169,7 +1094,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
         m = T.Cast("int32", M)
-        sk = T.alloc_local([6 if split_k else 1], "int32")     # split_k: SK_SPLITS ... SK_BEFORE
         if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
             # z of unlisted rows (stores only).  While the idle CTAs can store the z tiles in
@@ -1187,20 +1111,15 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
                      b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                     bars, map_a, map_b, sk, None, None)
+                     bars, map_a, map_b)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
-        elif split_k:
-            split_of(cta, m, OFF, sk)
-            tile(sk[SK_TILE] % NTI, sk[SK_TILE] // NTI, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row,
-                 c_row, rs_val, res_v, a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC,
-                 orw, ballot, sloc, old, bars, map_a, map_b, sk, SEM, PART)
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
                  a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                 bars, map_a, map_b, sk, None, None)
+                 bars, map_a, map_b)
 
     @T.macro
-    def body_ws(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, SEM, PART):
+    def body_ws(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
         # (host) the TMA descriptors of B (64 x 64 atoms) and, dense, A (128 x 64 boxes), with
         # the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
@@ -1212,37 +1131,33 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             T.tensormap_encode_tiled(map_a, A.data, K, M, K * dtype_bytes(in_dtype), BK, BM, 1, 1,
                                      descriptor_dtype=in_dtype, rank=2, interleave=0, swizzle=_TMA_SWIZZLE_128B,
                                      l2_promotion=_TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
-            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, SEM, PART, map_a, map_b)
+            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)
         else:
-            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, SEM, PART, None, map_b)
+            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, map_b)
 
     @T.macro
-    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, SEM, PART):
-        device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, SEM, PART, None, None)
+    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
+        device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, None)
 
     return _signature(K, N, in_dtype, out_dtype, has_bias, mode, body_ws if ws else body, MKT, full_mk, row_scale or row_scale_a,
-                      residual, S_MKT, S_COMPACT, BN if split_k else 0)
+                      residual, S_MKT, S_COMPACT)
 
 
 def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0, row_scale=False,
-               residual=False, strips_mkt=0, strips_compact=False, split_bn=0):
+               residual=False, strips_mkt=0, strips_compact=False):
     """The PrimFunc around ``body`` with exactly the parameters its variant takes, in the order
-    ``a, b[, offsets][, ids][, bias][, row_scale][, residual][, state][, split_count], c[,
-    partials][, counts, strip_ids[, ac]]``: the index unless dense (the dense fallback, ``full_mk``, takes the tiles index's
+    ``a, b[, offsets][, ids][, bias][, row_scale][, residual][, state], c[, counts, strip_ids[,
+    ac]]``: the index unless dense (the dense fallback, ``full_mk``, takes the tiles index's
     ``offsets`` alone and writes ``c`` in place), then the epilogue's inputs; a dense kernel
     that lists C's strips (``strips_mkt`` micro-tiles a strip) takes their state and writes
-    the strips index (and, ``strips_compact``, the compacted C) after C; a split-K rows kernel
-    (``split_bn``: its tile width) takes its per-tile split counters (int32 ``[SMS]``, zero
-    before a call and left zero) and writes its splits' fp32 partial tiles after C.  ``body``'s
-    operands: ``M, A, B, offsets, ids, bias, row_scale, residual, C, state, counts, strip_ids,
-    ac, split_count, partials``; it
+    the strips index (and, ``strips_compact``, the compacted C) after C.  ``body``'s operands:
+    ``M, A, B, offsets, ids, bias, row_scale, residual, C, state, counts, strip_ids, ac``; it
     reads none that its variant does not take, so those parameters are dropped from the
     function built with all of them."""
     strips = mode == "tiles" or bool(full_mk)
     takes = {"offsets": mode != "dense" or bool(full_mk), "ids": mode in ("rows", "tiles"), "bias": has_bias,
              "row_scale": row_scale, "residual": residual, "state": bool(strips_mkt),
-             "counts": bool(strips_mkt), "strip_ids": bool(strips_mkt), "ac": strips_compact,
-             "split_count": bool(split_bn), "partials": bool(split_bn)}
+             "counts": bool(strips_mkt), "strip_ids": bool(strips_mkt), "ac": strips_compact}
 
     def offsets_shape(M):
         return (strip_state_words(M) + 1,) if strips else (2,)
@@ -1252,8 +1167,8 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
 
     @T.prim_func(s_tir=False)
     def kernel(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias: T.handle, row_scale: T.handle,
-               residual: T.handle, state: T.handle, split_count: T.handle, c: T.handle, partials: T.handle,
-               counts: T.handle, strip_ids: T.handle, ac: T.handle):
+               residual: T.handle, state: T.handle, c: T.handle, counts: T.handle, strip_ids: T.handle,
+               ac: T.handle):
         M = T.int64()
         body(M, T.match_buffer(a, (M, K), in_dtype), T.match_buffer(b, (K, N), in_dtype),
              T.match_buffer(offsets, offsets_shape(M), "int32"), T.match_buffer(ids, ids_shape(M), "int32"),
@@ -1262,10 +1177,8 @@ def _signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_mk=0
              T.match_buffer(state, (strip_state_words(M),), STATE_DTYPE),
              T.match_buffer(counts, (strip_state_words(M),), "int32"),
              T.match_buffer(strip_ids, (strip_state_words(M) * max(strips_mkt, 1),), "int32"),
-             T.match_buffer(ac, (M, N), out_dtype), T.match_buffer(split_count, (SMS,), "int32"),
-             T.match_buffer(partials, (SMS * BLOCK_M * max(split_bn, 1),), "float32"))
+             T.match_buffer(ac, (M, N), out_dtype))
 
-    names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "state", "split_count", "c", "partials",
-             "counts", "strip_ids", "ac")
+    names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "state", "c", "counts", "strip_ids", "ac")
     params = [p for name, p in zip(names, kernel.params) if takes.get(name, True)]
     return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)
