@@ -133,6 +133,29 @@ def test_gpu_strip_index_and_compaction(m, mk, sparsity, threshold):
 
 
 @pytest.mark.gpu
+def test_gpu_strip_index_reads_the_rest_of_a_block():
+    """mk = 64, one micro-tile a CTA: a block's rows past 32 are read only when its first 32 rows
+    are zero.  Blocks whose one non-zero lies in the first 32 rows, past them, in the last row of
+    the partial strip, or nowhere, are listed exactly when they hold it."""
+    m, k = 1000, 1024
+    a = np.zeros((m, k), np.float16)
+    rng = np.random.default_rng(5)
+    for g in range(-(-m // 128)):
+        for c in range(k // 64):
+            rows = min(128, m - 128 * g)
+            where = (g + c) % 4          # 0: zero, 1: first 32 rows, 2: past them, 3: the block's last row
+            r = {1: int(rng.integers(0, 32)), 2: int(rng.integers(32, rows)), 3: rows - 1}.get(where)
+            if r is not None:
+                a[128 * g + r, 64 * c + int(rng.integers(0, 64))] = 1.5
+    ref_off, ref_ids = reference_tile_index(a.astype(np.float32), (128, 64), "row")
+    off, ids, _, state = _run_strips(a, 64, None, None)
+    np.testing.assert_array_equal(off, ref_off)
+    for s in range(len(off) - 1):
+        np.testing.assert_array_equal(np.sort(ids[off[s]:off[s + 1]]), ref_ids[ref_off[s]:ref_off[s + 1]])
+    assert not state.numpy().any()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99, 1.0])
 @pytest.mark.parametrize("micro_tile", [(32, 1), (128, 2), (32, 64)])
 def test_gpu_static_matmul(micro_tile, sparsity):

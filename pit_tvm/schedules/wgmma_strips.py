@@ -13,7 +13,8 @@ is in shared memory:
 ``strip_list`` (CTA ``(c, g)``: strip ``g`` = rows ``128g .. 128g+127``, A's columns
 ``64c .. 64c+63``, 256 threads)::
 
-    A_s[128, 64] <- A[128g:, 64c:]            16-byte loads, rows past M read as zeros
+    A_s[128, 64] <- A[128g:, 64c:]            16-byte loads, rows past M read as zeros (mk = 64,
+                                              not compacted: rows 32.. only if rows 0..31 are zero)
     listed[j]    =  any(A_s[:, j*mk:(j+1)*mk] != 0)          for the 64/mk micro-tiles j
     base         =  atomicAdd(state[g], n_listed + 2^26)     (float64: listed + CTAs * 2^26)
     strip_ids[g * MKT + base + rank(j)] = 64c/mk + j         for each listed j
@@ -93,6 +94,30 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
     zero = tirx.const(0, in_dtype)
     close_strip = strip_closer(MK, compact, in_dtype)
 
+    # one micro-tile a CTA, A read in place (mk = 64, e.g. (32, 64) and (1, 64) covered by 128-row
+    # strips): the first of a thread's loads decides a non-zero block, so the rest are read only
+    # for a block whose first 32 rows are zero
+    FIRST_LOADS = 1 if NMT == 1 and not compact else LOADS
+
+    @T.macro
+    def read_rows(g, c, tid, m, A, vals, bits, tile, j0, j1):
+        """a thread's loads j0 <= j < j1 of the block (zeros past M); bit e of ``bits``: column
+        8 (t % 8) + e non-zero in them (compact: the block into shared memory too)"""
+        for j in T.unroll(j0, j1):
+            if g * BLOCK_M + tid // CHUNKS + (THREADS // CHUNKS) * j < m:
+                for e in T.vectorized(VEC):
+                    vals[j * VEC + e] = A[g * BLOCK_M + tid // CHUNKS + (THREADS // CHUNKS) * j,
+                                          c * COLS + tid % CHUNKS * VEC + e]
+            else:
+                for e in T.vectorized(VEC):
+                    vals[j * VEC + e] = zero
+        for j in T.unroll(j0, j1):
+            if compact:
+                for e in T.vectorized(VEC):
+                    tile[(tid // CHUNKS + (THREADS // CHUNKS) * j) * COLS + tid % CHUNKS * VEC + e] = vals[j * VEC + e]
+            for e in T.unroll(VEC):
+                bits[0] = T.bitwise_or(bits[0], T.if_then_else(nz(vals[j * VEC + e]) != 0, T.shift_left(1, e), 0))
+
     @T.macro
     def body(M, A, ST, CNT, SIDS, AC):
         T.device_entry()
@@ -116,23 +141,14 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
         old = T.alloc_local([1], STATE_DTYPE)
         if tid < NMT:
             listed[tid] = 0
-        # SRead of the tile: thread t loads chunk t % 8 of rows t / 8 + 32 j (every load issued
-        # before the first use)
-        for j in T.unroll(LOADS):
-            if g * BLOCK_M + tid // CHUNKS + (THREADS // CHUNKS) * j < m:
-                for e in T.vectorized(VEC):
-                    vals[j * VEC + e] = A[g * BLOCK_M + tid // CHUNKS + (THREADS // CHUNKS) * j,
-                                          c * COLS + tid % CHUNKS * VEC + e]
-            else:
-                for e in T.vectorized(VEC):
-                    vals[j * VEC + e] = zero
         bits[0] = 0                            # bit e: column 8 (t % 8) + e non-zero in this thread's rows
-        for j in T.unroll(LOADS):
-            if compact:
-                for e in T.vectorized(VEC):
-                    tile[(tid // CHUNKS + (THREADS // CHUNKS) * j) * COLS + tid % CHUNKS * VEC + e] = vals[j * VEC + e]
-            for e in T.unroll(VEC):
-                bits[0] = T.bitwise_or(bits[0], T.if_then_else(nz(vals[j * VEC + e]) != 0, T.shift_left(1, e), 0))
+        # SRead of the tile: thread t loads chunk t % 8 of rows t / 8 + 32 j (every load issued
+        # before the first use); one micro-tile a CTA, not compacted: rows 0..31 first, the rest
+        # only when no thread saw a non-zero there
+        read_rows(g, c, tid, m, A, vals, bits, tile, 0, FIRST_LOADS)
+        if FIRST_LOADS < LOADS:
+            if T.cuda.syncthreads_or(T.Cast("int32", bits[0] != 0)) == 0:
+                read_rows(g, c, tid, m, A, vals, bits, tile, FIRST_LOADS, LOADS)
         T.cuda.cta_sync()
         # micro-tile j is listed when any thread saw a non-zero in its columns (all write 1)
         for e in T.unroll(VEC):
