@@ -135,14 +135,15 @@ def run_checked(mod, dev, inputs, shape, out_dtype, ref):
 
 
 def ffn_fc2_operands(m: int = 4096, k: int = 8192, n: int = 2048, seed: int = 0):
-    """``(a, b, on)``: torch CUDA fp16 operands of an OPT FFN's fc2 (``a`` = ``hidden``, [m, k]),
-    10 % of ``a``'s columns non-zero for 99 % of the rows and the rest for ~0.1 % (~22 % of
-    128-row strips' columns listed at 4096 x 8192), ``b`` ~ N(0, 1/k); ``on``: a's non-zero mask."""
+    """``(a, b, on)``: torch CUDA fp16 operands of an OPT FFN's fc2 (``a`` = ``hidden``, [m, k])
+    with the model's firing rates (:func:`workloads.ffn_firing_rates`: 10 % of ``a``'s columns
+    non-zero for 99 % of the rows, the rest for ~0.1 %; ~22 % of 128-row strips' columns listed
+    at 4096 x 8192), ``b`` ~ N(0, 1/k); ``on``: a's non-zero mask."""
     import torch
 
-    rng = np.random.default_rng(seed)
-    rate = np.full(k, 0.0011)
-    rate[rng.permutation(k)[: k // 10]] = 0.99
+    from workloads import ffn_firing_rates
+
+    rate = ffn_firing_rates(k, rng=np.random.default_rng(seed))
     on = torch.rand(m, k, device="cuda") < torch.from_numpy(rate).float().cuda()
     a = (torch.rand(m, k, device="cuda", dtype=torch.float16) + 0.1) * on
     b = torch.randn(k, n, device="cuda", dtype=torch.float16) / k ** 0.5

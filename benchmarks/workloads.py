@@ -54,17 +54,25 @@ class _Graph:
         return model
 
 
+def ffn_firing_rates(hidden: int, sparsity: float = 0.9, hot_fraction: float = 0.1, hot_rate: float = 0.99,
+                     rng=None) -> np.ndarray:
+    """Each hidden neuron's probability of a non-zero ReLU output, OPT's structure: ``hot_fraction``
+    of the neurons (chosen by ``rng``) fire for ``hot_rate`` of the tokens, the rest at the rate
+    that leaves ~``sparsity`` zeros in all."""
+    rng = rng or np.random.default_rng(0)
+    n_hot = max(1, int(round(hot_fraction * hidden)))
+    cold_rate = max(1e-4, ((1.0 - sparsity) * hidden - hot_rate * n_hot) / (hidden - n_hot))
+    rates = np.full(hidden, cold_rate)
+    rates[rng.permutation(hidden)[:n_hot]] = hot_rate
+    return rates
+
+
 def ffn_biases(hidden: int, sparsity: float = 0.9, hot_fraction: float = 0.1, hot_rate: float = 0.99,
                rng=None) -> np.ndarray:
-    """fc1 biases giving ~``sparsity`` zeros after ReLU for ~N(bias, 1) pre-activations."""
-    rng = rng or np.random.default_rng(0)
-    nd = NormalDist()
-    density = 1.0 - sparsity
-    n_hot = max(1, int(round(hot_fraction * hidden)))
-    cold_rate = max(1e-4, (density * hidden - hot_rate * n_hot) / (hidden - n_hot))
-    b = np.full(hidden, nd.inv_cdf(cold_rate), "float32")  # P(N(b,1) > 0) = cold_rate
-    b[rng.permutation(hidden)[:n_hot]] = nd.inv_cdf(hot_rate)
-    return b
+    """fc1 biases giving the :func:`ffn_firing_rates` for ~N(bias, 1) pre-activations:
+    ``P(N(b, 1) > 0) = rate``."""
+    rates = ffn_firing_rates(hidden, sparsity, hot_fraction, hot_rate, rng)
+    return np.vectorize(NormalDist().inv_cdf)(rates).astype("float32")
 
 
 def opt_ffn(d: int = 2048, hidden: int | None = None, sparsity: float = 0.9, *, seed: int = 0,
