@@ -10,8 +10,8 @@ compaction kernel (which can also apply the dense fallback); with one tile colum
    (``mc`` < ``VEC``: e.g. ``(32, 1)`` -> 8 column tiles per lane, walking the 32 rows).
    Each lane loops over the ``mr`` rows of its tile-row; a lane holding one tile (at least 8
    loads) reads an eighth of them first and the rest only when its tile's lanes found no
-   non-zero there (``FlagGeometry.early``: a non-zero tile is mostly read in part). CTA ``b`` covers units
-   ``[b*UPB, (b+1)*UPB)``, i.e. flat ids ``[b*FPB, (b+1)*FPB)``; it writes the int8 flags and,
+   non-zero there (``FlagGeometry.early``: a non-zero tile is mostly read in part). CTA ``b``
+   covers units ``[b*UPB, (b+1)*UPB)``, i.e. flat ids ``[b*FPB, (b+1)*FPB)``; it writes the int8 flags and,
    when the group order is the row-major tile order (``group="row"`` or one tile column), the
    number of set flags of its range into ``CNT[b]`` (otherwise a small count kernel does it).
 2. ``compact`` (one CTA per ``CHC`` flat ids = ``FB`` flag blocks): the CTA sums ``CNT`` before

@@ -85,33 +85,34 @@ one not needed returns at once.  4096^3 at 99 % / 95 % of rows empty: kernel 57 
 48-54 us (``benchmarks/gpu_matmul.py``, H100, two runs).
 
 Tried and dropped: splitting the few-rows tier's K loop over the idle SMs (partial sums through
-an L2 workspace, the last split of a tile adding them; 665ee14 with ``benchmarks/_few_rows_splits.py``).
-It took 41 rows of 4096^3 from 43.8 to 36.4 us, but the kernel that could split ran ~6 us slower
-wherever it did not (410 rows: 47.7 -> 54.0 us; nvcc recomputed the loop's address arithmetic
-every K tile), and the unlisted rows' stores (a 32 MiB memset alone takes 14.6 us) bound what
-it can gain.  Tried again on the warp-specialized rows kernel (trial 3c7cbe5, reverted; ``python3
-benchmarks/_split_k_probe.py`` there): a 1-D grid whose first CTAs split each tile of listed
-rows over up to ``SMS / tiles`` CTAs (at most 2 or 4), fp32 partials through a workspace, the
-last split adding them before the epilogue.  Device time per call (torch.profiler, L2 warm,
-H100, 2026-11-24), 4096^3 at 41 / 205 / 410 / 1024 / 2048 / 4096 listed rows: the op's kernels
-30.2 / 40.2 / 42.9 / 55.6 / 99.6 / 195.9 us, the split kernel's best width 32.9 / 40.8 / 44.4 /
-57.9 / 106.7 / 210.1 us (where nothing splits the 1-D grid's dynamic K range costs ~7 %); 128
-rows alone (no unlisted rows) 22.9 against 21.7 us with 4 splits of 128 columns (4x fewer K steps
-a CTA); BERT's FFN-out (4096 x 3072 x 768, 2,400 rows) 23.8 against 23.8 us, its output
-projection (K = 768) 7.4 against 9.2 us.  Fewer K steps a CTA did not shorten these calls.  Also tried: launching the tiles kernel's CTAs strip-major, so that the CTAs
-running together share B's N tiles (4aa3458, ``benchmarks/_tiles_raster.py``): the FFN's fc2
-61.0 against 60.4 us.  ncu on that kernel (``benchmarks/_ncu_tiles_ffn.py``): DRAM 34 % and SM
-54 % of peak, L2 hit rate 67 % (the dense kernel of the shape: 19 %, 76 %, 81 %): neither
-memory nor tensor cores bound it; ~1.3 us per K tile under ncu against 0.93 dense.  A deeper
-pipeline does not help it either: 32-deep K tiles (the block_k check relaxed for the trial) with
-8 or 6 stages took 74.8 / 75.1 us against 60.4-60.7 at 256x4 (``_tiles_widths.py 256x4
-256x8x32 256x6x32``), so its K step's fixed cost, not load latency, is what to cut.  Gathering
-B with 16 lanes a row, so that a thread loads 4 index entries a K tile instead of 8, took it
-60.4-60.7 -> 57.9-58.0 us (222 -> 203 registers).  L2 traffic under ncu (the same probe,
-2026-11-24): the tiles kernel 378 MB in 70.3 us, the dense kernel of the shape 1.23 GB in
-238.8 us: both ~5.2-5.4 TB/s, 54-55 % of ncu's L2 peak.  If that is this chip's practical L2
-ceiling, it bounds both kernels, and CTAs sharing their B tiles (a cluster with TMA multicast)
-would be the way past it; not tried.
+an L2 workspace, the last split of a tile adding them; 665ee14 with
+``benchmarks/_few_rows_splits.py``).  It took 41 rows of 4096^3 from 43.8 to 36.4 us, but the
+kernel that could split ran ~6 us slower wherever it did not (410 rows: 47.7 -> 54.0 us; nvcc
+recomputed the loop's address arithmetic every K tile), and the unlisted rows' stores (a 32 MiB
+memset alone takes 14.6 us) bound what it can gain.  Tried again on the warp-specialized rows
+kernel (trial 3c7cbe5, reverted; ``python3 benchmarks/_split_k_probe.py`` there): a 1-D grid
+whose first CTAs split each tile of listed rows over up to ``SMS / tiles`` CTAs (at most 2 or
+4), fp32 partials through a workspace, the last split adding them before the epilogue.  Device
+time per call (torch.profiler, L2 warm, H100, 2026-11-24), 4096^3 at 41 / 205 / 410 / 1024 /
+2048 / 4096 listed rows: the op's kernels 30.2 / 40.2 / 42.9 / 55.6 / 99.6 / 195.9 us, the split
+kernel's best width 32.9 / 40.8 / 44.4 / 57.9 / 106.7 / 210.1 us (where nothing splits the 1-D
+grid's dynamic K range costs ~7 %); 128 rows alone (no unlisted rows) 22.9 against 21.7 us with
+4 splits of 128 columns (4x fewer K steps a CTA, 5 % faster); BERT's FFN-out (4096 x 3072 x 768,
+2,400 rows) 23.8 against 23.8 us, its output projection (K = 768) 7.4 against 9.2 us.  Fewer K
+steps a CTA barely shortened a call.  Also tried: launching the tiles kernel's CTAs strip-major,
+so that the CTAs running together share B's N tiles (4aa3458, ``benchmarks/_tiles_raster.py``):
+the FFN's fc2 61.0 against 60.4 us.  ncu on that kernel (``benchmarks/_ncu_tiles_ffn.py``): DRAM
+34 % and SM 54 % of peak, L2 hit rate 67 % (the dense kernel of the shape: 19 %, 76 %, 81 %):
+neither memory nor tensor cores bound it; ~1.3 us per K tile under ncu against 0.93 dense.  A
+deeper pipeline does not help it either: 32-deep K tiles (the block_k check relaxed for the
+trial) with 8 or 6 stages took 74.8 / 75.1 us against 60.4-60.7 at 256x4 (``_tiles_widths.py
+256x4 256x8x32 256x6x32``), so its K step's fixed cost, not load latency, is what to cut.
+Gathering B with 16 lanes a row, so that a thread loads 4 index entries a K tile instead of 8,
+took it 60.4-60.7 -> 57.9-58.0 us (222 -> 203 registers).  L2 traffic under ncu (the same probe,
+2026-11-24): the tiles kernel 378 MB in 70.3 us, the dense kernel of the shape 1.23 GB in 238.8
+us: both ~5.2-5.4 TB/s, 54-55 % of ncu's L2 peak.  If that is this chip's practical L2 ceiling,
+it bounds both kernels, and CTAs sharing their B tiles (a cluster with TMA multicast) would be
+the way past it; not tried.
 """
 from __future__ import annotations
 
