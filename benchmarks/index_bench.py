@@ -5,7 +5,8 @@
 For each size n (A is n x n fp16), sparsity 0.5/0.9/0.99 and micro-tile (1,K), (1,64), (32,1),
 (32,64) (index group/micro-tile as ``SparseMatmul`` uses them, density_threshold 0.9 folded in):
 
-* ``kernel_us``: the index PrimFunc alone, ``time_evaluator`` (device time, no Python);
+* ``kernel_us``: the index PrimFunc alone, ``time_evaluator`` (device time, no Python; calls back
+  to back, so A is partly in L2: the L2-swept index time is ``benchmarks/gpu_matmul.py``'s);
 * ``op_index_us``: ``op.index(a)`` (output allocation + call), median of single calls with a
   device sync after each (what the first measurements reported); the op's index is the one its
   kernel reads (``op_index_micro_tile``: on sm_90a micro-tiles along K are covered by 128-row
