@@ -118,12 +118,14 @@ def test_tile_index_cuda_structure_on_cpu(group, micro_tile):
                 check_tile_index(data, mt, group, *b(data))
 
 
-@pytest.mark.parametrize("micro_tile,cols", [((1, "cols"), 2056), ((32, 64), 150), ((8, 64), 600)],
-                         ids=["rows-2056", "32x64-150", "8x64-600"])
-def test_early_exit_reads_the_rest(micro_tile, cols):
+@pytest.mark.parametrize("micro_tile,cols,group", [((1, "cols"), 2056, "row"), ((1, "cols"), 2056, "col"),
+                                                   ((32, 64), 150, "row"), ((8, 64), 600, "row")],
+                         ids=["rows-2056", "rows-2056-one-group", "32x64-150", "8x64-600"])
+def test_early_exit_reads_the_rest(micro_tile, cols, group):
     """Tiles whose lanes read an eighth of their loads first (``FlagGeometry.early``): a tile whose
     only non-zero lies in that eighth, past it, at its last element or in a partial tile at the
-    edge is listed; a zero tile is not (the CUDA structure run on the CPU, and the CPU kernel)."""
+    edge is listed; a zero tile is not (the CUDA structure run on the CPU, and the CPU kernel).
+    Whole rows grouped by column are one group: the one-kernel listing (``list_units``)."""
     mt = _mt(micro_tile, cols)
     assert flag_geometry(cols, mt[0], mt[1], "float16").early > 0
     rng = np.random.default_rng(11)
@@ -141,9 +143,9 @@ def test_early_exit_reads_the_rest(micro_tile, cols):
             elif where == 3:
                 data[tr * mt[0] + h - 1, tc * mt[1] + w - 1] = 2.0
     for emulate in (True, False):
-        b = IndexBuilder(_tile_index_func(cols, mt, "row", "float16", "llvm", emulate_gpu=emulate), "llvm")
-        check_tile_index(data, mt, "row", *b(data))
-        check_tile_index(np.zeros_like(data), mt, "row", *b(np.zeros_like(data)))
+        b = IndexBuilder(_tile_index_func(cols, mt, group, "float16", "llvm", emulate_gpu=emulate), "llvm")
+        for x in (data, np.zeros_like(data)):
+            check_tile_index(x, mt, group, *b(x))
 
 
 def reference_with_fallback(data, micro_tile, group, threshold):
