@@ -242,6 +242,8 @@ def make_tile_kernels(st: LoopStrategy, cols, mr, mc, dtype, row_major_flat, den
                 loads(D, accs, vb, R, NUT, b, ty, tx, EARLY, LOADS)
         else:
             loads(D, accs, vb, R, NUT, b, ty, tx, 0, LOADS)
+        # (again after the branch, not in it: a warp's units may take different ways, and the
+        # shuffles need every lane of the warp)
         unit_or(accs)
 
     @T.macro

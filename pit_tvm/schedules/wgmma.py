@@ -621,7 +621,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     TX_BYTES = ((A_TILE if mode == "dense" else 0) + B_TILE) * dtype_bytes(in_dtype)
     FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" else 0)
     A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
-    A_LOADER_ROWS = LOADER_THREADS // (BK // 8)          # rows between a loader thread's chunks
     strips = strips_mk > 0
     # strips: the listing's scratch (int32 words) after the staged C tile: a flag per micro-tile
     # of the CTA's columns, the tile column of each output slot, each warp's listed count, and
@@ -682,6 +681,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def row_id(ids_buf, p, m):
         """(int64) the row of A / C that compacted row p maps to, the last one past M (not stored)"""
         return T.Cast("int64", row_of(ids_buf, T.min(p, m - 1)))
+
+    def a_chunk(t, copiers, j):
+        """A's K-tile chunk that thread t of ``copiers`` copies j-th: (tile row, 16-byte chunk)"""
+        return (t + copiers * j) // A_ROW_CHUNKS, (t + copiers * j) % A_ROW_CHUNKS
 
     def count_of(off_buf, m):
         return off_buf[1] if mode == "rows" else m
@@ -769,17 +772,22 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 b_row_next[i] = micro_tile_id(OFF, IDS, m, bm, qb + BK)
 
     @T.macro
-    def sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id):
-        """SRead of K tile kt into ring slot kt % STAGES (cp.async, not yet committed)"""
-        slot_w = kt % STAGES
-        for j in T.unroll(A_CHUNKS):
-            r = (tid + THREADS * j) // A_ROW_CHUNKS
-            ch = (tid + THREADS * j) % A_ROW_CHUNKS
+    def sread_a(kt, t, copiers, bm, count, OFF, A, smem, a_row, a_col):
+        """SRead of A's K tile kt into ring slot kt % STAGES by thread t of ``copiers`` (all
+        threads, or a warp-specialized kernel's loader warpgroup): its chunks of rows ``a_row``"""
+        for j in T.unroll(BM * BK // 8 // copiers):
+            r, ch = a_chunk(t, copiers, j)
             # (a compacted A, like rows / dense, holds K position q in column q)
             T.evaluate(copy16(
-                smem.ptr_to([slot_w * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
+                smem.ptr_to([kt % STAGES * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
                 A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
-                a_valid(OFF, bm, kt * BK + ch * 8, p0 + r, count)))
+                a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
+
+    @T.macro
+    def sread(kt, tid, bn, bm, count, OFF, A, B, smem, a_row, a_col, b_row_id):
+        """SRead of K tile kt into ring slot kt % STAGES (cp.async, not yet committed)"""
+        slot_w = kt % STAGES
+        sread_a(kt, tid, THREADS, bm, count, OFF, A, smem, a_row, a_col)
         for i in T.unroll(B_ROWS):
             for h in T.unroll(B_GROUPS):
                 kr = b_kr(tid, i)
@@ -879,18 +887,17 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         T.ptx.wgmma.wait_group.sync.aligned(1)
 
     @T.macro
-    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row):
+    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col):
         """ws: the loader warpgroup's K loop.  Once the consumers released ring slot kt % STAGES
         (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
         and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
         writes the 128-byte swizzle the wgmma descriptors read (it follows the shared-memory
         address) and zeros past M.  Rows: every loader thread copies 8 chunks of A's listed
-        rows by cp.async (as ``sread``), arriving on ``full`` when they land.  (A TMA per listed
-        row took 4096^3 from 225 to 1010 us on the H100: small boxes are slow.)"""
+        rows by cp.async (``sread_a``), arriving on ``full`` when they land."""
         lane = tid - THREADS
         if mode == "rows":
             for j in T.unroll(A_LOADER_CHUNKS):
-                a_row[j] = row_id(IDS, bm * BM + lane // A_ROW_CHUNKS + A_LOADER_ROWS * j, m)
+                a_row[j] = row_id(IDS, bm * BM + a_chunk(lane, LOADER_THREADS, j)[0], m)
         for kt in T.serial(KT):
             s = kt % STAGES
             if kt >= STAGES:
@@ -904,12 +911,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
                                         T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
             if mode == "rows":
-                for j in T.unroll(A_LOADER_CHUNKS):
-                    r = lane // A_ROW_CHUNKS + A_LOADER_ROWS * j
-                    ch = lane % A_ROW_CHUNKS
-                    T.evaluate(copy16(smem.ptr_to([s * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
-                                      A.ptr_to([a_row[j], kt * BK + ch * 8]),
-                                      a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
+                sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
     @T.macro
@@ -945,7 +947,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
                 T.cuda.cta_sync()
                 if tid >= THREADS:
-                    tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row)
+                    tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
                     # thread that has not exited)
                     T.evaluate(_exit_thread())
@@ -954,7 +956,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
             if not ws:
                 for j in T.unroll(A_CHUNKS):
-                    a_row[j] = row_id(IDS, p0 + (tid + THREADS * j) // A_ROW_CHUNKS, m)
+                    a_row[j] = row_id(IDS, p0 + a_chunk(tid, THREADS, j)[0], m)
             # descriptors of ring slot 0 (this warpgroup's 64 A rows; B's first k16 rows): the
             # other slots and k16 steps add their 16-byte offsets to the start-address field
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
@@ -979,7 +981,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 for kt in T.serial(PREFETCH):
                     if kt < k_tiles(OFF, bm):
                         index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next)
-                        sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
+                        sread(kt, tid, bn, bm, count, OFF, A, B, smem, a_row, a_col, b_row_id)
                     T.ptx["cp.async.commit_group"]()
                 # then compute K tile kt - PREFETCH and load K tile kt (while there is one)
                 for q in T.serial(k_tiles(OFF, bm)):
@@ -996,7 +998,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     if kt < k_tiles(OFF, bm):
                         # slot kt % STAGES held tile kt - STAGES = kt - PREFETCH - 2: its wgmma
                         # retired in both warpgroups before the barrier
-                        sread(kt, tid, bn, bm, p0, count, OFF, A, B, smem, a_row, a_col, b_row_id)
+                        sread(kt, tid, bn, bm, count, OFF, A, B, smem, a_row, a_col, b_row_id)
                     T.ptx["cp.async.commit_group"]()
             T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
@@ -1120,18 +1122,22 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                  bars, map_a, map_b)
 
     @T.macro
+    def encode_tma_map(tmap, data, cols, rows, box_cols, box_rows):
+        """(host) the TMA descriptor of a row-major [rows, cols] operand of the input dtype, boxes
+        of box_rows x box_cols, 128-byte swizzle"""
+        T.tensormap_encode_tiled(tmap, data, cols, rows, cols * dtype_bytes(in_dtype), box_cols, box_rows, 1, 1,
+                                 descriptor_dtype=in_dtype, rank=2, interleave=0, swizzle=_TMA_SWIZZLE_128B,
+                                 l2_promotion=_TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
+
+    @T.macro
     def body_ws(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
         # (host) the TMA descriptors of B (64 x 64 atoms) and, dense, A (128 x 64 boxes), with
         # the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
-        T.tensormap_encode_tiled(map_b, B.data, N, K, N * dtype_bytes(in_dtype), 64, BK, 1, 1,
-                                 descriptor_dtype=in_dtype, rank=2, interleave=0, swizzle=_TMA_SWIZZLE_128B,
-                                 l2_promotion=_TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
+        encode_tma_map(map_b, B.data, N, K, 64, BK)
         if mode == "dense":
             map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
-            T.tensormap_encode_tiled(map_a, A.data, K, M, K * dtype_bytes(in_dtype), BK, BM, 1, 1,
-                                     descriptor_dtype=in_dtype, rank=2, interleave=0, swizzle=_TMA_SWIZZLE_128B,
-                                     l2_promotion=_TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
+            encode_tma_map(map_a, A.data, K, M, BK, BM)
             device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)
         else:
             device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, map_b)
