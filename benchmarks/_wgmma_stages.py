@@ -1,7 +1,7 @@
 """wgmma rows/dense kernel time by tile width, ring depth (prefetch distance = stages - 2) and
 K-tile depth, for few rows (latency-bound K loops) and BERT-size layers, checked against torch.
 
-    python3 benchmarks/_wgmma_stages.py [--square] [BNxSTAGES[xBK[xCLUSTER]] ...]   (e.g. 64x8 128x6 256x8x32 256x4x64x2)
+    python3 benchmarks/_wgmma_stages.py [--square] [BNxSTAGES[xBK] ...]   (e.g. 64x8 128x6 256x8x32)
 
 ``--square``: 4096^3 only; ``COUNTS=45,205,410``: its listed-row counts (the few-rows tier's
 evidence, :data:`pit_tvm.schedules.wgmma.FEW_ROWS_STAGES`).
@@ -39,7 +39,7 @@ for (m, k, n, counts) in shapes:
     for cfg in configs:
         if n % cfg.block_n:
             continue
-        name = f"{cfg.block_n}x{cfg.stages}x{cfg.block_k}x{cfg.cluster_m}"
+        name = f"{cfg.block_n}x{cfg.stages}x{cfg.block_k}"
         try:
             dense = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, dense=True, config=cfg)}), "cuda:sm_90a")["main"]
             rows = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, config=cfg)}), "cuda:sm_90a")["main"]

@@ -157,28 +157,6 @@ def _exit_thread():
         "__forceinline__ __device__ void pit_exit_thread() { asm volatile(\"exit;\" ::: \"memory\"); }"))
 
 
-def _cluster_arrive(bar, rank):
-    """mbarrier arrive on the barrier at ``bar``'s offset in the shared
-    memory of the cluster's CTA ``rank`` (``mapa``): a consumer releasing a ring slot that its
-    cluster peer's TMA multicast also fills"""
-    return T.cuda.func_call("pit_cluster_arrive", bar, rank, source_code=(
-        "__forceinline__ __device__ void pit_cluster_arrive(void* bar, unsigned rank) {\n"
-        "  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(bar));\n"
-        "  asm volatile(\"{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1;\\n\"\n"
-        "               \" mbarrier.arrive.shared::cluster.b64 _, [r]; }\"\n"
-        "               :: \"r\"(a), \"r\"(rank) : \"memory\");\n}"))
-
-
-def _cluster_sync_after_init():
-    """make the CTA's mbarrier inits visible to its cluster peers, then wait for every thread of
-    the cluster (a peer's TMA multicast or arrive must not reach a barrier before its init)"""
-    return T.cuda.func_call("pit_cluster_sync_after_init", source_code=(
-        "__forceinline__ __device__ void pit_cluster_sync_after_init() {\n"
-        "  asm volatile(\"fence.mbarrier_init.release.cluster;\\n\"\n"
-        "               \"barrier.cluster.arrive.release.aligned;\\n\"\n"
-        "               \"barrier.cluster.wait.acquire.aligned;\" ::: \"memory\");\n}"))
-
-
 #: the attr of a dense wgmma kernel: the arguments of :func:`wgmma_row_gather_func` that made it
 DENSE_ATTR = "pit.wgmma_dense"
 
@@ -196,7 +174,6 @@ class WgmmaConfig:
     block_n: int = 256
     stages: int = 4
     block_k: int = BLOCK_K   # 64 (A rows of 128 B, 128-byte swizzle) or 32 (64 B, 64-byte swizzle)
-    cluster_m: int = 1       # warp-specialized kernels: CTAs of consecutive M tiles sharing B's tiles
 
     def smem_bytes(self, out_dtype: str = "float16") -> int:
         ring = self.stages * (BLOCK_M * self.block_k + self.block_k * self.block_n) * 2
@@ -640,11 +617,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     ws = (mode in ("dense", "rows") and BK == BLOCK_K and not persistent
           and not (residual and dtype_bytes(out_dtype) == 4))
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
-    # ws: a cluster of CLUSTER CTAs on consecutive M tiles (one N tile) shares B's K tiles: each
-    # loads BK / CLUSTER rows of them by TMA multicast into every CTA's ring, and a consumer
-    # releases a slot on every CTA's ``empty`` barrier (see ``tma_loader``)
-    CLUSTER = cfg.cluster_m if ws else 1
-    B_PART = BK // CLUSTER                # B's K rows of a slot that one CTA of the cluster loads
     # a ring slot's bytes that TMA loads (rows: B's; the loader warpgroup copies A's listed rows)
     TX_BYTES = ((A_TILE if mode == "dense" else 0) + B_TILE) * dtype_bytes(in_dtype)
     FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" else 0)
@@ -936,40 +908,16 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
                                         bars.ptr_to([s]))
                 for atom in T.unroll(BN // 64):
-                    if CLUSTER > 1:
-                        # (the CTA's rank in its cluster: bm % CLUSTER) rows rank * B_PART.. of
-                        # the atom, into the same place of every CTA's ring
-                        T.ptx[_TMA_LOAD_2D + ".multicast::cluster"](
-                            smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64 + bm % CLUSTER * B_PART * 64]),
-                            T.address_of(map_b), bn * BN + atom * 64, kt * BK + bm % CLUSTER * B_PART,
-                            bars.ptr_to([s]), T.uint16((1 << CLUSTER) - 1))
-                    else:
-                        T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                            T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
+                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
+                                        T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
             if mode == "rows":
                 sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
-        if CLUSTER > 1:
-            # (the CTA may exit once every consumer of the cluster released its last K tiles: no
-            # peer then arrives on this CTA's barriers or waits for its multicast)
-            for kt in T.serial(T.max(KT, STAGES), KT + STAGES):
-                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + kt % STAGES]), (kt // STAGES + 1) % 2)
-
-    @T.macro
-    def release(tid, bars, slot):
-        """a consumer warpgroup releases ring slot ``slot`` (on every CTA of its cluster)"""
-        if tid % 128 == 0:
-            if CLUSTER > 1:
-                for r in T.unroll(CLUSTER):
-                    T.evaluate(_cluster_arrive(bars.ptr_to([STAGES + slot]), T.uint32(r)))
-            else:
-                T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + slot]), T.uint32(1))
 
     @T.macro
     def ws_k_loop(tid, smem, acc, desc_a, desc_b, bars):
         """ws: a consumer warpgroup's K loop: wait for slot q % STAGES to fill, issue its wgmma,
-        and release the slot of K tile q - 1 once that one's wgmma retired (in a cluster also
-        the last K tile's, for the loaders' wait before they exit)"""
+        and release the slot of K tile q - 1 once that one's wgmma retired"""
         for q in T.serial(KT):
             slot = q % STAGES
             T.cuda.mbarrier_wait(bars.ptr_to([slot]), (q // STAGES) % 2)
@@ -978,10 +926,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 T.ptx["fence.proxy.async.shared::cta"]()
             wgmma_step(slot, acc, desc_a, desc_b)
             if q > 0:
-                release(tid, bars, (q - 1) % STAGES)
-        if CLUSTER > 1:
-            T.ptx.wgmma.wait_group.sync.aligned(0)
-            release(tid, bars, (KT - 1) % STAGES)
+                if tid % 128 == 0:
+                    T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (q - 1) % STAGES]), T.uint32(1))
 
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
@@ -990,21 +936,16 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
-        # (a cluster runs the K loop when its first CTA's tile has listed rows: the others load
-        # their parts of B for it, zero rows of A where they have none)
-        if runs(OFF, m, (bm - bm % CLUSTER) * BM < count):
+        if runs(OFF, m, p0 < count):
             wg = tid // 128
             if ws:
                 # full[s] waits for one arrival and the slot's TMA bytes (rows: and each loader
-                # thread's cp.async), empty[s] for both consumer warpgroups of each cluster CTA
+                # thread's cp.async), empty[s] for both consumer warpgroups
                 if tid == 0:
                     for s in T.unroll(STAGES):
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(FULL_ARRIVALS))
-                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2 * CLUSTER))
-                if CLUSTER > 1:
-                    T.evaluate(_cluster_sync_after_init())
-                else:
-                    T.cuda.cta_sync()
+                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
+                T.cuda.cta_sync()
                 if tid >= THREADS:
                     tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
@@ -1135,9 +1076,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         if persistent:
             cta = T.cta_id([SMS])
         else:
-            bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + CLUSTER * BM - 1) // (CLUSTER * BM) * CLUSTER)])
-            if CLUSTER > 1:
-                _cx, _cy = T.cta_id_in_cluster([1, CLUSTER])     # (launched in clusters of CLUSTER M tiles)
+            bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
         tid = T.thread_id([LAUNCH_THREADS])
         smem = T.alloc_buffer([smem_elems], in_dtype, scope="shared.dyn", align=1024)
         acc = T.alloc_local([ACC], "float32")
@@ -1195,7 +1134,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         # (host) the TMA descriptors of B (64 x 64 atoms) and, dense, A (128 x 64 boxes), with
         # the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
-        encode_tma_map(map_b, B.data, N, K, 64, B_PART)
+        encode_tma_map(map_b, B.data, N, K, 64, BK)
         if mode == "dense":
             map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
             encode_tma_map(map_a, A.data, K, M, BK, BM)
