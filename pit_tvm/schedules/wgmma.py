@@ -110,9 +110,16 @@ trial) with 8 or 6 stages took 74.8 / 75.1 us against 60.4-60.7 at 256x4 (``_til
 Gathering B with 16 lanes a row, so that a thread loads 4 index entries a K tile instead of 8,
 took it 60.4-60.7 -> 57.9-58.0 us (222 -> 203 registers).  L2 traffic under ncu (the same probe,
 2026-11-24): the tiles kernel 378 MB in 70.3 us, the dense kernel of the shape 1.23 GB in 238.8
-us: both ~5.2-5.4 TB/s, 54-55 % of ncu's L2 peak.  If that is this chip's practical L2 ceiling,
-it bounds both kernels, and CTAs sharing their B tiles (a cluster with TMA multicast) would be
-the way past it; not tried.
+us: both ~5.2-5.4 TB/s, 54-55 % of ncu's L2 peak.  That is not what bounds them: 2-CTA clusters
+of consecutive M tiles sharing B's K tiles by TMA multicast (each CTA loads half of each B atom's
+rows into both rings, a consumer releases a slot on both CTAs' ``empty`` barriers, the loaders
+wait for the last releases before exiting; trial f29e813, reverted, ``python3
+benchmarks/_cluster_probe.py [--8192]`` there) cut B's L2 reads in half and measured, device time
+per call on the H100 (2026-11-24), 4096^3 dense 197.1 -> 193.4 us, 2,048 of 4,096 rows 101.6 ->
+100.2, 410 rows 42.8 -> 43.5; 4096 x 2048 x 8192 215.0 -> 214.1, 4096 x 8192 x 2048 184.8 ->
+186.3; BERT's 2,400-row layers 7-26 % slower (FFN-out 24.2 -> 26.2 us); 8192^3 dense 1674.5 ->
+1619.7, 4,096 of 8,192 rows 825.3 -> 790.0, 819 rows 211.7 -> 214.4.  Gains of 2-4 % on the
+largest grids only, so it was not kept.
 """
 from __future__ import annotations
 
