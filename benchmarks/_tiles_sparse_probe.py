@@ -17,7 +17,7 @@ an SM, 124 and 74 registers), the idle dense fallback:
 No config beats the default 256x4, so more CTAs an SM do not hide the per-CTA latency.  At 99 %
 the kernels sum to ~50 us (32x64) against ~60 us of the op's wall time in
 ``benchmarks/gpu_matmul.py``: the four launches' gaps and the idle fallback (which only reads
-whether the index is full, over four waves of one-CTA-an-SM grids) cost ~14 us.
+whether the index is full, over four waves of one-CTA-an-SM grids) cost ~13 us.
 """
 import sys
 
