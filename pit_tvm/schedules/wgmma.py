@@ -181,7 +181,6 @@ class WgmmaConfig:
     block_n: int = 256
     stages: int = 4
     block_k: int = BLOCK_K   # 64 (A rows of 128 B, 128-byte swizzle) or 32 (64 B, 64-byte swizzle)
-    persistent: bool = False  # warp-specialized kernels: SMS CTAs loop over the tiles (``pws``)
 
     def smem_bytes(self, out_dtype: str = "float16") -> int:
         ring = self.stages * (BLOCK_M * self.block_k + self.block_k * self.block_n) * 2
@@ -625,12 +624,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     ws = (mode in ("dense", "rows") and BK == BLOCK_K and not persistent
           and not (residual and dtype_bytes(out_dtype) == 4))
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
-    # ws on a persistent grid: SMS CTAs stride over the tiles, the loader filling the ring for a
-    # CTA's next tile while its consumers store the last one straight from their fragments (no
-    # staged tile: the ring stays the loader's); not with the strips listing, which reads the
-    # staged tile
-    pws = ws and cfg.persistent and not strips_mk
-    NT = N // BN                          # N tiles: tile t is (bn, bm) = (t % NT, t / NT)
     # a ring slot's bytes that TMA loads (rows: B's; the loader warpgroup copies A's listed rows)
     TX_BYTES = ((A_TILE if mode == "dense" else 0) + B_TILE) * dtype_bytes(in_dtype)
     FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" else 0)
@@ -786,14 +779,14 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 b_row_next[i] = micro_tile_id(OFF, IDS, m, bm, qb + BK)
 
     @T.macro
-    def sread_a(kt, slot, t, copiers, bm, count, OFF, A, smem, a_row, a_col):
-        """SRead of A's K tile kt into ring slot ``slot`` by thread t of ``copiers`` (all
+    def sread_a(kt, t, copiers, bm, count, OFF, A, smem, a_row, a_col):
+        """SRead of A's K tile kt into ring slot kt % STAGES by thread t of ``copiers`` (all
         threads, or a warp-specialized kernel's loader warpgroup): its chunks of rows ``a_row``"""
         for j in T.unroll(BM * BK // 8 // copiers):
             r, ch = a_chunk(t, copiers, j)
             # (a compacted A, like rows / dense, holds K position q in column q)
             T.evaluate(copy16(
-                smem.ptr_to([slot * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
+                smem.ptr_to([kt % STAGES * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
                 A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
                 a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
 
@@ -801,7 +794,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def sread(kt, tid, bn, bm, count, OFF, A, B, smem, a_row, a_col, b_row_id):
         """SRead of K tile kt into ring slot kt % STAGES (cp.async, not yet committed)"""
         slot_w = kt % STAGES
-        sread_a(kt, slot_w, tid, THREADS, bm, count, OFF, A, smem, a_row, a_col)
+        sread_a(kt, tid, THREADS, bm, count, OFF, A, smem, a_row, a_col)
         for i in T.unroll(B_ROWS):
             for h in T.unroll(B_GROUPS):
                 kr = b_kr(tid, i)
@@ -901,25 +894,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         T.ptx.wgmma.wait_group.sync.aligned(1)
 
     @T.macro
-    def load_slot(kt, it, lane, bn, bm, count, OFF, A, smem, bars, map_a, map_b, a_row, a_col):
-        """ws loader: K tile kt of tile (bn, bm) into ring slot it % STAGES, the loader's it-th
-        load (``empty``'s phase), once the consumers released that slot"""
-        s = it % STAGES
-        if it >= STAGES:
-            T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (it // STAGES + 1) % 2)
-        if lane == 0:
-            T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
-            if mode == "dense":
-                T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
-                                    bars.ptr_to([s]))
-            for atom in T.unroll(BN // 64):
-                T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                    T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
-        if mode == "rows":
-            sread_a(kt, s, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
-            T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
-
-    @T.macro
     def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col):
         """ws: the loader warpgroup's K loop.  Once the consumers released ring slot kt % STAGES
         (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
@@ -932,7 +906,20 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             for j in T.unroll(A_LOADER_CHUNKS):
                 a_row[j] = row_id(IDS, bm * BM + a_chunk(lane, LOADER_THREADS, j)[0], m)
         for kt in T.serial(KT):
-            load_slot(kt, kt, lane, bn, bm, count, OFF, A, smem, bars, map_a, map_b, a_row, a_col)
+            s = kt % STAGES
+            if kt >= STAGES:
+                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
+            if lane == 0:
+                T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
+                if mode == "dense":
+                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
+                                        bars.ptr_to([s]))
+                for atom in T.unroll(BN // 64):
+                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
+                                        T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
+            if mode == "rows":
+                sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
+                T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
     @T.macro
     def ws_k_loop(tid, smem, acc, desc_a, desc_b, bars):
@@ -948,78 +935,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             if q > 0:
                 if tid % 128 == 0:
                     T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (q - 1) % STAGES]), T.uint32(1))
-
-    def pws_tiles(cta, m, off_buf):
-        """pws: the tiles CTA ``cta`` takes (t = cta + SMS i), none where the kernel does not run"""
-        return T.if_then_else(runs(off_buf, m, T.bool(True)),
-                              T.max((m + BM - 1) // BM * NT - cta + SMS - 1, 0) // SMS, 0)
-
-    @T.macro
-    def pws_loader(tid, cta, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col, itc):
-        """pws: the loader warpgroup's loop over the CTA's tiles with listed rows, its loads
-        counted across them (``itc``: the ring slot and phase)"""
-        lane = tid - THREADS
-        itc[0] = 0
-        for i in T.serial(pws_tiles(cta, m, OFF)):
-            bn = (cta + SMS * i) % NT
-            bm = (cta + SMS * i) // NT
-            if bm * BM < count:
-                if mode == "rows":
-                    for j in T.unroll(A_LOADER_CHUNKS):
-                        a_row[j] = row_id(IDS, bm * BM + a_chunk(lane, LOADER_THREADS, j)[0], m)
-                for kt in T.serial(KT):
-                    load_slot(kt, itc[0], lane, bn, bm, count, OFF, A, smem, bars, map_a, map_b, a_row, a_col)
-                    itc[0] = itc[0] + 1
-
-    @T.macro
-    def pws_consumer(tid, cta, m, count, OFF, IDS, BIAS, RS, RES, C, acc, desc_a, desc_b, bars, itc, rs_val, c_id,
-                     pair):
-        """pws: a consumer warpgroup's loop over the CTA's tiles: the K loop of a tile with
-        listed rows (its last slot released at once), then each thread stores its fragments'
-        rows of C (epilogue(0) for the rows the index does not list: zero rows of A)"""
-        wg = tid // 128
-        w = (tid % 128) // 32
-        lane = tid % 32
-        itc[0] = 0
-        for i in T.serial(pws_tiles(cta, m, OFF)):
-            bn = (cta + SMS * i) % NT
-            p0 = (cta + SMS * i) // NT * BM
-            for r in T.unroll(2):       # this thread's fragment rows: their rows of C and scales
-                c_id[r] = row_id(IDS, p0 + wg * 64 + w * 16 + lane // 4 + 8 * r, m)
-                if row_scale or row_scale_a:
-                    rs_val[r] = T.Cast("float32", RS[c_id[r]])
-            if p0 < count:
-                for a in T.unroll(ACC):
-                    acc[a] = T.float32(0)
-                for kt in T.serial(KT):
-                    T.cuda.mbarrier_wait(bars.ptr_to([itc[0] % STAGES]), (itc[0] // STAGES) % 2)
-                    if mode == "rows":
-                        # (A came by cp.async, the generic proxy; wgmma reads through the async one)
-                        T.ptx["fence.proxy.async.shared::cta"]()
-                    wgmma_step(itc[0] % STAGES, acc, desc_a, desc_b)
-                    if kt > 0:
-                        if tid % 128 == 0:
-                            T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (itc[0] - 1) % STAGES]),
-                                                             T.uint32(1))
-                    itc[0] = itc[0] + 1
-                T.ptx.wgmma.wait_group.sync.aligned(0)
-                if tid % 128 == 0:
-                    T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (itc[0] - 1) % STAGES]), T.uint32(1))
-            # SWrite from the fragments: thread (warp w, lane l) of warpgroup g holds rows
-            # 64g + 16w + l/4 (+8) and columns 8nb + 2(l%4) (+1) in acc[4nb + 2i + e]
-            # (the pair in a local first: a select in the vectorized loop scalarizes its store)
-            for nb in T.unroll(BN // 8):
-                for r in T.unroll(2):
-                    if p0 + wg * 64 + w * 16 + lane // 4 + 8 * r < m:
-                        if residual:
-                            for e in T.vectorized(2):
-                                pair[e] = RES[c_id[r], bn * BN + nb * 8 + (lane % 4) * 2 + e]
-                        for e in T.unroll(2):
-                            pair[e] = plus_residual(epilogue(
-                                T.if_then_else(p0 < count, acc[nb * 4 + r * 2 + e], T.float32(0)),
-                                BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[r]), pair, 0, e)
-                        for e in T.vectorized(2):
-                            C[c_id[r], bn * BN + nb * 8 + (lane % 4) * 2 + e] = pair[e]
 
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
@@ -1165,7 +1080,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     @T.macro
     def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b):
         T.device_entry()
-        if persistent or pws:
+        if persistent:
             cta = T.cta_id([SMS])
         else:
             bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
@@ -1189,27 +1104,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
         m = T.Cast("int32", M)
-        if pws:
-            itc = T.alloc_local([1], "int32")
-            c_id = T.alloc_local([2], "int64")
-            pair = T.alloc_local([2], out_dtype)        # two output values, stored as one vector
-            count = count_of(OFF, m)
-            if tid == 0:
-                for s in T.unroll(STAGES):
-                    T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(FULL_ARRIVALS))
-                    T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
-            T.cuda.cta_sync()
-            if tid >= THREADS:
-                pws_loader(tid, cta, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col, itc)
-            else:
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
-                                                      smem.ptr_to([tid // 128 * 64 * BK]), A_LBO, A_SBO,
-                                                      A_SWIZZLE)
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
-                                                      B_LBO, B_SBO, _SWIZZLE_128B)
-                pws_consumer(tid, cta, m, count, OFF, IDS, BIAS, RS, RES, C, acc, desc_a, desc_b, bars, itc, rs_val,
-                             c_id, pair)
-        elif persistent:
+        if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
             # z of unlisted rows (stores only).  While the idle CTAs can store the z tiles in
             # about one K loop's time (zero_tiles_per_loop each), CTA c < tc computes tile c
