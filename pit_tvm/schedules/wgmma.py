@@ -117,16 +117,17 @@ wait for the last releases before exiting; trial f29e813, reverted, ``python3
 benchmarks/_cluster_probe.py [--8192]`` there) cut B's L2 reads in half and measured, device time
 per call on the H100 (2026-11-24), 4096^3 dense 197.1 -> 193.4 us, 2,048 of 4,096 rows 101.6 ->
 100.2, 410 rows 42.8 -> 43.5; 4096 x 2048 x 8192 215.0 -> 214.1, 4096 x 8192 x 2048 184.8 ->
-186.3; BERT's 2,400-row layers 7-26 % slower (FFN-out 24.2 -> 26.2 us); 8192^3 dense 1674.5 ->
+186.3; BERT's 2,400-row layers 8-26 % slower (FFN-out 24.2 -> 26.2 us); 8192^3 dense 1674.5 ->
 1619.7, 4,096 of 8,192 rows 825.3 -> 790.0, 819 rows 211.7 -> 214.4.  Gains of 2-4 % on the
-largest grids only, so it was not kept.
+largest grids only (4096^3 dense 1.9 %), so it was not kept.
 
 Also tried: the same kernels on SMS persistent CTAs (trial 1eca2dd, reverted; ``python3
 benchmarks/_pws_probe.py`` there), the loader filling a CTA's next tile's ring while its consumers
 store the last tile straight from their fragments (half2 stores: the ring holds no staged tile).
 Device time on the H100, grid -> persistent: 4096^3 dense 190.6 -> 207.9 us, 2,048 rows 98.5 ->
 125.7; BERT's FFN-in with GELU over 2,400 rows 30.6 -> 48.2, dense 43.5 -> 57.6.  With C's stores
-left out of both (a diagnostic build) the persistent loop was still slower: 184.3 -> 186.3,
+left out of both (a diagnostic build on top of the trial, not committed) the persistent loop was
+still slower: 184.3 -> 186.3,
 93.5 -> 97.9, 25.6 -> 37.5, 38.0 -> 47.3 us; so C's stores cost the grid kernels 4.4-6.8 us a
 call, and a persistent grid here gains nothing that would pay for them.
 """
