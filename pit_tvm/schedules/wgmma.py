@@ -127,9 +127,8 @@ store the last tile straight from their fragments (half2 stores: the ring holds 
 Device time on the H100, grid -> persistent: 4096^3 dense 190.6 -> 207.9 us, 2,048 rows 98.5 ->
 125.7; BERT's FFN-in with GELU over 2,400 rows 30.6 -> 48.2, dense 43.5 -> 57.6.  With C's stores
 left out of both (a diagnostic build on top of the trial, not committed) the persistent loop was
-still slower: 184.3 -> 186.3,
-93.5 -> 97.9, 25.6 -> 37.5, 38.0 -> 47.3 us; so C's stores cost the grid kernels 4.4-6.8 us a
-call, and a persistent grid here gains nothing that would pay for them.
+still slower: 184.3 -> 186.3, 93.5 -> 97.9, 25.6 -> 37.5, 38.0 -> 47.3 us; so C's stores cost the
+grid kernels 4.4-6.8 us a call, and a persistent grid here gains nothing that would pay for them.
 """
 from __future__ import annotations
 
