@@ -97,7 +97,7 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
     # one micro-tile a CTA, A read in place (mk = 64, e.g. (32, 64) and (1, 64) covered by 128-row
     # strips): a non-zero in the block's first 32 rows (every thread's first load) lists it, so
     # the other 96 rows are read only for a block whose first 32 rows are zero
-    FIRST_LOADS = 1 if NMT == 1 and not compact else LOADS
+    FIRST_LOADS = 1 if NMT == 1 else LOADS
 
     @T.macro
     def read_rows(g, c, tid, m, A, vals, bits, tile, j0, j1):
