@@ -1,6 +1,7 @@
 """The wgmma tiles kernel by tile config: device time per kernel of one op call, L2 flushed.
 
-    python3 benchmarks/_tiles_widths.py [BNxSTAGES ...]            (default 256x4 256x3 128x4 128x6)
+    python3 benchmarks/_tiles_widths.py [BNxSTAGES[ws] ...]        (default 256x4 256x3 128x4 128x6;
+                                                                   ws: the warp-specialized loop)
     python3 benchmarks/_tiles_widths.py --random [BNxSTAGES ...]   (default 256x4 128x4 128x3 64x4 64x3)
 
 Default: the OPT FFN's fc2 (M 4096, K 8192, N 2048, fp16, 32x1 micro-tiles covered by 128-row
@@ -58,18 +59,19 @@ def cases():
             yield f"{mt[0]}x{mt[1]} at {s}", torch.randn(m, k, device="cuda", dtype=torch.float16) * on, b, mt
 
 
-base = wg.wgmma_config
+base = wg.wgmma_tiles_config
 for name, a, b, mt in cases():
     ref = a.float() @ b.float()
     at, bt = tvm.runtime.from_dlpack(a), tvm.runtime.from_dlpack(b)
     print(name, flush=True)
     for spec in specs:
-        cfg = wg.WgmmaConfig(*(int(x) for x in spec.split("x")))
-        wg.wgmma_config = lambda *args, _c=cfg, **kw: _c
+        ws = spec.endswith("ws")      # "256x4ws": the warp-specialized tiles loop
+        cfg = wg.WgmmaConfig(*(int(x) for x in spec.removesuffix("ws").split("x")), tiles_ws=ws)
+        wg.wgmma_tiles_config = lambda *args, _c=cfg, **kw: _c
         try:
             op = SparseMatmul(a.shape[1], b.shape[1], "float16", mt, "cuda")
         finally:
-            wg.wgmma_config = base
+            wg.wgmma_tiles_config = base
         c = torch.from_dlpack(op(at, bt))
         err = ((c.float() - ref).abs().max() / ref.abs().max()).item()
         split = kernel_split_us(lambda: (flush.zero_(), op(at, bt)))

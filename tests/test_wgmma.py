@@ -28,6 +28,7 @@ from pit_tvm.schedules.wgmma import (
     wgmma_few_rows_tier,
     wgmma_row_gather_func,
     wgmma_tiles_applies,
+    wgmma_tiles_config,
     wgmma_tiles_gather_func,
 )
 from pit_tvm.target import build
@@ -378,6 +379,24 @@ def test_gpu_dense(m, bias):
 TILE_CASES = [(32, 1), (32, 64), (128, 1), (1, 64), (64, 8)]
 
 
+def test_tiles_config_warp_specializes_wide_micro_tiles():
+    """A loader warpgroup (A's K tile by TMA) where micro-tiles are 64 columns wide or wider;
+    the all-threads loop for thinner ones (measured faster there on the H100).  The op's
+    kernel for 32x64 micro-tiles loads A by TMA and launches the loader warpgroup."""
+    import pit_tvm
+
+    assert wgmma_tiles_config(4096, 64).tiles_ws and wgmma_tiles_config(4096, 128).tiles_ws
+    assert not any(wgmma_tiles_config(4096, mk).tiles_ws for mk in (1, 2, 8, 32))
+    assert wgmma_tiles_config(4096, 64).block_n == wgmma_config(4096).block_n
+    for micro_tile, ws in (((32, 64), True), ((32, 8), False)):
+        op = pit_tvm.sparse_matmul(512, 256, "float16", micro_tile=micro_tile, target="cuda")
+        src = "\n".join(cuda_sources(op.executable))
+        # the tiles kernel's signature: its launch bounds, and A's TMA descriptor
+        kernel = re.search(r"__global__ void (__launch_bounds__\(\d+\)) pit_kernel_\w+\(([^;{]*)\)", src)
+        assert ("CUtensorMap map_a" in kernel.group(2)) == ws
+        assert kernel.group(1) == ("__launch_bounds__(384)" if ws else "__launch_bounds__(256)")
+
+
 def test_tiles_applies():
     assert wgmma_tiles_applies(512, 256, (32, 1), "float16", "float16", "sm_90a")
     assert not wgmma_tiles_applies(512, 256, (48, 1), "float16", "float16", "sm_90a")   # 128 % 48
@@ -403,6 +422,10 @@ _PTXAS_CASES = {
     "tiles_mk1": lambda: wgmma_tiles_gather_func(8192, 2048, 1),
     "tiles_mk8": lambda: wgmma_tiles_gather_func(4096, 4096, 8),
     "tiles_mk64_128": lambda: wgmma_tiles_gather_func(4096, 4096, 64, config=WgmmaConfig(128, 4)),
+    "tiles_ws_mk1_bias_residual": lambda: wgmma_tiles_gather_func(8192, 2048, 1, bias=True, residual=True,
+                                                                  config=WgmmaConfig(tiles_ws=True)),
+    "tiles_ws_mk8": lambda: wgmma_tiles_gather_func(4096, 4096, 8, config=WgmmaConfig(tiles_ws=True)),
+    "tiles_ws_mk64_128": lambda: wgmma_tiles_gather_func(4096, 4096, 64, config=WgmmaConfig(128, 4, tiles_ws=True)),
     "dense_fallback": lambda: wgmma_dense_fallback_func(4096, 4096, 1),
     "rows_bias_gelu_row_mask_scale_a": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True,
                                                                      row_scale_masks=True, row_scale_a=True),
@@ -461,6 +484,45 @@ def test_gpu_sparse_matmul_tiles(micro_tile, sparsity):
     got = op(tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev)).numpy()
     ref = a.astype(np.float32) @ b.astype(np.float32)
     np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * max(np.abs(ref).max(), 1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1000, 4096])
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99, 1.0])
+@pytest.mark.parametrize("micro_tile", [(32, 1), (128, 2), (32, 8), (32, 32), (32, 64), (64, 128)])
+@pytest.mark.parametrize("tiles_ws", [False, True])
+def test_gpu_tiles_loops(monkeypatch, tiles_ws, micro_tile, sparsity, m):
+    """The tiles kernel's two K loops, all threads loading and computing or a loader warpgroup
+    (A's K tile by TMA where it is contiguous: compacted, or micro-tiles 64 columns wide or
+    wider; else by cp.async), with the bias and skip connection, against float32 numpy; two
+    calls (a compacted A's stale columns from the first call must not reach the second)."""
+    from tvm import relax
+
+    import pit_tvm.schedules.wgmma as wg
+    from pit_tvm.ops.matmul import emit_pit_matmul
+    from test_tensorcore_tiles import make_inputs as tiles_inputs
+
+    k, n = 1024, 512
+    config = WgmmaConfig(256, 4, tiles_ws=tiles_ws)
+    monkeypatch.setattr(wg, "wgmma_tiles_config", lambda *args, **kw: config)
+    bb = relax.BlockBuilder()
+    args = [relax.Var("a", relax.TensorType([m, k], "float16")), relax.Var("b", relax.TensorType([k, n], "float16")),
+            relax.Var("bias", relax.TensorType([n], "float16")), relax.Var("res", relax.TensorType([m, n], "float16"))]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(emit_pit_matmul(bb, args[0], args[1], micro_tile=micro_tile, target="cuda",
+                                                 bias=args[2], residual=args[3]))
+        bb.emit_func_output(out)
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(build(bb.get(), "cuda"), dev)
+    rng = np.random.default_rng(1)
+    bias = rng.standard_normal(n).astype(np.float16)
+    for s, seed in ((sparsity, int(sparsity * 100)), (0.99, 7)):
+        a, b, _, _ = tiles_inputs(m, k, n, micro_tile, s, "float16", seed=seed)
+        res = rng.standard_normal((m, n)).astype(np.float16)
+        got = vm["main"](*(tvm.runtime.tensor(v, dev) for v in (a, b, bias, res))).numpy().astype(np.float32)
+        ref = a.astype(np.float32) @ b.astype(np.float32) + bias.astype(np.float32) + res.astype(np.float32)
+        np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2 * max(np.abs(ref).max(), 1.0))
 
 
 @pytest.mark.gpu

@@ -710,8 +710,8 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
     kernel, whether the index is the one pass of :mod:`pit_tvm.schedules.wgmma_strips`)``
     (which compacts A itself); else None.  ``bias`` / ``residual``: both GEMM kernels run that
     epilogue."""
-    from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func, wgmma_config,
-                                         wgmma_dense_fallback_func, wgmma_tiles_applies,
+    from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func,
+                                         wgmma_dense_fallback_func, wgmma_tiles_applies, wgmma_tiles_config,
                                          wgmma_tiles_gather_func)
     from pit_tvm.schedules.wgmma_strips import strips_apply
 
@@ -719,7 +719,7 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
                                                        out_dtype, arch):
         return None
     mk = plan.micro_tile[1]
-    config = wgmma_config(plan.n, rows_hint)
+    config = wgmma_tiles_config(plan.n, mk, rows_hint)
     strips = strips_apply(plan.k, mk, dtype)
     compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) and not strips else None
     return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),

@@ -62,10 +62,18 @@ A TMA per listed row of A (rows) took 4096^3 from 225 to 1010 us: small boxes ar
 rows stay cp.async.
 ptxas allocates registers for 12 warps whatever the count past 8, so 168 a thread: the dense
 kernel with an fp32 residual (32 chunks loaded ahead of the SWrite) would spill and keeps the
-all-threads loop, as do the tiles kernel and the few-rows tier.  (The tiles kernel loaded that
-way, each loader thread doing two all-threads kernel threads' index lookups and cp.async of B's
-gathered rows, took the OPT FFN's fc2 from 63.5 to 72.6 us: trial 86c8377, reverted; as in the
-probe, 24 cp.async a loader thread per K tile bound the loop.)
+all-threads loop, as does the few-rows tier.  (Two loader warpgroups would leave 128 registers,
+too few for the m64n256 wgmma: ptxas allocates for the launch count even where ``setmaxnreg``
+hands the loaders' registers to the consumers.)
+
+The tiles kernel is warp-specialized where A's K tile is one TMA box of A (micro-tiles 64
+columns wide or wider, :func:`wgmma_tiles_config`): the loader's thread 0 loads A's box at the
+column of the K tile's micro-tile, and every loader thread copies 16 chunks of B's listed rows
+by cp.async, its rows' index entries one load a thread and a shuffle a row (``tiles_loader``).
+With thin micro-tiles (A compacted, B's rows scattered one by one) the same loop, A's box read
+from the compacted A, measured slower than the all-threads one (the OPT FFN's fc2 58.4 -> 61.9
+us), and so did an earlier trial copying A by cp.async too, 24 chunks a loader thread (63.5 ->
+72.6 us; 86c8377, reverted), so those keep the all-threads loop.
 
 Shared memory per CTA: STAGES * (128 * 64 + 64 * BN) * 2 bytes (BN=256, 4 stages: 192 KiB).
 (``WgmmaConfig.block_k=32``: 32-deep K tiles, A rows of 64 B with the 64-byte swizzle, chunk c
@@ -132,6 +140,7 @@ grid kernels 4.4-6.8 us a call, and a persistent grid here gains nothing that wo
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -143,7 +152,8 @@ from pit_tvm.index._tile_kernels import STATE_DTYPE, state_add, state_completes,
 from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
-__all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_row_gather_func",
+__all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
+           "wgmma_row_gather_func",
            "wgmma_few_rows_tier",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
@@ -190,6 +200,9 @@ class WgmmaConfig:
     block_n: int = 256
     stages: int = 4
     block_k: int = BLOCK_K   # 64 (A rows of 128 B, 128-byte swizzle) or 32 (64 B, 64-byte swizzle)
+    #: the tiles kernel warp-specialized (a loader warpgroup, ``tiles_loader``), not the
+    #: all-threads loop
+    tiles_ws: bool = False
 
     def smem_bytes(self, out_dtype: str = "float16") -> int:
         ring = self.stages * (BLOCK_M * self.block_k + self.block_k * self.block_n) * 2
@@ -211,6 +224,7 @@ class BCopyLayout:
     block_n: int
     block_k: int
     tiles: bool
+    threads: int = THREADS    # the copying threads (a warp-specialized loader's)
 
     @property
     def row_chunks(self) -> int:
@@ -227,17 +241,17 @@ class BCopyLayout:
 
     @property
     def rows(self) -> int:
-        return self.block_k * self.row_chunks // THREADS // self.groups
+        return self.block_k * self.row_chunks // self.threads // self.groups
 
     def row(self, tid, i):
         if self.lanes:
-            return tid // self.lanes + (THREADS // self.lanes) * i
-        return (tid + THREADS * i) // self.row_chunks
+            return tid // self.lanes + (self.threads // self.lanes) * i
+        return (tid + self.threads * i) // self.row_chunks
 
     def chunk(self, tid, i, h):
         if self.lanes:
             return tid % self.lanes + self.lanes * h
-        return (tid + THREADS * i) % self.row_chunks
+        return (tid + self.threads * i) % self.row_chunks
 
 
 def strip_state_words(m):
@@ -250,16 +264,16 @@ def strip_closer(mk: int, compact: bool, dtype: str):
     """The ``T.macro`` ``close_strip(tid, g, m, end, AC, CNT, ST)`` that the CTA completing strip
     ``g`` of a strips listing runs (the one-pass strips kernel and a dense kernel listing its
     C's strips): with ``compact``, zeros in the compacted ``AC`` from column ``end * mk`` up to
-    the next 16-byte chunk (the tiles kernel reads whole chunks); the strip's count ``end``; its
-    state word zeroed for the next call."""
-    vec = 16 // dtype_bytes(dtype)
+    the next K tile (the tiles kernel reads whole K tiles: by TMA, or by 16-byte chunks
+    zero-filled past the count; a strip with nothing listed reads one); the strip's count
+    ``end``; its state word zeroed for the next call.  Called by at least BLOCK_K threads."""
     zero = tirx.const(0, dtype)
 
     @T.macro
     def close_strip(tid, g, m, end, AC, CNT, ST):
         if compact:
-            if tid < vec:
-                if end * mk + tid < (end * mk + vec - 1) // vec * vec:
+            if tid < BLOCK_K:
+                if end * mk + tid < T.max((end * mk + BLOCK_K - 1) // BLOCK_K, 1) * BLOCK_K:
                     for i in T.serial(BLOCK_M):
                         if g * BLOCK_M + i < m:
                             AC[g * BLOCK_M + i, end * mk + tid] = zero
@@ -327,6 +341,18 @@ def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) ->
         # K=768 N=768 13.4 against 14.7 us; ``python3 benchmarks/_wgmma_stages.py 128x4 128x6``)
         stages = FEW_ROWS_STAGES[block_n]
     return WgmmaConfig(block_n, stages)
+
+
+def wgmma_tiles_config(n: int, mk: int, rows: int | None = None) -> WgmmaConfig | None:
+    """The tiles kernel's tiles for N and ``(128, mk)`` micro-tiles: :func:`wgmma_config`'s,
+    warp-specialized (``tiles_ws``) where A's K tile is a TMA box of A itself (``mk`` a multiple
+    of 64).  H100, device time of the kernel alone, all-threads -> warp-specialized
+    (``python3 benchmarks/_tiles_widths.py [--random] 256x4 256x4ws``, 2026-11-24): 4096^3 with
+    32x64 micro-tiles at 95 / 99 % 65.5 -> 59.4, 26.9 -> 26.3 us; with 32x1 (A compacted, B's
+    rows scattered one by one) slower, 62.9 -> 67.1, 31.4 -> 32.2 us, as the OPT FFN's fc2
+    (32x1, K 8192, N 2048): 58.4 -> 61.9 us."""
+    config = wgmma_config(n, rows)
+    return config and dataclasses.replace(config, tiles_ws=mk % BLOCK_K == 0)
 
 
 #: erfc(z) ~ poly(t) * exp(-z^2), t = 1 / (1 + P z), z >= 0, poly(t) = sum_i A_i t^i for i = 1..5
@@ -507,7 +533,7 @@ def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
     ``bias`` (a ``[N]`` parameter after ``ids``), then ``residual`` (a ``[M, N]`` parameter of
     the output dtype, added last): ``c = a @ b + bias + residual``, every row."""
     _tiles_epilogue(bias, residual)
-    config = config or wgmma_config(n)
+    config = config or wgmma_tiles_config(n, mk)
     if (not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n
             or config.block_k != BLOCK_K):
         raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0, K % mk == 0 (mk < K), N % block_n == 0, "
@@ -630,13 +656,28 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     # ``tma_loader``, ``ws_k_loop``).  Its 12 warps leave 168 registers a thread: an fp32
     # residual, whose 32 chunks are loaded ahead of the SWrite, would spill, so that kernel keeps
     # the all-threads loop.
-    ws = (mode in ("dense", "rows") and BK == BLOCK_K and not persistent
+    # The tiles kernel with ``cfg.tiles_ws``: see ``tiles_loader``.  (Two loader warpgroups, 512
+    # threads, leave 128 registers a thread: too few for the m64n256 wgmma even with setmaxnreg
+    # handing the loaders' registers to the consumers, as ptxas allocates for the launch count.)
+    ws = ((mode in ("dense", "rows") or (tiles and cfg.tiles_ws and BN % 128 == 0)) and BK == BLOCK_K and not persistent
           and not (residual and dtype_bytes(out_dtype) == 4))
-    LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
+    ws_tiles = ws and tiles
+    loader_threads = LOADER_THREADS
+    LAUNCH_THREADS = THREADS + loader_threads if ws else THREADS
+    # ws tiles: A's K tile is one TMA box where it is contiguous (a compacted A holds K position q
+    # in column q; micro-tiles 64 columns wide or wider hold a whole K tile), else the loaders
+    # copy it by cp.async through the index; they always copy B's listed rows
+    a_tma = ws_tiles and (a_compact or mk % BK == 0)
     # a ring slot's bytes that TMA loads (rows: B's; the loader warpgroup copies A's listed rows)
-    TX_BYTES = ((A_TILE if mode == "dense" else 0) + B_TILE) * dtype_bytes(in_dtype)
-    FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" else 0)
-    A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
+    if ws_tiles:
+        TX_BYTES = A_TILE * dtype_bytes(in_dtype) if a_tma else 0
+        FULL_ARRIVALS = (1 if a_tma else 0) + loader_threads
+    else:
+        TX_BYTES = ((A_TILE if mode == "dense" else 0) + B_TILE) * dtype_bytes(in_dtype)
+        FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" else 0)
+    A_LOADER_CHUNKS = BM * BK // 8 // loader_threads     # A's 16-byte chunks a loader thread copies
+    loader_b_copy = BCopyLayout(BN, BK, True, loader_threads) if ws_tiles else b_copy
+    assert not ws_tiles or (loader_b_copy.lanes == 16 and loader_threads == 128)   # (b_id_row's layout)
     strips = strips_mk > 0
     # strips: the listing's scratch (int32 words) after the staged C tile: a flag per micro-tile
     # of the CTA's columns, the tile column of each output slot, each warp's listed count, and
@@ -800,20 +841,25 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
 
     @T.macro
-    def sread(kt, tid, bn, bm, count, OFF, A, B, smem, a_row, a_col, b_row_id):
-        """SRead of K tile kt into ring slot kt % STAGES (cp.async, not yet committed)"""
-        slot_w = kt % STAGES
-        sread_a(kt, tid, THREADS, bm, count, OFF, A, smem, a_row, a_col)
-        for i in T.unroll(B_ROWS):
-            for h in T.unroll(B_GROUPS):
-                kr = b_kr(tid, i)
-                gch = b_chunk(tid, i, h)
+    def sread_b(kt, t, layout, bn, bm, OFF, B, smem, b_row_id):
+        """SRead of B's K tile kt into ring slot kt % STAGES by thread t of ``layout``'s copiers:
+        MN-major 64-column atoms, 128-byte swizzle (chunk ^ (k % 8))"""
+        for i in T.unroll(layout.rows):
+            for h in T.unroll(layout.groups):
+                kr = layout.row(t, i)
+                gch = layout.chunk(t, i, h)
                 # tiles: B's row column(q) for the strip's compact position q
                 T.evaluate(copy16(
-                    smem.ptr_to([B_BASE + slot_w * B_TILE + (gch // 8) * (BK * 64) + kr * 64
+                    smem.ptr_to([B_BASE + kt % STAGES * B_TILE + (gch // 8) * (BK * 64) + kr * 64
                                  + T.bitwise_xor(gch % 8, kr % 8) * 8]),
                     B.ptr_to([b_row_of(b_row_id, i, kt * BK + kr), bn * BN + gch * 8]),
                     b_valid(OFF, bm, kt * BK + kr)))
+
+    @T.macro
+    def sread(kt, tid, bn, bm, count, OFF, A, B, smem, a_row, a_col, b_row_id):
+        """SRead of K tile kt into ring slot kt % STAGES (cp.async, not yet committed)"""
+        sread_a(kt, tid, THREADS, bm, count, OFF, A, smem, a_row, a_col)
+        sread_b(kt, tid, b_copy, bn, bm, OFF, B, smem, b_row_id)
 
     @T.macro
     def list_tile(bn, bm, tid, m, smem, ST, orw, ballot, sloc, old):
@@ -930,15 +976,74 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
+    lb_rows = loader_b_copy.rows
+
+    def b_id_row(lane):
+        """ws tiles: the K tile row whose index entry loader thread ``lane`` loads.  B's copy
+        layout gives a loader warp 16 rows, ``2w + h + 8i`` (16 lanes a row: ``h = lane / 16``),
+        and lane ``h + 2i`` holds row ``2w + h + 8i``'s entry: one load a thread a K tile, not
+        ``lb_rows``, then a shuffle per row."""
+        return lane // 32 * 2 + lane % 2 + 8 * (lane // 2 % 8)
+
+    def b_entry(entry, lane, i):
+        """ws tiles: the index entry of loader thread ``lane``'s i-th row of B, from the lane
+        that loaded it"""
+        return T.call_extern("int32", "__shfl_sync", T.uint32(0xFFFFFFFF), entry, lane % 32 // 16 + 2 * i, 32)
+
     @T.macro
-    def ws_k_loop(tid, smem, acc, desc_a, desc_b, bars):
+    def tiles_loader(tid, bn, bm, m, OFF, IDS, A, B, smem, bars, map_a, a_row, a_col, b_row_id, a_col_next,
+                     b_row_next):
+        """ws tiles: the loader warpgroups' K loop over the strip's listed K tiles.  Each loader
+        thread looks up its index entries one K tile ahead (as ``index_ahead``), waits for the
+        consumers to release slot kt % STAGES, copies its chunks of B's listed rows (16 lanes a
+        row) and, where A's K tile is not one TMA box, of A's listed columns, by cp.async
+        (zero-filled past the strip's list), and arrives on the slot's ``full`` mbarrier when they
+        land; thread 0 loads A's box by TMA (a compacted A at column q; wide micro-tiles at the
+        column of K position q's micro-tile: for the empty strip's one K tile, any column of A's
+        all-zero strip)."""
+        lane = tid - THREADS
+        if not a_tma:
+            for j in T.unroll(A_LOADER_CHUNKS):
+                a_row[j] = row_id(IDS, bm * BM + a_chunk(lane, loader_threads, j)[0], m)
+                a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, a_chunk(lane, loader_threads, j)[1] * 8)
+        elif not a_compact:
+            a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, 0)
+        b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, b_id_row(lane))
+        for kt in T.serial(k_tiles(OFF, bm)):
+            s = kt % STAGES
+            if not a_tma:
+                for j in T.unroll(A_LOADER_CHUNKS):
+                    qa = kt * BK + a_chunk(lane, loader_threads, j)[1] * 8
+                    a_col[j] = column_of_id(a_col_next[j], qa, mk)
+                    a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, qa + BK)
+            elif not a_compact:
+                a_col[0] = column_of_id(a_col_next[0], kt * BK, mk)
+                a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK)
+            for i in T.unroll(lb_rows):
+                b_row_id[i] = column_of_id(b_entry(b_row_next[0], lane, i), kt * BK + loader_b_copy.row(lane, i), mk)
+            b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK + b_id_row(lane))
+            if kt >= STAGES:
+                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
+            if a_tma:
+                if lane == 0:
+                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
+                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a),
+                                        kt * BK if a_compact else a_col[0], bm * BM, bars.ptr_to([s]))
+            else:
+                sread_a(kt, lane, loader_threads, bm, m, OFF, A, smem, a_row, a_col)
+            sread_b(kt, lane, loader_b_copy, bn, bm, OFF, B, smem, b_row_id)
+            T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
+
+    @T.macro
+    def ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars):
         """ws: a consumer warpgroup's K loop: wait for slot q % STAGES to fill, issue its wgmma,
         and release the slot of K tile q - 1 once that one's wgmma retired"""
-        for q in T.serial(KT):
+        for q in T.serial(k_tiles(OFF, bm)):
             slot = q % STAGES
             T.cuda.mbarrier_wait(bars.ptr_to([slot]), (q // STAGES) % 2)
-            if mode == "rows":
-                # (A came by cp.async, the generic proxy; wgmma reads through the async one)
+            if mode != "dense":
+                # (A's rows, the tiles kind's B rows, came by cp.async, the generic proxy; wgmma
+                # reads through the async one)
                 T.ptx["fence.proxy.async.shared::cta"]()
             wgmma_step(slot, acc, desc_a, desc_b)
             if q > 0:
@@ -963,7 +1068,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
                 T.cuda.cta_sync()
                 if tid >= THREADS:
-                    tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
+                    if tiles:
+                        tiles_loader(tid, bn, bm, m, OFF, IDS, A, B, smem, bars, map_a, a_row, a_col, b_row_id,
+                                     a_col_next, b_row_next)
+                    else:
+                        tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
                     # thread that has not exited)
                     T.evaluate(_exit_thread())
@@ -981,7 +1090,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
                                                   B_LBO, B_SBO, _SWIZZLE_128B)
             if ws:
-                ws_k_loop(tid, smem, acc, desc_a, desc_b, bars)
+                ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars)
             else:
                 if tiles:
                     # K tile 0's index entries; each iteration then loads the next tile's while
@@ -1101,10 +1210,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         c_row = T.alloc_local([C_CHUNKS], "int64")       # the C rows this thread stores
         rs_val = T.alloc_local([2], "float32")           # row_scale: its fragment rows' scales
         res_v = T.alloc_local([C_CHUNKS * C_VEC if residual else 1], out_dtype)   # residual chunks
-        a_col = T.alloc_local([A_CHUNKS], "int32")        # tiles: this K tile's A columns
-        b_row_id = T.alloc_local([B_ROWS], "int32")       # tiles: this K tile's B rows
-        a_col_next = T.alloc_local([A_CHUNKS], "int32")   # tiles: the next K tile's
-        b_row_next = T.alloc_local([B_ROWS], "int32")
+        # tiles: this K tile's A columns and B rows (ws: a loader thread's), and the next K tile's
+        a_col = T.alloc_local([max(A_CHUNKS, A_LOADER_CHUNKS)], "int32")
+        b_row_id = T.alloc_local([max(B_ROWS, lb_rows)], "int32")
+        a_col_next = T.alloc_local([max(A_CHUNKS, A_LOADER_CHUNKS)], "int32")
+        b_row_next = T.alloc_local([max(B_ROWS, lb_rows)], "int32")
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
         orw = T.alloc_local([4], "uint32")                  # strips: this thread's chunks of C, OR-ed
@@ -1151,7 +1261,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         # the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
         encode_tma_map(map_b, B.data, N, K, 64, BK)
-        if mode == "dense":
+        if mode == "dense" or a_tma:
             map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
             encode_tma_map(map_a, A.data, K, M, BK, BM)
             device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)
