@@ -149,3 +149,22 @@ def test_gpu_ffn_outputs_are_views_and_stay_apart(cuda_graph):
         kept.append((x, main(tvm.runtime.tensor(x.astype(np.float16), cm.device))))
     for x, out in kept:
         np.testing.assert_allclose(out.numpy().astype(np.float32), sess.run(None, {"x": x})[0], rtol=2e-2, atol=2e-2)
+
+
+def test_returned_kernel_with_host_code_is_left_alone():
+    """A returned ``call_tir`` of a hand-written kernel whose body is not one block (the wgmma
+    dense kernel encodes its TMA descriptors on the host) on a tensor computed in the block: the
+    pass leaves it as it is (Relax's reshape analysis would fail on it)."""
+    from pit_tvm.schedules.wgmma import wgmma_row_gather_func
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([256, 128], "float16"))
+    w = relax.Var("w", relax.TensorType([128, 256], "float16"))
+    gv = bb.add_func(wgmma_row_gather_func(128, 256, dense=True), "dense")
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            x2 = bb.emit(relax.op.add(x, x))
+            out = bb.emit_output(relax.call_tir(gv, [x2, w], relax.TensorType([256, 256], "float16")))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    tvm.ir.assert_structural_equal(ReshapeOutputsAsViews(mod), mod)

@@ -388,6 +388,10 @@ def test_tiles_config_warp_specializes_wide_micro_tiles():
     assert wgmma_tiles_config(4096, 64).tiles_ws and wgmma_tiles_config(4096, 128).tiles_ws
     assert not any(wgmma_tiles_config(4096, mk).tiles_ws for mk in (1, 2, 8, 32))
     assert wgmma_tiles_config(4096, 64).block_n == wgmma_config(4096).block_n
+    assert not wgmma_tiles_config(4096, 64, out_dtype="float32", residual=True).tiles_ws   # (would spill)
+    assert not wgmma_tiles_config(192, 64).tiles_ws                  # 192-column tiles: no 16-lane B rows
+    with pytest.raises(ValueError, match="warp-specialized tiles kernel"):
+        wgmma_tiles_gather_func(4096, 4096, 32, config=WgmmaConfig(tiles_ws=True))
     for micro_tile, ws in (((32, 64), True), ((32, 8), False)):
         op = pit_tvm.sparse_matmul(512, 256, "float16", micro_tile=micro_tile, target="cuda")
         src = "\n".join(cuda_sources(op.executable))
@@ -395,6 +399,8 @@ def test_tiles_config_warp_specializes_wide_micro_tiles():
         kernel = re.search(r"__global__ void (__launch_bounds__\(\d+\)) pit_kernel_\w+\(([^;{]*)\)", src)
         assert ("CUtensorMap map_a" in kernel.group(2)) == ws
         assert kernel.group(1) == ("__launch_bounds__(384)" if ws else "__launch_bounds__(256)")
+        # the dense fallback's own kernel only beside the all-threads loop
+        assert ("pit_dense_fallback_" in src) == (not ws)
 
 
 def test_tiles_applies():
@@ -422,10 +428,9 @@ _PTXAS_CASES = {
     "tiles_mk1": lambda: wgmma_tiles_gather_func(8192, 2048, 1),
     "tiles_mk8": lambda: wgmma_tiles_gather_func(4096, 4096, 8),
     "tiles_mk64_128": lambda: wgmma_tiles_gather_func(4096, 4096, 64, config=WgmmaConfig(128, 4)),
-    "tiles_ws_mk1_bias_residual": lambda: wgmma_tiles_gather_func(8192, 2048, 1, bias=True, residual=True,
-                                                                  config=WgmmaConfig(tiles_ws=True)),
-    "tiles_ws_mk8": lambda: wgmma_tiles_gather_func(4096, 4096, 8, config=WgmmaConfig(tiles_ws=True)),
-    "tiles_ws_mk64_128": lambda: wgmma_tiles_gather_func(4096, 4096, 64, config=WgmmaConfig(128, 4, tiles_ws=True)),
+    "tiles_ws_mk64_bias_residual": lambda: wgmma_tiles_gather_func(8192, 2048, 64, bias=True, residual=True,
+                                                                   config=WgmmaConfig(tiles_ws=True)),
+    "tiles_ws_mk128_128": lambda: wgmma_tiles_gather_func(4096, 4096, 128, config=WgmmaConfig(128, 4, tiles_ws=True)),
     "dense_fallback": lambda: wgmma_dense_fallback_func(4096, 4096, 1),
     "rows_bias_gelu_row_mask_scale_a": lambda: wgmma_row_gather_func(768, 3072, bias=True, gelu=True, row_scale=True,
                                                                      row_scale_masks=True, row_scale_a=True),
@@ -486,16 +491,21 @@ def test_gpu_sparse_matmul_tiles(micro_tile, sparsity):
     np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * max(np.abs(ref).max(), 1.0))
 
 
+_LOOP_CASES = [(False, mt) for mt in [(32, 1), (128, 2), (32, 8), (32, 32), (32, 64)]] + [
+    (True, mt) for mt in [(32, 64), (128, 64), (64, 128), (1, 256)]]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1000, 4096])
 @pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.99, 1.0])
-@pytest.mark.parametrize("micro_tile", [(32, 1), (128, 2), (32, 8), (32, 32), (32, 64), (64, 128)])
-@pytest.mark.parametrize("tiles_ws", [False, True])
-def test_gpu_tiles_loops(monkeypatch, tiles_ws, micro_tile, sparsity, m):
-    """The tiles kernel's two K loops, all threads loading and computing or a loader warpgroup
-    (A's K tile by TMA where it is contiguous: compacted, or micro-tiles 64 columns wide or
-    wider; else by cp.async), with the bias and skip connection, against float32 numpy; two
-    calls (a compacted A's stale columns from the first call must not reach the second)."""
+@pytest.mark.parametrize("threshold", [0.9, None])
+@pytest.mark.parametrize("tiles_ws,micro_tile", _LOOP_CASES)
+def test_gpu_tiles_loops(monkeypatch, tiles_ws, micro_tile, threshold, sparsity, m):
+    """The tiles kernel's two K loops, all threads loading and computing (with the dense
+    fallback kernel after it) or a loader warpgroup (A's K tile by TMA, micro-tiles a multiple
+    of 64 wide; a full index, from the fallback or listed in the strips' order without a
+    threshold, run as the dense kernel), with the bias and skip connection, against float32
+    numpy; a second call on another pattern."""
     from tvm import relax
 
     import pit_tvm.schedules.wgmma as wg
@@ -511,7 +521,7 @@ def test_gpu_tiles_loops(monkeypatch, tiles_ws, micro_tile, sparsity, m):
     with bb.function("main", args):
         with bb.dataflow():
             out = bb.emit_output(emit_pit_matmul(bb, args[0], args[1], micro_tile=micro_tile, target="cuda",
-                                                 bias=args[2], residual=args[3]))
+                                                 bias=args[2], residual=args[3], density_threshold=threshold))
         bb.emit_func_output(out)
     dev = tvm.cuda(0)
     vm = relax.VirtualMachine(build(bb.get(), "cuda"), dev)
@@ -581,9 +591,11 @@ def test_wgmma_path_skips_mma_sync_imports():
 @pytest.mark.parametrize("micro_tile", [(32, 1), (32, 64)])
 def test_tiles_dense_fallback_graph(micro_tile):
     """The graph emit_pit_matmul builds on the default target: index (+ compaction), tiles
-    kernel, then the dense fallback kernel in place on the tiles kernel's output; the kernels
-    that skip their work on a full index read it (the CUDA source compares offsets[strips]
-    with strips x K / mk) and nvcc compiles the op."""
+    kernel, then (thin micro-tiles, the all-threads tiles loop) the dense fallback kernel in
+    place on the tiles kernel's output; the kernels that branch on a full index read it (the
+    CUDA source compares offsets[strips] with strips x K / mk) and nvcc compiles the op.  The
+    warp-specialized tiles kernel (32x64) runs a full index itself: no fallback kernel."""
+    folded = wgmma_tiles_config(256, micro_tile[1]).tiles_ws
     import pit_tvm
     from tvm import relax
     from pit_tvm.ops.matmul import emit_pit_matmul
@@ -599,8 +611,10 @@ def test_tiles_dense_fallback_graph(micro_tile):
         bb.emit_func_output(out)
     text = bb.get()["main"].script()
     inplace = [line for line in text.splitlines() if "call_tir_inplace" in line]
-    assert len(inplace) == 1 and "pit_dense_fallback_" in inplace[0]
-    assert text.index("pit_kernel_") < text.index("call_tir_inplace")
+    assert ("pit_dense_fallback_" in text) == (not folded)
+    if not folded:
+        assert len(inplace) == 1 and "pit_dense_fallback_" in inplace[0]
+        assert text.index("pit_kernel_") < text.index("call_tir_inplace")
 
     op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=micro_tile, target="cuda")
     src = "\n".join(cuda_sources(op.executable))
@@ -609,7 +623,7 @@ def test_tiles_dense_fallback_graph(micro_tile):
     full = f"* {k // micro_tile[1]})"                             # strips x tiles per strip
     # (the compaction, when the micro-tiles need one, is part of the one-pass index: it always runs)
     guarded = [name for name in bodies if name.startswith(("pit_kernel_", "pit_dense_fallback_", "pit_compact_"))]
-    assert len(guarded) == 2
+    assert len(guarded) == (1 if folded else 2)
     for name in guarded:
         assert full in bodies[name], name
     if find_nvcc() is None:

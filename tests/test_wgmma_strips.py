@@ -128,7 +128,7 @@ def test_gpu_strip_index_and_compaction(m, mk, sparsity, threshold):
             rows = slice(128 * s, min(128 * s + 128, m))
             cols = (listed[:, None] * mk + np.arange(mk)).ravel()
             np.testing.assert_array_equal(ac[rows, :cols.size], a[rows][:, cols])
-            pad = max(-(-cols.size // 64), 1) * 64     # zeros up to the next K tile (at least one)
+            pad = -(-cols.size // 8) * 8                # zeros up to the next 16-byte chunk
             assert (ac[rows, cols.size:pad] == 0).all()
 
 

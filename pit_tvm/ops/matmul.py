@@ -707,8 +707,9 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
                       bias: bool = False, residual: bool = False):
     """On sm_90a, for micro-tiles along K with rows dividing 128: ``(plan covered by 128-row
     strips, the wgmma tiles kernel, the A-compaction kernel or None, the dense fallback
-    kernel, whether the index is the one pass of :mod:`pit_tvm.schedules.wgmma_strips`)``
-    (which compacts A itself); else None.  ``bias`` / ``residual``: both GEMM kernels run that
+    kernel or None (the warp-specialized tiles kernel runs a full index itself), whether the
+    index is the one pass of :mod:`pit_tvm.schedules.wgmma_strips`)`` (which compacts A
+    itself); else None.  ``bias`` / ``residual``: both GEMM kernels run that
     epilogue."""
     from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func,
                                          wgmma_dense_fallback_func, wgmma_tiles_applies, wgmma_tiles_config,
@@ -719,14 +720,15 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
                                                        out_dtype, arch):
         return None
     mk = plan.micro_tile[1]
-    config = wgmma_tiles_config(plan.n, mk, rows_hint)
+    config = wgmma_tiles_config(plan.n, mk, rows_hint, out_dtype, residual)
     strips = strips_apply(plan.k, mk, dtype)
     compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) and not strips else None
     return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),
             wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype, config=config, bias=bias,
                                     residual=residual), compact,
-            wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype, config=config, bias=bias,
-                                      residual=residual), strips)
+            None if config.tiles_ws else wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype,
+                                                                   config=config, bias=bias, residual=residual),
+            strips)
 
 
 def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):

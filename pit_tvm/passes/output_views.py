@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
+from tvm.s_tir import SBlockRealize
 
 from .graph import call_tir_parts
 
@@ -35,13 +36,16 @@ class _OutputReshapeRewriter(relax.PyExprMutator):
 
     def _reshapes_own_tensor(self, value) -> bool:
         """``call_tir`` of a reshape PrimFunc on tensors computed in the block (a view of a
-        function parameter would alias the caller's input)"""
+        function parameter would alias the caller's input).  Only a PrimFunc whose body is one
+        block is looked at: Relax's reshape analysis fails on any other (a hand-written kernel
+        with host code, such as a TMA descriptor's encoding)."""
         parts = call_tir_parts(value)
         if parts is None:
             return False
         callee = self.mod_[parts[0]]
-        return (isinstance(callee, tvm.tirx.PrimFunc) and relax.analysis.has_reshape_pattern(callee)
-                and all(isinstance(a, relax.DataflowVar) for a in parts[1]))
+        return (isinstance(callee, tvm.tirx.PrimFunc) and isinstance(callee.body, SBlockRealize)
+                and all(isinstance(a, relax.DataflowVar) for a in parts[1])
+                and relax.analysis.has_reshape_pattern(callee))
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         if (self.builder_.current_block_is_dataflow() and not isinstance(binding.var, relax.DataflowVar)

@@ -66,14 +66,21 @@ all-threads loop, as does the few-rows tier.  (Two loader warpgroups would leave
 too few for the m64n256 wgmma: ptxas allocates for the launch count even where ``setmaxnreg``
 hands the loaders' registers to the consumers.)
 
-The tiles kernel is warp-specialized where A's K tile is one TMA box of A (micro-tiles 64
-columns wide or wider, :func:`wgmma_tiles_config`): the loader's thread 0 loads A's box at the
-column of the K tile's micro-tile, and every loader thread copies 16 chunks of B's listed rows
-by cp.async, its rows' index entries one load a thread and a shuffle a row (``tiles_loader``).
-With thin micro-tiles (A compacted, B's rows scattered one by one) the same loop, A's box read
-from the compacted A, measured slower than the all-threads one (the OPT FFN's fc2 58.4 -> 61.9
-us), and so did an earlier trial copying A by cp.async too, 24 chunks a loader thread (63.5 ->
-72.6 us; 86c8377, reverted), so those keep the all-threads loop.
+The tiles kernel is warp-specialized where A's K tile is one TMA box of A (micro-tiles a
+multiple of 64 columns wide, :func:`wgmma_tiles_config`)::
+
+    loader warpgroup, K tile kt into slot s (``tiles_loader``):
+        wait empty[s]; thread 256: expect_tx(full[s]); TMA A_s <- A[p0:p0+128, col:col+64], col
+                    the column of K position 64 kt's micro-tile
+        each loader thread: cp.async 16 chunks of B's listed rows (16 lanes a row; its 8 rows'
+                    index entries: one load a thread, one K tile ahead, and a shuffle a row),
+                    then cp.async.mbarrier.arrive.noinc(full[s])
+        a full index (the dense fallback): TMA A_s and B_s at K tile kt, as the dense kernel
+
+so it runs the dense fallback too, without a launch of its own.  Thin micro-tiles keep the
+all-threads loop: with A compacted and its box read from the compacted A, B's rows scattered one
+by one, the same loop measured slower (the OPT FFN's fc2 58.4 -> 61.9 us), as did an earlier
+trial copying A by cp.async too, 24 chunks a loader thread (63.5 -> 72.6 us; 86c8377, reverted).
 
 Shared memory per CTA: STAGES * (128 * 64 + 64 * BN) * 2 bytes (BN=256, 4 stages: 192 KiB).
 (``WgmmaConfig.block_k=32``: 32-deep K tiles, A rows of 64 B with the 64-byte swizzle, chunk c
@@ -264,16 +271,16 @@ def strip_closer(mk: int, compact: bool, dtype: str):
     """The ``T.macro`` ``close_strip(tid, g, m, end, AC, CNT, ST)`` that the CTA completing strip
     ``g`` of a strips listing runs (the one-pass strips kernel and a dense kernel listing its
     C's strips): with ``compact``, zeros in the compacted ``AC`` from column ``end * mk`` up to
-    the next K tile (the tiles kernel reads whole K tiles: by TMA, or by 16-byte chunks
-    zero-filled past the count; a strip with nothing listed reads one); the strip's count
-    ``end``; its state word zeroed for the next call.  Called by at least BLOCK_K threads."""
+    the next 16-byte chunk (the tiles kernel reads whole chunks); the strip's count ``end``; its
+    state word zeroed for the next call."""
+    vec = 16 // dtype_bytes(dtype)
     zero = tirx.const(0, dtype)
 
     @T.macro
     def close_strip(tid, g, m, end, AC, CNT, ST):
         if compact:
-            if tid < BLOCK_K:
-                if end * mk + tid < T.max((end * mk + BLOCK_K - 1) // BLOCK_K, 1) * BLOCK_K:
+            if tid < vec:
+                if end * mk + tid < (end * mk + vec - 1) // vec * vec:
                     for i in T.serial(BLOCK_M):
                         if g * BLOCK_M + i < m:
                             AC[g * BLOCK_M + i, end * mk + tid] = zero
@@ -343,16 +350,21 @@ def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) ->
     return WgmmaConfig(block_n, stages)
 
 
-def wgmma_tiles_config(n: int, mk: int, rows: int | None = None) -> WgmmaConfig | None:
+def wgmma_tiles_config(n: int, mk: int, rows: int | None = None, out_dtype: str = "float16",
+                       residual: bool = False) -> WgmmaConfig | None:
     """The tiles kernel's tiles for N and ``(128, mk)`` micro-tiles: :func:`wgmma_config`'s,
-    warp-specialized (``tiles_ws``) where A's K tile is a TMA box of A itself (``mk`` a multiple
-    of 64).  H100, device time of the kernel alone, all-threads -> warp-specialized
-    (``python3 benchmarks/_tiles_widths.py [--random] 256x4 256x4ws``, 2026-11-24): 4096^3 with
-    32x64 micro-tiles at 95 / 99 % 65.5 -> 59.4, 26.9 -> 26.3 us; with 32x1 (A compacted, B's
-    rows scattered one by one) slower, 62.9 -> 67.1, 31.4 -> 32.2 us, as the OPT FFN's fc2
-    (32x1, K 8192, N 2048): 58.4 -> 61.9 us."""
+    warp-specialized (``tiles_ws``: A's K tile loaded by TMA, and the dense fallback run by the
+    same kernel, no launch of its own) where ``mk`` is a multiple of 64, the tiles 128 or 256
+    wide and no fp32 residual is loaded.  H100, device time of the kernel alone, all-threads ->
+    warp-specialized (``python3 benchmarks/_tiles_widths.py [--random] 256x4 256x4ws``,
+    2026-11-24): 4096^3 with 32x64 micro-tiles at 95 / 99 % 65.5 -> 59.4, 26.9 -> 26.3 us.
+    (Thin micro-tiles, A compacted and its K tile loaded by TMA from the compacted A, B's rows
+    scattered one by one, measured slower that way: 32x1 at 95 / 99 % 62.9 -> 67.1, 31.4 -> 32.2
+    us, the OPT FFN's fc2 58.4 -> 61.9 us.)"""
     config = wgmma_config(n, rows)
-    return config and dataclasses.replace(config, tiles_ws=mk % BLOCK_K == 0)
+    ws = (mk % BLOCK_K == 0 and config is not None and config.block_n % 128 == 0
+          and not (residual and dtype_bytes(out_dtype) == 4))
+    return config and dataclasses.replace(config, tiles_ws=ws)
 
 
 #: erfc(z) ~ poly(t) * exp(-z^2), t = 1 / (1 + P z), z >= 0, poly(t) = sum_i A_i t^i for i = 1..5
@@ -531,9 +543,13 @@ def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
     When :func:`needs_compaction`, ``a`` must be the output of :func:`wgmma_compact_a_func`
     (K position q of strip g in column q), otherwise A itself.  Epilogue (:func:`_tiles_epilogue`):
     ``bias`` (a ``[N]`` parameter after ``ids``), then ``residual`` (a ``[M, N]`` parameter of
-    the output dtype, added last): ``c = a @ b + bias + residual``, every row."""
+    the output dtype, added last): ``c = a @ b + bias + residual``, every row.
+
+    A full index (:func:`index_is_full`): with ``config.tiles_ws`` the kernel computes the
+    dense product itself; otherwise it stores nothing and :func:`wgmma_dense_fallback_func`
+    runs after it."""
     _tiles_epilogue(bias, residual)
-    config = config or wgmma_tiles_config(n, mk)
+    config = config or wgmma_tiles_config(n, mk, out_dtype=out_dtype, residual=residual)
     if (not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n
             or config.block_k != BLOCK_K):
         raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0, K % mk == 0 (mk < K), N % block_n == 0, "
@@ -656,28 +672,22 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     # ``tma_loader``, ``ws_k_loop``).  Its 12 warps leave 168 registers a thread: an fp32
     # residual, whose 32 chunks are loaded ahead of the SWrite, would spill, so that kernel keeps
     # the all-threads loop.
-    # The tiles kernel with ``cfg.tiles_ws``: see ``tiles_loader``.  (Two loader warpgroups, 512
-    # threads, leave 128 registers a thread: too few for the m64n256 wgmma even with setmaxnreg
-    # handing the loaders' registers to the consumers, as ptxas allocates for the launch count.)
-    ws = ((mode in ("dense", "rows") or (tiles and cfg.tiles_ws and BN % 128 == 0)) and BK == BLOCK_K and not persistent
-          and not (residual and dtype_bytes(out_dtype) == 4))
-    ws_tiles = ws and tiles
-    loader_threads = LOADER_THREADS
-    LAUNCH_THREADS = THREADS + loader_threads if ws else THREADS
-    # ws tiles: A's K tile is one TMA box where it is contiguous (a compacted A holds K position q
-    # in column q; micro-tiles 64 columns wide or wider hold a whole K tile), else the loaders
-    # copy it by cp.async through the index; they always copy B's listed rows
-    a_tma = ws_tiles and (a_compact or mk % BK == 0)
-    # a ring slot's bytes that TMA loads (rows: B's; the loader warpgroup copies A's listed rows)
-    if ws_tiles:
-        TX_BYTES = A_TILE * dtype_bytes(in_dtype) if a_tma else 0
-        FULL_ARRIVALS = (1 if a_tma else 0) + loader_threads
-    else:
-        TX_BYTES = ((A_TILE if mode == "dense" else 0) + B_TILE) * dtype_bytes(in_dtype)
-        FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" else 0)
-    A_LOADER_CHUNKS = BM * BK // 8 // loader_threads     # A's 16-byte chunks a loader thread copies
-    loader_b_copy = BCopyLayout(BN, BK, True, loader_threads) if ws_tiles else b_copy
-    assert not ws_tiles or (loader_b_copy.lanes == 16 and loader_threads == 128)   # (b_id_row's layout)
+    # The tiles kernel with ``cfg.tiles_ws`` (micro-tiles a multiple of 64 wide, so that A's K
+    # tile is one TMA box of A): see ``tiles_loader``.  It also runs the dense fallback itself.
+    ws_tiles = tiles and cfg.tiles_ws
+    if ws_tiles and (mk % BK or BN % 128 or (residual and dtype_bytes(out_dtype) == 4)):
+        raise ValueError(f"the warp-specialized tiles kernel takes micro-tiles a multiple of {BK} wide, "
+                         f"block_n a multiple of 128 and no fp32 residual, got mk={mk}, {cfg}, {out_dtype}")
+    ws = ((mode in ("dense", "rows") and BK == BLOCK_K and not persistent
+           and not (residual and dtype_bytes(out_dtype) == 4)) or ws_tiles)
+    LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
+    # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
+    # listed rows); ws tiles A, and B only when the index is full (the loaders copy B's listed
+    # rows), see ``tiles_loader``
+    TX_BYTES = ((A_TILE if mode == "dense" or ws_tiles else 0) + B_TILE) * dtype_bytes(in_dtype)
+    FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" or ws_tiles else 0)
+    A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
+    loader_b_copy = BCopyLayout(BN, BK, True, LOADER_THREADS)
     strips = strips_mk > 0
     # strips: the listing's scratch (int32 words) after the staged C tile: a flag per micro-tile
     # of the CTA's columns, the tile column of each output slot, each warp's listed count, and
@@ -791,9 +801,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         return T.bitwise_xor(ch, (r // 2) % 4)
 
     def runs(off_buf, m, cond):
-        """``cond`` where this kernel runs: the tiles kernel unless its index is full, the dense
+        """``cond`` where this kernel runs: the tiles kernel unless its index is full (the
+        warp-specialized one always: it runs a full index as the dense kernel), the dense
         fallback only then (its CTAs still pass the barriers, but load and store nothing), the
         many-rows tier of the rows kernel only above its row count"""
+        if ws_tiles:
+            return cond
         if tiles:
             return T.And(T.Not(index_is_full(off_buf, m, MKT)), cond)
         if full_mk:
@@ -991,47 +1004,41 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         return T.call_extern("int32", "__shfl_sync", T.uint32(0xFFFFFFFF), entry, lane % 32 // 16 + 2 * i, 32)
 
     @T.macro
-    def tiles_loader(tid, bn, bm, m, OFF, IDS, A, B, smem, bars, map_a, a_row, a_col, b_row_id, a_col_next,
+    def tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, map_b, a_col, b_row_id, a_col_next,
                      b_row_next):
-        """ws tiles: the loader warpgroups' K loop over the strip's listed K tiles.  Each loader
-        thread looks up its index entries one K tile ahead (as ``index_ahead``), waits for the
-        consumers to release slot kt % STAGES, copies its chunks of B's listed rows (16 lanes a
-        row) and, where A's K tile is not one TMA box, of A's listed columns, by cp.async
-        (zero-filled past the strip's list), and arrives on the slot's ``full`` mbarrier when they
-        land; thread 0 loads A's box by TMA (a compacted A at column q; wide micro-tiles at the
-        column of K position q's micro-tile: for the empty strip's one K tile, any column of A's
-        all-zero strip)."""
+        """ws tiles: the loader warpgroup's K loop over the strip's listed K tiles.  Once the
+        consumers released slot kt % STAGES, thread 0 loads A's 128 x 64 box by TMA at the
+        column of K position kt * 64's micro-tile (for the empty strip's one K tile, a column
+        of its all-zero rows), and every loader thread copies 16 chunks of B's listed rows by
+        cp.async (16 lanes a row, zero-filled past the list) and arrives on the slot's ``full``
+        mbarrier when they land.  Each thread loads one index entry a K tile, one tile ahead,
+        and takes its 8 rows' entries by shuffles (``b_id_row``).  A full index (the dense
+        fallback, or a dense pattern) is the dense kernel: A's and B's K tile kt by TMA, as in
+        ``tma_loader`` (K position q = column q: the same permutation for both operands)."""
         lane = tid - THREADS
-        if not a_tma:
-            for j in T.unroll(A_LOADER_CHUNKS):
-                a_row[j] = row_id(IDS, bm * BM + a_chunk(lane, loader_threads, j)[0], m)
-                a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, a_chunk(lane, loader_threads, j)[1] * 8)
-        elif not a_compact:
-            a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, 0)
+        a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, 0)
         b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, b_id_row(lane))
         for kt in T.serial(k_tiles(OFF, bm)):
             s = kt % STAGES
-            if not a_tma:
-                for j in T.unroll(A_LOADER_CHUNKS):
-                    qa = kt * BK + a_chunk(lane, loader_threads, j)[1] * 8
-                    a_col[j] = column_of_id(a_col_next[j], qa, mk)
-                    a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, qa + BK)
-            elif not a_compact:
-                a_col[0] = column_of_id(a_col_next[0], kt * BK, mk)
-                a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK)
+            a_col[0] = column_of_id(a_col_next[0], kt * BK, mk)
+            a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK)
             for i in T.unroll(lb_rows):
                 b_row_id[i] = column_of_id(b_entry(b_row_next[0], lane, i), kt * BK + loader_b_copy.row(lane, i), mk)
             b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK + b_id_row(lane))
             if kt >= STAGES:
                 T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
-            if a_tma:
-                if lane == 0:
-                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
-                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a),
-                                        kt * BK if a_compact else a_col[0], bm * BM, bars.ptr_to([s]))
-            else:
-                sread_a(kt, lane, loader_threads, bm, m, OFF, A, smem, a_row, a_col)
-            sread_b(kt, lane, loader_b_copy, bn, bm, OFF, B, smem, b_row_id)
+            if lane == 0:
+                T.ptx.mbarrier.arrive.expect_tx.shared.b64(
+                    bars.ptr_to([s]), T.uint32(TX_BYTES) - T.if_then_else(index_is_full(OFF, m, MKT), T.uint32(0),
+                                                                        T.uint32(B_TILE * dtype_bytes(in_dtype))))
+                T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a),
+                                    T.if_then_else(index_is_full(OFF, m, MKT), kt * BK, a_col[0]), bm * BM, bars.ptr_to([s]))
+                if index_is_full(OFF, m, MKT):
+                    for atom in T.unroll(BN // 64):
+                        T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
+                                            T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
+            if T.Not(index_is_full(OFF, m, MKT)):
+                sread_b(kt, lane, loader_b_copy, bn, bm, OFF, B, smem, b_row_id)
             T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
     @T.macro
@@ -1069,7 +1076,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 T.cuda.cta_sync()
                 if tid >= THREADS:
                     if tiles:
-                        tiles_loader(tid, bn, bm, m, OFF, IDS, A, B, smem, bars, map_a, a_row, a_col, b_row_id,
+                        tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, map_b, a_col, b_row_id,
                                      a_col_next, b_row_next)
                     else:
                         tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
@@ -1211,10 +1218,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         rs_val = T.alloc_local([2], "float32")           # row_scale: its fragment rows' scales
         res_v = T.alloc_local([C_CHUNKS * C_VEC if residual else 1], out_dtype)   # residual chunks
         # tiles: this K tile's A columns and B rows (ws: a loader thread's), and the next K tile's
-        a_col = T.alloc_local([max(A_CHUNKS, A_LOADER_CHUNKS)], "int32")
+        a_col = T.alloc_local([A_CHUNKS], "int32")
         b_row_id = T.alloc_local([max(B_ROWS, lb_rows)], "int32")
-        a_col_next = T.alloc_local([max(A_CHUNKS, A_LOADER_CHUNKS)], "int32")
-        b_row_next = T.alloc_local([max(B_ROWS, lb_rows)], "int32")
+        a_col_next = T.alloc_local([A_CHUNKS], "int32")
+        b_row_next = T.alloc_local([B_ROWS], "int32")
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
         orw = T.alloc_local([4], "uint32")                  # strips: this thread's chunks of C, OR-ed
@@ -1261,7 +1268,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         # the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
         encode_tma_map(map_b, B.data, N, K, 64, BK)
-        if mode == "dense" or a_tma:
+        if mode == "dense" or ws_tiles:
             map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
             encode_tma_map(map_a, A.data, K, M, BK, BM)
             device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)
