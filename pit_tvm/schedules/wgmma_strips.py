@@ -137,6 +137,7 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
         r = T.alloc_local([1], "int32")        # rank of this thread's micro-tile among the listed
         col = T.alloc_local([1], "int32")      # the tile column of this thread's output slot
         mine = T.alloc_local([1], "int32")     # (shared values are read into registers before a branch)
+        ballot = T.alloc_local([2], "uint32")  # listed flags of micro-tiles 0..31, 32..63
         inf = T.alloc_local([3], "int32")      # listed, base, last
         old = T.alloc_local([1], STATE_DTYPE)
         if tid < NMT:
@@ -157,17 +158,24 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
         T.cuda.cta_sync()
         mine[0] = 0
         r[0] = 0                                      # rank: listed micro-tiles before j = tid
-        if tid < NMT:
-            mine[0] = listed[tid]
-            for i in T.serial(NMT):
-                if i < tid:
-                    r[0] = r[0] + listed[i]
-            if compact:
-                if mine[0] != 0:
-                    for e in T.unroll(MK):
-                        src[r[0] * MK + e] = tid * MK + e
-            if tid == NMT - 1:
-                n_listed[0] = r[0] + mine[0]
+        if tid < 2 * 32:
+            # warps 0 and 1 ballot the flags of micro-tiles 0..31 and 32..63 (a serial sum over
+            # the flags before j took mk = 1's CTAs 64 dependent shared loads)
+            for h in T.unroll(2):
+                ballot[h] = T.call_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), T.And(
+                    32 * h + tid % 32 < NMT, listed[T.min(32 * h + tid % 32, NMT - 1)] != 0))
+            if tid < NMT:
+                mine[0] = listed[tid]
+                r[0] = T.Cast("int32", T.popcount(T.bitwise_and(
+                    T.if_then_else(tid < 32, ballot[0], ballot[1]), T.shift_left(T.uint32(1), T.Cast("uint32", tid % 32)) - T.uint32(1))))
+                if tid >= 32:
+                    r[0] = r[0] + T.Cast("int32", T.popcount(ballot[0]))
+                if compact:
+                    if mine[0] != 0:
+                        for e in T.unroll(MK):
+                            src[r[0] * MK + e] = tid * MK + e
+            if tid == 0:
+                n_listed[0] = T.Cast("int32", T.popcount(ballot[0]) + T.popcount(ballot[1]))
         T.cuda.cta_sync()
         if tid == 0:
             if g < G:
