@@ -682,8 +682,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
            and not (residual and dtype_bytes(out_dtype) == 4)) or ws_tiles)
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
     # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
-    # listed rows); ws tiles A, and B only when the index is full (the loaders copy B's listed
-    # rows), see ``tiles_loader``
+    # listed rows); ws tiles A and B on a full index, else A (the loaders copy B's listed rows),
+    # see ``tiles_loader``
     TX_BYTES = ((A_TILE if mode == "dense" or ws_tiles else 0) + B_TILE) * dtype_bytes(in_dtype)
     FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" or ws_tiles else 0)
     A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
@@ -1003,6 +1003,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         that loaded it"""
         return T.call_extern("int32", "__shfl_sync", T.uint32(0xFFFFFFFF), entry, lane % 32 // 16 + 2 * i, 32)
 
+    def full_index(off_buf, m):
+        """ws tiles: the index lists every micro-tile (the dense fallback, or a dense pattern)"""
+        return index_is_full(off_buf, m, MKT)
+
     @T.macro
     def tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, map_b, a_col, b_row_id, a_col_next,
                      b_row_next):
@@ -1023,21 +1027,22 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             a_col[0] = column_of_id(a_col_next[0], kt * BK, mk)
             a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK)
             for i in T.unroll(lb_rows):
-                b_row_id[i] = column_of_id(b_entry(b_row_next[0], lane, i), kt * BK + loader_b_copy.row(lane, i), mk)
+                b_row_id[i] = column_of_id(b_entry(b_row_next[0], lane, i), kt * BK + loader_b_copy.row(lane, i),
+                                           mk)
             b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK + b_id_row(lane))
             if kt >= STAGES:
                 T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
             if lane == 0:
-                T.ptx.mbarrier.arrive.expect_tx.shared.b64(
-                    bars.ptr_to([s]), T.uint32(TX_BYTES) - T.if_then_else(index_is_full(OFF, m, MKT), T.uint32(0),
-                                                                        T.uint32(B_TILE * dtype_bytes(in_dtype))))
+                # TMA's bytes: A's box, and B's atoms on a full index
+                T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.if_then_else(
+                    full_index(OFF, m), T.uint32(TX_BYTES), T.uint32(A_TILE * dtype_bytes(in_dtype))))
                 T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a),
-                                    T.if_then_else(index_is_full(OFF, m, MKT), kt * BK, a_col[0]), bm * BM, bars.ptr_to([s]))
-                if index_is_full(OFF, m, MKT):
+                                    T.if_then_else(full_index(OFF, m), kt * BK, a_col[0]), bm * BM, bars.ptr_to([s]))
+                if full_index(OFF, m):
                     for atom in T.unroll(BN // 64):
                         T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
                                             T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
-            if T.Not(index_is_full(OFF, m, MKT)):
+            if T.Not(full_index(OFF, m)):
                 sread_b(kt, lane, loader_b_copy, bn, bm, OFF, B, smem, b_row_id)
             T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
@@ -1219,7 +1224,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         res_v = T.alloc_local([C_CHUNKS * C_VEC if residual else 1], out_dtype)   # residual chunks
         # tiles: this K tile's A columns and B rows (ws: a loader thread's), and the next K tile's
         a_col = T.alloc_local([A_CHUNKS], "int32")
-        b_row_id = T.alloc_local([max(B_ROWS, lb_rows)], "int32")
+        b_row_id = T.alloc_local([lb_rows if ws_tiles else B_ROWS], "int32")
         a_col_next = T.alloc_local([A_CHUNKS], "int32")
         b_row_next = T.alloc_local([B_ROWS], "int32")
         desc_a = T.alloc_local([1], "uint64")
