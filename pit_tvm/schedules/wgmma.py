@@ -968,7 +968,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
         writes the 128-byte swizzle the wgmma descriptors read (it follows the shared-memory
         address) and zeros past M.  Rows: every loader thread copies 8 chunks of A's listed
-        rows by cp.async (``sread_a``), arriving on ``full`` when they land."""
+        rows by cp.async (``sread_a``), arriving on ``full`` when they land.  The tiles kernel
+        on a full index (see ``tiles_loader``) runs this loop as the dense kernel, each loader
+        thread arriving on ``full`` at once (the slot's arrival count is the tiles loop's)."""
         lane = tid - THREADS
         if mode == "rows":
             for j in T.unroll(A_LOADER_CHUNKS):
@@ -979,7 +981,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
             if lane == 0:
                 T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
-                if mode == "dense":
+                if mode == "dense" or ws_tiles:
                     T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
                                         bars.ptr_to([s]))
                 for atom in T.unroll(BN // 64):
@@ -987,6 +989,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                                         T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
             if mode == "rows":
                 sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
+            if mode == "rows" or ws_tiles:
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
     lb_rows = loader_b_copy.rows
@@ -1008,54 +1011,37 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         return index_is_full(off_buf, m, MKT)
 
     @T.macro
-    def tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, map_b, a_col, b_row_id, a_col_next,
-                     b_row_next):
+    def tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, a_col, b_row_id, a_col_next, b_row_next):
         """ws tiles: the loader warpgroup's K loop over the strip's listed K tiles.  Once the
         consumers released slot kt % STAGES, thread 0 loads A's 128 x 64 box by TMA at the
         column of K position kt * 64's micro-tile (for the empty strip's one K tile, a column
         of its all-zero rows), and every loader thread copies 16 chunks of B's listed rows by
         cp.async (16 lanes a row, zero-filled past the list) and arrives on the slot's ``full``
         mbarrier when they land.  Each thread loads one index entry a K tile, one tile ahead,
-        and takes its 8 rows' entries by shuffles (``b_id_row``).  A full index (the dense
-        fallback, or a dense pattern) is the dense kernel: A's and B's K tile kt by TMA, as in
-        ``tma_loader`` (K position q = column q: the same permutation for both operands), in a
-        loop of its own (tested per K tile with the index lookups, it ran 8192^3 ~4 % slower
-        than the dense fallback kernel on the H100)."""
+        and takes its 8 rows' entries by shuffles (``b_id_row``).  (A full index, the dense
+        fallback or a dense pattern, runs ``tma_loader`` instead: A's and B's K tile kt by TMA,
+        K position q = column q for both operands.  Tested per K tile inside this loop, it ran
+        8192^3 ~4 % slower than the dense fallback kernel on the H100.)"""
         lane = tid - THREADS
-        if full_index(OFF, m):
-            for kt in T.serial(KT):
-                s = kt % STAGES
-                if kt >= STAGES:
-                    T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
-                if lane == 0:
-                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
-                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
-                                        bars.ptr_to([s]))
-                    for atom in T.unroll(BN // 64):
-                        T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                            T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
-                # (no cp.async of its own: arrives at once, as the slot's arrival count expects)
-                T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
-        else:
-            a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, 0)
-            b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, b_id_row(lane))
-            for kt in T.serial(k_tiles(OFF, bm)):
-                s = kt % STAGES
-                a_col[0] = column_of_id(a_col_next[0], kt * BK, mk)
-                a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK)
-                for i in T.unroll(lb_rows):
-                    b_row_id[i] = column_of_id(b_entry(b_row_next[0], lane, i), kt * BK + loader_b_copy.row(lane, i),
-                                               mk)
-                b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK + b_id_row(lane))
-                if kt >= STAGES:
-                    T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
-                if lane == 0:
-                    T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]),
-                                                               T.uint32(A_TILE * dtype_bytes(in_dtype)))
-                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), a_col[0], bm * BM,
-                                        bars.ptr_to([s]))
-                sread_b(kt, lane, loader_b_copy, bn, bm, OFF, B, smem, b_row_id)
-                T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
+        a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, 0)
+        b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, b_id_row(lane))
+        for kt in T.serial(k_tiles(OFF, bm)):
+            s = kt % STAGES
+            a_col[0] = column_of_id(a_col_next[0], kt * BK, mk)
+            a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK)
+            for i in T.unroll(lb_rows):
+                b_row_id[i] = column_of_id(b_entry(b_row_next[0], lane, i), kt * BK + loader_b_copy.row(lane, i),
+                                           mk)
+            b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK + b_id_row(lane))
+            if kt >= STAGES:
+                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
+            if lane == 0:
+                T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]),
+                                                           T.uint32(A_TILE * dtype_bytes(in_dtype)))
+                T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), a_col[0], bm * BM,
+                                    bars.ptr_to([s]))
+            sread_b(kt, lane, loader_b_copy, bn, bm, OFF, B, smem, b_row_id)
+            T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
     @T.macro
     def ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars):
@@ -1092,8 +1078,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 T.cuda.cta_sync()
                 if tid >= THREADS:
                     if tiles:
-                        tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, map_b, a_col, b_row_id,
-                                     a_col_next, b_row_next)
+                        if full_index(OFF, m):     # (the dense fallback: the dense kernel's loop)
+                            tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
+                        else:
+                            tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, a_col, b_row_id, a_col_next,
+                                         b_row_next)
                     else:
                         tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
