@@ -2,7 +2,7 @@
 
     python3 benchmarks/_tiles_widths.py [BNxSTAGES[ws] ...]        (default 256x4 256x3 128x4 128x6;
                                                                    ws: the warp-specialized loop)
-    python3 benchmarks/_tiles_widths.py --random [BNxSTAGES ...]   (default 256x4 128x4 128x3 64x4 64x3)
+    python3 benchmarks/_tiles_widths.py --random [BNxSTAGES[ws] ...]  (default 256x4 128x4 128x3 64x4 64x3)
 
 Default: the OPT FFN's fc2 (M 4096, K 8192, N 2048, fp16, 32x1 micro-tiles covered by 128-row
 strips) on an activation pattern like the FFN's: 10 % of the columns of ``hidden`` non-zero for
@@ -20,13 +20,14 @@ idle dense fallback:
     32x1,  95 %: strips 23.4, pack 2.4, kernel 62.9 / 81.3 / 74.0 / 80.5 / 93.3, fallback 3.9-5.3
     32x1,  99 %: strips 22.7, pack 2.4, kernel 31.2 / 38.1 / 30.9 / 35.9 / 35.7, fallback 3.8-5.1
 
-No config beats the default 256x4, so more CTAs an SM do not hide the per-CTA latency.  The
-warp-specialized loop (``256x4ws``, now the default for 32x64; it runs a full index itself, so
-the op has no fallback kernel) at ad42057 against 256x4 in one run: 32x64 at 95 % kernel 61.8
-against 65.8 + fallback 3.9 us, at 99 % 27.3 against 27.1 + 3.9.  At 99 %
+No config beats the default 256x4, so more CTAs an SM do not hide the per-CTA latency.  At 99 %
 the kernels sum to ~50 us (32x64) against ~60 us of the op's wall time in
 ``benchmarks/gpu_matmul.py``: the four launches' gaps and the idle fallback (which only reads
 whether the index is full, over four waves of one-CTA-an-SM grids) cost ~13 us.
+
+The warp-specialized loop (``256x4ws``, now the default for 32x64; it runs a full index itself,
+so the op has no fallback kernel) at ad42057 against 256x4 in one run: 32x64 at 95 % kernel 61.8
+against 65.8 + fallback 3.9 us, at 99 % 27.3 against 27.1 + 3.9.
 """
 import sys
 
@@ -69,10 +70,10 @@ for name, a, b, mt in cases():
     print(name, flush=True)
     for spec in specs:
         ws = spec.endswith("ws")      # "256x4ws": the warp-specialized tiles loop
-        if ws and mt[1] % 64:
-            print(" ", spec, "n/a (the warp-specialized loop takes micro-tiles a multiple of 64 wide)")
-            continue
         cfg = wg.WgmmaConfig(*(int(x) for x in spec.removesuffix("ws").split("x")), tiles_ws=ws)
+        if ws and not wg.tiles_ws_applies(mt[1], cfg.block_n, "float16", False):
+            print(" ", spec, "n/a (wg.tiles_ws_applies)")
+            continue
         wg.wgmma_tiles_config = lambda *args, _c=cfg, **kw: _c
         try:
             op = SparseMatmul(a.shape[1], b.shape[1], "float16", mt, "cuda")

@@ -82,6 +82,17 @@ def state_completes(old, units):
     return T.Cast("int32", state_units(old) + T.float64(1) == T.float64(units))
 
 
+def warp_ballot(pred):
+    """CUDA ``__ballot_sync`` over the whole warp: bit l set where lane l's ``pred`` holds"""
+    return T.call_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), pred)
+
+
+def lanes_below(ballot, lane):
+    """(int32) the set bits of ``ballot`` below bit ``lane``: a listed item's rank in its warp"""
+    return T.Cast("int32", T.popcount(T.bitwise_and(
+        ballot, T.shift_left(T.uint32(1), T.Cast("uint32", lane)) - T.uint32(1))))
+
+
 def _pow2_ceil(n):
     p = 1
     while p < n:

@@ -155,12 +155,13 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.index._tile_kernels import STATE_DTYPE, state_add, state_completes, state_listed
+from pit_tvm.index._tile_kernels import (STATE_DTYPE, lanes_below, state_add, state_completes, state_listed,
+                                         warp_ballot)
 from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
-           "wgmma_row_gather_func",
+           "tiles_ws_applies", "wgmma_row_gather_func",
            "wgmma_few_rows_tier",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
@@ -350,21 +351,27 @@ def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) ->
     return WgmmaConfig(block_n, stages)
 
 
+def tiles_ws_applies(mk: int, block_n: int, out_dtype: str, residual: bool) -> bool:
+    """Whether the warp-specialized tiles loop takes these tiles: micro-tiles a multiple of 64
+    wide (A's K tile is one TMA box of A), tiles a multiple of 128 wide (16 lanes a row of B),
+    no fp32 residual (its chunks loaded ahead of the SWrite would spill at 168 registers)."""
+    return mk % BLOCK_K == 0 and block_n % 128 == 0 and not (residual and dtype_bytes(out_dtype) == 4)
+
+
 def wgmma_tiles_config(n: int, mk: int, rows: int | None = None, out_dtype: str = "float16",
                        residual: bool = False) -> WgmmaConfig | None:
     """The tiles kernel's tiles for N and ``(128, mk)`` micro-tiles: :func:`wgmma_config`'s,
     warp-specialized (``tiles_ws``: A's K tile loaded by TMA, and the dense fallback run by the
-    same kernel, no launch of its own) where ``mk`` is a multiple of 64, the tiles 128 or 256
-    wide and no fp32 residual is loaded.  H100, device time of the kernel alone, all-threads ->
+    same kernel, no launch of its own) where :func:`tiles_ws_applies`.  H100, device time of the kernel alone, all-threads ->
     warp-specialized (``python3 benchmarks/_tiles_widths.py [--random] 256x4 256x4ws``,
     2026-11-24): 4096^3 with 32x64 micro-tiles at 95 / 99 % 65.5 -> 59.4, 26.9 -> 26.3 us.
     (Thin micro-tiles, A compacted and its K tile loaded by TMA from the compacted A, B's rows
     scattered one by one, measured slower that way: 32x1 at 95 / 99 % 62.9 -> 67.1, 31.4 -> 32.2
     us, the OPT FFN's fc2 58.4 -> 61.9 us.)"""
     config = wgmma_config(n, rows)
-    ws = (mk % BLOCK_K == 0 and config is not None and config.block_n % 128 == 0
-          and not (residual and dtype_bytes(out_dtype) == 4))
-    return config and dataclasses.replace(config, tiles_ws=ws)
+    if config is None:
+        return None
+    return dataclasses.replace(config, tiles_ws=tiles_ws_applies(mk, config.block_n, out_dtype, residual))
 
 
 #: erfc(z) ~ poly(t) * exp(-z^2), t = 1 / (1 + P z), z >= 0, poly(t) = sum_i A_i t^i for i = 1..5
@@ -675,8 +682,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     # The tiles kernel with ``cfg.tiles_ws`` (micro-tiles a multiple of 64 wide, so that A's K
     # tile is one TMA box of A): see ``tiles_loader``.  It also runs the dense fallback itself.
     ws_tiles = tiles and cfg.tiles_ws
-    if ws_tiles and (mk % BK or BN % 128 or (residual and dtype_bytes(out_dtype) == 4)):
-        raise ValueError(f"the warp-specialized tiles kernel takes micro-tiles a multiple of {BK} wide, "
+    if ws_tiles and (BK != BLOCK_K or not tiles_ws_applies(mk, BN, out_dtype, residual)):
+        raise ValueError(f"the warp-specialized tiles kernel takes micro-tiles a multiple of {BLOCK_K} wide, "
                          f"block_n a multiple of 128 and no fp32 residual, got mk={mk}, {cfg}, {out_dtype}")
     ws = ((mode in ("dense", "rows") and BK == BLOCK_K and not persistent
            and not (residual and dtype_bytes(out_dtype) == 4)) or ws_tiles)
@@ -901,9 +908,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         sloc[MINE] = 0
         if tid < S_NMT:
             sloc[MINE] = smem.view("int32")[S_LISTED + tid]
-        ballot[0] = T.call_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), sloc[MINE] != 0)
-        sloc[WARP_RANK] = T.Cast("int32", T.popcount(T.bitwise_and(
-            ballot[0], T.shift_left(T.uint32(1), T.Cast("uint32", tid % 32)) - T.uint32(1))))
+        ballot[0] = warp_ballot(sloc[MINE] != 0)
+        sloc[WARP_RANK] = lanes_below(ballot[0], tid % 32)
         if tid % 32 == 0:
             smem.view("int32")[S_WARPS + tid // 32] = T.Cast("int32", T.popcount(ballot[0]))
         T.cuda.cta_sync()

@@ -46,7 +46,8 @@ import functools
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.index._tile_kernels import STATE_DTYPE, nz_bits, state_add, state_completes, state_listed
+from pit_tvm.index._tile_kernels import (STATE_DTYPE, lanes_below, nz_bits, state_add, state_completes,
+                                         state_listed, warp_ballot)
 from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx, strip_closer, strip_state_words
 
 __all__ = ["LIST_ATTR", "STATE_DTYPE", "strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
@@ -162,12 +163,10 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
             # warps 0 and 1 ballot the flags of micro-tiles 0..31 and 32..63 (a serial sum over
             # the flags before j took mk = 1's CTAs 64 dependent shared loads)
             for h in T.unroll(2):
-                ballot[h] = T.call_extern("uint32", "__ballot_sync", T.uint32(0xFFFFFFFF), T.And(
-                    32 * h + tid % 32 < NMT, listed[T.min(32 * h + tid % 32, NMT - 1)] != 0))
+                ballot[h] = warp_ballot(T.And(32 * h + tid % 32 < NMT, listed[T.min(32 * h + tid % 32, NMT - 1)] != 0))
             if tid < NMT:
                 mine[0] = listed[tid]
-                r[0] = T.Cast("int32", T.popcount(T.bitwise_and(
-                    T.if_then_else(tid < 32, ballot[0], ballot[1]), T.shift_left(T.uint32(1), T.Cast("uint32", tid % 32)) - T.uint32(1))))
+                r[0] = lanes_below(T.if_then_else(tid < 32, ballot[0], ballot[1]), tid % 32)
                 if tid >= 32:
                     r[0] = r[0] + T.Cast("int32", T.popcount(ballot[0]))
                 if compact:
