@@ -25,7 +25,7 @@ from pit_tvm.schedules.wgmma import (
     wgmma_applies,
     wgmma_config,
     wgmma_dense_fallback_func,
-    wgmma_few_rows_tier,
+    wgmma_few_rows_tiers,
     wgmma_row_gather_func,
     wgmma_tiles_applies,
     wgmma_tiles_config,
@@ -74,20 +74,26 @@ def test_config_choice():
     assert not wgmma_applies(768, 3072, "float32", "float32", "sm_90a")
 
 
-def test_few_rows_tier():
+def test_few_rows_tiers():
     """128-column tiles with a 6-deep ring (64 x 8 where N needs it) for as many rows as fill
-    one wave of 132 CTAs; none where the config's tiles are no wider."""
-    assert wgmma_few_rows_tier(4096, WgmmaConfig(256, 4)) == (512, WgmmaConfig(128, 6))   # 32 tiles a strip
-    assert wgmma_few_rows_tier(768, WgmmaConfig(256, 4)) == (128 * 22, WgmmaConfig(128, 6))
-    assert wgmma_few_rows_tier(192 * 5, WgmmaConfig(192, 4)) == (128 * 8, WgmmaConfig(64, 8))   # 15 a strip
-    assert wgmma_few_rows_tier(17 * 1024, WgmmaConfig(256, 4))[0] == 128   # wider than a wave
-    assert wgmma_few_rows_tier(768, WgmmaConfig(128, 4)) is None           # no wider than the tier's
-    assert wgmma_few_rows_tier(320, WgmmaConfig(64, 4)) is None
-    # expected rows well above the tier's: every call would pay its no-op launch for nothing
-    assert wgmma_few_rows_tier(4096, WgmmaConfig(256, 4), rows_hint=1024) == (512, WgmmaConfig(128, 6))
-    assert wgmma_few_rows_tier(4096, WgmmaConfig(256, 4), rows_hint=1025) is None
-    with pytest.raises(ValueError, match="tiers"):
-        wgmma_row_gather_func(512, 256, rows_above=128, rows_upto=128)
+    one wave of 132 CTAs, then 64 x 8 for the rows whose 64-column tiles do; none where the
+    config's tiles are no wider."""
+    t128, t64 = WgmmaConfig(128, 6), WgmmaConfig(64, 8)
+    assert wgmma_few_rows_tiers(4096, WgmmaConfig(256, 4)) == [(512, t128), (256, t64)]   # 32 / 64 tiles a strip
+    assert wgmma_few_rows_tiers(8192, WgmmaConfig(256, 4)) == [(256, t128), (128, t64)]
+    assert wgmma_few_rows_tiers(768, WgmmaConfig(256, 4)) == [(128 * 22, t128), (128 * 11, t64)]
+    assert wgmma_few_rows_tiers(192 * 5, WgmmaConfig(192, 4)) == [(128 * 8, t64)]   # 15 a strip
+    assert wgmma_few_rows_tiers(17 * 1024, WgmmaConfig(256, 4)) == [(128, t128)]   # both wider than a wave
+    assert wgmma_few_rows_tiers(768, WgmmaConfig(128, 4)) == []           # no wider than the tier's
+    assert wgmma_few_rows_tiers(320, WgmmaConfig(64, 4)) == []
+    # expected rows well above a tier's: every call would pay its no-op launch for nothing (the
+    # widest tier's range ends at 2F, a narrower one's at F)
+    assert wgmma_few_rows_tiers(4096, WgmmaConfig(256, 4), rows_hint=256) == [(512, t128), (256, t64)]
+    assert wgmma_few_rows_tiers(4096, WgmmaConfig(256, 4), rows_hint=1024) == [(512, t128)]
+    assert wgmma_few_rows_tiers(4096, WgmmaConfig(256, 4), rows_hint=1025) == []
+    for above, upto in ((128, 128), (256, 128)):
+        with pytest.raises(ValueError, match="rows_above < count <= rows_upto"):
+            wgmma_row_gather_func(512, 256, rows_above=above, rows_upto=upto)
     with pytest.raises(ValueError, match="tiers"):
         wgmma_row_gather_func(512, 256, dense=True, rows_upto=128)
 
@@ -175,10 +181,11 @@ def test_gpu_rows(m, sparsity):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("count", [0, 45, 512, 513, 1100])
+@pytest.mark.parametrize("count", [0, 45, 256, 257, 512, 513, 1100])
 def test_gpu_rows_tiers(count):
-    """The rows op at N=4096 (few-rows tier up to 512 rows): listed rows on both sides of the
-    tier boundary against numpy, unlisted rows zero."""
+    """The rows op at N=4096 (few-rows tiers of 64-column tiles up to 256 rows, 128-column ones
+    up to 512): listed rows on both sides of each tier boundary against numpy, unlisted rows
+    zero."""
     import pit_tvm
 
     m, k, n = 1100, 512, 4096
@@ -194,11 +201,12 @@ def test_gpu_rows_tiers(count):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("count", [100, 256, 257, 600])
+@pytest.mark.parametrize("count", [0, 100, 128, 129, 256, 257, 600])
 @pytest.mark.parametrize("epilogue", ["bias_relu", "bias_gelu_row_scale", "bias_residual"])
-def test_gpu_rows_tier_pair_epilogues(epilogue, count):
-    """The two tiers run in order on one C (as the op emits them), at a tier boundary of 256
-    rows, with the epilogues: listed rows and unlisted ones (``epilogue(0)``) on both sides."""
+def test_gpu_rows_tiers_epilogues(epilogue, count):
+    """Three tiers run in order on one C (as the op emits them), with boundaries at 128 and 256
+    rows, with the epilogues: listed rows and unlisted ones (``epilogue(0)``) on both sides of
+    each boundary."""
     from math import erf
 
     m, k, n, few = 700, 640, 768, 256
@@ -219,10 +227,12 @@ def test_gpu_rows_tier_pair_epilogues(epilogue, count):
     args = [t(a), t(b), t(offsets), t(ids), t(bias_v)] + ([] if extra is None else [t(extra)])
     c = t(np.full((m, n), 7, np.float16))
     many = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, rows_above=few, **flags)}), TARGET)["main"]
-    few_f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, rows_upto=few, config=WgmmaConfig(128, 6),
+    mid_f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, rows_above=few // 2, rows_upto=few,
+                                                              config=WgmmaConfig(128, 6), **flags)}), TARGET)["main"]
+    few_f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, rows_upto=few // 2, config=WgmmaConfig(64, 8),
                                                               **flags)}), TARGET)["main"]
-    many(*args, c)
-    few_f(*args, c)
+    for kernel in (many, mid_f, few_f):
+        kernel(*args, c)
     a_used = a.astype(np.float32)
     a_used[ids[count:]] = 0                       # the rows the index skips are zero rows
     pre = a_used @ b.astype(np.float32) + bias_v.astype(np.float32)

@@ -584,7 +584,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     # the epilogue runs in the kernel (rows: bias, activation, row scale, residual; tiles: bias,
     # residual); the two are exclusive
     in_kernel = fused or tiles_fused
-    few_rows_kernel, epilogue, scaled = None, {}, None
+    few_rows_kernels, epilogue, scaled = [], {}, None
     if is_gpu(tgt) and plan.kind == "rows" and _wgmma_rows(kernel):
         # a row scale that is the index's row mask is zero on every row the index skips
         masks = fused and row_scale is not None and row_mask is not None and row_scale.same_as(row_mask)
@@ -599,7 +599,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         if scaled is not None:
             a2, m, lead = _as_rows(bb, scaled[0], k)
             epilogue["row_scale_a"] = True
-        kernel, few_rows_kernel = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, density), **epilogue)
+        kernel, few_rows_kernels = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, density), **epilogue)
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
@@ -633,9 +633,10 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     epilogue_args = ([bias] + _row_scale_arg(bb, row_scale if scaled is None else scaled[1], m, dtype)
                      + _residual_arg(bb, residual, m, n) if in_kernel else [])
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
-    if few_rows_kernel is not None:
-        # the few-rows tier writes C in place when the many-rows kernel above skipped it
-        few_gv = _add_once(bb, name.replace("pit_kernel_", "pit_few_rows_"), lambda: few_rows_kernel)
+    for tier, few_rows_kernel in enumerate(few_rows_kernels):
+        # a few-rows tier writes C in place when its row count skipped the kernels before it
+        few_gv = _add_once(bb, name.replace("pit_kernel_", f"pit_few_rows{tier}_"),
+                           lambda few_rows_kernel=few_rows_kernel: few_rows_kernel)
         c = bb.emit(relax.call_tir_inplace(few_gv, [a2, b, offsets, ids] + epilogue_args + [c], [4 + len(epilogue_args)],
                                            relax.TensorType([m, n], out_dtype)))
     if dense_fallback is not None:
@@ -654,18 +655,20 @@ def _wgmma_rows(kernel) -> bool:
 
 
 def _wgmma_rows_tiers(k, n, dtype, out_dtype, rows_hint, **epilogue):
-    """The wgmma rows kernel(s) for the expected rows: ``(kernel, None)``, or the two tiers of
-    :func:`pit_tvm.schedules.wgmma.wgmma_few_rows_tier` ``(many-rows kernel, few-rows kernel)``,
-    to run in that order on one C."""
-    from pit_tvm.schedules.wgmma import wgmma_config, wgmma_few_rows_tier, wgmma_row_gather_func
+    """The wgmma rows kernels for the expected rows: ``(kernel, [])``, or the many-rows kernel
+    and the few-rows tiers of :func:`pit_tvm.schedules.wgmma.wgmma_few_rows_tiers` ``(kernel,
+    [tier kernel, ...])``, to run in that order on one C (each writes C only for its counts)."""
+    from pit_tvm.schedules.wgmma import wgmma_config, wgmma_few_rows_tiers, wgmma_row_gather_func
 
     config = wgmma_config(n, rows_hint)
-    tier = wgmma_few_rows_tier(n, config, out_dtype, rows_hint)
-    if tier is None:
-        return wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, **epilogue), None
-    few_rows, few_config = tier
-    return (wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, rows_above=few_rows, **epilogue),
-            wgmma_row_gather_func(k, n, dtype, out_dtype, config=few_config, rows_upto=few_rows, **epilogue))
+    tiers = wgmma_few_rows_tiers(n, config, out_dtype, rows_hint)
+    if not tiers:
+        return wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, **epilogue), []
+    bounds = [rows for rows, _ in tiers] + [0]
+    return (wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, rows_above=bounds[0], **epilogue),
+            [wgmma_row_gather_func(k, n, dtype, out_dtype, config=few_config, rows_upto=few_rows,
+                                   rows_above=below, **epilogue)
+             for (few_rows, few_config), below in zip(tiers, bounds[1:])])
 
 
 def _wgmma_epilogue_applies(k, n, dtype, out_dtype, target, bias, activation, row_scale, residual,

@@ -92,12 +92,13 @@ K loop at N=256 (45 rows of 4096^3: 59-64 us); narrower tiles spread it over mor
 ~0.4 us of fixed cost per step (N=64, 8 stages: 37 us).  (Before the SWrite loaded its row ids
 ahead, the zero-only CTAs' id-load latency hid this: every width measured ~58 us.)
 
-So a rows matmul runs as two tiers chosen on the device by the row count
-(:func:`wgmma_few_rows_tier`): the kernel above for many rows, and for at most F rows
+So a rows matmul runs as tiers chosen on the device by the row count
+(:func:`wgmma_few_rows_tiers`): the kernel above for many rows, and for at most F rows
 (the rows whose 128-column tiles fill one wave) 128-column tiles with a 6-deep ring on
-persistent CTAs, the idle ones storing the unlisted rows meanwhile.  Both are launched, the
-one not needed returns at once.  4096^3 at 99 % / 95 % of rows empty: kernel 57 -> 47-49 /
-48-54 us (``benchmarks/gpu_matmul.py``, H100, two runs).
+persistent CTAs, the idle ones storing the unlisted rows meanwhile; for fewer still (the rows
+whose 64-column tiles fill one wave) 64-column tiles with an 8-deep ring.  All are launched,
+those not needed return at once.  4096^3 at 99 % / 95 % of rows empty: kernel 57 -> 47-49 /
+48-54 us with the 128-column tier (``benchmarks/gpu_matmul.py``, H100, two runs).
 
 Tried and dropped: splitting the few-rows tier's K loop over the idle SMs (partial sums through
 an L2 workspace, the last split of a tile adding them; 665ee14 with
@@ -162,7 +163,7 @@ from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_sme
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
            "tiles_ws_applies", "wgmma_row_gather_func",
-           "wgmma_few_rows_tier",
+           "wgmma_few_rows_tiers",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
            "dense_kernel_args", "strip_state_words", "strip_closer"]
@@ -430,9 +431,10 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     bias)``, then ``* s`` with ``row_scale`` too): a GEMM on a padding-masked input without
     the masking kernel.
 
-    The two tiers of :func:`wgmma_few_rows_tier`, each writing all of C when it runs and
-    nothing otherwise: ``rows_above=F`` runs when the index lists more than F rows,
-    ``rows_upto=F`` when it lists at most F (on :data:`SMS` persistent CTAs).
+    The tiers of :func:`wgmma_few_rows_tiers`, each writing all of C when it runs and nothing
+    otherwise: ``rows_above=F`` runs when the index lists more than F rows, ``rows_upto=F``
+    when it lists at most F (on :data:`SMS` persistent CTAs), both for ``rows_above < count <=
+    rows_upto``.
 
     ``strips_mk`` (dense, fp16/bf16 out): the epilogue also builds the one-pass strips index of
     C (:func:`pit_tvm.schedules.wgmma_strips.strip_list_func` on C, for ``(128, strips_mk)``
@@ -440,8 +442,9 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     the function takes the strips' ``state`` after the epilogue's inputs and writes ``counts``,
     ``strip_ids`` (and, for micro-tiles under 16 bytes, the compacted ``ac``) after ``c``.
     Dense kernels carry :data:`DENSE_ATTR`, the arguments that rebuild them."""
-    if rows_above and rows_upto:
-        raise ValueError("rows_above and rows_upto are the two tiers: one kernel is one of them")
+    if rows_upto and rows_above >= rows_upto:
+        raise ValueError(f"a tier runs for rows_above < count <= rows_upto: no rows between "
+                         f"{rows_above} and {rows_upto}")
     if dense and (rows_above or rows_upto):
         raise ValueError("a dense kernel has no row tiers (it lists every row)")
     if relu and gelu:
@@ -492,32 +495,46 @@ def dense_kernel_args(func) -> dict | None:
     return dict(args, **{f: bool(args[f]) for f in flags}, config=config, dense=True)
 
 
-#: the few-rows tier's ring depth by tile width (H100, 4096^3 fp16 rows, one wave of CTAs:
+#: the few-rows tiers' ring depth by tile width (H100, 4096^3 fp16 rows, one wave of CTAs:
 #: 205 rows 128 x 6 43.0 us against 128 x 4 55.6 and 256 x 4 62.9; 45 rows 64 x 8 38.2 against
 #: 64 x 4 52.9; ``COUNTS=45,205 python3 benchmarks/_wgmma_stages.py --square 256x4 128x4 128x6
 #: 64x4 64x8``)
 FEW_ROWS_STAGES = {128: 6, 64: 8}
 
 
-def wgmma_few_rows_tier(n: int, config: WgmmaConfig, out_dtype: str = "float16", rows_hint=None):
-    """``(F, few_config)`` or None: the rows kernel's second tier, for calls that list at most F
-    rows.  Few rows leave most SMs idle at the many-rows tile width, and each CTA's K loop is
-    bound by load latency: the few tier takes 128-column tiles (64 where N needs it) with a
-    deeper ring, F = the rows whose tiles fill one wave of :data:`SMS` CTAs.  None where the
-    config's tiles are no wider, or the expected rows (``rows_hint``) are over 2F: every call
-    pays the idle tier's no-op launch (~2.9 us the many-rows kernel's, ~1.4 us the few-rows
-    one's on the H100).  The op runs both kernels on one C: ``rows_above=F`` with ``config``,
-    then ``rows_upto=F`` with ``few_config`` in place (one of them does nothing)."""
-    block_n = 128 if n % 128 == 0 else 64
-    few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
-    few_rows = BLOCK_M * max(1, SMS // (n // block_n))
-    if (few.smem_bytes(out_dtype) > MAX_SMEM_BYTES or block_n >= config.block_n
-            or (rows_hint is not None and rows_hint > 2 * few_rows)):
-        # (as wide as the many-rows tiles: no more CTAs for few rows.  A deeper ring alone
-        # measured no gain in BERT's N=768 layers, 562 against 569 us, for ~100 us of no-op
-        # launches; benchmarks/_without_few_rows_tier.py benchmarks/_model_kernels.py bert --pit)
-        return None
-    return few_rows, few
+def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16",
+                         rows_hint=None) -> list[tuple[int, WgmmaConfig]]:
+    """The rows kernel's persistent tiers below ``config``'s many-rows kernel, widest first:
+    ``[(F_0, config_0), (F_1, config_1)]`` with F descending; tier i runs when the index lists
+    at most F_i rows and more than F_(i+1) (the last tier: from none), the many-rows kernel
+    above F_0.  Few rows leave most SMs idle at the many-rows tile width, and each CTA's K loop
+    is bound by load latency: a tier takes 128- or 64-column tiles with a deeper ring, F = the
+    rows whose tiles fill one wave of :data:`SMS` CTAs.  A tier is left out where it is no
+    narrower than the one above it or would take no rows of its own.  Every call pays each
+    idle tier's no-op launch (~2.9 us the many-rows kernel's, ~1.4 us a tier's on the H100), so
+    the widest tier is left out where the expected rows (``rows_hint``) are over 2F, a narrower
+    one where they are over its F.
+
+    Why two widths (H100, kernel alone, ``python3 benchmarks/_few_rows_width.py``,
+    2026-11-24): at 4096^3 40 / 204 / 409 rows took 44.4 / 48.5 / 53.6 us with 128 x 6 tiles and
+    35.0 / 42.9 / 66.6 with 64 x 8 (F_1 = 256 rows); at 8192^3 81 / 409 rows 120.4 / 201.7 us
+    and 109.3 / 250.9 (F_1 = 128): narrower tiles win while they fit one wave."""
+    tiers: list[tuple[int, WgmmaConfig]] = []
+    for block_n in (128, 64) if n % 128 == 0 else (64,):
+        few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
+        few_rows = BLOCK_M * max(1, SMS // (n // block_n))
+        above = tiers[-1] if tiers else None
+        if block_n >= config.block_n or few.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
+            break           # (as wide as the many-rows tiles: no more CTAs for few rows)
+        if above is not None and few_rows >= above[0]:
+            continue        # (one strip's tiles fill a wave at both widths)
+        if rows_hint is not None and rows_hint > (few_rows if above else 2 * few_rows):
+            # (a deeper ring alone measured no gain in BERT's N=768 layers, 562 against 569 us,
+            # for ~100 us of no-op launches; benchmarks/_without_few_rows_tier.py
+            # benchmarks/_model_kernels.py bert --pit)
+            break
+        tiers.append((few_rows, few))
+    return tiers
 
 
 def wgmma_tiles_applies(k: int, n: int, micro_tile, in_dtype: str, out_dtype: str, arch: str) -> bool:
@@ -649,7 +666,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
     runs only when it lists every one (:func:`wgmma_dense_fallback_func`).  Rows: ``rows_above``
     runs only when the index lists more rows than that, ``rows_upto`` only when it lists at
-    most that many, on a persistent grid (:func:`wgmma_few_rows_tier`).  ``strips_mk`` (dense):
+    most that many, on a persistent grid (:func:`wgmma_few_rows_tiers`).  ``strips_mk`` (dense):
     the epilogue also builds the strips index of C for ``(128, strips_mk)`` micro-tiles (see
     :func:`wgmma_row_gather_func`)."""
     BN, STAGES = cfg.block_n, cfg.stages
@@ -657,7 +674,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     KT = K // BK
     A_ROW_CHUNKS = BK // 8                # 16-byte chunks per A row of a K tile (8 or 4)
     tiles = mode == "tiles"
-    persistent = rows_upto > 0         # the few-rows tier: SMS CTAs stride over the tiles
+    persistent = rows_upto > 0         # a few-rows tier: SMS CTAs stride over the tiles
     # few-rows tier: unlisted rows' tiles an idle CTA may store in about one K loop's time (a
     # tile's stores wait on its row ids: ~1 us on the H100, a K step ~0.5 us)
     zero_tiles_per_loop = max(1, KT // 2)
@@ -821,6 +838,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         if rows_above > 0:
             return T.And(count_of(off_buf, m) > rows_above, cond)
         return cond
+
+    def outside_tier(off_buf, m):
+        """a few-rows tier's count is not its own: over ``rows_upto`` or at most ``rows_above``"""
+        over = count_of(off_buf, m) > rows_upto
+        return T.Or(over, count_of(off_buf, m) <= rows_above) if rows_above > 0 else over
 
     def copy16(dst, src, valid):
         """16-byte cp.async (a call to wrap in ``T.evaluate``); zero-fills the destination where
@@ -1253,7 +1275,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             idle_only = T.And(tc < SMS, (total - tc + SMS - tc - 1) // T.max(SMS - tc, 1) <= zero_tiles_per_loop)
             stride = T.if_then_else(idle_only, SMS - tc, SMS)
             for it in T.serial(T.if_then_else(
-                    count_of(OFF, m) > rows_upto, 0, T.if_then_else(
+                    outside_tier(OFF, m), 0, T.if_then_else(
                         T.And(idle_only, cta < tc), 1, (T.max(total - cta, 0) + stride - 1) // stride))):
                 tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
