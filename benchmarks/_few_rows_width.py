@@ -1,5 +1,6 @@
-"""The few-rows tier's tile width at 4096^3 and 8192^3: its kernel alone (rows_upto) for
-128x6 against 64x8 tiles, at 1 % and 5 % of the rows listed, beside a memset of C.
+"""The few-rows tiers' tile width at 4096^3 and 8192^3: a tier's kernel alone (rows_upto: the
+rows whose tiles fill one wave) for 128x6 against 64x8 tiles, at 1 / 5 / 10 % of the rows
+listed (those in its range), beside a memset of C.
 
     python3 benchmarks/_few_rows_width.py [BNxSTAGES ...]
 """
@@ -30,10 +31,13 @@ for size in (4096, 8192):
     for name in names:
         bn, stages = (int(x) for x in name.split("x"))
         line = f"  {name}:"
+        upto = 128 * (132 // (n // bn))     # the tier's rows: its tiles fill one wave
         kern = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, config=WgmmaConfig(bn, stages),
-                                                                 rows_upto=m)}), "cuda:sm_90a")["main"]
+                                                                 rows_upto=upto)}), "cuda:sm_90a")["main"]
         for frac in (0.01, 0.05, 0.1):
             cnt = int(m * frac)
+            if cnt > upto:
+                continue
             nz = np.zeros(m, bool)
             nz[np.random.default_rng(0).choice(m, cnt, replace=False)] = True
             off, ids = (tvm.runtime.tensor(x, dev) for x in rows_index(nz))

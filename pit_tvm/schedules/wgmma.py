@@ -518,7 +518,10 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     Why two widths (H100, kernel alone, ``python3 benchmarks/_few_rows_width.py``,
     2026-11-24): at 4096^3 40 / 204 / 409 rows took 44.4 / 48.5 / 53.6 us with 128 x 6 tiles and
     35.0 / 42.9 / 66.6 with 64 x 8 (F_1 = 256 rows); at 8192^3 81 / 409 rows 120.4 / 201.7 us
-    and 109.3 / 250.9 (F_1 = 128): narrower tiles win while they fit one wave."""
+    and 109.3 / 250.9 (F_1 = 128): narrower tiles win while they fit one wave.  The tiers keep
+    the all-threads K loop: warp-specialized (a trial, reverted: safe up to their F, where each
+    CTA computes at most its first tile) they measured 44.8 / 47.0 / 51.7 and 35.8 / 42.8 us at
+    4096^3, 127.2 and 107.6 at 8192^3, within noise of the above."""
     tiers: list[tuple[int, WgmmaConfig]] = []
     for block_n in (128, 64) if n % 128 == 0 else (64,):
         few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
