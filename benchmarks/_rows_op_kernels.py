@@ -1,4 +1,4 @@
-"""Device time of each kernel of the 4096^3 rows op (the index kernel, both row-count tiers) with L2 flushed before every call (``common.kernel_split_us``, torch.profiler).
+"""Device time of each kernel of the 4096^3 rows op (the index kernel, the many-rows kernel and the few-rows tiers) with L2 flushed before every call (``common.kernel_split_us``, torch.profiler).
 
     python3 benchmarks/_rows_op_kernels.py [SPARSITY ...]   (default 0.5 0.9 0.99)
 """

@@ -511,9 +511,10 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     is bound by load latency: a tier takes 128- or 64-column tiles with a deeper ring, F = the
     rows whose tiles fill one wave of :data:`SMS` CTAs.  A tier is left out where it is no
     narrower than the one above it or would take no rows of its own.  Every call pays each
-    idle tier's no-op launch (~2.9 us the many-rows kernel's, ~1.4 us a tier's on the H100), so
-    the widest tier is left out where the expected rows (``rows_hint``) are over 2F, a narrower
-    one where they are over its F.
+    idle kernel's no-op launch (H100, 4096^3, device time: the many-rows kernel's 4.2-4.3 us, a
+    tier's 1.3-1.4 us; ``python3 benchmarks/_rows_op_kernels.py 0 0.5 0.9 0.95 0.99``,
+    2026-11-24), so the widest tier is left out where the expected rows (``rows_hint``) are over
+    2F, a narrower one where they are over its F.
 
     Why two widths (H100, kernel alone, ``python3 benchmarks/_few_rows_width.py``,
     2026-11-24): at 4096^3 40 / 204 / 409 rows took 44.4 / 48.5 / 53.6 us with 128 x 6 tiles and
