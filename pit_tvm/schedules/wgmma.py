@@ -522,13 +522,12 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     and 109.3 / 250.9 (F_1 = 128): narrower tiles win while they fit one wave.  The tiers keep
     the all-threads K loop: warp-specialized (a trial, reverted: safe up to their F, where each
     CTA computes at most its first tile) they measured 44.8 / 47.0 / 51.7 and 35.8 / 42.8 us at
-    4096^3, 127.2 and 107.6 at 8192^3, within noise of the above.  Nor do the unlisted rows'
-    stores move into the K loop (a trial, reverted): a tier without an epilogue storing them as
-    whole rows of C, one row id a row, a CTA with a tile storing one of its rows per K step of
-    that tile and the rest in batches of 8 after it, measured 67.6 / 66.6 / 66.9 and 44.8 /
-    45.1 us at 4096^3, 155.3 and 118.1 at 8192^3 (the stores slowed the latency-bound K loops);
-    in the op, 4096^3 at 90 / 95 / 99 %, the tier's device time 49.3 / 38.5 / 32.8 -> 57.8 /
-    39.0 / 38.4 us."""
+    4096^3, 127.2 and 107.6 at 8192^3, within noise of the above.  The unlisted rows' stores
+    stay after the K loops: a trial (reverted) in which a tier without an epilogue stored them
+    as whole rows of C, one row id a row, a CTA with a tile storing one of its rows per K step
+    of that tile and the rest in batches of 8 after it, measured slower: 67.6 / 66.6 / 66.9 and
+    44.8 / 45.1 us at 4096^3, 155.3 and 118.1 at 8192^3; in the op (4096^3 at 90 / 95 / 99 %)
+    the tier's device time went 49.3 / 38.5 / 32.8 -> 57.8 / 39.0 / 38.4 us."""
     tiers: list[tuple[int, WgmmaConfig]] = []
     for block_n in (128, 64) if n % 128 == 0 else (64,):
         few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
