@@ -148,9 +148,8 @@ grid kernels 4.4-6.8 us a call, and a persistent grid here gains nothing that wo
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 from tvm import tirx
@@ -162,7 +161,7 @@ from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, st
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
-           "tiles_ws_applies", "wgmma_row_gather_func",
+           "tiles_ws_applies", "residual_spills_ws", "wgmma_row_gather_func",
            "wgmma_few_rows_tiers",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
@@ -352,19 +351,25 @@ def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) ->
     return WgmmaConfig(block_n, stages)
 
 
+def residual_spills_ws(residual: bool, out_dtype: str) -> bool:
+    """An fp32 residual, its 32 chunks loaded ahead of the SWrite, spills in a warp-specialized
+    kernel (12 warps: 168 registers a thread), which then keeps the all-threads loop."""
+    return residual and dtype_bytes(out_dtype) == 4
+
+
 def tiles_ws_applies(mk: int, block_n: int, out_dtype: str, residual: bool) -> bool:
     """Whether the warp-specialized tiles loop takes these tiles: micro-tiles a multiple of 64
     wide (A's K tile is one TMA box of A), tiles a multiple of 128 wide (16 lanes a row of B),
-    no fp32 residual (its chunks loaded ahead of the SWrite would spill at 168 registers)."""
-    return mk % BLOCK_K == 0 and block_n % 128 == 0 and not (residual and dtype_bytes(out_dtype) == 4)
+    and no residual that spills there (:func:`residual_spills_ws`)."""
+    return mk % BLOCK_K == 0 and block_n % 128 == 0 and not residual_spills_ws(residual, out_dtype)
 
 
 def wgmma_tiles_config(n: int, mk: int, rows: int | None = None, out_dtype: str = "float16",
                        residual: bool = False) -> WgmmaConfig | None:
     """The tiles kernel's tiles for N and ``(128, mk)`` micro-tiles: :func:`wgmma_config`'s,
     warp-specialized (``tiles_ws``: A's K tile loaded by TMA, and the dense fallback run by the
-    same kernel, no launch of its own) where :func:`tiles_ws_applies`.  H100, device time of the kernel alone, all-threads ->
-    warp-specialized (``python3 benchmarks/_tiles_widths.py [--random] 256x4 256x4ws``,
+    same kernel, no launch of its own) where :func:`tiles_ws_applies`.  H100, device time of
+    the kernel alone, all-threads -> warp-specialized (``python3 benchmarks/_tiles_widths.py [--random] 256x4 256x4ws``,
     2026-11-24): 4096^3 with 32x64 micro-tiles at 95 / 99 % 65.5 -> 59.4, 26.9 -> 26.3 us.
     (Thin micro-tiles, A compacted and its K tile loaded by TMA from the compacted A, B's rows
     scattered one by one, measured slower that way: 32x1 at 95 / 99 % 62.9 -> 67.1, 31.4 -> 32.2
@@ -372,7 +377,7 @@ def wgmma_tiles_config(n: int, mk: int, rows: int | None = None, out_dtype: str 
     config = wgmma_config(n, rows)
     if config is None:
         return None
-    return dataclasses.replace(config, tiles_ws=tiles_ws_applies(mk, config.block_n, out_dtype, residual))
+    return replace(config, tiles_ws=tiles_ws_applies(mk, config.block_n, out_dtype, residual))
 
 
 #: erfc(z) ~ poly(t) * exp(-z^2), t = 1 / (1 + P z), z >= 0, poly(t) = sum_i A_i t^i for i = 1..5
@@ -694,7 +699,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     ACC = BN // 2                         # fp32 accumulators per thread (m64 x BN / 128)
     A_CHUNKS = BM * BK // 8 // THREADS    # 16-byte chunks per thread per K tile
     b_copy = BCopyLayout(BN, BK, tiles)
-    B_ROWS, B_GROUPS = b_copy.rows, b_copy.groups
+    B_ROWS = b_copy.rows
     C_ROW = _c_row(BN, out_dtype)
     Z_OFF = BM * C_ROW                    # (out dtype elements) the zero row's value, after C
     C_VEC = 16 // dtype_bytes(out_dtype)  # elements per 16-byte store
@@ -702,9 +707,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     C_ROW_CHUNKS = BN // C_VEC
     smem_elems = cfg.smem_bytes(out_dtype) // 2   # the ring, or the staged C tile after it
     # dense and rows, 64-deep K tiles, not the few-rows tier: the warp-specialized K loop (see
-    # ``tma_loader``, ``ws_k_loop``).  Its 12 warps leave 168 registers a thread: an fp32
-    # residual, whose 32 chunks are loaded ahead of the SWrite, would spill, so that kernel keeps
-    # the all-threads loop.
+    # ``tma_loader``, ``ws_k_loop``), but where a residual would spill (:func:`residual_spills_ws`).
     # The tiles kernel with ``cfg.tiles_ws`` (micro-tiles a multiple of 64 wide, so that A's K
     # tile is one TMA box of A): see ``tiles_loader``.  It also runs the dense fallback itself.
     ws_tiles = tiles and cfg.tiles_ws
@@ -712,7 +715,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         raise ValueError(f"the warp-specialized tiles kernel takes micro-tiles a multiple of {BLOCK_K} wide, "
                          f"block_n a multiple of 128 and no fp32 residual, got mk={mk}, {cfg}, {out_dtype}")
     ws = ((mode in ("dense", "rows") and BK == BLOCK_K and not persistent
-           and not (residual and dtype_bytes(out_dtype) == 4)) or ws_tiles)
+           and not residual_spills_ws(residual, out_dtype)) or ws_tiles)
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
     # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
     # listed rows); ws tiles A and B on a full index, else A (the loaders copy B's listed rows),
@@ -824,7 +827,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     def b_row_of(rows, j, q):
         return rows[j] if tiles else q
 
-    b_kr, b_chunk = b_copy.row, b_copy.chunk
+    b_kr = b_copy.row
 
     def a_swizzled(ch, r):
         """the 16-byte slot of chunk ch of A's tile row r: 128-byte swizzle (8 chunks a row)
@@ -832,6 +835,10 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         if BK == 64:
             return T.bitwise_xor(ch, r % 8)
         return T.bitwise_xor(ch, (r // 2) % 4)
+
+    def full_index(off_buf, m):
+        """tiles: the index lists every micro-tile (the dense fallback, or a dense pattern)"""
+        return index_is_full(off_buf, m, MKT)
 
     def runs(off_buf, m, cond):
         """``cond`` where this kernel runs: the tiles kernel unless its index is full (the
@@ -841,7 +848,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         if ws_tiles:
             return cond
         if tiles:
-            return T.And(T.Not(index_is_full(off_buf, m, MKT)), cond)
+            return T.And(T.Not(full_index(off_buf, m)), cond)
         if full_mk:
             return T.And(index_is_full(off_buf, m, K // full_mk), cond)
         if rows_above > 0:
@@ -1042,10 +1049,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         """ws tiles: the index entry of loader thread ``lane``'s i-th row of B, from the lane
         that loaded it"""
         return T.call_extern("int32", "__shfl_sync", T.uint32(0xFFFFFFFF), entry, lane % 32 // 16 + 2 * i, 32)
-
-    def full_index(off_buf, m):
-        """ws tiles: the index lists every micro-tile (the dense fallback, or a dense pattern)"""
-        return index_is_full(off_buf, m, MKT)
 
     @T.macro
     def tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, a_col, b_row_id, a_col_next, b_row_next):
