@@ -129,6 +129,22 @@ def test_bad_shapes_raise():
         wgmma_row_gather_func(128, 256, "float32", "float32")
     with pytest.raises(ValueError, match="shared memory"):
         wgmma_row_gather_func(128, 256, config=WgmmaConfig(256, 5))
+    with pytest.raises(ValueError, match="cluster_m must be 1 or 2"):
+        WgmmaConfig(256, 4, cluster_m=4)
+
+
+def test_cluster_choice():
+    """2-CTA clusters where K and N are both >= 4096, the tiles 256 wide and the grid over one
+    wave (or the rows unknown); never without K (the tiers and tiles kernels' configs)."""
+    assert wgmma_config(4096, k=4096) == WgmmaConfig(256, 4, cluster_m=2)
+    assert wgmma_config(8192, k=8192, rows=4096).cluster_m == 2       # 32 x 32 CTAs
+    assert wgmma_config(4096, k=4096, rows=1024).cluster_m == 1       # 8 x 16 = 128 CTAs: one wave
+    assert wgmma_config(4096, k=4096, rows=2048).cluster_m == 2       # 16 x 16 = 256 CTAs
+    assert wgmma_config(4096).cluster_m == 1
+    assert wgmma_config(8192, k=2048).cluster_m == 1                  # the OPT FFN's fc1
+    assert wgmma_config(2048, k=8192).cluster_m == 1                  # its fc2 (PIT off)
+    assert wgmma_config(3072, k=768, rows=2400).cluster_m == 1        # BERT's layers
+    assert wgmma_config(4096, k=4096, block_n=128).cluster_m == 1
     with pytest.raises(ValueError, match="row_scale_a comes with a bias"):
         wgmma_row_gather_func(128, 256, row_scale_a=True)
 
@@ -163,9 +179,77 @@ def test_cuda_build(in_dtype, out_dtype, bias, relu, dense):
     assert check_cuda_compiles(ex, archs=("sm_90a",)) >= 1
 
 
+@pytest.mark.parametrize("dense", [False, True])
+def test_cuda_build_cluster(dense):
+    """``cluster_m=2``: launched in clusters of 2 M tiles, B's K tiles split between the two
+    loaders by TMA multicast, a consumer releasing a slot on both CTAs' barriers; nvcc compiles it.
+    A kernel that is not warp-specialized (an fp32 residual) ignores it."""
+    f = wgmma_row_gather_func(512, 512, dense=dense, config=WgmmaConfig(256, 4, cluster_m=2))
+    src = "\n".join(m.inspect_source("cuda") for m in build(tvm.IRModule({"main": f}), TARGET).mod.imports)
+    assert ".multicast::cluster" in src and "mapa.shared::cluster" in src
+    assert "barrier.cluster.arrive.release.aligned" in src
+    plain = wgmma_row_gather_func(512, 512, dense=dense, config=WgmmaConfig(256, 4))
+    plain_src = "\n".join(m.inspect_source("cuda") for m in build(tvm.IRModule({"main": plain}), TARGET).mod.imports)
+    assert ".multicast::cluster" not in plain_src and "mapa" not in plain_src
+    spills = wgmma_row_gather_func(512, 512, "float16", "float32", bias=True, residual=True, dense=True,
+                                   config=WgmmaConfig(256, 3, cluster_m=2))
+    assert "multicast" not in "\n".join(m.inspect_source("cuda") for m in
+                                         build(tvm.IRModule({"main": spills}), TARGET).mod.imports)
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(build(tvm.IRModule({"main": f}), TARGET), archs=("sm_90a",)) >= 1
+
+
 # ---------------------------------------------------------------------------------------
 # GPU: numerics
 # ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,count", [(4096, 4096), (4096, 0), (4096, 1), (4096, 130), (4096, 2047),
+                                     (3968, 3968), (3968, 1000), (77, 77), (77, 5), (129, 129)])
+@pytest.mark.parametrize("dense", [False, True])
+def test_gpu_cluster(m, count, dense):
+    """2-CTA clusters (``cluster_m=2``) against numpy: an odd number of M tiles (the grid's last
+    cluster half past M), one M tile, no listed row; bias + ReLU; unlisted rows zero."""
+    if dense and count != m:
+        pytest.skip("dense lists every row")
+    k, n = 1024, 512
+    rng = np.random.default_rng(m + count)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    a[rng.permutation(m)[count:]] = 0
+    b = (rng.standard_normal((k, n)) / k ** 0.5).astype(np.float16)
+    bias_v = rng.standard_normal(n).astype(np.float16)
+    f = wgmma_row_gather_func(k, n, bias=True, relu=True, dense=dense, config=WgmmaConfig(256, 4, cluster_m=2))
+    ex = build(tvm.IRModule({"main": f}), TARGET)
+    listed = np.flatnonzero(a.any(1)).astype(np.int32)
+    offsets = np.array([0, len(listed)], np.int32)
+    ids = np.concatenate([listed, np.setdiff1d(np.arange(m), listed)]).astype(np.int32)
+    dev = tvm.cuda()
+    t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
+    c = t(np.full((m, n), 7, np.float16))
+    ex["main"](*([t(a), t(b)] + ([] if dense else [t(offsets), t(ids)]) + [t(bias_v), c]))
+    ref = np.maximum(a.astype(np.float32) @ b.astype(np.float32) + bias_v.astype(np.float32), 0)
+    if not dense:   # an unlisted row is epilogue(0): relu(bias)
+        ref[~a.any(1)] = np.maximum(bias_v.astype(np.float32), 0)
+    np.testing.assert_allclose(c.numpy().astype(np.float32), ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count", [0, 300, 600, 4000])
+def test_gpu_rows_op_clusters(count):
+    """The rows op at K = N = 4096, whose many-rows kernel runs in 2-CTA clusters (the tiers
+    do not): listed rows below, in and above the tiers against numpy, unlisted rows zero."""
+    import pit_tvm
+
+    m = k = n = 4096
+    rng = np.random.default_rng(count)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    a[rng.permutation(m)[count:]] = 0
+    b = (rng.standard_normal((k, n)) / k ** 0.5).astype(np.float16)
+    op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=(1, k), target="cuda")
+    got = op(a, b)
+    np.testing.assert_allclose(got.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32),
+                               rtol=1e-2, atol=1e-2)
+    assert np.all(got[~a.any(1)] == 0)
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,sparsity", [(4096, 0.0), (4096, 0.5), (4096, 0.9), (4096, 0.99),
                                         (1000, 0.3), (77, 0.0), (300, 1.0)])

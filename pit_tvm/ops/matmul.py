@@ -114,7 +114,7 @@ def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str, row
     from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func
 
     if wgmma_applies(k, n, dtype, out_dtype, arch):
-        return wgmma_row_gather_func(k, n, dtype, out_dtype, config=wgmma_config(n, rows_hint))
+        return wgmma_row_gather_func(k, n, dtype, out_dtype, config=wgmma_config(n, rows_hint, k=k))
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
                                               split_plan, valid_configs)
 
@@ -660,7 +660,7 @@ def _wgmma_rows_tiers(k, n, dtype, out_dtype, rows_hint, **epilogue):
     [tier kernel, ...])``, to run in that order on one C (each writes C only for its counts)."""
     from pit_tvm.schedules.wgmma import wgmma_config, wgmma_few_rows_tiers, wgmma_row_gather_func
 
-    config = wgmma_config(n, rows_hint)
+    config = wgmma_config(n, rows_hint, k=k)
     tiers = wgmma_few_rows_tiers(n, config, out_dtype, rows_hint)
     if not tiers:
         return wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, **epilogue), []
@@ -818,7 +818,7 @@ def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, a
     relu = activation == "relu"
     if wgmma_applies(k, n, dtype, out_dtype, arch):
         return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True,
-                                     config=wgmma_config(n, rows_hint), gelu=activation == "gelu",
+                                     config=wgmma_config(n, rows_hint, k=k), gelu=activation == "gelu",
                                      row_scale=row_scale, residual=residual, row_scale_a=row_scale_a)
     if activation not in (None, "relu") or row_scale or residual or row_scale_a:
         return None
