@@ -35,9 +35,9 @@ count passes a zero constant, which the kernel leaves zero (so runs of one compi
 not overlap on two streams); a symbolic row count zeroes one per call (``R.zeros``).  CUDA only
 (the CPU build has neither the wgmma tiles kernel nor the compaction).
 
-How close it runs to one read of A (H100, 4096 x 4096 fp16, device time with L2 flushed,
-2026-11-24, ``python3 benchmarks/_strips_variants.py`` at d982630, a trial script since removed):
-a minimal Triton kernel that only reads A (``benchmarks/peers/read_once.py``) takes 16.8 us in
+How close it runs to one read of A (H100, 4096 x 4096 fp16, device time after writing 256 MiB,
+which leaves L2 full of dirty lines, 2026-11-24, ``python3 benchmarks/_strips_variants.py`` at
+d982630, a trial script since removed): a minimal Triton kernel that only reads A (``benchmarks/peers/read_once.py``) takes 16.8 us in
 that state; this kernel with mk = 64 takes 12.5 / 16.5 / 17.8 us at 50 / 90 / 99 % of 32x64
 micro-tiles empty (a non-zero in rows 0..31 saves the other rows' loads), with mk = 1 (compacting)
 35.2 / 26.4 / 22.5 us.  In the op the CSR pack adds 1.9-2.5 us and a launch (``python3
