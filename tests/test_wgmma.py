@@ -23,6 +23,7 @@ from pit_tvm.schedules.wgmma import (
     WgmmaConfig,
     needs_compaction,
     wgmma_applies,
+    wgmma_cluster_m,
     wgmma_config,
     wgmma_dense_fallback_func,
     wgmma_few_rows_tiers,
@@ -134,19 +135,20 @@ def test_bad_shapes_raise():
 
 
 def test_cluster_choice():
-    """2-CTA clusters where K and N are both >= 4096, the tiles 256 wide and the grid over one
-    wave (or the rows unknown); never without K (the tiers and tiles kernels' configs)."""
-    assert wgmma_config(4096, k=4096) == WgmmaConfig(256, 4, cluster_m=2)
-    assert wgmma_config(8192, k=8192, rows=4096).cluster_m == 2       # 32 x 32 CTAs
-    assert wgmma_config(4096, k=4096, rows=1024).cluster_m == 1       # 8 x 16 = 128 CTAs: one wave
-    assert wgmma_config(4096, k=4096, rows=2048).cluster_m == 2       # 16 x 16 = 256 CTAs
-    assert wgmma_config(4096).cluster_m == 1
-    assert wgmma_config(8192, k=2048).cluster_m == 1                  # the OPT FFN's fc1
-    assert wgmma_config(2048, k=8192).cluster_m == 1                  # its fc2 (PIT off)
-    assert wgmma_config(3072, k=768, rows=2400).cluster_m == 1        # BERT's layers
-    assert wgmma_config(4096, k=4096, block_n=128).cluster_m == 1
-    with pytest.raises(ValueError, match="row_scale_a comes with a bias"):
-        wgmma_row_gather_func(128, 256, row_scale_a=True)
+    """2-CTA clusters where K and N are both >= 4096, the tiles 256 wide, and the grid over one
+    wave for the expected rows or, rows unknown, the kernel runs only above >= 256 rows (the
+    many-rows kernel over its tiers); never in BERT's or the OPT FFN's layers."""
+    wide = WgmmaConfig(256, 4)
+    assert wgmma_cluster_m(4096, 4096, wide, rows_above=512) == 2          # the rows op's many-rows kernel
+    assert wgmma_cluster_m(8192, 8192, wide, rows_above=256) == 2
+    assert wgmma_cluster_m(4096, 4096, wide) == 1                          # a dense layer of unknown M
+    assert wgmma_cluster_m(4096, 4096, wide, rows_above=128) == 1
+    assert wgmma_cluster_m(4096, 4096, wide, rows=2048) == 2               # 16 x 16 = 256 CTAs
+    assert wgmma_cluster_m(4096, 4096, wide, rows=1024) == 1               # 8 x 16 = 128: one wave
+    assert wgmma_cluster_m(2048, 8192, wide, rows=4096) == 1               # the OPT FFN's fc1
+    assert wgmma_cluster_m(8192, 2048, wide, rows=4096) == 1               # its fc2 (PIT off)
+    assert wgmma_cluster_m(768, 3072, wide, rows=2400) == 1                # BERT's layers
+    assert wgmma_cluster_m(4096, 4096, WgmmaConfig(128, 4), rows=4096) == 1
 
 
 @pytest.mark.parametrize("in_dtype,out_dtype,bias,relu,dense", [

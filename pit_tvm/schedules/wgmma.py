@@ -140,9 +140,9 @@ layers 8-26 % slower (FFN-out 24.2 -> 26.2 us); 8192^3 (B no longer fits L2) den
 1591.8, 4,096 of 8,192 rows 806.7 -> 775.0, 819 rows 205.2 -> 212.2, 410 rows 129.6 -> 127.7, 82
 rows 110.9 -> 146.0 (one M tile: the cluster's second CTA computes nothing).  In the op with L2
 flushed (``benchmarks/gpu_matmul.py --sizes 8192``) 4,096 of 8,192 rows took 907 -> 801-875 us
-of kernel in three runs.  So :func:`wgmma_config` takes clusters where K and N are both at least
-:data:`CLUSTER_MIN_KN`, the tiles 256 wide and the grid more than one wave; first tried as trial
-f29e813 (kept out then: it had gained only 2-4 % on the largest grids, measured L2 warm).
+of kernel in three runs.  So the op layer takes clusters where :func:`wgmma_cluster_m` says (K
+and N both at least :data:`CLUSTER_MIN_KN`, many rows); first tried as trial f29e813 (kept out
+then: it had gained only 2-4 % on the largest grids, measured L2 warm).
 
 Also tried: the same kernels on SMS persistent CTAs (trial 1eca2dd, reverted; ``python3
 benchmarks/_pws_probe.py`` there), the loader filling a CTA's next tile's ring while its consumers
@@ -168,7 +168,7 @@ from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, st
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
-           "tiles_ws_applies", "residual_spills_ws", "wgmma_row_gather_func",
+           "tiles_ws_applies", "residual_spills_ws", "wgmma_cluster_m", "wgmma_row_gather_func",
            "wgmma_few_rows_tiers",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
@@ -357,8 +357,7 @@ MAX_STAGES = 4
 CLUSTER_MIN_KN = 4096
 
 
-def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None,
-                 k: int | None = None) -> WgmmaConfig | None:
+def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) -> WgmmaConfig | None:
     """The default tiles for N: the wgmma N (256, 192, 128 or 64, dividing N) and the deepest
     ring that fits, up to :data:`MAX_STAGES`.  Without ``rows`` the widest N; with the expected
     number of rows the one whose grid takes the least time in whole waves of :data:`SMS` CTAs
@@ -366,9 +365,7 @@ def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None,
     rows is 57 CTAs of 256 columns, 114 of 128); when that grid is one wave, 128- and 64-column
     tiles take the few-rows tier's deeper ring (:data:`FEW_ROWS_STAGES`).  ``block_n``: that
     width instead of the chosen one (its ring as above; None where it does not divide N).
-    With ``k``: 2-CTA clusters (``cluster_m``, used by the warp-specialized dense and rows
-    kernels) where K and N are both at least :data:`CLUSTER_MIN_KN`, the tiles 256 wide and the
-    grid more than one wave (or the rows unknown)."""
+    Single CTAs (see :func:`wgmma_cluster_m`)."""
     candidates = [bn for bn in (256, 192, 128, 64) if n % bn == 0]
     if block_n is not None:
         candidates = [bn for bn in candidates if bn == block_n]
@@ -391,9 +388,21 @@ def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None,
         # few-rows tier (H100, 2,400 rows, 128-column tiles: K=3072 N=768 33.4 against 35.7 us,
         # K=768 N=768 13.4 against 14.7 us; ``python3 benchmarks/_wgmma_stages.py 128x4 128x6``)
         stages = FEW_ROWS_STAGES[block_n]
-    clusters = (k is not None and min(int(k), n) >= CLUSTER_MIN_KN and block_n == 256
-                and (rows is None or row_tiles * (n // block_n) > SMS))
-    return WgmmaConfig(block_n, stages, cluster_m=2 if clusters else 1)
+    return WgmmaConfig(block_n, stages)
+
+
+def wgmma_cluster_m(k: int, n: int, config: WgmmaConfig, rows: int | None = None, rows_above: int = 0) -> int:
+    """``cluster_m`` for a warp-specialized dense or rows kernel with ``config``'s tiles: 2 where
+    K and N are both at least :data:`CLUSTER_MIN_KN`, the tiles 256 wide, and the grid more than
+    one wave of CTAs for the expected ``rows``, or (rows unknown) the kernel runs only above
+    ``rows_above`` >= 256 rows (the many-rows kernel over its tiers: at least 3 M tiles, so a
+    cluster rarely pairs a tile with an idle one, which made 82 rows of 8192^3 32 % slower);
+    else 1.  Measured in the module docstring."""
+    if min(int(k), int(n)) < CLUSTER_MIN_KN or config.block_n != 256:
+        return 1
+    if rows is not None:
+        return 2 if -(-int(rows) // BLOCK_M) * (int(n) // config.block_n) > SMS else 1
+    return 2 if rows_above >= 2 * BLOCK_M else 1
 
 
 def residual_spills_ws(residual: bool, out_dtype: str) -> bool:
