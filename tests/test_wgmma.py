@@ -23,7 +23,6 @@ from pit_tvm.schedules.wgmma import (
     WgmmaConfig,
     needs_compaction,
     wgmma_applies,
-    wgmma_cluster_m,
     wgmma_config,
     wgmma_dense_fallback_func,
     wgmma_few_rows_tiers,
@@ -31,6 +30,7 @@ from pit_tvm.schedules.wgmma import (
     wgmma_tiles_applies,
     wgmma_tiles_config,
     wgmma_tiles_gather_func,
+    wgmma_with_clusters,
 )
 from pit_tvm.target import build
 from test_tensorcore import make_inputs, reference, run
@@ -139,16 +139,20 @@ def test_cluster_choice():
     wave for the expected rows or, rows unknown, the kernel runs only above >= 256 rows (the
     many-rows kernel over its tiers); never in BERT's or the OPT FFN's layers."""
     wide = WgmmaConfig(256, 4)
-    assert wgmma_cluster_m(4096, 4096, wide, rows_above=512) == 2          # the rows op's many-rows kernel
-    assert wgmma_cluster_m(8192, 8192, wide, rows_above=256) == 2
-    assert wgmma_cluster_m(4096, 4096, wide) == 1                          # a dense layer of unknown M
-    assert wgmma_cluster_m(4096, 4096, wide, rows_above=128) == 1
-    assert wgmma_cluster_m(4096, 4096, wide, rows=2048) == 2               # 16 x 16 = 256 CTAs
-    assert wgmma_cluster_m(4096, 4096, wide, rows=1024) == 1               # 8 x 16 = 128: one wave
-    assert wgmma_cluster_m(2048, 8192, wide, rows=4096) == 1               # the OPT FFN's fc1
-    assert wgmma_cluster_m(8192, 2048, wide, rows=4096) == 1               # its fc2 (PIT off)
-    assert wgmma_cluster_m(768, 3072, wide, rows=2400) == 1                # BERT's layers
-    assert wgmma_cluster_m(4096, 4096, WgmmaConfig(128, 4), rows=4096) == 1
+
+    def cluster_m(k, n, config=wide, **rows):
+        return wgmma_with_clusters(k, n, config, **rows).cluster_m
+
+    assert cluster_m(4096, 4096, rows_above=512) == 2        # the rows op's many-rows kernel
+    assert cluster_m(8192, 8192, rows_above=256) == 2
+    assert cluster_m(4096, 4096) == 1                        # a dense layer of unknown M
+    assert cluster_m(4096, 4096, rows_above=128) == 1
+    assert cluster_m(4096, 4096, rows=2048) == 2             # 16 x 16 = 256 CTAs
+    assert cluster_m(4096, 4096, rows=1024) == 1             # 8 x 16 = 128: one wave
+    assert cluster_m(2048, 8192, rows=4096) == 1             # the OPT FFN's fc1
+    assert cluster_m(8192, 2048, rows=4096) == 1             # its fc2 (PIT off)
+    assert cluster_m(768, 3072, rows=2400) == 1              # BERT's layers
+    assert cluster_m(4096, 4096, WgmmaConfig(128, 4), rows=4096) == 1
 
 
 @pytest.mark.parametrize("in_dtype,out_dtype,bias,relu,dense", [

@@ -140,7 +140,7 @@ layers 8-26 % slower (FFN-out 24.2 -> 26.2 us); 8192^3 (B no longer fits L2) den
 1591.8, 4,096 of 8,192 rows 806.7 -> 775.0, 819 rows 205.2 -> 212.2, 410 rows 129.6 -> 127.7, 82
 rows 110.9 -> 146.0 (one M tile: the cluster's second CTA computes nothing).  In the op with L2
 flushed (``benchmarks/gpu_matmul.py --sizes 8192``) 4,096 of 8,192 rows took 907 -> 801-875 us
-of kernel in three runs.  So the op layer takes clusters where :func:`wgmma_cluster_m` says (K
+of kernel in three runs.  So the op layer takes clusters where :func:`wgmma_with_clusters` says (K
 and N both at least :data:`CLUSTER_MIN_KN`, many rows); first tried as trial f29e813 (kept out
 then: it had gained only 2-4 % on the largest grids, measured L2 warm).
 
@@ -168,7 +168,7 @@ from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, st
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
-           "tiles_ws_applies", "residual_spills_ws", "wgmma_cluster_m", "wgmma_row_gather_func",
+           "tiles_ws_applies", "residual_spills_ws", "wgmma_with_clusters", "wgmma_row_gather_func",
            "wgmma_few_rows_tiers",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
@@ -391,18 +391,21 @@ def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) ->
     return WgmmaConfig(block_n, stages)
 
 
-def wgmma_cluster_m(k: int, n: int, config: WgmmaConfig, rows: int | None = None, rows_above: int = 0) -> int:
-    """``cluster_m`` for a warp-specialized dense or rows kernel with ``config``'s tiles: 2 where
-    K and N are both at least :data:`CLUSTER_MIN_KN`, the tiles 256 wide, and the grid more than
-    one wave of CTAs for the expected ``rows``, or (rows unknown) the kernel runs only above
-    ``rows_above`` >= 256 rows (the many-rows kernel over its tiers: at least 3 M tiles, so a
-    cluster rarely pairs a tile with an idle one, which made 82 rows of 8192^3 32 % slower);
-    else 1.  Measured in the module docstring."""
+def wgmma_with_clusters(k: int, n: int, config: WgmmaConfig, rows: int | None = None,
+                        rows_above: int = 0) -> WgmmaConfig:
+    """``config`` for a warp-specialized dense or rows kernel, in 2-CTA clusters (``cluster_m``)
+    where K and N are both at least :data:`CLUSTER_MIN_KN`, the tiles 256 wide, and the grid
+    more than one wave of CTAs for the expected ``rows``, or (rows unknown) the kernel runs only
+    above ``rows_above`` >= 256 rows (the many-rows kernel over its tiers: at least 3 M tiles,
+    so a cluster rarely pairs a tile with an idle one, which made 82 rows of 8192^3 32 % slower).
+    Measured in the module docstring."""
     if min(int(k), int(n)) < CLUSTER_MIN_KN or config.block_n != 256:
-        return 1
-    if rows is not None:
-        return 2 if -(-int(rows) // BLOCK_M) * (int(n) // config.block_n) > SMS else 1
-    return 2 if rows_above >= 2 * BLOCK_M else 1
+        many = False
+    elif rows is not None:
+        many = -(-int(rows) // BLOCK_M) * (int(n) // config.block_n) > SMS
+    else:
+        many = rows_above >= 2 * BLOCK_M
+    return replace(config, cluster_m=2 if many else 1)
 
 
 def residual_spills_ws(residual: bool, out_dtype: str) -> bool:
