@@ -243,10 +243,15 @@ class WgmmaConfig:
     #: the warp-specialized dense and rows kernels: CTAs of ``cluster_m`` consecutive M tiles
     #: (1 or 2) share B's K tiles by TMA multicast (other kernels ignore it)
     cluster_m: int = 1
+    #: dense and rows kernels: the M tiles of one launch-order group (1: row-major, N tiles
+    #: first), a multiple of ``cluster_m``
+    raster_m: int = 1
 
     def __post_init__(self):
         if self.cluster_m not in (1, 2):
             raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
+        if self.raster_m < 1 or self.raster_m % self.cluster_m:
+            raise ValueError(f"raster_m must be a positive multiple of cluster_m, got {self.raster_m}")
 
     def smem_bytes(self, out_dtype: str = "float16") -> int:
         ring = self.stages * (BLOCK_M * self.block_k + self.block_k * self.block_n) * 2
@@ -778,6 +783,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     # tiles: each loads BK / CLUSTER rows of them by TMA multicast into every CTA's ring, and a
     # consumer releases a slot on every CTA's ``empty`` barrier (see ``tma_loader``)
     CLUSTER = cfg.cluster_m if ws and mode in ("dense", "rows") and not strips_mk else 1
+    RASTER = cfg.raster_m if mode in ("dense", "rows") and not persistent else 1
     B_PART = BK // CLUSTER                # B's K rows of a slot that one CTA of the cluster loads
     # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
     # listed rows); ws tiles A and B on a full index, else A (the loaders copy B's listed rows),
@@ -1346,7 +1352,20 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         if persistent:
             cta = T.cta_id([SMS])
         else:
-            if CLUSTER > 1:
+            if RASTER > 1:
+                # grouped order: the CTAs launched together take RASTER consecutive M tiles (in
+                # whole clusters) for a run of N tiles, so that they share B's columns in L2
+                # (CTA t of the grid, in launch order: units of CLUSTER M tiles)
+                bx, by = T.cta_id([N // BN, T.Cast("int32", (M + CLUSTER * BM - 1) // (CLUSTER * BM) * CLUSTER)])
+                if CLUSTER > 1:
+                    _cx, _cy = T.cta_id_in_cluster([1, CLUSTER])
+                units = T.Cast("int32", (M + CLUSTER * BM - 1) // (CLUSTER * BM))
+                t = by // CLUSTER * (N // BN) + bx
+                first = t // (RASTER // CLUSTER * (N // BN)) * (RASTER // CLUSTER)
+                size = T.min(units - first, RASTER // CLUSTER)
+                bn = t % (RASTER // CLUSTER * (N // BN)) // size
+                bm = (first + t % (RASTER // CLUSTER * (N // BN)) % size) * CLUSTER + by % CLUSTER
+            elif CLUSTER > 1:
                 # (M tiles rounded up to whole clusters; a tile past M stores nothing)
                 bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + CLUSTER * BM - 1) // (CLUSTER * BM) * CLUSTER)])
                 _cx, _cy = T.cta_id_in_cluster([1, CLUSTER])     # (launched in clusters of CLUSTER M tiles)
