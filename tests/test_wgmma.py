@@ -30,7 +30,6 @@ from pit_tvm.schedules.wgmma import (
     wgmma_tiles_applies,
     wgmma_tiles_config,
     wgmma_tiles_gather_func,
-    wgmma_with_clusters,
 )
 from pit_tvm.target import build
 from test_tensorcore import make_inputs, reference, run
@@ -130,29 +129,9 @@ def test_bad_shapes_raise():
         wgmma_row_gather_func(128, 256, "float32", "float32")
     with pytest.raises(ValueError, match="shared memory"):
         wgmma_row_gather_func(128, 256, config=WgmmaConfig(256, 5))
-    with pytest.raises(ValueError, match="cluster_m must be 1 or 2"):
-        WgmmaConfig(256, 4, cluster_m=4)
+    with pytest.raises(ValueError, match="raster_m must be positive"):
+        WgmmaConfig(256, 4, raster_m=0)
 
-
-def test_cluster_choice():
-    """2-CTA clusters where K and N are both >= 4096, the tiles 256 wide, and the grid over one
-    wave for the expected rows or, rows unknown, the kernel runs only above >= 256 rows (the
-    many-rows kernel over its tiers); never in BERT's or the OPT FFN's layers."""
-    wide = WgmmaConfig(256, 4)
-
-    def cluster_m(k, n, config=wide, **rows):
-        return wgmma_with_clusters(k, n, config, **rows).cluster_m
-
-    assert cluster_m(4096, 4096, rows_above=512) == 2        # the rows op's many-rows kernel
-    assert cluster_m(8192, 8192, rows_above=256) == 2
-    assert cluster_m(4096, 4096) == 1                        # a dense layer of unknown M
-    assert cluster_m(4096, 4096, rows_above=128) == 1
-    assert cluster_m(4096, 4096, rows=2048) == 2             # 16 x 16 = 256 CTAs
-    assert cluster_m(4096, 4096, rows=1024) == 1             # 8 x 16 = 128: one wave
-    assert cluster_m(2048, 8192, rows=4096) == 1             # the OPT FFN's fc1
-    assert cluster_m(8192, 2048, rows=4096) == 1             # its fc2 (PIT off)
-    assert cluster_m(768, 3072, rows=2400) == 1              # BERT's layers
-    assert cluster_m(4096, 4096, WgmmaConfig(128, 4), rows=4096) == 1
 
 
 @pytest.mark.parametrize("in_dtype,out_dtype,bias,relu,dense", [
@@ -186,36 +165,32 @@ def test_cuda_build(in_dtype, out_dtype, bias, relu, dense):
 
 
 @pytest.mark.parametrize("dense", [False, True])
-def test_cuda_build_cluster(dense):
-    """``cluster_m=2``: launched in clusters of 2 M tiles, B's K tiles split between the two
-    loaders by TMA multicast, a consumer releasing a slot on both CTAs' barriers; nvcc compiles it.
-    A kernel that is not warp-specialized (an fp32 residual) ignores it."""
-    f = wgmma_row_gather_func(512, 512, dense=dense, config=WgmmaConfig(256, 4, cluster_m=2))
-    src = "\n".join(m.inspect_source("cuda") for m in build(tvm.IRModule({"main": f}), TARGET).mod.imports)
-    assert ".multicast::cluster" in src and "mapa.shared::cluster" in src
-    assert "barrier.cluster.arrive.release.aligned" in src
-    plain = wgmma_row_gather_func(512, 512, dense=dense, config=WgmmaConfig(256, 4))
-    plain_src = "\n".join(m.inspect_source("cuda") for m in build(tvm.IRModule({"main": plain}), TARGET).mod.imports)
-    assert ".multicast::cluster" not in plain_src and "mapa" not in plain_src
-    spills = wgmma_row_gather_func(512, 512, "float16", "float32", bias=True, residual=True, dense=True,
-                                   config=WgmmaConfig(256, 3, cluster_m=2))
-    assert "multicast" not in "\n".join(m.inspect_source("cuda") for m in
-                                         build(tvm.IRModule({"main": spills}), TARGET).mod.imports)
-    if find_nvcc() is None:
-        pytest.skip("nvcc not found")
-    assert check_cuda_compiles(build(tvm.IRModule({"main": f}), TARGET), archs=("sm_90a",)) >= 1
+def test_cuda_build_raster(dense):
+    """The launch order: ``raster_m=1`` binds the N and M tiles to blockIdx.x / y; grouped, they
+    come from the CTA's place in launch order; the persistent few-rows tier ignores it."""
+    def source(**kw):
+        ex = build(tvm.IRModule({"main": wgmma_row_gather_func(512, 512, **kw)}), TARGET)
+        return "\n".join(m.inspect_source("cuda") for m in ex.mod.imports)
+
+    grouped, plain = source(dense=dense), source(dense=dense, config=WgmmaConfig(256, 4, raster_m=1))
+    assert WgmmaConfig().raster_m == 16 and grouped != plain
+    assert "int bn = ((int)blockIdx.x);" in plain and "int bn = ((int)blockIdx.x);" not in grouped
+    tier = WgmmaConfig(64, 8)
+    assert (source(config=tier, rows_upto=128) ==
+            source(config=WgmmaConfig(64, 8, raster_m=1), rows_upto=128))
 
 
 # ---------------------------------------------------------------------------------------
 # GPU: numerics
 # ---------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,count", [(4096, 4096), (4096, 0), (4096, 1), (4096, 130), (4096, 2047),
+@pytest.mark.parametrize("m,count", [(4096, 4096), (4096, 0), (4096, 130), (4096, 2047),
                                      (3968, 3968), (3968, 1000), (77, 77), (77, 5), (129, 129)])
 @pytest.mark.parametrize("dense", [False, True])
-def test_gpu_cluster(m, count, dense):
-    """2-CTA clusters (``cluster_m=2``) against numpy: an odd number of M tiles (the grid's last
-    cluster half past M), one M tile, no listed row; bias + ReLU; unlisted rows zero."""
+@pytest.mark.parametrize("raster", [3, 16])
+def test_gpu_raster(m, count, dense, raster):
+    """The grouped launch order against numpy: a last group of fewer M tiles (31 tiles in
+    groups of 16 or 3, one tile, two), no listed row; bias + ReLU; unlisted rows relu(bias)."""
     if dense and count != m:
         pytest.skip("dense lists every row")
     k, n = 1024, 512
@@ -224,7 +199,7 @@ def test_gpu_cluster(m, count, dense):
     a[rng.permutation(m)[count:]] = 0
     b = (rng.standard_normal((k, n)) / k ** 0.5).astype(np.float16)
     bias_v = rng.standard_normal(n).astype(np.float16)
-    f = wgmma_row_gather_func(k, n, bias=True, relu=True, dense=dense, config=WgmmaConfig(256, 4, cluster_m=2))
+    f = wgmma_row_gather_func(k, n, bias=True, relu=True, dense=dense, config=WgmmaConfig(256, 4, raster_m=raster))
     ex = build(tvm.IRModule({"main": f}), TARGET)
     listed = np.flatnonzero(a.any(1)).astype(np.int32)
     offsets = np.array([0, len(listed)], np.int32)
@@ -241,9 +216,10 @@ def test_gpu_cluster(m, count, dense):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("count", [0, 300, 600, 4000])
-def test_gpu_rows_op_clusters(count):
-    """The rows op at K = N = 4096, whose many-rows kernel runs in 2-CTA clusters (the tiers
-    do not): listed rows below, in and above the tiers against numpy, unlisted rows zero."""
+def test_gpu_rows_op_4096(count):
+    """The rows op at K = N = 4096 (the benchmark's shape: the many-rows kernel in the grouped
+    launch order, then the tiers): listed rows below, in and above the tiers against numpy,
+    unlisted rows zero."""
     import pit_tvm
 
     m = k = n = 4096

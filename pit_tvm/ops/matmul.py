@@ -111,11 +111,10 @@ def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str, row
     fit its tiles, else the mma.sync schedule."""
     if dtype not in ("float16", "bfloat16"):
         return None
-    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func, wgmma_with_clusters
+    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func
 
     if wgmma_applies(k, n, dtype, out_dtype, arch):
-        return wgmma_row_gather_func(k, n, dtype, out_dtype,
-                                     config=wgmma_with_clusters(k, n, wgmma_config(n, rows_hint), rows_hint))
+        return wgmma_row_gather_func(k, n, dtype, out_dtype, config=wgmma_config(n, rows_hint))
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
                                               split_plan, valid_configs)
 
@@ -659,14 +658,13 @@ def _wgmma_rows_tiers(k, n, dtype, out_dtype, rows_hint, **epilogue):
     """The wgmma rows kernels for the expected rows: ``(kernel, [])``, or the many-rows kernel
     and the few-rows tiers of :func:`pit_tvm.schedules.wgmma.wgmma_few_rows_tiers` ``(kernel,
     [tier kernel, ...])``, to run in that order on one C (each writes C only for its counts)."""
-    from pit_tvm.schedules.wgmma import wgmma_config, wgmma_few_rows_tiers, wgmma_row_gather_func, wgmma_with_clusters
+    from pit_tvm.schedules.wgmma import wgmma_config, wgmma_few_rows_tiers, wgmma_row_gather_func
 
     config = wgmma_config(n, rows_hint)
     tiers = wgmma_few_rows_tiers(n, config, out_dtype, rows_hint)
-    bounds = [rows for rows, _ in tiers] + [0]
-    config = wgmma_with_clusters(k, n, config, rows_hint, rows_above=bounds[0])
     if not tiers:
         return wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, **epilogue), []
+    bounds = [rows for rows, _ in tiers] + [0]
     return (wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, rows_above=bounds[0], **epilogue),
             [wgmma_row_gather_func(k, n, dtype, out_dtype, config=few_config, rows_upto=few_rows,
                                    rows_above=below, **epilogue)
@@ -815,13 +813,12 @@ def _cuda_dense_kernel(k: int, n: int, dtype: str, out_dtype: str, bias: bool, a
     """The tensor-core dense kernel for (K, N) (with the bias / activation / row-scale
     epilogue), or None when no tile config fits; made once per shape in a process.  wgmma on
     sm_90a where it fits (the mma.sync kernels take a bias and ReLU only)."""
-    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func, wgmma_with_clusters
+    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func
 
     relu = activation == "relu"
     if wgmma_applies(k, n, dtype, out_dtype, arch):
         return wgmma_row_gather_func(k, n, dtype, out_dtype, bias=bias, relu=relu, dense=True,
-                                     config=wgmma_with_clusters(k, n, wgmma_config(n, rows_hint), rows_hint),
-                                     gelu=activation == "gelu",
+                                     config=wgmma_config(n, rows_hint), gelu=activation == "gelu",
                                      row_scale=row_scale, residual=residual, row_scale_a=row_scale_a)
     if activation not in (None, "relu") or row_scale or residual or row_scale_a:
         return None

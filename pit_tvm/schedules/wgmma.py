@@ -126,23 +126,29 @@ trial) with 8 or 6 stages took 74.8 / 75.1 us against 60.4-60.7 at 256x4 (``_til
 Gathering B with 16 lanes a row, so that a thread loads 4 index entries a K tile instead of 8,
 took it 60.4-60.7 -> 57.9-58.0 us (222 -> 203 registers).  L2 traffic under ncu (the same probe,
 2026-11-24): the tiles kernel 378 MB in 70.3 us, the dense kernel of the shape 1.23 GB in 238.8
-us: both ~5.2-5.4 TB/s, 54-55 % of ncu's L2 peak.  That is not what bounds them at these sizes.
+us: both ~5.2-5.4 TB/s, 54-55 % of ncu's L2 peak.  That is not what bounds them: 2-CTA clusters
+of consecutive M tiles sharing B's K tiles by TMA multicast (each CTA loads half of each B atom's
+rows into both rings, a consumer releases a slot on both CTAs' ``empty`` barriers, the loaders
+wait for the last releases before exiting; trial f29e813, reverted, ``python3
+benchmarks/_cluster_probe.py [--8192]`` there) cut B's L2 reads in half and measured, device time
+per call on the H100 (2026-11-24), 4096^3 dense 197.1 -> 193.4 us, 2,048 of 4,096 rows 101.6 ->
+100.2, 410 rows 42.8 -> 43.5; 4096 x 2048 x 8192 215.0 -> 214.1, 4096 x 8192 x 2048 184.8 ->
+186.3; BERT's 2,400-row layers 8-26 % slower (FFN-out 24.2 -> 26.2 us); 8192^3 dense 1674.5 ->
+1619.7, 4,096 of 8,192 rows 825.3 -> 790.0, 819 rows 211.7 -> 214.4.  Gains of 2-4 % on the
+largest grids only (4096^3 dense 1.9 %), so it was not kept.
 
-2-CTA clusters (``WgmmaConfig.cluster_m``, warp-specialized dense and rows kernels): CTAs of
-consecutive M tiles share B's K tiles by TMA multicast (each CTA's loader loads half of each B
-atom's rows into both rings, a consumer releases a slot on both CTAs' ``empty`` barriers, the
-loaders wait for the last releases before exiting; the grid's M tiles are rounded up to whole
-clusters, and a cluster runs the K loop when its first tile has listed rows).  Device time per
-call on the H100 (``python3 benchmarks/_cluster_probe.py [--8192]``, L2 warm, cluster 1 -> 2,
-2026-11-24; 8192^3 with the kernels as committed, the other shapes at trial f29e813): 4096^3 dense 197.1 -> 193.4 us, 2,048 of 4,096 rows 101.6 -> 100.2, 410 rows 42.8
--> 43.5; 4096 x 2048 x 8192 215.0 -> 214.1, 4096 x 8192 x 2048 184.8 -> 186.3; BERT's 2,400-row
-layers 8-26 % slower (FFN-out 24.2 -> 26.2 us); 8192^3 (B no longer fits L2) dense 1706.5 ->
-1591.8, 4,096 of 8,192 rows 806.7 -> 775.0, 819 rows 205.2 -> 212.2, 410 rows 129.6 -> 127.7, 82
-rows 110.9 -> 146.0 (one M tile: the cluster's second CTA computes nothing).  In the op with L2
-flushed (``benchmarks/gpu_matmul.py --sizes 8192``) 4,096 of 8,192 rows took 907 -> 801-875 us
-of kernel in three runs.  So the op layer takes clusters where :func:`wgmma_with_clusters` says (K
-and N both at least :data:`CLUSTER_MIN_KN`, many rows); first tried as trial f29e813 (kept out
-then: it had gained only 2-4 % on the largest grids, measured L2 warm).
+Launch order (``WgmmaConfig.raster_m``, :data:`RASTER_M`): a grid's CTAs start x (N tiles)
+first, so a wave of 132 CTAs of 128 x 256 tiles took ~4 M tiles and every N tile, reading all of
+B; at 8192^3 B (128 MiB) does not fit L2, and each wave read it from DRAM again.  Launched in
+groups of 16 M tiles (Triton's grouped order), a wave takes 16 M tiles of ~8 N tiles.  Device
+time with L2 flushed, H100 (``python3 benchmarks/_raster_probe.py [--4096]`` at ad36474,
+2026-11-24), groups of 1 -> 8 -> 16 M tiles: 8192^3 819 / 2,048 / 4,096 rows and dense 204.9 /
+404.3 / 787.6 / 1699.5 -> 191.4 / 389.7 / 748.0 / 1469.0 -> 191.6 / 388.0 / 745.1 / 1462.0 us
+(cuBLAS 1441.6); 4096^3 2,048 rows and dense 98.0 / 189.3 -> 99.0 / 186.0 -> 98.5 / 184.8 us
+(cuBLAS 178.6).  The clusters above, rebuilt at 501e860 and measured in the same run, added
+nothing to the grouped order (8192^3 dense 1470.9, 4,096 rows 741.3 us) and lost where a
+cluster pairs a tile of listed rows with an idle one (819 rows 213.2; 82 rows 110.9 -> 146.0 us
+with L2 warm, ``benchmarks/_cluster_probe.py --8192`` there), so they were taken out again.
 
 Also tried: the same kernels on SMS persistent CTAs (trial 1eca2dd, reverted; ``python3
 benchmarks/_pws_probe.py`` there), the loader filling a CTA's next tile's ring while its consumers
@@ -168,7 +174,7 @@ from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, st
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
-           "tiles_ws_applies", "residual_spills_ws", "wgmma_with_clusters", "wgmma_row_gather_func",
+           "tiles_ws_applies", "residual_spills_ws", "wgmma_row_gather_func",
            "wgmma_few_rows_tiers",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
@@ -198,30 +204,11 @@ def _exit_thread():
         "__forceinline__ __device__ void pit_exit_thread() { asm volatile(\"exit;\" ::: \"memory\"); }"))
 
 
-def _cluster_arrive(bar, rank):
-    """mbarrier arrive on the barrier at ``bar``'s offset in the shared
-    memory of the cluster's CTA ``rank`` (``mapa``): a consumer releasing a ring slot that its
-    cluster peer's TMA multicast also fills"""
-    return T.cuda.func_call("pit_cluster_arrive", bar, rank, source_code=(
-        "__forceinline__ __device__ void pit_cluster_arrive(void* bar, unsigned rank) {\n"
-        "  unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(bar));\n"
-        "  asm volatile(\"{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1;\\n\"\n"
-        "               \" mbarrier.arrive.shared::cluster.b64 _, [r]; }\"\n"
-        "               :: \"r\"(a), \"r\"(rank) : \"memory\");\n}"))
-
-
-def _cluster_sync_after_init():
-    """make the CTA's mbarrier inits visible to its cluster peers, then wait for every thread of
-    the cluster (a peer's TMA multicast or arrive must not reach a barrier before its init)"""
-    return T.cuda.func_call("pit_cluster_sync_after_init", source_code=(
-        "__forceinline__ __device__ void pit_cluster_sync_after_init() {\n"
-        "  asm volatile(\"fence.mbarrier_init.release.cluster;\\n\"\n"
-        "               \"barrier.cluster.arrive.release.aligned;\\n\"\n"
-        "               \"barrier.cluster.wait.acquire.aligned;\" ::: \"memory\");\n}"))
-
-
 #: the attr of a dense wgmma kernel: the arguments of :func:`wgmma_row_gather_func` that made it
 DENSE_ATTR = "pit.wgmma_dense"
+#: M tiles per launch-order group of the dense and rows kernels (``WgmmaConfig.raster_m``,
+#: measured in the module docstring)
+RASTER_M = 16
 
 
 @dataclass(frozen=True)
@@ -240,18 +227,13 @@ class WgmmaConfig:
     #: the tiles kernel warp-specialized (a loader warpgroup, ``tiles_loader``), not the
     #: all-threads loop
     tiles_ws: bool = False
-    #: the warp-specialized dense and rows kernels: CTAs of ``cluster_m`` consecutive M tiles
-    #: (1 or 2) share B's K tiles by TMA multicast (other kernels ignore it)
-    cluster_m: int = 1
-    #: dense and rows kernels: the M tiles of one launch-order group (1: row-major, N tiles
-    #: first), a multiple of ``cluster_m``
-    raster_m: int = 1
+    #: the dense and rows kernels' launch order: CTAs in groups of ``raster_m`` M tiles, each
+    #: group's N tiles one after another (1: row-major, every N tile of an M tile first)
+    raster_m: int = RASTER_M
 
     def __post_init__(self):
-        if self.cluster_m not in (1, 2):
-            raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
-        if self.raster_m < 1 or self.raster_m % self.cluster_m:
-            raise ValueError(f"raster_m must be a positive multiple of cluster_m, got {self.raster_m}")
+        if self.raster_m < 1:
+            raise ValueError(f"raster_m must be positive, got {self.raster_m}")
 
     def smem_bytes(self, out_dtype: str = "float16") -> int:
         ring = self.stages * (BLOCK_M * self.block_k + self.block_k * self.block_n) * 2
@@ -357,9 +339,6 @@ TILE_SPEED = {256: 1.0, 192: 0.92, 128: 0.82, 64: 0.6}
 SMS = 132
 #: deepest ring: on the H100 4 stages beat 6 at every N (128 x 6: 283-295 us vs 266)
 MAX_STAGES = 4
-#: the least K and N whose dense / many-rows kernels run in 2-CTA clusters sharing B's K tiles
-#: (``WgmmaConfig.cluster_m``; measured in the module docstring)
-CLUSTER_MIN_KN = 4096
 
 
 def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) -> WgmmaConfig | None:
@@ -369,8 +348,7 @@ def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) ->
     (a narrow layer over few rows fills the GPU with narrower tiles: BERT's N=768 over ~2400
     rows is 57 CTAs of 256 columns, 114 of 128); when that grid is one wave, 128- and 64-column
     tiles take the few-rows tier's deeper ring (:data:`FEW_ROWS_STAGES`).  ``block_n``: that
-    width instead of the chosen one (its ring as above; None where it does not divide N).
-    Single CTAs (see :func:`wgmma_cluster_m`)."""
+    width instead of the chosen one (its ring as above; None where it does not divide N)."""
     candidates = [bn for bn in (256, 192, 128, 64) if n % bn == 0]
     if block_n is not None:
         candidates = [bn for bn in candidates if bn == block_n]
@@ -394,23 +372,6 @@ def wgmma_config(n: int, rows: int | None = None, block_n: int | None = None) ->
         # K=768 N=768 13.4 against 14.7 us; ``python3 benchmarks/_wgmma_stages.py 128x4 128x6``)
         stages = FEW_ROWS_STAGES[block_n]
     return WgmmaConfig(block_n, stages)
-
-
-def wgmma_with_clusters(k: int, n: int, config: WgmmaConfig, rows: int | None = None,
-                        rows_above: int = 0) -> WgmmaConfig:
-    """``config`` for a warp-specialized dense or rows kernel, in 2-CTA clusters (``cluster_m``)
-    where K and N are both at least :data:`CLUSTER_MIN_KN`, the tiles 256 wide, and the grid
-    more than one wave of CTAs for the expected ``rows``, or (rows unknown) the kernel runs only
-    above ``rows_above`` >= 256 rows (the many-rows kernel over its tiers: at least 3 M tiles,
-    so a cluster rarely pairs a tile with an idle one, which made 82 rows of 8192^3 32 % slower).
-    Measured in the module docstring."""
-    if min(int(k), int(n)) < CLUSTER_MIN_KN or config.block_n != 256:
-        many = False
-    elif rows is not None:
-        many = -(-int(rows) // BLOCK_M) * (int(n) // config.block_n) > SMS
-    else:
-        many = rows_above >= 2 * BLOCK_M
-    return replace(config, cluster_m=2 if many else 1)
 
 
 def residual_spills_ws(residual: bool, out_dtype: str) -> bool:
@@ -779,12 +740,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     ws = ((mode in ("dense", "rows") and BK == BLOCK_K and not persistent
            and not residual_spills_ws(residual, out_dtype)) or ws_tiles)
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
-    # ws dense / rows: a cluster of CLUSTER CTAs on consecutive M tiles (one N tile) shares B's K
-    # tiles: each loads BK / CLUSTER rows of them by TMA multicast into every CTA's ring, and a
-    # consumer releases a slot on every CTA's ``empty`` barrier (see ``tma_loader``)
-    CLUSTER = cfg.cluster_m if ws and mode in ("dense", "rows") and not strips_mk else 1
     RASTER = cfg.raster_m if mode in ("dense", "rows") and not persistent else 1
-    B_PART = BK // CLUSTER                # B's K rows of a slot that one CTA of the cluster loads
     # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
     # listed rows); ws tiles A and B on a full index, else A (the loaders copy B's listed rows),
     # see ``tiles_loader``
@@ -1097,35 +1053,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     T.ptx[_TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
                                         bars.ptr_to([s]))
                 for atom in T.unroll(BN // 64):
-                    if CLUSTER > 1:
-                        # (the CTA's rank in its cluster: bm % CLUSTER) rows rank * B_PART.. of
-                        # the atom, into the same place of every CTA's ring
-                        T.ptx[_TMA_LOAD_2D + ".multicast::cluster"](
-                            smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64 + bm % CLUSTER * B_PART * 64]),
-                            T.address_of(map_b), bn * BN + atom * 64, kt * BK + bm % CLUSTER * B_PART,
-                            bars.ptr_to([s]), T.uint16((1 << CLUSTER) - 1))
-                    else:
-                        T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                            T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
+                    T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
+                                        T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
             if mode == "rows":
                 sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
             if mode == "rows" or ws_tiles:
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
-        if CLUSTER > 1:
-            # (the CTA may exit once every consumer of the cluster released its last K tiles: no
-            # peer then arrives on this CTA's barriers or waits for its multicast)
-            for kt in T.serial(T.max(KT, STAGES), KT + STAGES):
-                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + kt % STAGES]), (kt // STAGES + 1) % 2)
-
-    @T.macro
-    def release(tid, bars, slot):
-        """a consumer warpgroup releases ring slot ``slot`` (on every CTA of its cluster)"""
-        if tid % 128 == 0:
-            if CLUSTER > 1:
-                for r in T.unroll(CLUSTER):
-                    T.evaluate(_cluster_arrive(bars.ptr_to([STAGES + slot]), T.uint32(r)))
-            else:
-                T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + slot]), T.uint32(1))
 
     lb_rows = loader_b_copy.rows
 
@@ -1177,8 +1110,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     @T.macro
     def ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars):
         """ws: a consumer warpgroup's K loop: wait for slot q % STAGES to fill, issue its wgmma,
-        and release the slot of K tile q - 1 once that one's wgmma retired (in a cluster also
-        the last K tile's, for the loaders' wait before they exit)"""
+        and release the slot of K tile q - 1 once that one's wgmma retired"""
         for q in T.serial(k_tiles(OFF, bm)):
             slot = q % STAGES
             T.cuda.mbarrier_wait(bars.ptr_to([slot]), (q // STAGES) % 2)
@@ -1188,10 +1120,8 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 T.ptx["fence.proxy.async.shared::cta"]()
             wgmma_step(slot, acc, desc_a, desc_b)
             if q > 0:
-                release(tid, bars, (q - 1) % STAGES)
-        if CLUSTER > 1:
-            T.ptx.wgmma.wait_group.sync.aligned(0)
-            release(tid, bars, (KT - 1) % STAGES)
+                if tid % 128 == 0:
+                    T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (q - 1) % STAGES]), T.uint32(1))
 
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
@@ -1200,21 +1130,16 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
-        # (a cluster runs the K loop when its first CTA's tile has listed rows: the others load
-        # their parts of B for it, zero rows of A where they have none)
-        if runs(OFF, m, ((bm - bm % CLUSTER) * BM if CLUSTER > 1 else p0) < count):
+        if runs(OFF, m, p0 < count):
             wg = tid // 128
             if ws:
                 # full[s] waits for one arrival and the slot's TMA bytes (rows: and each loader
-                # thread's cp.async), empty[s] for both consumer warpgroups of each cluster CTA
+                # thread's cp.async), empty[s] for both consumer warpgroups
                 if tid == 0:
                     for s in T.unroll(STAGES):
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(FULL_ARRIVALS))
-                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2 * CLUSTER))
-                if CLUSTER > 1:
-                    T.evaluate(_cluster_sync_after_init())
-                else:
-                    T.cuda.cta_sync()
+                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
+                T.cuda.cta_sync()
                 if tid >= THREADS:
                     if tiles:
                         if full_index(OFF, m):     # (the dense fallback: the dense kernel's loop)
@@ -1351,26 +1276,18 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         T.device_entry()
         if persistent:
             cta = T.cta_id([SMS])
+        elif RASTER > 1:
+            # grouped launch order: the CTAs launched together take RASTER consecutive M tiles for
+            # a run of N tiles, so that they share B's columns (and A's rows) in L2; CTA t in
+            # launch order, of the group of M tiles ``first..first + size``
+            bx, by = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
+            t = by * (N // BN) + bx
+            first = t // (RASTER * (N // BN)) * RASTER
+            size = T.min(T.Cast("int32", (M + BM - 1) // BM) - first, RASTER)
+            bn = t % (RASTER * (N // BN)) // size
+            bm = first + t % (RASTER * (N // BN)) % size
         else:
-            if RASTER > 1:
-                # grouped order: the CTAs launched together take RASTER consecutive M tiles (in
-                # whole clusters) for a run of N tiles, so that they share B's columns in L2
-                # (CTA t of the grid, in launch order: units of CLUSTER M tiles)
-                bx, by = T.cta_id([N // BN, T.Cast("int32", (M + CLUSTER * BM - 1) // (CLUSTER * BM) * CLUSTER)])
-                if CLUSTER > 1:
-                    _cx, _cy = T.cta_id_in_cluster([1, CLUSTER])
-                units = T.Cast("int32", (M + CLUSTER * BM - 1) // (CLUSTER * BM))
-                t = by // CLUSTER * (N // BN) + bx
-                first = t // (RASTER // CLUSTER * (N // BN)) * (RASTER // CLUSTER)
-                size = T.min(units - first, RASTER // CLUSTER)
-                bn = t % (RASTER // CLUSTER * (N // BN)) // size
-                bm = (first + t % (RASTER // CLUSTER * (N // BN)) % size) * CLUSTER + by % CLUSTER
-            elif CLUSTER > 1:
-                # (M tiles rounded up to whole clusters; a tile past M stores nothing)
-                bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + CLUSTER * BM - 1) // (CLUSTER * BM) * CLUSTER)])
-                _cx, _cy = T.cta_id_in_cluster([1, CLUSTER])     # (launched in clusters of CLUSTER M tiles)
-            else:
-                bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
+            bn, bm = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM)])
         tid = T.thread_id([LAUNCH_THREADS])
         smem = T.alloc_buffer([smem_elems], in_dtype, scope="shared.dyn", align=1024)
         acc = T.alloc_local([ACC], "float32")
@@ -1429,7 +1346,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         # (host) the TMA descriptors of B (64 x 64 atoms) and, dense, A (128 x 64 boxes), with
         # the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
-        encode_tma_map(map_b, B.data, N, K, 64, B_PART)
+        encode_tma_map(map_b, B.data, N, K, 64, BK)
         if mode == "dense" or ws_tiles:
             map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
             encode_tma_map(map_a, A.data, K, M, BK, BM)
