@@ -164,17 +164,19 @@ def test_cuda_build(in_dtype, out_dtype, bias, relu, dense):
     assert check_cuda_compiles(ex, archs=("sm_90a",)) >= 1
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_cuda_build_raster(dense):
-    """The launch order: ``raster_m=1`` binds the N and M tiles to blockIdx.x / y; grouped, they
-    come from the CTA's place in launch order; the persistent few-rows tier ignores it."""
+def test_cuda_build_raster():
+    """The launch order: the dense kernel's N and M tiles come from the CTA's place in launch
+    order (groups of 16 M tiles); ``raster_m=1`` binds them to blockIdx.x / y; the rows kernels
+    ignore it."""
     def source(**kw):
         ex = build(tvm.IRModule({"main": wgmma_row_gather_func(512, 512, **kw)}), TARGET)
         return "\n".join(m.inspect_source("cuda") for m in ex.mod.imports)
 
-    grouped, plain = source(dense=dense), source(dense=dense, config=WgmmaConfig(256, 4, raster_m=1))
-    assert WgmmaConfig().raster_m == 16 and grouped != plain
-    assert "int bn = ((int)blockIdx.x);" in plain and "int bn = ((int)blockIdx.x);" not in grouped
+    plain_bn = "int bn = ((int)blockIdx.x);"
+    assert WgmmaConfig().raster_m == 16
+    assert plain_bn not in source(dense=True)
+    assert plain_bn in source(dense=True, config=WgmmaConfig(256, 4, raster_m=1))
+    assert source() == source(config=WgmmaConfig(256, 4, raster_m=1))
     tier = WgmmaConfig(64, 8)
     assert (source(config=tier, rows_upto=128) ==
             source(config=WgmmaConfig(64, 8, raster_m=1), rows_upto=128))
@@ -189,8 +191,9 @@ def test_cuda_build_raster(dense):
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("raster", [3, 16])
 def test_gpu_raster(m, count, dense, raster):
-    """The grouped launch order against numpy: a last group of fewer M tiles (31 tiles in
-    groups of 16 or 3, one tile, two), no listed row; bias + ReLU; unlisted rows relu(bias)."""
+    """The dense kernel's grouped launch order against numpy: a last group of fewer M tiles (31
+    tiles in groups of 16 or 3, one tile, two); bias + ReLU (rows: the same config, which
+    they ignore; unlisted rows relu(bias))."""
     if dense and count != m:
         pytest.skip("dense lists every row")
     k, n = 1024, 512

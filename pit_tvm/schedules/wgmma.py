@@ -145,7 +145,11 @@ time with L2 flushed, H100 (``python3 benchmarks/_raster_probe.py [--4096]`` at 
 2026-11-24), groups of 1 -> 8 -> 16 M tiles: 8192^3 819 / 2,048 / 4,096 rows and dense 204.9 /
 404.3 / 787.6 / 1699.5 -> 191.4 / 389.7 / 748.0 / 1469.0 -> 191.6 / 388.0 / 745.1 / 1462.0 us
 (cuBLAS 1441.6); 4096^3 2,048 rows and dense 98.0 / 189.3 -> 99.0 / 186.0 -> 98.5 / 184.8 us
-(cuBLAS 178.6).  The clusters above, rebuilt at 501e860 and measured in the same run, added
+(cuBLAS 178.6).  Only the dense kernels take it: the rows kernel grouped (at 19ea360) made
+BERT's rows kernels over ~2,400 of 4,096 rows 15-29 % slower (device time per call, 12 layers:
+QKV 256.0 -> 305.1 us, FFN-in 392.7 -> 449.6; ``python3 benchmarks/_model_kernels.py bert
+--pit``), CTAs of listed rows queued behind zero-only ones starting their K loops late; grouping
+only the listed rows' M tiles (their count read first) made its GELU variant spill.  The clusters above, rebuilt at 501e860 and measured in the same run, added
 nothing to the grouped order (8192^3 dense 1470.9, 4,096 rows 741.3 us) and lost where a
 cluster pairs a tile of listed rows with an idle one (819 rows 213.2; 82 rows 110.9 -> 146.0 us
 with L2 warm, ``benchmarks/_cluster_probe.py --8192`` there), so they were taken out again.
@@ -206,7 +210,7 @@ def _exit_thread():
 
 #: the attr of a dense wgmma kernel: the arguments of :func:`wgmma_row_gather_func` that made it
 DENSE_ATTR = "pit.wgmma_dense"
-#: M tiles per launch-order group of the dense and rows kernels (``WgmmaConfig.raster_m``,
+#: M tiles per launch-order group of the dense kernels (``WgmmaConfig.raster_m``,
 #: measured in the module docstring)
 RASTER_M = 16
 
@@ -227,8 +231,8 @@ class WgmmaConfig:
     #: the tiles kernel warp-specialized (a loader warpgroup, ``tiles_loader``), not the
     #: all-threads loop
     tiles_ws: bool = False
-    #: the dense and rows kernels' launch order: CTAs in groups of ``raster_m`` M tiles, each
-    #: group's N tiles one after another (1: row-major, every N tile of an M tile first)
+    #: the dense kernels' launch order: CTAs in groups of ``raster_m`` M tiles, each group's N
+    #: tiles one after another (1: row-major, every N tile of an M tile first)
     raster_m: int = RASTER_M
 
     def __post_init__(self):
@@ -740,7 +744,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     ws = ((mode in ("dense", "rows") and BK == BLOCK_K and not persistent
            and not residual_spills_ws(residual, out_dtype)) or ws_tiles)
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
-    RASTER = cfg.raster_m if mode in ("dense", "rows") and not persistent else 1
+    RASTER = cfg.raster_m if mode == "dense" else 1
     # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
     # listed rows); ws tiles A and B on a full index, else A (the loaders copy B's listed rows),
     # see ``tiles_loader``
