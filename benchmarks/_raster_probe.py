@@ -1,6 +1,8 @@
 """Launch order of the dense / rows wgmma kernels' CTAs (``WgmmaConfig.raster_m``: M tiles per
 launch-order group; 1 = row-major), device time per call with L2 flushed (torch.profiler) and
-the error against float32, at 8192^3 (B does not fit L2) and 4096^3.
+the error against float32, at 8192^3 (B does not fit L2) and 4096^3.  Since 3498333 only the
+dense kernel (the last count of each size) takes ``raster_m``; the rows kernels' figures in
+``pit_tvm/schedules/wgmma.py``'s docstring were measured at ad36474.
 
     python3 benchmarks/_raster_probe.py [--4096]
 """

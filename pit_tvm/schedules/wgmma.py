@@ -149,8 +149,9 @@ time with L2 flushed, H100 (``python3 benchmarks/_raster_probe.py [--4096]`` at 
 BERT's rows kernels over ~2,400 of 4,096 rows 15-29 % slower (device time per call, 12 layers:
 QKV 256.0 -> 305.1 us, FFN-in 392.7 -> 449.6; ``python3 benchmarks/_model_kernels.py bert
 --pit``), CTAs of listed rows queued behind zero-only ones starting their K loops late; grouping
-only the listed rows' M tiles (their count read first) made its GELU variant spill.  The clusters above, rebuilt at 501e860 and measured in the same run, added
-nothing to the grouped order (8192^3 dense 1470.9, 4,096 rows 741.3 us) and lost where a
+only the listed rows' M tiles (their count read first) made its GELU variant spill.  The
+clusters above, rebuilt at 501e860 and measured in the same run, added nothing to the grouped
+order (8192^3 dense 1470.9, 4,096 rows 741.3 us) and lost where a
 cluster pairs a tile of listed rows with an idle one (819 rows 213.2; 82 rows 110.9 -> 146.0 us
 with L2 warm, ``benchmarks/_cluster_probe.py --8192`` there), so they were taken out again.
 
