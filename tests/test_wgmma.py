@@ -129,9 +129,10 @@ def test_bad_shapes_raise():
         wgmma_row_gather_func(128, 256, "float32", "float32")
     with pytest.raises(ValueError, match="shared memory"):
         wgmma_row_gather_func(128, 256, config=WgmmaConfig(256, 5))
+    with pytest.raises(ValueError, match="row_scale_a comes with a bias"):
+        wgmma_row_gather_func(128, 256, row_scale_a=True)
     with pytest.raises(ValueError, match="raster_m must be positive"):
         WgmmaConfig(256, 4, raster_m=0)
-
 
 
 @pytest.mark.parametrize("in_dtype,out_dtype,bias,relu,dense", [
@@ -220,9 +221,8 @@ def test_gpu_raster(m, count, dense, raster):
 @pytest.mark.gpu
 @pytest.mark.parametrize("count", [0, 300, 600, 4000])
 def test_gpu_rows_op_4096(count):
-    """The rows op at K = N = 4096 (the benchmark's shape: the many-rows kernel in the grouped
-    launch order, then the tiers): listed rows below, in and above the tiers against numpy,
-    unlisted rows zero."""
+    """The rows op at K = N = 4096 (the benchmark's shape: the many-rows kernel, then the
+    tiers): listed rows below, in and above the tiers against numpy, unlisted rows zero."""
     import pit_tvm
 
     m = k = n = 4096
