@@ -219,10 +219,12 @@ def test_gpu_raster(m, count, dense, raster):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("count", [0, 300, 600, 4000])
+@pytest.mark.parametrize("count", [0, 41, 200, 300, 450, 600, 4000])
 def test_gpu_rows_op_4096(count):
     """The rows op at K = N = 4096 (the benchmark's shape: the many-rows kernel, then the
-    tiers): listed rows below, in and above the tiers against numpy, unlisted rows zero."""
+    tiers): listed rows below, in and above the tiers against numpy, unlisted rows zero.  The
+    unlisted rows stored by the tier's idle CTAs (0, 41, 300 rows) and, after their tiles of
+    listed rows, by all its CTAs (200 and 450 rows: 128 CTAs with such a tile)."""
     import pit_tvm
 
     m = k = n = 4096
@@ -235,6 +237,8 @@ def test_gpu_rows_op_4096(count):
     np.testing.assert_allclose(got.astype(np.float32), a.astype(np.float32) @ b.astype(np.float32),
                                rtol=1e-2, atol=1e-2)
     assert np.all(got[~a.any(1)] == 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,sparsity", [(4096, 0.0), (4096, 0.5), (4096, 0.9), (4096, 0.99),
                                         (1000, 0.3), (77, 0.0), (300, 1.0)])
@@ -272,13 +276,15 @@ def test_gpu_rows_tiers(count):
 @pytest.mark.gpu
 @pytest.mark.parametrize("count", [0, 100, 128, 129, 256, 257, 600])
 @pytest.mark.parametrize("epilogue", ["bias_relu", "bias_gelu_row_scale", "bias_residual"])
-def test_gpu_rows_tiers_epilogues(epilogue, count):
+@pytest.mark.parametrize("m,k", [(700, 640), (2000, 128)])
+def test_gpu_rows_tiers_epilogues(m, k, epilogue, count):
     """Three tiers run in order on one C (as the op emits them), with boundaries at 128 and 256
     rows, with the epilogues: listed rows and unlisted ones (``epilogue(0)``) on both sides of
-    each boundary."""
+    each boundary.  At 700 x 640 the tiers' idle CTAs store the unlisted rows; at 2000 x 128
+    (two K tiles) the 64-column tier's are too few, and every CTA strides over all tiles."""
     from math import erf
 
-    m, k, n, few = 700, 640, 768, 256
+    n, few = 768, 256
     rng = np.random.default_rng(count)
     a = rng.standard_normal((m, k)).astype(np.float16)
     listed = np.sort(rng.permutation(m)[:count]).astype(np.int32)

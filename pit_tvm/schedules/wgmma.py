@@ -560,7 +560,14 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     as whole rows of C, one row id a row, a CTA with a tile storing one of its rows per K step
     of that tile and the rest in batches of 8 after it, measured slower: 67.6 / 66.6 / 66.9 and
     44.8 / 45.1 us at 4096^3, 155.3 and 118.1 at 8192^3; in the op (4096^3 at 90 / 95 / 99 %)
-    the tier's device time went 49.3 / 38.5 / 32.8 -> 57.8 / 39.0 / 38.4 us."""
+    the tier's device time went 49.3 / 38.5 / 32.8 -> 57.8 / 39.0 / 38.4 us.  Nor does the
+    many-rows kernel, launched anyway, store them well: a trial (reverted) in which it stored the
+    p-tiles past the listed rows whenever the tier's idle CTAs were too few (the tier then only
+    computing) measured, device time of the op's kernels with L2 flushed (``python3
+    benchmarks/_rows_op_kernels.py --size 8192 0.9 0.95 0.99`` and ``--size 4096``, H100,
+    2026-11-24), many-rows + tier kernel: 8192^3 at 99 % 13.5 + 101.2 -> 76.7 + 58.2 us, 4096^3
+    at 90 % 4.3 + 50.1 -> 20.7 + 38.0, at 95 % 4.3 + 38.8 -> 20.4 + 27.5: its CTAs, one an SM with the ring's shared memory,
+    stored 127 MiB at 1.7 TB/s where the tier's CTAs, after their K loops, reach ~2.9."""
     tiers: list[tuple[int, WgmmaConfig]] = []
     for block_n in (128, 64) if n % 128 == 0 else (64,):
         few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
