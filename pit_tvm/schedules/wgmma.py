@@ -167,6 +167,7 @@ grid kernels 4.4-6.8 us a call, and a persistent grid here gains nothing that wo
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, replace
 
 import tvm
@@ -176,6 +177,7 @@ from tvm.script import tirx as T
 from pit_tvm.index._tile_kernels import (STATE_DTYPE, lanes_below, state_add, state_completes, state_listed,
                                          warp_ballot)
 from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
+from pit_tvm.schedules.dependent_launch import with_dependent_launch
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
@@ -436,12 +438,15 @@ def gelu_erf(v):
 
 def lower_tirx(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
     """Lower an explicit TIRx kernel (``T.device_entry``, ``T.cta_id``...) to plain TIR with
-    launch_thread bindings, so that the s_tir build pipeline (Relax's) compiles it."""
+    launch_thread bindings, so that the s_tir build pipeline (Relax's) compiles it; for sm_90
+    and later launched with programmatic dependent launch (:mod:`pit_tvm.schedules.dependent_launch`)."""
     mod = tvm.IRModule({"main": func.with_attr("target", target)})
     with target:
         mod = tvm.transform.Sequential([tirx.transform.LowerTIRx(),
                                         tirx.transform.LowerTIRxOpaque()])(mod)
-    return mod["main"].without_attr("target").with_attr("tirx.is_scheduled", True)
+    lowered = mod["main"].without_attr("target").with_attr("tirx.is_scheduled", True)
+    arch = re.match(r"sm_(\d+)", str(target.attrs.get("arch", "")))
+    return with_dependent_launch(lowered) if arch is not None and int(arch.group(1)) >= 90 else lowered
 
 
 @functools.lru_cache(maxsize=64)
