@@ -571,8 +571,9 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     computing) measured, device time of the op's kernels with L2 flushed (``python3
     benchmarks/_rows_op_kernels.py --size 8192 0.9 0.95 0.99`` and ``--size 4096``, H100,
     2026-11-24), many-rows + tier kernel: 8192^3 at 99 % 13.5 + 101.2 -> 76.7 + 58.2 us, 4096^3
-    at 90 % 4.3 + 50.1 -> 20.7 + 38.0, at 95 % 4.3 + 38.8 -> 20.4 + 27.5: its CTAs, one an SM with the ring's shared memory,
-    stored 127 MiB at 1.7 TB/s where the tier's CTAs, after their K loops, reach ~2.9."""
+    at 90 % 4.3 + 50.1 -> 20.7 + 38.0, at 95 % 4.3 + 38.8 -> 20.4 + 27.5: its CTAs, one an SM
+    with the ring's shared memory, stored 127 MiB at 1.7 TB/s where the tier's CTAs, after their
+    K loops, reach ~2.9."""
     tiers: list[tuple[int, WgmmaConfig]] = []
     for block_n in (128, 64) if n % 128 == 0 else (64,):
         few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
