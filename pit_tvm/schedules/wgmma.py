@@ -167,7 +167,6 @@ grid kernels 4.4-6.8 us a call, and a persistent grid here gains nothing that wo
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass, replace
 
 import tvm
@@ -179,6 +178,7 @@ from pit_tvm.index._tile_kernels import (STATE_DTYPE, lanes_below, state_add, st
 from pit_tvm.index.tiles import column_of_id, strip_column, strip_micro_tile, strip_positions
 from pit_tvm.schedules.dependent_launch import with_dependent_launch
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes, max_smem_bytes
+from pit_tvm.target import sm_version
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
            "tiles_ws_applies", "residual_spills_ws", "wgmma_row_gather_func",
@@ -445,8 +445,7 @@ def lower_tirx(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
         mod = tvm.transform.Sequential([tirx.transform.LowerTIRx(),
                                         tirx.transform.LowerTIRxOpaque()])(mod)
     lowered = mod["main"].without_attr("target").with_attr("tirx.is_scheduled", True)
-    arch = re.match(r"sm_(\d+)", str(target.attrs.get("arch", "")))
-    return with_dependent_launch(lowered) if arch is not None and int(arch.group(1)) >= 90 else lowered
+    return with_dependent_launch(lowered) if sm_version(target) >= 90 else lowered
 
 
 @functools.lru_cache(maxsize=64)
