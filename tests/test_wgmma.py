@@ -282,6 +282,23 @@ def test_gpu_rows_tiers_epilogues(m, k, epilogue, count):
     rows, with the epilogues: listed rows and unlisted ones (``epilogue(0)``) on both sides of
     each boundary.  At 700 x 640 the tiers' idle CTAs store the unlisted rows; at 2000 x 128
     (two K tiles) the 64-column tier's are too few, and every CTA strides over all tiles."""
+    _check_rows_tiers(m, k, epilogue, count)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count", [257, 3000, 6000])
+@pytest.mark.parametrize("epilogue", ["bias_relu", "bias_gelu_row_scale", "bias_residual"])
+@pytest.mark.parametrize("k", [128, 64])
+def test_gpu_rows_strided_epilogues(k, epilogue, count):
+    """The many-rows kernel above the tiers strides over more tiles than it has CTAs (6000 rows
+    x 3 N tiles: 141 tiles on 132 CTAs), its ring's barriers counting on from tile to tile (two
+    K tiles a tile, and one) and the SWrite's row ids from shared memory: every epilogue, listed
+    and unlisted rows."""
+    _check_rows_tiers(6000, k, epilogue, count)
+
+
+def _check_rows_tiers(m, k, epilogue, count):
+    """the three tiers (boundaries at 128 and 256 rows) with ``epilogue`` on one C against numpy"""
     from math import erf
 
     n, few = 768, 256
@@ -521,6 +538,8 @@ _PTXAS_CASES = {
                                                                      row_scale_masks=True, row_scale_a=True),
     "rows_bias_scale_a": lambda: wgmma_row_gather_func(768, 2304, bias=True, row_scale_a=True),
     "rows_above": lambda: wgmma_row_gather_func(4096, 4096, rows_above=512),
+    "rows_above_bias_gelu_row_scale_f32": lambda: wgmma_row_gather_func(768, 3072, out_dtype="float32", bias=True,
+                                                                        gelu=True, row_scale=True, rows_above=256),
     "rows_upto_128x6": lambda: wgmma_row_gather_func(4096, 4096, rows_upto=512, config=WgmmaConfig(128, 6)),
     "rows_upto_bias_residual": lambda: wgmma_row_gather_func(3072, 768, bias=True, residual=True, rows_upto=2816,
                                                              config=WgmmaConfig(128, 6)),
