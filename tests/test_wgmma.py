@@ -26,6 +26,7 @@ from pit_tvm.schedules.wgmma import (
     wgmma_config,
     wgmma_dense_fallback_func,
     wgmma_few_rows_tiers,
+    strided_tiles,
     wgmma_row_gather_func,
     wgmma_tiles_applies,
     wgmma_tiles_config,
@@ -111,6 +112,26 @@ def test_b_copy_layout_copies_each_chunk_once(block_n, block_k, tiles):
     assert sorted(copied) == [(r, c) for r in range(block_k) for c in range(block_n // 8)]
     if tiles and block_n == 256 and block_k == 64:
         assert lay.rows == 4     # 16 lanes a row: 4 index entries a thread per K tile
+
+
+@pytest.mark.parametrize("computed,total,per", [(224, 2048, 64), (256, 512, 32), (512, 512, 32), (0, 300, 8),
+                                               (5, 700, 1), (132, 140, 3), (131, 4000, 64), (1000, 1000, 1)])
+def test_strided_tiles_cover_each_tile_once(computed, total, per):
+    """The strided grid's assignment: every tile exactly once, each CTA's computed tiles first,
+    and no CTA's load (a computed tile costing ``per`` store-only ones) over the most-loaded
+    CTA's computed tiles plus one round of the rest, as a CTA per tile would give."""
+    sms = 132
+    shares = []
+    for cta in range(sms):
+        count, tile = strided_tiles(cta, computed, total, per, sms)
+        share = [tile(i) for i in range(count)]
+        n_computed = sum(t < computed for t in share)
+        assert all(t < computed for t in share[:n_computed]) and all(t >= computed for t in share[n_computed:])
+        shares.append(share)
+    assert sorted(t for share in shares for t in share) == list(range(total))
+    loads = [sum(per if t < computed else 1 for t in share) for share in shares]
+    bound = -(-computed // sms) * per + -(-max(total - computed - (sms - computed % sms) * per, 0) // sms) + 1
+    assert max(loads) <= max(bound, per + 1)
 
 
 def test_op_runs_both_row_tiers():

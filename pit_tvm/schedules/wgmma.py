@@ -182,7 +182,7 @@ from pit_tvm.target import sm_version
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
            "tiles_ws_applies", "residual_spills_ws", "wgmma_row_gather_func",
-           "wgmma_few_rows_tiers",
+           "wgmma_few_rows_tiers", "strided_tiles",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
            "dense_kernel_args", "strip_state_words", "strip_closer"]
@@ -591,6 +591,33 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     return tiers
 
 
+def strided_tiles(cta, computed, total, zeros_per_computed, ctas, select=None, minimum=min, maximum=max):
+    """CTA ``cta``'s share of a strided grid's ``total`` tiles, ``(count, tile(i))``: the first
+    ``computed`` tiles run a K loop, the others only store (unlisted rows).  The computed tiles go
+    round robin (CTA c: c, c + ctas, ...); the CTAs left with one computed tile fewer then take
+    up to ``zeros_per_computed`` store-only tiles each (about one computed tile's time), in runs;
+    the rest go round robin.  A plain round robin left them idle while the others computed:
+    8192^3 with 819 listed rows, 224 computed tiles on 132 CTAs, measured 239 us against 210 for
+    a CTA per tile.  Works on ints (``select=None``) and on TIR expressions (``select``,
+    ``minimum``, ``maximum``: ``T.if_then_else``, ``T.min``, ``T.max``)."""
+    select = select or (lambda cond, a, b: a if cond else b)
+    fewer = computed % ctas                           # CTAs below it compute one tile more
+    zeros = total - computed
+    # store-only tiles filling those gaps (none where every CTA computes as many)
+    fill = select(fewer > 0, minimum(zeros, (ctas - fewer) * zeros_per_computed), 0)
+    n_computed = maximum(computed - cta + ctas - 1, 0) // ctas
+    n_fill = select(cta >= fewer, minimum(maximum(fill - (cta - fewer) * zeros_per_computed, 0),
+                                          zeros_per_computed), 0)
+    n_rest = maximum(zeros - fill - cta + ctas - 1, 0) // ctas
+
+    def tile(i):
+        return select(i < n_computed, cta + i * ctas,
+                      select(i < n_computed + n_fill, computed + (cta - fewer) * zeros_per_computed + i - n_computed,
+                             computed + fill + cta + (i - n_computed - n_fill) * ctas))
+
+    return n_computed + n_fill + n_rest, tile
+
+
 def wgmma_tiles_applies(k: int, n: int, micro_tile, in_dtype: str, out_dtype: str, arch: str) -> bool:
     """The tiles kernel takes micro-tiles ``(mr, mk)`` with ``mr`` dividing 128 (they are
     covered by 128-row strips, one K list per CTA) and ``mk`` dividing K, ``mk < K``."""
@@ -912,6 +939,13 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         if strided:
             return T.Cast("int64", smem.view("int32")[S_ROWS + (tid + THREADS * j) // C_ROW_CHUNKS])
         return c_row[j]
+
+    def cta_tiles(cta, off_buf, m):
+        """a strided grid: CTA ``cta``'s ``(count, tile(i))`` of :func:`strided_tiles` (tile t: N tile
+        t % (N / BN) of M tile t / (N / BN), those of listed rows first), a store-only tile
+        counted as 2 K steps"""
+        return strided_tiles(cta, (count_of(off_buf, m) + BM - 1) // BM * (N // BN), (m + BM - 1) // BM * (N // BN),
+                             max(1, KT // 2), SMS, T.if_then_else, T.min, T.max)
 
     def ring_position(ring, k):
         """the ring position of a tile's K tile k: k, or with a strided grid counted on from the
@@ -1395,18 +1429,17 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
         m = T.Cast("int32", M)
         if strided:
-            # CTA c takes tiles c, c + SMS, ... (N tiles first); none while a tier's count
+            # the CTA's tiles (N tiles first; those of listed rows first of all, see
+            # strided_tiles); none while a tier's count
             ring = T.alloc_local([1], "int32")    # the ring's K tiles its tiles before used
             ring[0] = 0
             init_ring_barriers(tid, bars)
-            total = (m + BM - 1) // BM * (N // BN)
-            for it in T.serial(T.if_then_else(count_of(OFF, m) > rows_above,
-                                              (T.max(total - cta, 0) + SMS - 1) // SMS, 0)):
-                tile((cta + it * SMS) % (N // BN), (cta + it * SMS) // (N // BN),
+            for it in T.serial(T.if_then_else(count_of(OFF, m) > rows_above, cta_tiles(cta, OFF, m)[0], 0)):
+                tile(cta_tiles(cta, OFF, m)[1](it) % (N // BN), cta_tiles(cta, OFF, m)[1](it) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
                      b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
                      bars, map_a, map_b, ring)
-                if (cta + it * SMS) // (N // BN) * BM < count_of(OFF, m):
+                if cta_tiles(cta, OFF, m)[1](it) // (N // BN) * BM < count_of(OFF, m):
                     ring[0] = ring[0] + KT
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         elif persistent:
