@@ -182,7 +182,7 @@ from pit_tvm.target import sm_version
 
 __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_config", "wgmma_tiles_config",
            "tiles_ws_applies", "residual_spills_ws", "wgmma_row_gather_func",
-           "wgmma_few_rows_tiers", "strided_tiles",
+           "wgmma_few_rows_tiers",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
            "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
            "dense_kernel_args", "strip_state_words", "strip_closer"]
@@ -572,7 +572,18 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     2026-11-24), many-rows + tier kernel: 8192^3 at 99 % 13.5 + 101.2 -> 76.7 + 58.2 us, 4096^3
     at 90 % 4.3 + 50.1 -> 20.7 + 38.0, at 95 % 4.3 + 38.8 -> 20.4 + 27.5: its CTAs, one an SM
     with the ring's shared memory, stored 127 MiB at 1.7 TB/s where the tier's CTAs, after their
-    K loops, reach ~2.9."""
+    K loops, reach ~2.9.  Nor does a many-rows kernel on a strided grid pay off (trial c5a605f,
+    a2ec094, reverted): SMS CTAs, each striding over the tiles, the loader warpgroup staying for
+    every tile and the ring's barriers counting on from tile to tile, so that an idle launch
+    under a tier's count is one wave.  Idle it took 4.4 -> 1.5 us at 4096^3 and 13.6 -> 1.4 us at
+    8192^3, but busy it ran slower (device time, ``_rows_op_kernels.py``, H100, 2026-11-24): with
+    the tiles round robin 191.8 -> 208.6 us at 4096^3 with every row listed, 98.9 -> 111.3 at
+    50 %, 8192^3 1602 -> 1706, 808.6 -> 857.7 and 209.8 -> 239.3 us at 90 % (there the CTAs
+    left with a computed tile fewer idled while the others computed; with every row listed,
+    where round robin is the launch order of a CTA per tile, it was 6-9 % slower too, not
+    profiled); with those CTAs taking the store-only tiles first, 262.4, 143.6, 2172, 1087.5
+    and 279.9 us (167 registers, not 155), and the op's total at 4096^3 (``gpu_matmul.py
+    --patterns row``) 289 / 161 / 68 / 55 / 54 us at 0 / 50 / 90 / 95 / 99 %."""
     tiers: list[tuple[int, WgmmaConfig]] = []
     for block_n in (128, 64) if n % 128 == 0 else (64,):
         few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
@@ -589,33 +600,6 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
             break
         tiers.append((few_rows, few))
     return tiers
-
-
-def strided_tiles(cta, computed, total, zeros_per_computed, ctas, select=None, minimum=min, maximum=max):
-    """CTA ``cta``'s share of a strided grid's ``total`` tiles, ``(count, tile(i))``: the first
-    ``computed`` tiles run a K loop, the others only store (unlisted rows).  The computed tiles go
-    round robin (CTA c: c, c + ctas, ...); the CTAs left with one computed tile fewer then take
-    up to ``zeros_per_computed`` store-only tiles each (about one computed tile's time), in runs;
-    the rest go round robin.  A plain round robin left them idle while the others computed:
-    8192^3 with 819 listed rows, 224 computed tiles on 132 CTAs, measured 239 us against 210 for
-    a CTA per tile.  Works on ints (``select=None``) and on TIR expressions (``select``,
-    ``minimum``, ``maximum``: ``T.if_then_else``, ``T.min``, ``T.max``)."""
-    select = select or (lambda cond, a, b: a if cond else b)
-    fewer = computed % ctas                           # CTAs below it compute one tile more
-    zeros = total - computed
-    # store-only tiles filling those gaps (none where every CTA computes as many)
-    fill = select(fewer > 0, minimum(zeros, (ctas - fewer) * zeros_per_computed), 0)
-    n_computed = maximum(computed - cta + ctas - 1, 0) // ctas
-    n_fill = select(cta >= fewer, minimum(maximum(fill - (cta - fewer) * zeros_per_computed, 0),
-                                          zeros_per_computed), 0)
-    n_rest = maximum(zeros - fill - cta + ctas - 1, 0) // ctas
-
-    def tile(i):
-        return select(i < n_computed, cta + i * ctas,
-                      select(i < n_computed + n_fill, computed + (cta - fewer) * zeros_per_computed + i - n_computed,
-                             computed + fill + cta + (i - n_computed - n_fill) * ctas))
-
-    return n_computed + n_fill + n_rest, tile
 
 
 def wgmma_tiles_applies(k: int, n: int, micro_tile, in_dtype: str, out_dtype: str, arch: str) -> bool:
@@ -773,8 +757,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     C_CHUNKS = BM * BN // C_VEC // THREADS
     C_ROW_CHUNKS = BN // C_VEC
     smem_elems = cfg.smem_bytes(out_dtype) // 2   # the ring, or the staged C tile after it
-    # (int32 words) a strided grid's row ids of the tile (its SWrite's), after the zero row
-    S_ROWS = ((Z_OFF + BN) * dtype_bytes(out_dtype) + 3) // 4
     # dense and rows, 64-deep K tiles, not the few-rows tier: the warp-specialized K loop (see
     # ``tma_loader``, ``ws_k_loop``), but where a residual would spill (:func:`residual_spills_ws`).
     # The tiles kernel with ``cfg.tiles_ws`` (micro-tiles a multiple of 64 wide, so that A's K
@@ -786,13 +768,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     ws = ((mode in ("dense", "rows") and BK == BLOCK_K and not persistent
            and not residual_spills_ws(residual, out_dtype)) or ws_tiles)
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
-    # the many-rows kernel under few-rows tiers: SMS CTAs, each striding over the tiles (an
-    # idle launch, the tiers' counts, is one wave, not a CTA per tile), its loader warpgroup
-    # staying for every tile and the ring's barriers counting on across them.  Not with a
-    # residual: its 16 chunks loaded ahead of the SWrite spilled there (212 bytes at N = 768).
-    strided = ws and mode == "rows" and rows_above > 0 and not residual
-    if strided:
-        smem_elems = max(smem_elems, (S_ROWS + BM) * 2)
     RASTER = cfg.raster_m if mode == "dense" else 1
     # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
     # listed rows); ws tiles A and B on a full index, else A (the loaders copy B's listed rows),
@@ -932,32 +907,6 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             return T.And(count_of(off_buf, m) > rows_above, cond)
         return cond
 
-    def c_row_at(c_row, smem, tid, j):
-        """(int64) the C row of this thread's chunk j of the SWrite: loaded ahead into ``c_row``,
-        or with a strided grid from the tile's row ids in shared memory (ptxas keeps the
-        accumulators' registers across its tile loop, so 16 ids held ahead spilled)"""
-        if strided:
-            return T.Cast("int64", smem.view("int32")[S_ROWS + (tid + THREADS * j) // C_ROW_CHUNKS])
-        return c_row[j]
-
-    def cta_tiles(cta, off_buf, m):
-        """a strided grid: CTA ``cta``'s ``(count, tile(i))`` of :func:`strided_tiles` (tile t: N tile
-        t % (N / BN) of M tile t / (N / BN), those of listed rows first), a store-only tile
-        counted as 2 K steps"""
-        return strided_tiles(cta, (count_of(off_buf, m) + BM - 1) // BM * (N // BN), (m + BM - 1) // BM * (N // BN),
-                             max(1, KT // 2), SMS, T.if_then_else, T.min, T.max)
-
-    def ring_position(ring, k):
-        """the ring position of a tile's K tile k: k, or with a strided grid counted on from the
-        K tiles of the CTA's tiles before (``ring[0]``)"""
-        return k if ring is None else ring[0] + k
-
-    def consumer(tid):
-        """where only the consumer warpgroups run (a strided grid's loader warpgroup stays for
-        every tile and passes the CTA barriers; elsewhere it has exited there): a condition, or
-        True (no test)"""
-        return tid < THREADS if strided else True
-
     def outside_tier(off_buf, m):
         """a few-rows tier's count is not its own: over ``rows_upto`` or at most ``rows_above``"""
         over = count_of(off_buf, m) > rows_upto
@@ -990,14 +939,14 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 b_row_next[i] = micro_tile_id(OFF, IDS, m, bm, qb + BK)
 
     @T.macro
-    def sread_a(kt, slot, t, copiers, bm, count, OFF, A, smem, a_row, a_col):
-        """SRead of A's K tile kt into ring slot ``slot`` by thread t of ``copiers`` (all
+    def sread_a(kt, t, copiers, bm, count, OFF, A, smem, a_row, a_col):
+        """SRead of A's K tile kt into ring slot kt % STAGES by thread t of ``copiers`` (all
         threads, or a warp-specialized kernel's loader warpgroup): its chunks of rows ``a_row``"""
         for j in T.unroll(BM * BK // 8 // copiers):
             r, ch = a_chunk(t, copiers, j)
             # (a compacted A, like rows / dense, holds K position q in column q)
             T.evaluate(copy16(
-                smem.ptr_to([slot * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
+                smem.ptr_to([kt % STAGES * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
                 A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
                 a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
 
@@ -1019,7 +968,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     @T.macro
     def sread(kt, tid, bn, bm, count, OFF, A, B, smem, a_row, a_col, b_row_id):
         """SRead of K tile kt into ring slot kt % STAGES (cp.async, not yet committed)"""
-        sread_a(kt, kt % STAGES, tid, THREADS, bm, count, OFF, A, smem, a_row, a_col)
+        sread_a(kt, tid, THREADS, bm, count, OFF, A, smem, a_row, a_col)
         sread_b(kt, tid, b_copy, bn, bm, OFF, B, smem, b_row_id)
 
     @T.macro
@@ -1109,17 +1058,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         T.ptx.wgmma.wait_group.sync.aligned(1)
 
     @T.macro
-    def init_ring_barriers(tid, bars):
-        """ws: full[s] waits for one arrival and the slot's TMA bytes (rows: and each loader
-        thread's cp.async), empty[s] for both consumer warpgroups"""
-        if tid == 0:
-            for s in T.unroll(STAGES):
-                T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(FULL_ARRIVALS))
-                T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
-        T.cuda.cta_sync()
-
-    @T.macro
-    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col, ring):
+    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col):
         """ws: the loader warpgroup's K loop.  Once the consumers released ring slot kt % STAGES
         (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
         and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
@@ -1127,17 +1066,15 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         address) and zeros past M.  Rows: every loader thread copies 8 chunks of A's listed
         rows by cp.async (``sread_a``), arriving on ``full`` when they land.  The tiles kernel
         on a full index (see ``tiles_loader``) runs this loop as the dense kernel, each loader
-        thread arriving on ``full`` at once (the slot's arrival count is the tiles loop's).
-        ``ring``: the ring's K tiles the CTA's tiles before this one used (a strided grid,
-        :func:`_kernel`'s ``strided``; else None: none)."""
+        thread arriving on ``full`` at once (the slot's arrival count is the tiles loop's)."""
         lane = tid - THREADS
         if mode == "rows":
             for j in T.unroll(A_LOADER_CHUNKS):
                 a_row[j] = row_id(IDS, bm * BM + a_chunk(lane, LOADER_THREADS, j)[0], m)
         for kt in T.serial(KT):
-            s = ring_position(ring, kt) % STAGES
-            if ring_position(ring, kt) >= STAGES:
-                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (ring_position(ring, kt) // STAGES + 1) % 2)
+            s = kt % STAGES
+            if kt >= STAGES:
+                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
             if lane == 0:
                 T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
                 if mode == "dense" or ws_tiles:
@@ -1147,8 +1084,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     T.ptx[_TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
                                         T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
             if mode == "rows":
-                sread_a(kt, ring_position(ring, kt) % STAGES, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row,
-                        a_col)
+                sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
             if mode == "rows" or ws_tiles:
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
@@ -1200,13 +1136,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
 
     @T.macro
-    def ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars, ring):
+    def ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars):
         """ws: a consumer warpgroup's K loop: wait for slot q % STAGES to fill, issue its wgmma,
-        and release the slot of K tile q - 1 once that one's wgmma retired (``ring``: as in
-        ``tma_loader``, the slots counted on from the CTA's tiles before)"""
+        and release the slot of K tile q - 1 once that one's wgmma retired"""
         for q in T.serial(k_tiles(OFF, bm)):
-            slot = ring_position(ring, q) % STAGES
-            T.cuda.mbarrier_wait(bars.ptr_to([slot]), (ring_position(ring, q) // STAGES) % 2)
+            slot = q % STAGES
+            T.cuda.mbarrier_wait(bars.ptr_to([slot]), (q // STAGES) % 2)
             if mode != "dense":
                 # (A's rows, the tiles kind's B rows, came by cp.async, the generic proxy; wgmma
                 # reads through the async one)
@@ -1214,64 +1149,52 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             wgmma_step(slot, acc, desc_a, desc_b)
             if q > 0:
                 if tid % 128 == 0:
-                    T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + ring_position(ring, q - 1) % STAGES]),
-                                                     T.uint32(1))
+                    T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (q - 1) % STAGES]), T.uint32(1))
 
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
              a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-             bars, map_a, map_b, ring):
-        """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite (``ring``: see
-        ``tma_loader``)"""
+             bars, map_a, map_b):
+        """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
         count = count_of(OFF, m)
         p0 = bm * BM
         if runs(OFF, m, p0 < count):
             wg = tid // 128
-            if strided:
-                # (every thread assigns the accumulators, the loader again after its loop: a
-                # path from the loop's back edge or the loader's K loop to the staging without
-                # an assignment would keep their registers live there, and the loader's and the
-                # SWrite's own values spill)
-                for i in T.unroll(ACC):
-                    acc[i] = T.float32(0)
             if ws:
-                if not strided:     # (a strided grid's CTA sets its barriers up once)
-                    init_ring_barriers(tid, bars)
+                # full[s] waits for one arrival and the slot's TMA bytes (rows: and each loader
+                # thread's cp.async), empty[s] for both consumer warpgroups
+                if tid == 0:
+                    for s in T.unroll(STAGES):
+                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(FULL_ARRIVALS))
+                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
+                T.cuda.cta_sync()
                 if tid >= THREADS:
                     if tiles:
                         if full_index(OFF, m):     # (the dense fallback: the dense kernel's loop)
-                            tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col,
-                                       ring)
+                            tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
                         else:
                             tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, a_col, b_row_id, a_col_next,
                                          b_row_next)
                     else:
-                        tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col, ring)
-                    if strided:
-                        for i in T.unroll(ACC):
-                            acc[i] = T.float32(0)
-                    else:
-                        # (the rest of the kernel is the consumers': a CTA barrier waits for every
-                        # thread that has not exited)
-                        T.evaluate(_exit_thread())
-            if consumer(tid):
-                if not strided:
-                    for i in T.unroll(ACC):
-                        acc[i] = T.float32(0)
-                # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
-                if not ws:
-                    for j in T.unroll(A_CHUNKS):
-                        a_row[j] = row_id(IDS, p0 + a_chunk(tid, THREADS, j)[0], m)
-                # descriptors of ring slot 0 (this warpgroup's 64 A rows; B's first k16 rows): the
-                # other slots and k16 steps add their 16-byte offsets to the start-address field
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
-                                                      smem.ptr_to([wg * 64 * BK]), A_LBO, A_SBO,
-                                                      A_SWIZZLE)
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
-                                                      B_LBO, B_SBO, _SWIZZLE_128B)
+                        tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
+                    # (the rest of the kernel is the consumers': a CTA barrier waits for every
+                    # thread that has not exited)
+                    T.evaluate(_exit_thread())
+            for i in T.unroll(ACC):
+                acc[i] = T.float32(0)
+            # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
+            if not ws:
+                for j in T.unroll(A_CHUNKS):
+                    a_row[j] = row_id(IDS, p0 + a_chunk(tid, THREADS, j)[0], m)
+            # descriptors of ring slot 0 (this warpgroup's 64 A rows; B's first k16 rows): the
+            # other slots and k16 steps add their 16-byte offsets to the start-address field
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
+                                                  smem.ptr_to([wg * 64 * BK]), A_LBO, A_SBO,
+                                                  A_SWIZZLE)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([B_BASE]),
+                                                  B_LBO, B_SBO, _SWIZZLE_128B)
             if ws:
-                if consumer(tid):
-                    ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars, ring)
+                ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars)
             else:
                 if tiles:
                     # K tile 0's index entries; each iteration then loads the next tile's while
@@ -1306,44 +1229,32 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         # retired in both warpgroups before the barrier
                         sread(kt, tid, bn, bm, count, OFF, A, B, smem, a_row, a_col, b_row_id)
                     T.ptx["cp.async.commit_group"]()
-            if consumer(tid):
-                T.ptx.wgmma.wait_group.sync.aligned(0)
-                if strided:
-                    # (the last K tile's slot: its wgmma retired; the next tile's loads may use it)
-                    if tid % 128 == 0:
-                        T.ptx.mbarrier.arrive.shared.b64(
-                            bars.ptr_to([STAGES + ring_position(ring, k_tiles(OFF, bm) - 1) % STAGES]), T.uint32(1))
+            T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
             T.cuda.cta_sync()
             # fragments -> staged C tile: thread (warp w, lane l) of warpgroup g holds rows
             # 64g + 16w + l/4 (+8) and columns 8nb + 2(l%4) (+1) in acc[4nb + 2i + e]
             w = (tid % 128) // 32
             lane = tid % 32
-            if consumer(tid):
-                if row_scale or row_scale_a:   # the scales of this thread's two fragment rows
-                    for i in T.unroll(2):
-                        rs_val[i] = T.Cast("float32", RS[row_of(IDS, T.min(p0 + wg * 64 + w * 16 + lane // 4 + 8 * i,
-                                                                           m - 1))])
-                if strips:
-                    # (the listing's flags: the K loop's ring held them)
-                    if tid < S_NMT:
-                        smem.view("int32")[S_LISTED + tid] = 0
-                for nb in T.unroll(BN // 8):
-                    for i in T.unroll(2):
-                        # (no assignment in a vectorized loop: TIRx makes it a one-element local)
-                        for e in T.vectorized(2):
-                            smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
-                                                 + nb * 8 + (lane % 4) * 2 + e] = epilogue(
-                                acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
+            if row_scale or row_scale_a:   # the scales of this thread's two fragment rows
+                for i in T.unroll(2):
+                    rs_val[i] = T.Cast("float32", RS[row_of(IDS, T.min(p0 + wg * 64 + w * 16 + lane // 4 + 8 * i,
+                                                                       m - 1))])
+            if strips:
+                # (the listing's flags: the K loop's ring held them)
+                if tid < S_NMT:
+                    smem.view("int32")[S_LISTED + tid] = 0
+            for nb in T.unroll(BN // 8):
+                for i in T.unroll(2):
+                    # (no assignment in a vectorized loop: TIRx makes it a one-element local)
+                    for e in T.vectorized(2):
+                        smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
+                                             + nb * 8 + (lane % 4) * 2 + e] = epilogue(
+                            acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
             T.cuda.cta_sync()
-        if ws and not strided:
+        if ws:
             if tid >= THREADS:    # (a CTA that skips its tile: the loader leaves here)
                 T.evaluate(_exit_thread())
-        if strided:
-            # the tile's row ids for the SWrite, one load a thread, all in flight together
-            if tid < BM:
-                if runs(OFF, m, p0 < m):
-                    smem.view("int32")[S_ROWS + tid] = row_of(IDS, T.min(p0 + tid, m - 1))
         T.cuda.cta_sync()
         if strips:
             list_tile(bn, bm, tid, m, smem, ST, orw, ballot, sloc, old)
@@ -1358,42 +1269,40 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         # are all loaded before the first store: a store between two id loads orders them, and
         # one id load's latency per chunk made the zero-only CTAs of a few-rows call most of
         # its time (45 of 4096 rows: ~70 % of the stall samples on the H100)
-        if consumer(tid):   # (a strided grid's loader threads would index past the tile)
-            if runs(OFF, m, p0 < m):
-                if not strided:
-                    for j in T.unroll(C_CHUNKS):
-                        c_row[j] = row_id(IDS, p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m)
-                if residual:
-                    # every residual chunk loaded before the first store, for the same reason
-                    for j in T.unroll(C_CHUNKS):
-                        for e in T.vectorized(C_VEC):
-                            res_v[j * C_VEC + e] = RES[c_row_at(c_row, smem, tid, j), bn * BN + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC + e]
+        if runs(OFF, m, p0 < m):
             for j in T.unroll(C_CHUNKS):
-                r = (tid + THREADS * j) // C_ROW_CHUNKS
-                ch = (tid + THREADS * j) % C_ROW_CHUNKS
-                if runs(OFF, m, p0 + r < m):
-                    if p0 + r < count:
-                        for e in T.vectorized(C_VEC):
-                            C[c_row_at(c_row, smem, tid, j), bn * BN + ch * C_VEC + e] = plus_residual(
-                                smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e], res_v, j, e)
-                    elif has_bias and not row_scale:
-                        for e in T.vectorized(C_VEC):
-                            C[c_row_at(c_row, smem, tid, j), bn * BN + ch * C_VEC + e] = plus_residual(
-                                smem.view(out_dtype)[Z_OFF + ch * C_VEC + e], res_v, j, e)
-                    elif row_scale and not row_scale_masks:
-                        # (element by element: TVM's CUDA codegen breaks 8-wide fp32 vectors)
-                        for e in T.unroll(C_VEC):
-                            C[c_row_at(c_row, smem, tid, j), bn * BN + ch * C_VEC + e] = unlisted(BIAS, RS, c_row_at(c_row, smem, tid, j), bn * BN + ch * C_VEC + e)
-                    else:     # no bias, or a row scale that is zero wherever the index skips a row
-                        for e in T.vectorized(C_VEC):
-                            C[c_row_at(c_row, smem, tid, j), bn * BN + ch * C_VEC + e] = zero_out
+                c_row[j] = row_id(IDS, p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m)
+            if residual:
+                # every residual chunk loaded before the first store, for the same reason
+                for j in T.unroll(C_CHUNKS):
+                    for e in T.vectorized(C_VEC):
+                        res_v[j * C_VEC + e] = RES[c_row[j], bn * BN + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC + e]
+        for j in T.unroll(C_CHUNKS):
+            r = (tid + THREADS * j) // C_ROW_CHUNKS
+            ch = (tid + THREADS * j) % C_ROW_CHUNKS
+            if runs(OFF, m, p0 + r < m):
+                if p0 + r < count:
+                    for e in T.vectorized(C_VEC):
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
+                            smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e], res_v, j, e)
+                elif has_bias and not row_scale:
+                    for e in T.vectorized(C_VEC):
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
+                            smem.view(out_dtype)[Z_OFF + ch * C_VEC + e], res_v, j, e)
+                elif row_scale and not row_scale_masks:
+                    # (element by element: TVM's CUDA codegen breaks 8-wide fp32 vectors)
+                    for e in T.unroll(C_VEC):
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = unlisted(BIAS, RS, c_row[j], bn * BN + ch * C_VEC + e)
+                else:     # no bias, or a row scale that is zero wherever the index skips a row
+                    for e in T.vectorized(C_VEC):
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = zero_out
         if strips:
             place_tile(bn, bm, tid, m, p0, smem, ST, CNT, SIDS, AC, sloc, old)
 
     @T.macro
     def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b):
         T.device_entry()
-        if persistent or strided:
+        if persistent:
             cta = T.cta_id([SMS])
         elif RASTER > 1:
             # grouped launch order: the CTAs launched together take RASTER consecutive M tiles for
@@ -1428,21 +1337,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
         m = T.Cast("int32", M)
-        if strided:
-            # the CTA's tiles (N tiles first; those of listed rows first of all, see
-            # strided_tiles); none while a tier's count
-            ring = T.alloc_local([1], "int32")    # the ring's K tiles its tiles before used
-            ring[0] = 0
-            init_ring_barriers(tid, bars)
-            for it in T.serial(T.if_then_else(count_of(OFF, m) > rows_above, cta_tiles(cta, OFF, m)[0], 0)):
-                tile(cta_tiles(cta, OFF, m)[1](it) % (N // BN), cta_tiles(cta, OFF, m)[1](it) // (N // BN),
-                     tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
-                     b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                     bars, map_a, map_b, ring)
-                if cta_tiles(cta, OFF, m)[1](it) // (N // BN) * BM < count_of(OFF, m):
-                    ring[0] = ring[0] + KT
-                T.cuda.cta_sync()   # before the next tile's first writes to shared memory
-        elif persistent:
+        if persistent:
             # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
             # z of unlisted rows (stores only).  While the idle CTAs can store the z tiles in
             # about one K loop's time (zero_tiles_per_loop each), CTA c < tc computes tile c
@@ -1459,12 +1354,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
                      tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
                      b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                     bars, map_a, map_b, None)
+                     bars, map_a, map_b)
                 T.cuda.cta_sync()   # before the next tile's first writes to shared memory
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
                  a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                 bars, map_a, map_b, None)
+                 bars, map_a, map_b)
 
     @T.macro
     def encode_tma_map(tmap, data, cols, rows, box_cols, box_rows):
