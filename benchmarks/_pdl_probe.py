@@ -1,8 +1,9 @@
 """Programmatic dependent launch (PDL) probe: chains of dense wgmma GEMMs in one Relax function
-(BERT's shapes: 4096 rows, K = N = 768; and FFN pairs 768 -> 3072 -> 768), built by
-``pit_tvm.target.build`` (every kernel launched with PDL, :mod:`pit_tvm.passes.dependent_launch`)
-or by ``tvm.compile`` (TVM's own TIR pipeline: launched plainly); median wall time of the chain
-over its kernels.
+(BERT's shapes: 4096 rows, K = N = 768; and FFN pairs 768 -> 3072 -> 768), each built by
+``pit_tvm.target.build`` with its kernels launched with PDL (as :func:`pit_tvm.schedules.wgmma.lower_tirx`
+lowers them on sm_90) and without (the same kernels lowered without
+:func:`pit_tvm.schedules.dependent_launch.with_dependent_launch`); median wall time of the chain
+over its kernels, and whether the outputs are bit-identical.
 
     python3 benchmarks/_pdl_probe.py [CHAIN_LENGTH]   (default 48)
 """
@@ -12,11 +13,27 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from pit_tvm.schedules.wgmma import wgmma_row_gather_func
+import pit_tvm.schedules.wgmma as wgmma
+from pit_tvm.schedules.dependent_launch import launches_dependent
 from pit_tvm.target import build
 from pit_tvm.timing import median_ms
 
 M = 4096
+
+
+def gemm_kernel(k, n, pdl):
+    """the dense wgmma kernel of ``k x n``, lowered with PDL or (``pdl=False``) without it"""
+    wgmma.wgmma_row_gather_func.cache_clear()
+    lower_with_pdl = wgmma.with_dependent_launch
+    if not pdl:
+        wgmma.with_dependent_launch = lambda func: func
+    try:
+        kernel = wgmma.wgmma_row_gather_func(k, n, dense=True)
+    finally:
+        wgmma.with_dependent_launch = lower_with_pdl
+        wgmma.wgmma_row_gather_func.cache_clear()
+    assert launches_dependent(kernel) == pdl
+    return kernel
 
 
 def chain_exe(widths, pdl):
@@ -28,13 +45,12 @@ def chain_exe(widths, pdl):
         with bb.dataflow():
             h = x
             for w, (k, n) in zip(ws, zip(widths, widths[1:])):
-                kernel = wgmma_row_gather_func(k, n, dense=True).with_attr("global_symbol", f"gemm_{k}_{n}")
+                kernel = gemm_kernel(k, n, pdl).with_attr("global_symbol", f"gemm_{k}_{n}")
                 gv = bb.add_func(kernel, f"gemm_{k}_{n}")
                 h = bb.emit(relax.call_tir(gv, [h, w], relax.TensorType((M, n), "float16")))
             out = bb.emit_output(h)
         bb.emit_func_output(out)
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    ex = build(bb.get(), target) if pdl else tvm.compile(bb.get(), target=target)
+    ex = build(bb.get(), tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
     return relax.VirtualMachine(ex, tvm.cuda())
 
 

@@ -22,7 +22,9 @@ still sees the writes of all kernels before it on the stream.
 H100, 2026-11-24: a Relax function of 48 dense wgmma GEMMs in a chain over 4,096 rows (``python3
 benchmarks/_pdl_probe.py``, two runs, one with the wait ahead of the trigger): K = N = 768
 13.4-14.0 -> 12.5-12.9 us a GEMM, 768 -> 3072 -> 768 pairs 35.9-36.7 -> 34.4-35.8 us, outputs
-bit-identical.  ``python3 benchmarks/models.py
+bit-identical; again after the probe was mended (it had built both chains with PDL since the
+launch tag moved into ``lower_tirx``): 13.1-13.7 -> 12.7-13.1 and 36.4-36.7 -> 34.7 us.
+``python3 benchmarks/models.py
 --ffn-tiles ""``, two rounds in one session: BERT PIT / PIT-off 1.472 / 1.761 and 1.473 / 1.758
 ms -> 1.389 / 1.674 and 1.433 / 1.657 ms; the FFN 0.308 / 0.389 -> 0.308 / 0.389 and 0.309 /
 0.392 -> 0.308 / 0.388 ms.  Also tried in those rounds: every sm_90 kernel of a build launched
