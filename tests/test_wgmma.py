@@ -222,9 +222,10 @@ def test_gpu_raster(m, count, dense, raster):
 @pytest.mark.parametrize("count", [0, 41, 200, 300, 450, 600, 4000])
 def test_gpu_rows_op_4096(count):
     """The rows op at K = N = 4096 (the benchmark's shape: the many-rows kernel, then the
-    tiers): listed rows below, in and above the tiers against numpy, unlisted rows zero.  The
-    unlisted rows stored by the tier's idle CTAs (0, 41, 300 rows) and, after their tiles of
-    listed rows, by all its CTAs (200 and 450 rows: 128 CTAs with such a tile)."""
+    tiers): listed rows below, in and above the tiers against numpy, unlisted rows zero.  In a
+    tier the rows past the listed rows' tiles are stored by every CTA's store warpgroup (at once
+    in a CTA without such a tile: 0 rows; after the K loop in one with it: 128 of them at 200
+    and 450 rows), the others with the tile."""
     import pit_tvm
 
     m = k = n = 4096
@@ -280,9 +281,10 @@ def test_gpu_rows_tiers(count):
 def test_gpu_rows_tiers_epilogues(m, k, epilogue, count):
     """Three tiers run in order on one C (as the op emits them), with boundaries at 128 and 256
     rows, with the epilogues: listed rows and unlisted ones (``epilogue(0)``) on both sides of
-    each boundary.  At 700 x 640 the tiers' idle CTAs store the unlisted rows; at 2000 x 128
-    (two K tiles) the 64-column tier's are too few, and every CTA strides over all tiles; at
-    6000 x 64 (one K tile) the many-rows kernel has more tiles (141) than the GPU has SMs."""
+    each boundary.  The tiers' store warpgroups take the rows past the listed rows' tiles, a
+    CTA's share under one batch of row ids at 700 x 640, two at 2000 x 128 and six at 6000 x 64
+    (one K tile; there the many-rows kernel has more tiles, 141, than the GPU has SMs); with
+    listed rows a multiple of 128 (128, 256) no tile holds both kinds."""
     from math import erf
 
     n, few = 768, 256

@@ -95,7 +95,7 @@ ahead, the zero-only CTAs' id-load latency hid this: every width measured ~58 us
 So a rows matmul runs as tiers chosen on the device by the row count
 (:func:`wgmma_few_rows_tiers`): the kernel above for many rows, and for at most F rows
 (the rows whose 128-column tiles fill one wave) 128-column tiles with a 6-deep ring on
-persistent CTAs, the idle ones storing the unlisted rows meanwhile; for fewer still (the rows
+persistent CTAs, a store warpgroup of each storing the unlisted rows; for fewer still (the rows
 whose 64-column tiles fill one wave) 64-column tiles with an 8-deep ring.  All are launched,
 those not needed return at once.  4096^3 at 99 % / 95 % of rows empty: kernel 57 -> 47-49 /
 48-54 us with the 128-column tier (``benchmarks/gpu_matmul.py``, H100, two runs).
@@ -200,6 +200,11 @@ _TARGET = tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH})
 #: the warpgroup after the two consumer warpgroups that loads the ring of a warp-specialized kernel
 #: (ptxas allocates registers for 12 warps even with 9, so a whole warpgroup costs nothing more)
 LOADER_THREADS = 128
+#: the warpgroup after the consumers of a few-rows tier that stores C's unlisted rows meanwhile
+STORER_THREADS = 128
+#: unlisted rows a store thread takes the ids of at a time (the next batch's loaded before this
+#: batch's stores: a load after a store of C waits for nothing, but nvcc keeps their order)
+STORE_BATCH = 8
 _TMA_LOAD_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 _TMA_SWIZZLE_128B = 3          # CUtensorMapSwizzle / CUtensorMapL2promotion codes
 _TMA_L2_PROMOTION_128B = 2
@@ -583,7 +588,18 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     where round robin is the launch order of a CTA per tile, it was 6-9 % slower too, not
     profiled); with those CTAs taking the store-only tiles first, 262.4, 143.6, 2172, 1087.5
     and 279.9 us (167 registers, not 155), and the op's total at 4096^3 (``gpu_matmul.py
-    --patterns row``) 289 / 161 / 68 / 55 / 54 us at 0 / 50 / 90 / 95 / 99 %."""
+    --patterns row``) 289 / 161 / 68 / 55 / 54 us at 0 / 50 / 90 / 95 / 99 %.
+
+    What a tier stores past its tiles of listed rows, a third warpgroup of each CTA stores
+    (``store_unlisted`` in :func:`wgmma_row_gather_func`'s kernel): whole rows of C, the ids of 8
+    at a time, once the CTA's K loop is done (a CTA without a tile: at once).  Before, the CTAs
+    strode over C's tiles after their K loops, or the idle CTAs alone stored them where they
+    could within about one K loop.  Device time of the tier that runs, before -> after (H100,
+    2026-11-24, ``python3 benchmarks/_rows_op_kernels.py [--size 8192] SPARSITY``, the old code
+    from ``git archive`` in the same run): 4096^3 at 90 / 95 / 99 % 50.1 / 38.8 / 36.7 -> 45.0 /
+    38.3 / 36.3 us, 8192^3 at 99 % 101.3 -> 94.1 us.  Storing beside the K loop (the store
+    warpgroup starting at once) measured 43.8 / 37.2 / 36.1 and 108.1 us: at 8192^3 that K loop
+    streams B (128 MiB) from DRAM, and C's stores beside it slowed it more than they gained."""
     tiers: list[tuple[int, WgmmaConfig]] = []
     for block_n in (128, 64) if n % 128 == 0 else (64,):
         few = WgmmaConfig(block_n, FEW_ROWS_STAGES[block_n])
@@ -739,10 +755,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
     KT = K // BK
     A_ROW_CHUNKS = BK // 8                # 16-byte chunks per A row of a K tile (8 or 4)
     tiles = mode == "tiles"
-    persistent = rows_upto > 0         # a few-rows tier: SMS CTAs stride over the tiles
-    # few-rows tier: unlisted rows' tiles an idle CTA may store in about one K loop's time (a
-    # tile's stores wait on its row ids: ~1 us on the H100, a K step ~0.5 us)
-    zero_tiles_per_loop = max(1, KT // 2)
+    # a few-rows tier: SMS CTAs, CTA c computing tile c of the listed rows' tiles (there are at
+    # most SMS), then its store warpgroup storing a share of C's rows past them (``store_unlisted``)
+    persistent = rows_upto > 0
     MKT = K // mk if tiles else 0         # micro-tile columns per strip
     PREFETCH = STAGES - 2                 # K tiles in flight ahead of the one computed
     A_TILE, B_TILE = BM * BK, BK * BN     # elements per ring slot
@@ -767,7 +782,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                          f"block_n a multiple of 128 and no fp32 residual, got mk={mk}, {cfg}, {out_dtype}")
     ws = ((mode in ("dense", "rows") and BK == BLOCK_K and not persistent
            and not residual_spills_ws(residual, out_dtype)) or ws_tiles)
-    LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else THREADS
+    LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else (THREADS + STORER_THREADS if persistent else THREADS)
     RASTER = cfg.raster_m if mode == "dense" else 1
     # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
     # listed rows); ws tiles A and B on a full index, else A (the loaders copy B's listed rows),
@@ -896,9 +911,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         """``cond`` where this kernel runs: the tiles kernel unless its index is full (the
         warp-specialized one always: it runs a full index as the dense kernel), the dense
         fallback only then (its CTAs still pass the barriers, but load and store nothing), the
-        many-rows tier of the rows kernel only above its row count"""
+        many-rows tier of the rows kernel only above its row count, a few-rows tier only on its
+        own row counts"""
         if ws_tiles:
             return cond
+        if persistent:
+            return T.And(T.Not(outside_tier(off_buf, m)), cond)
         if tiles:
             return T.And(T.Not(full_index(off_buf, m)), cond)
         if full_mk:
@@ -907,10 +925,22 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
             return T.And(count_of(off_buf, m) > rows_above, cond)
         return cond
 
+    def stored_below(off_buf, m):
+        """the tiles this kernel's SWrite stores: p0 below it (a few-rows tier's store warpgroup
+        stores the tiles past the listed rows' ones)"""
+        return count_of(off_buf, m) if persistent else m
+
     def outside_tier(off_buf, m):
         """a few-rows tier's count is not its own: over ``rows_upto`` or at most ``rows_above``"""
         over = count_of(off_buf, m) > rows_upto
         return T.Or(over, count_of(off_buf, m) <= rows_above) if rows_above > 0 else over
+
+    def consumer_sync():
+        """the barrier of the tile's 256 threads: a few-rows tier's store warpgroup takes no
+        part in the tile, so there named barrier 1 over them alone"""
+        if persistent:
+            return T.ptx["bar.sync"](T.uint32(1), T.uint32(THREADS))
+        return T.cuda.cta_sync()
 
     def copy16(dst, src, valid):
         """16-byte cp.async (a call to wrap in ``T.evaluate``); zero-fills the destination where
@@ -1167,7 +1197,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     for s in T.unroll(STAGES):
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(FULL_ARRIVALS))
                         T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
-                T.cuda.cta_sync()
+                T.evaluate(consumer_sync())
                 if tid >= THREADS:
                     if tiles:
                         if full_index(OFF, m):     # (the dense fallback: the dense kernel's loop)
@@ -1221,7 +1251,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     # tile kt - PREFETCH has landed (at most PREFETCH - 1 younger groups pending)
                     T.ptx["cp.async.wait_group"](PREFETCH - 1)
                     T.ptx["fence.proxy.async.shared::cta"]()
-                    T.cuda.cta_sync()
+                    T.evaluate(consumer_sync())
                     slot = q % STAGES
                     wgmma_step(slot, acc, desc_a, desc_b)      # then wgmma kt - PREFETCH - 1 has retired
                     if kt < k_tiles(OFF, bm):
@@ -1231,7 +1261,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                     T.ptx["cp.async.commit_group"]()
             T.ptx.wgmma.wait_group.sync.aligned(0)
             T.ptx["cp.async.wait_group"](0)
-            T.cuda.cta_sync()
+            T.evaluate(consumer_sync())
             # fragments -> staged C tile: thread (warp w, lane l) of warpgroup g holds rows
             # 64g + 16w + l/4 (+8) and columns 8nb + 2(l%4) (+1) in acc[4nb + 2i + e]
             w = (tid % 128) // 32
@@ -1251,11 +1281,14 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
                                              + nb * 8 + (lane % 4) * 2 + e] = epilogue(
                             acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
-            T.cuda.cta_sync()
+            T.evaluate(consumer_sync())
         if ws:
             if tid >= THREADS:    # (a CTA that skips its tile: the loader leaves here)
                 T.evaluate(_exit_thread())
-        T.cuda.cta_sync()
+        if persistent:
+            if T.Not(outside_tier(OFF, m)):      # (the K loop is done: the store warpgroup may start)
+                T.ptx["bar.arrive"](T.uint32(2), T.uint32(THREADS + STORER_THREADS))
+        T.evaluate(consumer_sync())
         if strips:
             list_tile(bn, bm, tid, m, smem, ST, orw, ballot, sloc, old)
         if has_bias and not row_scale and mode == "rows":
@@ -1264,12 +1297,12 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                 if tid + THREADS * j < BN:
                     smem.view(out_dtype)[Z_OFF + tid + THREADS * j] = epilogue(
                         T.float32(0), BIAS, bn * BN + tid + THREADS * j, None)
-            T.cuda.cta_sync()
+            T.evaluate(consumer_sync())
         # SWrite: 16-byte row chunks to C[ids[p]] (epilogue(0) for count <= p < M).  The rows' ids
         # are all loaded before the first store: a store between two id loads orders them, and
         # one id load's latency per chunk made the zero-only CTAs of a few-rows call most of
         # its time (45 of 4096 rows: ~70 % of the stall samples on the H100)
-        if runs(OFF, m, p0 < m):
+        if runs(OFF, m, p0 < stored_below(OFF, m)):
             for j in T.unroll(C_CHUNKS):
                 c_row[j] = row_id(IDS, p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m)
             if residual:
@@ -1280,7 +1313,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         for j in T.unroll(C_CHUNKS):
             r = (tid + THREADS * j) // C_ROW_CHUNKS
             ch = (tid + THREADS * j) % C_ROW_CHUNKS
-            if runs(OFF, m, p0 + r < m):
+            if runs(OFF, m, T.And(p0 < stored_below(OFF, m), p0 + r < m) if persistent else p0 + r < m):
                 if p0 + r < count:
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
@@ -1298,6 +1331,44 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                         C[c_row[j], bn * BN + ch * C_VEC + e] = zero_out
         if strips:
             place_tile(bn, bm, tid, m, p0, smem, ST, CNT, SIDS, AC, sloc, old)
+
+    ROW_CHUNKS = N // C_VEC                                  # 16-byte chunks of a row of C
+    STORE_CHUNKS = (ROW_CHUNKS + STORER_THREADS - 1) // STORER_THREADS   # of a row, per store thread
+
+    @T.macro
+    def store_unlisted(cta, lane, m, OFF, IDS, BIAS, RS, RES, C, z_id, z_val, z_res):
+        """a few-rows tier's store warpgroup (``lane`` = tid - THREADS): C's rows past the listed
+        rows' tiles, p >= P = 128 ceil(count / 128), all unlisted: ``C[ids[p]] = epilogue(0)``
+        (+ the residual), once the CTA's K loop is done.  CTA c takes p = P + c + SMS i, a row at
+        a time, 16-byte chunks lane + 128 h of it; the ids of STORE_BATCH rows at a time."""
+        pz = (count_of(OFF, m) + BM - 1) // BM * BM
+        mine = (T.max(m - pz - cta, 0) + SMS - 1) // SMS       # this CTA's rows
+        for j in T.unroll(STORE_BATCH):
+            z_id[STORE_BATCH + j] = IDS[T.min(pz + cta + SMS * j, m - 1)]
+        for b in T.serial((mine + STORE_BATCH - 1) // STORE_BATCH):
+            for j in T.unroll(STORE_BATCH):
+                z_id[j] = z_id[STORE_BATCH + j]
+                z_id[STORE_BATCH + j] = IDS[T.min(pz + cta + SMS * (STORE_BATCH * (b + 1) + j), m - 1)]
+            for j in T.unroll(STORE_BATCH):
+                if STORE_BATCH * b + j < mine:
+                    if residual:       # (the row's chunks loaded before its first store)
+                        for h in T.unroll(STORE_CHUNKS):
+                            if lane + STORER_THREADS * h < ROW_CHUNKS:
+                                for e in T.vectorized(C_VEC):
+                                    z_res[h * C_VEC + e] = RES[T.Cast("int64", z_id[j]),
+                                                               (lane + STORER_THREADS * h) * C_VEC + e]
+                    for h in T.unroll(STORE_CHUNKS):
+                        if lane + STORER_THREADS * h < ROW_CHUNKS:
+                            if (has_bias and not row_scale) or (row_scale and not row_scale_masks):
+                                for e in T.unroll(C_VEC):
+                                    z_val[e] = plus_residual(unlisted(
+                                        BIAS, RS, T.Cast("int64", z_id[j]),
+                                        (lane + STORER_THREADS * h) * C_VEC + e), z_res, h, e)
+                                for e in T.vectorized(C_VEC):
+                                    C[T.Cast("int64", z_id[j]), (lane + STORER_THREADS * h) * C_VEC + e] = z_val[e]
+                            else:      # no bias, or a row scale that is zero wherever the index skips a row
+                                for e in T.vectorized(C_VEC):
+                                    C[T.Cast("int64", z_id[j]), (lane + STORER_THREADS * h) * C_VEC + e] = zero_out
 
     @T.macro
     def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b):
@@ -1336,26 +1407,31 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         sloc = T.alloc_local([7], "int32")                  # strips: MINE ... SLOT_COL
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
+        # few-rows tier, the store warpgroup: two batches of row ids, a chunk's values, a row's residual
+        z_id = T.alloc_local([2 * STORE_BATCH if persistent else 1], "int32")
+        z_val = T.alloc_local([C_VEC], out_dtype)
+        z_res = T.alloc_local([STORE_CHUNKS * C_VEC if persistent and residual else 1], out_dtype)
         m = T.Cast("int32", M)
         if persistent:
-            # few rows on SMS persistent CTAs, tc tiles of listed rows (the first strips) and
-            # z of unlisted rows (stores only).  While the idle CTAs can store the z tiles in
-            # about one K loop's time (zero_tiles_per_loop each), CTA c < tc computes tile c
-            # and the idle ones stride over the rest; otherwise CTA c takes tiles c, c + SMS...
-            # No loop at all when the many-rows tier runs.  (No branch around the loop or the
-            # tile: the sync pass cannot place the loop's barriers inside one.)
-            tc = (count_of(OFF, m) + BM - 1) // BM * (N // BN)
-            total = (m + BM - 1) // BM * (N // BN)
-            idle_only = T.And(tc < SMS, (total - tc + SMS - tc - 1) // T.max(SMS - tc, 1) <= zero_tiles_per_loop)
-            stride = T.if_then_else(idle_only, SMS - tc, SMS)
-            for it in T.serial(T.if_then_else(
-                    outside_tier(OFF, m), 0, T.if_then_else(
-                        T.And(idle_only, cta < tc), 1, (T.max(total - cta, 0) + stride - 1) // stride))):
-                tile((cta + it * stride) % (N // BN), (cta + it * stride) // (N // BN),
-                     tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
-                     b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                     bars, map_a, map_b)
-                T.cuda.cta_sync()   # before the next tile's first writes to shared memory
+            # few rows on SMS CTAs: CTA c computes and stores tile c where the listed rows' tiles
+            # (at most SMS within the tier) include it; every CTA's store warpgroup stores a
+            # share of the rows past them once the CTA's K loop is done (barrier 2: the
+            # consumers arrive, it waits).  Nothing when another tier runs.  (No branch or loop
+            # around the tile: the sync pass cannot place its barriers inside a branch, and in a
+            # loop it puts one at the top, which would wait for the store warpgroup; the tile's
+            # own conditions, ``runs``, hold it.  The one it puts before the SWrite waits for the
+            # store warpgroup to exit.)
+            if tid >= THREADS:
+                if T.Not(outside_tier(OFF, m)):
+                    # (after the CTA's K loop: stores beside it slowed a K loop that streams B
+                    # from DRAM, see wgmma_few_rows_tiers)
+                    T.ptx["bar.sync"](T.uint32(2), T.uint32(THREADS + STORER_THREADS))
+                    store_unlisted(cta, tid - THREADS, m, OFF, IDS, BIAS, RS, RES, C, z_id, z_val, z_res)
+                T.evaluate(_exit_thread())
+            tile(cta % (N // BN), cta // (N // BN),
+                 tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
+                 b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
+                 bars, map_a, map_b)
         else:
             tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
                  a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
