@@ -276,7 +276,7 @@ def test_gpu_rows_tiers(count):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("count", [0, 100, 128, 129, 256, 257, 600])
-@pytest.mark.parametrize("epilogue", ["bias_relu", "bias_gelu_row_scale", "bias_residual"])
+@pytest.mark.parametrize("epilogue", ["bias_relu", "bias_relu_f32", "bias_gelu_row_scale", "bias_residual"])
 @pytest.mark.parametrize("m,k", [(700, 640), (2000, 128), (6000, 64)])
 def test_gpu_rows_tiers_epilogues(m, k, epilogue, count):
     """Three tiers run in order on one C (as the op emits them), with boundaries at 128 and 256
@@ -296,14 +296,16 @@ def test_gpu_rows_tiers_epilogues(m, k, epilogue, count):
     b = (rng.standard_normal((k, n)) / k ** 0.5).astype(np.float16)
     bias_v = rng.standard_normal(n).astype(np.float16)
     flags = {"bias_relu": dict(bias=True, relu=True),
+             "bias_relu_f32": dict(bias=True, relu=True, out_dtype="float32"),
              "bias_gelu_row_scale": dict(bias=True, gelu=True, row_scale=True),
              "bias_residual": dict(bias=True, residual=True)}[epilogue]
+    out_dtype = flags.get("out_dtype", "float16")
     extra = rng.choice([1.0, 0.5], m).astype(np.float16) if "row_scale" in flags else (
         rng.standard_normal((m, n)).astype(np.float16) if "residual" in flags else None)
     dev = tvm.cuda()
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
     args = [t(a), t(b), t(offsets), t(ids), t(bias_v)] + ([] if extra is None else [t(extra)])
-    c = t(np.full((m, n), 7, np.float16))
+    c = t(np.full((m, n), 7, out_dtype))
     many = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, rows_above=few, **flags)}), TARGET)["main"]
     mid_f = build(tvm.IRModule({"main": wgmma_row_gather_func(k, n, rows_above=few // 2, rows_upto=few,
                                                               config=WgmmaConfig(128, 6), **flags)}), TARGET)["main"]
@@ -314,7 +316,7 @@ def test_gpu_rows_tiers_epilogues(m, k, epilogue, count):
     a_used = a.astype(np.float32)
     a_used[ids[count:]] = 0                       # the rows the index skips are zero rows
     pre = a_used @ b.astype(np.float32) + bias_v.astype(np.float32)
-    if epilogue == "bias_relu":
+    if epilogue.startswith("bias_relu"):
         ref = np.maximum(pre, 0)
     elif epilogue == "bias_gelu_row_scale":
         ref = 0.5 * pre * (1 + np.vectorize(erf)(pre / np.sqrt(2))) * extra.astype(np.float32)[:, None]
@@ -529,6 +531,9 @@ _PTXAS_CASES = {
     "rows_upto_128x6": lambda: wgmma_row_gather_func(4096, 4096, rows_upto=512, config=WgmmaConfig(128, 6)),
     "rows_upto_bias_residual": lambda: wgmma_row_gather_func(3072, 768, bias=True, residual=True, rows_upto=2816,
                                                              config=WgmmaConfig(128, 6)),
+    # (the store warpgroup computes epilogue(0) with each row's scale, 8 fp32 chunks a row)
+    "rows_upto_bias_gelu_row_scale_f32": lambda: wgmma_row_gather_func(
+        768, 4096, out_dtype="float32", bias=True, gelu=True, row_scale=True, rows_upto=256, config=WgmmaConfig(64, 8)),
 }
 
 
