@@ -200,10 +200,12 @@ _TARGET = tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH})
 #: the warpgroup after the two consumer warpgroups that loads the ring of a warp-specialized kernel
 #: (ptxas allocates registers for 12 warps even with 9, so a whole warpgroup costs nothing more)
 LOADER_THREADS = 128
-#: the warpgroup after the consumers of a few-rows tier that stores C's unlisted rows meanwhile
+#: the warpgroup after the consumers of a few-rows tier that stores C's rows past its listed rows'
+#: tiles once the CTA's K loop is done
 STORER_THREADS = 128
-#: unlisted rows a store thread takes the ids of at a time (the next batch's loaded before this
-#: batch's stores: a load after a store of C waits for nothing, but nvcc keeps their order)
+#: unlisted rows a store thread loads the ids of at a time, the next batch's before this batch's
+#: stores (nvcc does not move a load above a store to C, which may alias it, so ids loaded just
+#: before their use would cost a load latency per row)
 STORE_BATCH = 8
 _TMA_LOAD_2D = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 _TMA_SWIZZLE_128B = 3          # CUtensorMapSwizzle / CUtensorMapL2promotion codes
@@ -590,7 +592,7 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     and 279.9 us (167 registers, not 155), and the op's total at 4096^3 (``gpu_matmul.py
     --patterns row``) 289 / 161 / 68 / 55 / 54 us at 0 / 50 / 90 / 95 / 99 %.
 
-    What a tier stores past its tiles of listed rows, a third warpgroup of each CTA stores
+    The rows past a tier's tiles of listed rows are stored by a third warpgroup of each CTA
     (``store_unlisted`` in :func:`wgmma_row_gather_func`'s kernel): whole rows of C, the ids of 8
     at a time, once the CTA's K loop is done (a CTA without a tile: at once).  Before, the CTAs
     strode over C's tiles after their K loops, or the idle CTAs alone stored them where they
