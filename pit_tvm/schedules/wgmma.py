@@ -542,7 +542,11 @@ def dense_kernel_args(func) -> dict | None:
 #: the few-rows tiers' ring depth by tile width (H100, 4096^3 fp16 rows, one wave of CTAs:
 #: 205 rows 128 x 6 43.0 us against 128 x 4 55.6 and 256 x 4 62.9; 45 rows 64 x 8 38.2 against
 #: 64 x 4 52.9; ``COUNTS=45,205 python3 benchmarks/_wgmma_stages.py --square 256x4 128x4 128x6
-#: 64x4 64x8``)
+#: 64x4 64x8``).  Deeper still (the most that fits: 128 x 7, 64 x 9) measured the same, the
+#: running tier's device time in the op 44.9 / 38.5 / 36.7 -> 45.3 / 38.8 / 36.6 us at 4096^3 and
+#: 90 / 95 / 99 % of rows empty, 91.8 / 94.6 -> 89.1 / 95.4 us at 8192^3 and 97 / 99 % (H100,
+#: 2026-11-24, ``python3 benchmarks/_few_rows_stages.py [--size 8192 --sparsity 0.97 0.99 --]
+#: 128x6,64x8 128x7,64x9``)
 FEW_ROWS_STAGES = {128: 6, 64: 8}
 
 
