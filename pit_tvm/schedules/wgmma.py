@@ -570,7 +570,15 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     and 109.3 / 250.9 (F_1 = 128): narrower tiles win while they fit one wave.  The tiers keep
     the all-threads K loop: warp-specialized (a trial, reverted: safe up to their F, where each
     CTA computes at most its first tile) they measured 44.8 / 47.0 / 51.7 and 35.8 / 42.8 us at
-    4096^3, 127.2 and 107.6 at 8192^3, within noise of the above.  The unlisted rows' stores
+    4096^3, 127.2 and 107.6 at 8192^3, within noise of the above.  What bounds a tier's K loop
+    (ncu on the H100, ``ncu --kernel-name regex:tier --page source --print-source sass ...
+    python3 benchmarks/_ncu_tier.py 410``, 2026-11-24, 410 of 4096 rows, 128 x 6): not L2 (53 %
+    of its peak) nor DRAM (26 %); the tensor pipe is busy ~40 % of the time.  A K step is ~150
+    SASS instructions a consumer warp (4 wgmma, their descriptors, the slot's ``% 6``, the
+    proxy fence and CTA barrier, the next K tile's 8 cp.async and their addresses), each warp
+    issuing one every ~10.5 cycles with two consumer warps a scheduler: ~1,250 cycles a step
+    against ~420 for the wgmma.  Fewer instructions a step, not more bandwidth, is what would
+    speed it up (a deeper ring does not, see :data:`FEW_ROWS_STAGES`).  The unlisted rows' stores
     stay after the K loops: a trial (reverted) in which a tier without an epilogue stored them
     as whole rows of C, one row id a row, a CTA with a tile storing one of its rows per K step
     of that tile and the rest in batches of 8 after it, measured slower: 67.6 / 66.6 / 66.9 and
