@@ -151,6 +151,26 @@ def test_render_table():
     assert "## Methods" in md and "`bsr_blocksize`" in md
 
 
+def test_render_targets():
+    """The targets table: PIT total over the roofline against each micro-tile's target, the
+    fastest peer that pays its per-call work, the index over one read of A."""
+    rows = fake_rows()
+    base = {"size": 64, "pattern": "32x64", "micro_tile": "32x64", "sparsity": 0.9, "max_rel_err": None,
+            "error": None}
+    rows.append(dict(base, method="read_a", ms=0.008))
+    rows.append(dict(base, sparsity=0.0, method="pit_kernel", ms=0.25))
+    md = rr.render(ENV, rows)
+    lines = {tuple(c.strip() for c in x.strip("|").split("|")[:3]): [c.strip() for c in x.strip("|").split("|")[3:]]
+             for x in md[md.index("## Against the issue's targets"):].splitlines()[5:] if x.startswith("| 64")}
+    # row, s=0.9: roofline 21 us / PIT 50 us = 0.42 < 0.8; torch gather (100 us) is the fastest peer
+    assert lines[("64", "row", "0.9")] == ["0.42 (**not met**)", "torch gather→mm→scatter 100 µs", "yes", "—"]
+    # 32x64, s=0.9: 0.42 against its 0.6; cuBLAS the fastest peer; index 10 us / read 8 us = 1.25 <= 1.3
+    assert lines[("64", "32x64", "0.9")] == ["0.42 (**not met**)", "cuBLAS dense 200 µs", "yes", "1.25 (met)"]
+    # sparsity 0: the kernel against cuBLAS (200 / 250 us = 0.80, met); behind a peer is no target there
+    assert lines[("64", "32x64", "0")] == ["kernel 0.80× cuBLAS (met)", "cuBLAS dense 200 µs", "no", "—"]
+    assert lines[("64", "row", "0")][0] == "—"      # (no PIT kernel row)
+
+
 def test_render_legacy_baseline_and_cli(tmp_path):
     legacy = {"environment": {"device": "H", "date": "d", "shape": "M=K=N=4096 float16"},
               "rows": [{"kind": "row 1xK", "sparsity": 0.9, "pit_total_ms": 1.5, "pit_index_ms": 0.5,
