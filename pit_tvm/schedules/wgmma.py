@@ -578,7 +578,10 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
     proxy fence and CTA barrier, the next K tile's 8 cp.async and their addresses), each warp
     issuing one every ~10.5 cycles with two consumer warps a scheduler: ~1,250 cycles a step
     against ~420 for the wgmma.  Fewer instructions a step, not more bandwidth, is what would
-    speed it up (a deeper ring does not, see :data:`FEW_ROWS_STAGES`).  The unlisted rows' stores
+    speed it up (a deeper ring does not, see :data:`FEW_ROWS_STAGES`).  Nor did the slot's
+    modulo, where ~16 % of the loop's stall samples fell: the slots counted on from K tile to K
+    tile (a trial, reverted) measured 45.2-45.3 -> 46.1 us at 410 rows (128 x 6) and 110.7-111.1
+    -> 112.5 us at 8192^3 and 97 % (``_rows_op_kernels.py``, H100, 2026-11-24).  The unlisted rows' stores
     stay after the K loops: a trial (reverted) in which a tier without an epilogue stored them
     as whole rows of C, one row id a row, a CTA with a tile storing one of its rows per K step
     of that tile and the rest in batches of 8 after it, measured slower: 67.6 / 66.6 / 66.9 and
