@@ -1360,8 +1360,9 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         a time, 16-byte chunks lane + 128 h of it; the ids of STORE_BATCH rows at a time."""
         pz = (count_of(OFF, m) + BM - 1) // BM * BM
         mine = (T.max(m - pz - cta, 0) + SMS - 1) // SMS       # this CTA's rows
-        for j in T.unroll(STORE_BATCH):
-            z_id[STORE_BATCH + j] = IDS[T.min(pz + cta + SMS * j, m - 1)]
+        if mine > 0:           # (no ids to read where C has no rows here, M = 0 included)
+            for j in T.unroll(STORE_BATCH):
+                z_id[STORE_BATCH + j] = IDS[T.min(pz + cta + SMS * j, m - 1)]
         for b in T.serial((mine + STORE_BATCH - 1) // STORE_BATCH):
             for j in T.unroll(STORE_BATCH):
                 z_id[j] = z_id[STORE_BATCH + j]
