@@ -7,6 +7,7 @@ over its kernels, and whether the outputs are bit-identical.
 
     python3 benchmarks/_pdl_probe.py [CHAIN_LENGTH]   (default 48)
 """
+import os
 import sys
 
 import numpy as np
@@ -17,6 +18,9 @@ import pit_tvm.schedules.wgmma as wgmma
 from pit_tvm.schedules.dependent_launch import launches_dependent
 from pit_tvm.target import build
 from pit_tvm.timing import median_ms
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import gemm_chain_module  # noqa: E402
 
 M = 4096
 
@@ -37,20 +41,17 @@ def gemm_kernel(k, n, pdl):
 
 
 def chain_exe(widths, pdl):
-    """one Relax function x -> x @ W_0 @ W_1 ..., widths = [K_0, N_0 = K_1, ...]"""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((M, widths[0]), "float16"))
-    ws = [relax.Var(f"w{i}", relax.TensorType((k, n), "float16")) for i, (k, n) in enumerate(zip(widths, widths[1:]))]
-    with bb.function("main", [x] + ws):
-        with bb.dataflow():
-            h = x
-            for w, (k, n) in zip(ws, zip(widths, widths[1:])):
-                kernel = gemm_kernel(k, n, pdl).with_attr("global_symbol", f"gemm_{k}_{n}")
-                gv = bb.add_func(kernel, f"gemm_{k}_{n}")
-                h = bb.emit(relax.call_tir(gv, [h, w], relax.TensorType((M, n), "float16")))
-            out = bb.emit_output(h)
-        bb.emit_func_output(out)
-    ex = build(bb.get(), tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
+    """one Relax function x -> x @ W_0 @ W_1 ..., widths = [K_0, N_0 = K_1, ...], each distinct
+    GEMM lowered once"""
+    kernels = {}
+
+    def kernel_of(k, n):
+        if (k, n) not in kernels:
+            kernels[(k, n)] = gemm_kernel(k, n, pdl)
+        return kernels[(k, n)]
+
+    mod = gemm_chain_module(M, widths, kernel_of)
+    ex = build(mod, tvm.target.Target({"kind": "cuda", "arch": "sm_90a"}))
     return relax.VirtualMachine(ex, tvm.cuda())
 
 

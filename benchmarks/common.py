@@ -188,3 +188,24 @@ def write_out_json(filename: str, results) -> None:
         with open(os.path.join(out, filename), "w") as f:
             json.dump(results, f, indent=1)
         print("wrote", os.path.join(out, filename))
+
+
+def gemm_chain_module(m: int, widths, kernel_of):
+    """A Relax module whose ``main(x, w_0, w_1, ...)`` is ``x @ w_0 @ w_1 ...`` in fp16, each
+    step one ``call_tir`` of ``kernel_of(k, n)`` (a dense GEMM PrimFunc), ``x`` of ``m x
+    widths[0]`` and ``w_i`` of ``widths[i] x widths[i + 1]``: back-to-back launches, each
+    reading the one before's output."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, widths[0]), "float16"))
+    ws = [relax.Var(f"w{i}", relax.TensorType((k, n), "float16")) for i, (k, n) in enumerate(zip(widths, widths[1:]))]
+    with bb.function("main", [x] + ws):
+        with bb.dataflow():
+            h = x
+            for w, (k, n) in zip(ws, zip(widths, widths[1:])):
+                gv = bb.add_func(kernel_of(k, n).with_attr("global_symbol", f"gemm_{k}_{n}"), f"gemm_{k}_{n}")
+                h = bb.emit(relax.call_tir(gv, [h, w], relax.TensorType((m, n), "float16")))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()

@@ -46,6 +46,7 @@ METHODS = {
 PLOTTED = ("pit_total", "torch_gather_mm_scatter", "triton_gather_torch_index", "triton_gather_triton_index",
            "torch_bsr", "torch_csr", "roofline")
 PATTERN_ORDER = ("row", "1x64", "32x1", "32x64")
+PATTERN_RANK = {p: i for i, p in enumerate(PATTERN_ORDER)}             # (others after them)
 NO_SPEEDUP = ("cublas", "pit_index", "triton_row_index", "read_a")   # not a matmul: no speedup shown
 #: the issue's targets (Tensor-core PIT kernels on the H100): PIT total >= this fraction of the
 #: roofline's speedup at every sparsity >= 0.5, by micro-tile; at sparsity 0 the PIT kernel >= 0.8x
@@ -159,9 +160,8 @@ def _targets(rows, lines):
     per-call work, and :data:`INDEX_TARGET` (sizes and patterns with a PIT total only)."""
     ms = {(r["size"], r["pattern"], r["sparsity"], r["method"]): r["ms"] for r in rows if r.get("ms")}
     peers = [m for m in METHODS if METHODS[m][2] and not m.startswith("pit_") and m != "roofline"]
-    rank = {p: i for i, p in enumerate(PATTERN_ORDER)}
     cases = sorted({k[:3] for k in ms if k[3] == "pit_total"},
-                   key=lambda c: (c[0], rank.get(c[1], len(rank)), str(c[1]), c[2]))
+                   key=lambda c: (c[0], PATTERN_RANK.get(c[1], len(PATTERN_RANK)), str(c[1]), c[2]))
     if not cases:
         return
     lines += ["## Against the issue's targets", "",
@@ -240,8 +240,7 @@ def render(env: dict, rows: list[dict], json_rel: str = "results/gpu_matmul.json
         meths = [m for m in METHODS if any(k[2] == m for k in errs)]
         lines.append("| size | pattern | " + " | ".join(label(m) for m in meths) + " |")
         lines.append("|---|---|" + "---|" * len(meths))
-        rank = {p: i for i, p in enumerate(PATTERN_ORDER)}
-        for size, pattern in sorted({k[:2] for k in errs}, key=lambda t: (t[0], rank.get(t[1], 99), t[1])):
+        for size, pattern in sorted({k[:2] for k in errs}, key=lambda t: (t[0], PATTERN_RANK.get(t[1], 99), t[1])):
             cells = [f"{errs[(size, pattern, m)]:.1e}" if (size, pattern, m) in errs else "—" for m in meths]
             lines.append(f"| {size} | {pattern} | " + " | ".join(cells) + " |")
         lines.append("")

@@ -9,7 +9,9 @@ mixed, against numpy.
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -21,6 +23,9 @@ from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.dependent_launch import ENTRY, PDL_TAG, launches_dependent, with_dependent_launch
 from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func
 from pit_tvm.target import build
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from common import gemm_chain_module  # noqa: E402
 
 TARGET = "cuda:sm_90a"
 ENTRY_CALL = f"{ENTRY}();"
@@ -149,19 +154,8 @@ def test_gpu_gemm_chain():
     function (launched back to back): the result equals numpy's chain of the same fp16 steps, so
     no kernel read its input before it was written."""
     m, widths = 3000, [256, 512, 256, 768, 256, 512, 256, 512, 256]
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((m, widths[0]), "float16"))
-    ws = [relax.Var(f"w{i}", relax.TensorType((k, n), "float16")) for i, (k, n) in enumerate(zip(widths, widths[1:]))]
-    with bb.function("main", [x] + ws):
-        with bb.dataflow():
-            h = x
-            for w, (k, n) in zip(ws, zip(widths, widths[1:])):
-                gv = bb.add_func(wgmma_row_gather_func(k, n, dense=True).with_attr("global_symbol", f"gemm_{k}_{n}"),
-                                 f"gemm_{k}_{n}")
-                h = bb.emit(relax.call_tir(gv, [h, w], relax.TensorType((m, n), "float16")))
-            out = bb.emit_output(h)
-        bb.emit_func_output(out)
-    vm = relax.VirtualMachine(build(bb.get(), TARGET), tvm.cuda())
+    mod = gemm_chain_module(m, widths, lambda k, n: wgmma_row_gather_func(k, n, dense=True))
+    vm = relax.VirtualMachine(build(mod, TARGET), tvm.cuda())
     rng = np.random.default_rng(0)
     xs = rng.standard_normal((m, widths[0])).astype(np.float16)
     wv = [(rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16) for k, n in zip(widths, widths[1:])]

@@ -24,8 +24,7 @@ benchmarks/_pdl_probe.py``, two runs, one with the wait ahead of the trigger): K
 13.4-14.0 -> 12.5-12.9 us a GEMM, 768 -> 3072 -> 768 pairs 35.9-36.7 -> 34.4-35.8 us, outputs
 bit-identical; again after the probe was mended (it had built both chains with PDL since the
 launch tag moved into ``lower_tirx``): 13.1-13.7 -> 12.7-13.1 and 36.4-36.7 -> 34.7 us.
-``python3 benchmarks/models.py
---ffn-tiles ""``, two rounds in one session: BERT PIT / PIT-off 1.472 / 1.761 and 1.473 / 1.758
+``python3 benchmarks/models.py --ffn-tiles ""``, two rounds in one session: BERT PIT / PIT-off 1.472 / 1.761 and 1.473 / 1.758
 ms -> 1.389 / 1.674 and 1.433 / 1.657 ms; the FFN 0.308 / 0.389 -> 0.308 / 0.389 and 0.309 /
 0.392 -> 0.308 / 0.388 ms.  Also tried in those rounds: every sm_90 kernel of a build launched
 so, dlight's too (a TIR pass after TVM's host / device split), took PIT-off BERT to 1.726 and
@@ -59,9 +58,14 @@ def _enter(stmt):
     return tirx.SeqStmt([tirx.Evaluate(T.cuda.func_call(ENTRY, source_code=_ENTRY_SOURCE)), stmt])
 
 
+def _launch_params(func: tirx.PrimFunc) -> list[str]:
+    """``func``'s kernel launch-parameter tags"""
+    return [str(t) for t in func.attrs.get("tirx.kernel_launch_params", [])] if func.attrs is not None else []
+
+
 def launches_dependent(func: tirx.PrimFunc) -> bool:
     """whether ``func``'s kernels are launched with PDL"""
-    return func.attrs is not None and PDL_TAG in [str(t) for t in func.attrs.get("tirx.kernel_launch_params", [])]
+    return PDL_TAG in _launch_params(func)
 
 
 def with_dependent_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -74,6 +78,5 @@ def with_dependent_launch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     nests = [isinstance(s, tirx.AttrStmt) and s.attr_key == "thread_extent" for s in body]
     if not any(nests):
         raise ValueError("with_dependent_launch: the function launches no kernel at its top level")
-    tags = [str(t) for t in func.attrs.get("tirx.kernel_launch_params", [])] if func.attrs is not None else []
     return (func.with_body(tirx.SeqStmt([_enter(s) if nest else s for s, nest in zip(body, nests)]))
-            .with_attr("tirx.kernel_launch_params", tags + [PDL_TAG]))
+            .with_attr("tirx.kernel_launch_params", _launch_params(func) + [PDL_TAG]))

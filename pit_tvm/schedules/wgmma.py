@@ -858,6 +858,11 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
         (as the graph's own add)"""
         return v + res_regs[j * C_VEC + e] if residual else v
 
+    # epilogue(0) is zero but for a bias (unless a masking row scale zeroes it) or a row scale
+    # that is not the index's mask: the store warpgroup computes it only then (the SWrite's
+    # branches take the same cases: a bias's value staged once, a row scale's per element)
+    unlisted_nonzero = (has_bias and not row_scale) or (row_scale and not row_scale_masks)
+
     def unlisted(bias_buf, rs_buf, row, col):
         """the value of a row of A that the index does not list (a zero row): epilogue(0)"""
         return epilogue(T.float32(0), bias_buf, col, T.Cast("float32", rs_buf[row]) if row_scale else None)
@@ -1377,7 +1382,7 @@ def _kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact
                                                                (lane + STORER_THREADS * h) * C_VEC + e]
                     for h in T.unroll(STORE_CHUNKS):
                         if lane + STORER_THREADS * h < ROW_CHUNKS:
-                            if (has_bias and not row_scale) or (row_scale and not row_scale_masks):
+                            if unlisted_nonzero:
                                 for e in T.unroll(C_VEC):
                                     z_val[e] = plus_residual(unlisted(
                                         BIAS, RS, T.Cast("int64", z_id[j]),
