@@ -15,6 +15,8 @@ _PUBLIC = {
     "SparseMatmul": "pit_tvm.ops.matmul",
     "build_tile_index": "pit_tvm.index",
     "choose_micro_tile": "pit_tvm.tuning.choose",
+    "compile_onnx": "pit_tvm.compile",
+    "CompiledModel": "pit_tvm.compile",
 }
 
 

@@ -29,7 +29,7 @@ from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
 from .passes.strips import ListStripsInProducer
-from .runtime.loader import check_input_shapes, flatten_outputs
+from .runtime.loader import check_input_shapes, flatten_outputs, host_input
 from .target import build, device_for, make_target
 
 META_SUFFIX = ".json"
@@ -76,8 +76,7 @@ class CompiledModel:
         if missing:
             raise KeyError(f"missing inputs {missing}; expected {[i['name'] for i in self.inputs]}")
         dev = self.device
-        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev)
-                for i in self.inputs]
+        args = [tvm.runtime.tensor(host_input(i["name"], inputs[i["name"]], i["dtype"]), dev) for i in self.inputs]
         check_input_shapes(self.inputs, args)
         return flatten_outputs(self._machine()["main"](*args))
 

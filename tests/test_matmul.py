@@ -1,5 +1,7 @@
 """PIT matmul against numpy: every micro-tile kind, dtype and sparsity; CUDA codegen via nvcc."""
 import functools
+import re
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -21,6 +23,17 @@ TOL = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 def op_for(micro_tile, dtype, target="llvm", density_threshold=0.9):
     return pit_tvm.sparse_matmul(K, N, dtype, micro_tile=micro_tile, target=target,
                                  density_threshold=density_threshold)
+
+
+def test_readme_api_names_resolve():
+    """every ``pit_tvm.NAME(`` the README shows is a public name of the package"""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    names = set(re.findall(r"pit_tvm\.(\w+)\(", readme))
+    assert {"sparse_matmul", "compile_onnx", "choose_micro_tile"} <= names
+    assert names <= set(pit_tvm.__all__)
+    assert all(callable(getattr(pit_tvm, name)) for name in pit_tvm.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        pit_tvm.nonexistent
 
 
 def sparse_input(m, micro_tile, sparsity, dtype, rng):

@@ -161,6 +161,49 @@ def test_cli_compile_then_run_runtime_only(tmp_path):
     assert proc.returncode == 2 and "expected_density" in proc.stderr and "1.5" in proc.stderr
 
 
+def test_cli_run_bad_inputs_are_errors(exported, tmp_path, capsys):
+    """pit-tvm run: an input file that is not an .npz, or an input of the wrong shape or dtype,
+    is an error naming it (exit code 2), not a traceback"""
+    from pit_tvm.cli.main import main
+
+    _, _, path = exported
+    x = np.zeros((2, 3, 32), "float32")
+    cases = {"one.npy": (lambda p: np.save(p, x), "not an .npz"),
+             "text.npz": (lambda p: p.write_text("not numpy"), "cannot read --inputs"),
+             "rank.npz": (lambda p: np.savez(p, x=x[0]), "input 'x' has shape [3, 32]"),
+             "dtype.npz": (lambda p: np.savez(p, x=x.astype("complex64")), "input 'x' has dtype complex64")}
+    for name, (write, message) in cases.items():
+        write(tmp_path / name)
+        assert main(["run", str(path), "--inputs", str(tmp_path / name)]) == 2, name
+        assert message in capsys.readouterr().err, name
+    # float64 is cast to the model's float32 (one kind), as before
+    np.savez(tmp_path / "f64.npz", x=x.astype("float64"))
+    assert main(["run", str(path), "--inputs", str(tmp_path / "f64.npz")]) == 0
+    assert "y: shape=(2, 3, 16) dtype=float32" in capsys.readouterr().out
+
+
+def test_host_input_casts_within_a_kind_only():
+    from pit_tvm.runtime.loader import host_input
+
+    assert host_input("x", np.ones((2, 2)), "float32").dtype == np.float32
+    assert host_input("ids", np.arange(4, dtype="int32"), "int64").dtype == np.int64
+    assert host_input("x", [[1, 2]], None).dtype.kind == "i"
+    with pytest.raises(TypeError, match="input 'ids' has dtype float64, the model takes int64"):
+        host_input("ids", np.array([1.5, 2.0]), "int64")    # token ids as floats would truncate
+
+
+def test_cli_compile_malformed_micro_tile_is_named(tmp_path, capsys):
+    from pit_tvm.cli.compile import parse_sparse
+    from pit_tvm.cli.main import main
+
+    assert parse_sparse(["hidden", "h2:1x64", "input:0"]) == {"hidden": None, "h2": (1, 64), "input:0": None}
+    onnx.save(small_model(seed=1), tmp_path / "m.onnx")
+    for bad in ("hidden:3x", "hidden:0x32", "hidden:x32"):
+        assert main(["compile", str(tmp_path / "m.onnx"), "--sparse", bad, "-o", str(tmp_path / "bad.so")]) == 2
+        assert f"--sparse '{bad}': the micro-tile after ':' must be MxK" in capsys.readouterr().err
+    assert not (tmp_path / "bad.so").exists()
+
+
 @pytest.fixture(scope="module")
 def cuda_built(tmp_path_factory):
     """fp16 with N=128: on CUDA PIT lowers only where a tensor-core kernel applies."""

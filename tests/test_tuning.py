@@ -271,7 +271,8 @@ def test_sparse_matmul_tuning_log_hook(tuned_log):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         op = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda:sm_90", tuning_log=root)
-        # the log is of the mma.sync space: sm_90a (the default "cuda") runs wgmma and skips it
+    # the log is of the mma.sync space: sm_90a (the default "cuda") runs wgmma and says it skips the log
+    with pytest.warns(UserWarning, match="not used: on sm_90a the wgmma kernel"):
         op_wgmma = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda", tuning_log=root)
     from pit_tvm.nvcc import cuda_sources
 
@@ -282,6 +283,72 @@ def test_sparse_matmul_tuning_log_hook(tuned_log):
                       tuning_log=root / "missing")
     msgs = [str(w.message) for w in rec]
     assert any("no tuning log" in m for m in msgs) and any("untuned" in m for m in msgs)
+
+
+@pytest.mark.parametrize("target, micro_tile, why", [
+    ("llvm", (1, K), "the target is llvm"),
+    ("cuda:sm_90", (32, 64), "untuned tiles kernel"),
+    ("cuda", (32, 64), "untuned wgmma tiles kernel"),
+])
+def test_tuning_log_not_used_is_said(tuned_log, target, micro_tile, why):
+    """a build that cannot use a tuning log says so (and builds), never drops it silently"""
+    from pit_tvm.ops.matmul import sparse_matmul
+
+    root, _ = tuned_log
+    with pytest.warns(UserWarning, match=f"tuning log .* not used: .*{why}"):
+        sparse_matmul(K, N, "float16", micro_tile=micro_tile, target=target, tuning_log=root)
+
+
+def test_tuning_log_of_sm80_drives_sm80_builds(tmp_path):
+    """a log of cuda:sm_80 records is read for a cuda:sm_80 build (not skipped as another
+    target's): the kernel built carries the log's fastest config; an sm_90 build skips them"""
+    from pit_tvm.ops.matmul import MatmulPlan, sparse_matmul, tensor_core_kernel
+
+    wl, sm80 = _workload(), tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    _write_db(log_dir(K, N, "float16", tmp_path, gpu="test-gpu"),
+              [(wl, CFG_SLOW, 3e-4, sm80), (wl, CFG_FAST, 1e-4, sm80)])
+    plan = MatmulPlan(K, N, (1, K))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        func = tensor_core_kernel(plan, "float16", "float16", "cuda:sm_80", tmp_path)
+        sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda:sm_80", tuning_log=tmp_path)
+    assert _tuned_config(func) == CFG_FAST
+    with pytest.warns(UserWarning, match="another target"):
+        untuned = tensor_core_kernel(plan, "float16", "float16", "cuda:sm_90", tmp_path)
+    assert "pit.tuned" not in untuned.attrs
+
+
+def test_compile_onnx_and_cli_compile_read_the_tuning_log(tmp_path, capsys):
+    """``compile_onnx(..., tuning_log=)`` and ``pit-tvm compile --tuning-log`` build a model's
+    whole-row PIT matmul of the log's shape from the log's fastest record"""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import pit_tvm
+    from pit_tvm.cli.main import main
+
+    rng = np.random.default_rng(0)
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hidden"]),
+         helper.make_node("MatMul", ["hidden", "w2"], ["y"])], "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", N])],
+        [numpy_helper.from_array(rng.standard_normal((64, K)).astype("float16"), "w1"),
+         numpy_helper.from_array(rng.standard_normal((K, N)).astype("float16"), "w2")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    sm80 = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    _write_db(log_dir(K, N, "float16", tmp_path / "logs", gpu="test-gpu"),
+              [(_workload(), CFG_SLOW, 3e-4, sm80), (_workload(), CFG_FAST, 1e-4, sm80)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        cm = pit_tvm.compile_onnx(model, "cuda:sm_80", sparse={"hidden": (1, K)}, tuning_log=tmp_path / "logs")
+    tuned = [f for f in cm.lowered.functions.values() if f.attrs is not None and "pit.tuned" in f.attrs]
+    assert len(tuned) == 1 and _tuned_config(tuned[0]) == CFG_FAST
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["compile", str(tmp_path / "m.onnx"), "--target", "cuda", "--sparse", f"hidden:1x{K}",
+                 "--tuning-log", str(tmp_path / "logs"), "-o", str(tmp_path / "m.so")]) == 0
+    # (sm_90a runs wgmma: the CLI says the log is not used)
+    assert "tuning log" in capsys.readouterr().err
 
 
 def test_cli_tune(tuned_log, monkeypatch, capsys):

@@ -12,6 +12,7 @@ import re
 import sys
 
 _TILE = re.compile(r"^(?P<name>.+):(?P<m>\d+)x(?P<k>\d+)$")
+_TILE_LIKE = re.compile(r"^.+:\d*[xX]\d*$")
 _SHAPE = re.compile(r"^(?P<name>.+)=(?P<dims>\d+(x\d+)*)$")
 
 
@@ -27,12 +28,17 @@ def parse_shapes(items) -> dict:
 
 
 def parse_sparse(items) -> dict:
-    """``["hidden", "h2:1x64"]`` -> ``{"hidden": None, "h2": (1, 64)}``."""
+    """``["hidden", "h2:1x64"]`` -> ``{"hidden": None, "h2": (1, 64)}``.  A name may hold a
+    colon (``input:0``); a suffix that looks like a micro-tile but is not one (``h:3x``,
+    ``h:0x64``) is an error, not part of the name."""
     out = {}
     for item in items or []:
         mt = _TILE.match(item)
-        if mt:
+        if mt and int(mt["m"]) > 0 and int(mt["k"]) > 0:
             out[mt["name"]] = (int(mt["m"]), int(mt["k"]))
+        elif mt or _TILE_LIKE.match(item):
+            raise ValueError(f"--sparse {item!r}: the micro-tile after ':' must be MxK with positive "
+                             "integers, e.g. hidden:1x64")
         else:
             out[item] = None
     return out
@@ -81,8 +87,8 @@ def run(args) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"pit-tvm compile: error: {err}", file=sys.stderr)
         return 2
-    for w in caught:
-        if "pit" in str(w.message).lower() or "dense" in str(w.message):
+    for w in caught:     # ours (not TVM's or onnx's deprecation notes)
+        if "pit_tvm" in w.filename or "pit" in str(w.message).lower() or "dense" in str(w.message):
             print(f"warning: {w.message}", file=sys.stderr)
     print(format_annotations(cm.annotations))
     path = cm.export(args.output)

@@ -19,19 +19,38 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _error(message) -> int:
+    print(f"pit-tvm run: error: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args) -> int:
+    import zipfile  # noqa: PLC0415
+
     import numpy as np  # noqa: PLC0415
 
     from pit_tvm.runtime import load  # noqa: PLC0415 - runtime side only
 
-    model = load(args.model, device=args.device)
-    with np.load(args.inputs) as data:
+    try:
+        model = load(args.model, device=args.device)
+    except (ValueError, OSError) as err:
+        return _error(err)
+    try:
+        data = np.load(args.inputs, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile) as err:
+        return _error(f"cannot read --inputs {args.inputs}: {err}")
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        return _error(f"--inputs {args.inputs} is one array, not an .npz of named inputs "
+                      f"(np.savez(path, {'=..., '.join(model.input_names)}=...))")
+    with data:
         inputs = {k: data[k] for k in data.files}
     missing = [n for n in model.input_names if n not in inputs]
     if missing:
-        print(f"pit-tvm run: error: {args.inputs} lacks inputs {missing} (has {sorted(inputs)})", file=sys.stderr)
-        return 2
-    outs = model.run(inputs)
+        return _error(f"{args.inputs} lacks inputs {missing} (has {sorted(inputs)})")
+    try:
+        outs = model.run(inputs)
+    except (ValueError, TypeError) as err:      # a shape or dtype the model does not take
+        return _error(err)
     names = model.output_names or [f"output{i}" for i in range(len(outs))]
     for name, out in zip(names, outs):
         stats = ""

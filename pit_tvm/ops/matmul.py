@@ -21,6 +21,7 @@ configuration fits, else the SIMT schedule.
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -177,6 +178,8 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
     expected per call (wgmma picks its tile width to fill the GPU, :func:`wgmma_config`)."""
     target = make_target(target)
     if not is_gpu(target):
+        if tuning_log is not None:
+            _warn_log_unused(tuning_log, f"tuning logs hold CUDA kernels, the target is {target.kind.name}")
         return None
     arch = _arch_of(target)
     if plan.kind == "rows":
@@ -184,16 +187,27 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
             return None
         from pit_tvm.schedules.wgmma import wgmma_applies
 
-        # the tuned schedules are of the mma.sync space: on sm_90a the wgmma kernel outruns them
-        if (tuning_log is not None and dtype in ("float16", "bfloat16")
-                and not wgmma_applies(plan.k, plan.n, dtype, out_dtype, arch)):
-            from pit_tvm.tuning.tune import tuned_rows_kernel   # warns and falls back
+        if tuning_log is not None:
+            # the tuned schedules are of the mma.sync space: on sm_90a the wgmma kernel outruns them
+            if wgmma_applies(plan.k, plan.n, dtype, out_dtype, arch):
+                _warn_log_unused(tuning_log, f"on {arch} the wgmma kernel runs K={plan.k}, N={plan.n}; the log's "
+                                 "mma.sync schedules apply to cuda:sm_90 and cuda:sm_80 builds")
+            elif dtype in ("float16", "bfloat16"):
+                from pit_tvm.tuning.tune import tuned_rows_kernel   # warns and falls back
 
-            tuned = tuned_rows_kernel(tuning_log, plan.k, plan.n, dtype, out_dtype)
-            if tuned is not None:
-                return tuned
+                tuned = tuned_rows_kernel(tuning_log, plan.k, plan.n, dtype, out_dtype, target)
+                if tuned is not None:
+                    return tuned
         return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint)
+    if tuning_log is not None:
+        _warn_log_unused(tuning_log, f"micro-tile {plan.micro_tile} runs the untuned tiles kernel; tuning logs "
+                         "hold whole-row (1 x K) kernels")
     return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, arch)
+
+
+def _warn_log_unused(tuning_log, why: str) -> None:
+    """a tuning log the build does not read: said once per message, not silently dropped"""
+    warnings.warn(f"tuning log {tuning_log} not used: {why}", stacklevel=4)
 
 
 def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
@@ -565,6 +579,9 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         tiles_fused = tiles_fused and wgmma_tiles is not None
         if wgmma_tiles is not None:
             plan, kernel, compact, dense_fallback, strips = wgmma_tiles
+            if tuning_log is not None:
+                _warn_log_unused(tuning_log, f"micro-tile {plan.micro_tile} runs the untuned wgmma tiles kernel; "
+                                 "tuning logs hold whole-row (1 x K) kernels")
         elif tc_plan is not None:
             kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log, _rows_hint(m, density))
             if kernel is not None:
@@ -577,6 +594,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             raise ValueError(f"no tensor-core PIT kernel for {dtype} K={k} N={n} micro-tile "
                              f"{plan.micro_tile[0]}x{plan.micro_tile[1]} (needs fp16/bf16 and tile-aligned K, N)")
     else:
+        if tuning_log is not None:
+            _warn_log_unused(tuning_log, f"tuning logs hold CUDA kernels, the target is {tgt.kind.name}")
         kernel = simt_matmul_func(plan, dtype, out_dtype, tgt)
     masks = False
     fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)

@@ -97,6 +97,18 @@ def check_input_shapes(inputs_meta, args) -> None:
                              f"{list(want)}")
 
 
+def host_input(name: str, value, dtype) -> np.ndarray:
+    """``value`` as a contiguous numpy array of the input's ``dtype`` (None: as it is).  A cast
+    within a kind (float64 -> float32, int32 -> int64) is made; one across kinds (floats to an
+    integer input such as token ids, which would truncate) is a ``TypeError`` naming the input."""
+    arr = np.asarray(value)
+    if dtype is not None and arr.dtype != np.dtype(dtype):
+        if not np.can_cast(arr.dtype, np.dtype(dtype), casting="same_kind"):
+            raise TypeError(f"input {name!r} has dtype {arr.dtype}, the model takes {dtype}")
+        arr = arr.astype(dtype)
+    return np.ascontiguousarray(arr)
+
+
 def flatten_outputs(out) -> list[np.ndarray]:
     """A VM result (tensor or nested tuple) as a flat list of numpy arrays."""
     if hasattr(out, "numpy"):
@@ -142,7 +154,7 @@ class Model:
         self.output_names = list(self.meta.get("outputs", []))
         self.annotations = list(self.meta.get("annotations", []))
 
-    def _arg(self, value, dtype):
+    def _arg(self, name, value, dtype):
         if isinstance(value, tvm.runtime.Tensor):
             t = value
         elif hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
@@ -152,12 +164,12 @@ class Model:
                 dev_type = value.__dlpack_device__()[0] if hasattr(value, "__dlpack_device__") else 1
                 if int(dev_type) != 1:  # not kDLCPU
                     raise
-                return self._arg(np.from_dlpack(value), dtype)
+                return self._arg(name, np.from_dlpack(value), dtype)
         else:
-            arr = np.asarray(value)
-            if dtype is not None:
-                arr = arr.astype(dtype, copy=False)
-            return tvm.runtime.tensor(np.ascontiguousarray(arr), self.device)
+            return tvm.runtime.tensor(host_input(name, value, dtype), self.device)
+        if dtype is not None and str(t.dtype) != dtype:
+            # (a device tensor is taken as it is, zero copy: no cast)
+            raise TypeError(f"input {name!r} has dtype {t.dtype}, the model takes {dtype}")
         if t.device != self.device:
             t = t.copyto(self.device)
         return t
@@ -168,7 +180,7 @@ class Model:
         missing = [n for n in self.input_names if n not in inputs]
         if missing:
             raise KeyError(f"missing inputs {missing}; expected {self.input_names}")
-        args = [self._arg(inputs[i["name"]], i.get("dtype")) for i in self.inputs]
+        args = [self._arg(i["name"], inputs[i["name"]], i.get("dtype")) for i in self.inputs]
         check_input_shapes(self.inputs, args)
         return args
 
