@@ -26,7 +26,7 @@ from .passes.annotate import AnnotateDynamicSparsity, annotations_of
 from .passes.attention import FuseAttention
 from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToPITKernels
-from .passes.frontend import import_onnx, load_model
+from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
 from .passes.strips import ListStripsInProducer
 from .runtime.loader import check_input_shapes, flatten_outputs, host_input
@@ -101,6 +101,18 @@ class CompiledModel:
 
 
 
+def tensors_of_unknown_shape(mod: tvm.IRModule) -> list[str]:
+    """The ONNX names of ``main``'s tensors whose shape the import left unknown (rank only)"""
+    onnx_of = {str(v): str(k) for k, v in (mod.attrs or {}).get(ONNX_NAMES_ATTR, {}).items()}
+    unknown = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            ty = binding.var.ty
+            if isinstance(ty, relax.TensorType) and ty.shape is None and binding.var.name in onnx_of:
+                unknown.append(onnx_of[binding.var.name])
+    return unknown
+
+
 def static_shapes(proto, shapes) -> dict:
     """Check ``{input name: shape}`` against the graph inputs; return it as ``{name: [int]}``.
 
@@ -140,8 +152,17 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     proto = load_model(model)
     tgt = make_target(target)
     fixed = static_shapes(proto, shapes)
+    proto = fold_shape_computations(proto, fixed)
     mod = import_onnx(proto, shape_dict=fixed or None)
-    mod = relax.transform.FoldConstant()(mod)
+    try:
+        mod = relax.transform.FoldConstant()(mod)
+    except Exception as err:
+        unknown = tensors_of_unknown_shape(mod)
+        if not unknown:
+            raise
+        raise ValueError(f"the shapes of {unknown} are only known at run time (computed from data, e.g. a "
+                         "Range over a symbolic dim), and the build needs them: fix the inputs' symbolic dims "
+                         "with shapes= (pit-tvm compile --shape NAME=DxD..)") from err
     mod = CombineParallelMatmuls()(mod)   # Q, K, V: one GEMM (both builds)
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
     notes = annotations_of(annotated)

@@ -184,6 +184,22 @@ def test_repository_results_and_public_name():
     assert m(tile, 1.0) > 0
 
 
+@pytest.mark.parametrize("k, size", [(1024, 4096), (4096, 4096), (8192, 8192), (16384, 8192)])
+def test_default_model_nearest_size_and_whole_rows_of_any_k(k, size):
+    """the default model is the measured benchmark nearest the sample's K, and a whole-row
+    candidate (1, K) of any K reads its whole-row times (the README's call for K != 4096)"""
+    from pit_tvm.tuning.choose import default_latency_model
+
+    model = default_latency_model(k)
+    assert model.row_k == size and (1, size) in model.table
+    mask = np.zeros((512, k), bool)
+    mask[::10] = True                            # 10 % of the rows, each dense: rows cover 0.1
+    c = pit_tvm.choose_micro_tile(mask, [(1, k), (32, 64)])
+    assert c.coverage[(1, k)] == pytest.approx(52 / 512) and c.coverage[(32, 64)] == 1.0
+    assert c.predicted[(1, k)] == pytest.approx(model((1, size), c.coverage[(1, k)]))
+    assert c.dense_time == model.dense_time and c.choice == (1, k)
+
+
 @st.composite
 def masks(draw):
     rows = draw(st.integers(1, 24))

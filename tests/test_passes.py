@@ -4,6 +4,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings, strategies as st
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax, topi
@@ -581,3 +582,77 @@ def test_expected_density_is_checked_before_lowering():
 
     LowerToPIT(emit=emit, expected_density=0.25)(annotate(relu_mlp()))
     assert seen and set(seen) == {0.25}
+
+
+# ----------------------------------------------------------------------------- padding from a sequence-length input
+def seq_len_model():
+    """x[batch, seq, 32] where arange(seq) < seq_len[:, None] (else 0) -MatMul-> y: the padding
+    mask computed in the graph from the lengths (Shape -> Gather -> Range -> Less -> Where)."""
+    return _model(
+        [helper.make_node("Shape", ["x"], ["x_shape"]),
+         helper.make_node("Gather", ["x_shape", "one"], ["seq"], axis=0),
+         helper.make_node("Range", ["zero", "seq", "one"], ["positions"]),
+         helper.make_node("Unsqueeze", ["seq_len", "axis1"], ["lengths"]),
+         helper.make_node("Less", ["positions", "lengths"], ["valid"]),
+         helper.make_node("Unsqueeze", ["valid", "axis2"], ["rows"]),
+         helper.make_node("Where", ["rows", "x", "zero_f"], ["xm"]),
+         helper.make_node("MatMul", ["xm", "w"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32]),
+         helper.make_tensor_value_info("seq_len", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 48])],
+        {"w": RNG.standard_normal((32, 48)).astype("float32"), "zero": np.array(0, "int64"),
+         "one": np.array(1, "int64"), "axis1": np.array([1], "int64"), "axis2": np.array([2], "int64"),
+         "zero_f": np.array(0, "float32")})
+
+
+@pytest.fixture(scope="module")
+def seq_len_build():
+    """(the model, its build for a batch of 4 x 12)"""
+    model = seq_len_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model, compile_onnx(model, shapes={"x": [4, 12, 32], "seq_len": [4]})
+
+
+def test_sequence_length_padding_is_found_with_static_shapes(seq_len_build):
+    """with the batch fixed (``shapes=``) the range folds to a constant, and the masked matmul
+    is a padding-rows PIT matmul whose index is built from the mask"""
+    notes = seq_len_build[1].annotations
+    assert [(n["tensor"], n["source"], n["status"]) for n in notes] == [("xm", "padding:seq_len", "pit")]
+    assert "pit_row_index_" in seq_len_build[1].lowered["main"].script()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 12), min_size=4, max_size=4))
+def test_sequence_length_padding_matches_onnxruntime(seq_len_build, lengths):
+    model, cm = seq_len_build
+    inputs = {"x": RNG.standard_normal((4, 12, 32)).astype("float32"), "seq_len": np.array(lengths, "int64")}
+    np.testing.assert_allclose(cm.run(inputs)[0], ort_run(model, inputs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_sequence_length_padding_with_symbolic_dims_is_a_clear_error():
+    """over a symbolic seq dim the range's length is data: TVM cannot type what it masks, and the
+    error names those tensors and the fix, not an assertion inside TVM"""
+    with pytest.raises(ValueError, match=r"the shapes of \['xm', 'y'\] are only known at run time.*shapes="):
+        compile_onnx(seq_len_model())
+
+
+def test_fold_shape_computations_folds_shape_arithmetic_only():
+    from pit_tvm.passes.frontend import FOLD_MAX_ELEMENTS, fold_shape_computations
+
+    folded = fold_shape_computations(seq_len_model(), {"x": [4, 12, 32], "seq_len": [4]})
+    ops = [n.op_type for n in folded.graph.node]
+    assert ops == ["Unsqueeze", "Less", "Unsqueeze", "Where", "MatMul"]     # Shape, Gather, Range folded
+    positions = next(t for t in folded.graph.initializer if t.name == "positions")
+    np.testing.assert_array_equal(numpy_helper.to_array(positions), np.arange(12))
+    # the model keeps its symbolic input dims (only the inference saw them fixed)
+    assert folded.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    # symbolic seq: Shape stays, so does everything after it
+    assert [n.op_type for n in fold_shape_computations(seq_len_model()).graph.node][:3] == ["Shape", "Gather", "Range"]
+    # a weight's transpose is left for TVM (not shape arithmetic)
+    side = int(FOLD_MAX_ELEMENTS ** 0.5) + 1
+    big = _model([helper.make_node("Transpose", ["w"], ["wt"]), helper.make_node("MatMul", ["x", "wt"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", side])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", side])],
+                 {"w": RNG.standard_normal((side, side)).astype("float32")})
+    assert [n.op_type for n in fold_shape_computations(big).graph.node] == ["Transpose", "MatMul"]

@@ -371,6 +371,18 @@ def test_cli_tune(tuned_log, monkeypatch, capsys):
     assert "best:" in out and " us " in out and str(path) in out
 
 
+def test_cli_tune_without_a_gpu_is_an_error_up_front(tmp_path, capsys):
+    """no CUDA device to measure on: an error saying so, before any trial or log directory"""
+    from pit_tvm.cli.main import main
+
+    if tvm.cuda(0).exist:
+        pytest.skip("this machine has a GPU")
+    rc = main(["tune", "--k", str(K), "--n", str(N), "--trials", "8", "--work-dir", str(tmp_path / "logs"),
+               "--no-progress"])
+    assert rc == 2 and "has no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists()
+
+
 # ---------------------------------------------------------------------------------------
 # GPU
 # ---------------------------------------------------------------------------------------
@@ -423,6 +435,36 @@ def test_shipped_logs_build_for_sm80_and_sm90(log):
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
     assert check_cuda_compiles(ex, archs=("sm_80", "sm_90")) >= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_gpu_shipped_logs_numerics(log):
+    """Every shipped tuned kernel, in the op it is shipped for (a cuda:sm_90 sparse_matmul), at
+    every sparsity of the benchmark and none-listed, over a row count no tile divides, against
+    a float32 reference"""
+    import re
+
+    from pit_tvm.ops.matmul import MatmulPlan, sparse_matmul, tensor_core_kernel
+
+    k, n, dtype = re.match(r"matmul_k(\d+)_n(\d+)_(\w+)$", log.name).groups()
+    k, n = int(k), int(n)
+    root = str(log.parent.parent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)     # read, not skipped
+        op = sparse_matmul(k, n, dtype, micro_tile=(1, k), target="cuda:sm_90", tuning_log=root)
+        tuned = tensor_core_kernel(MatmulPlan(k, n, (1, k)), dtype, dtype, "cuda:sm_90", root)
+    assert "pit.tuned" in tuned.attrs
+    rng = np.random.default_rng(0)
+    m = 520
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    for sparsity in (0.0, 0.5, 0.9, 0.95, 0.99, 1.0):
+        a = rng.standard_normal((m, k)).astype(np.float16)
+        a[rng.random(m) < sparsity] = 0
+        ref = a.astype(np.float32) @ b.astype(np.float32)
+        got = op(a, b).astype(np.float32)
+        np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2 * max(np.abs(ref).max(), 1.0),
+                                   err_msg=f"sparsity {sparsity}")
 
 
 def test_tune_matmul_warns_where_wgmma_supersedes_it(tmp_path, monkeypatch):

@@ -1,8 +1,10 @@
-"""The small workloads compile through compile_onnx and match onnxruntime; FFN sparsity ~90%."""
+"""The small workloads compile through compile_onnx and match onnxruntime and the dense
+(PIT-off) TVM build; FFN sparsity ~90%."""
 import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from benchmarks.workloads import bert_encoder, bert_inputs, opt_ffn, opt_ffn_inputs, with_outputs
 from pit_tvm.compile import compile_onnx
@@ -31,18 +33,32 @@ def test_opt_ffn_hidden_sparsity_is_about_90_percent(d):
     assert (rate > 0.5).mean() <= 0.12 and np.median(rate) < 0.15
 
 
-def test_opt_ffn_small_matches_onnxruntime():
+@pytest.fixture(scope="module")
+def ffn_builds():
+    """(model, PIT build, PIT-off build: the same passes without annotations)"""
     model = opt_ffn(64)
-    cm = compiled(model)
+    return model, compiled(model), compiled(model, auto=False)
+
+
+@pytest.fixture(scope="module")
+def bert_builds():
+    model = bert_encoder(layers=2, hidden=64, heads=4)
+    return model, compiled(model), compiled(model, auto=False)
+
+
+def test_opt_ffn_small_matches_onnxruntime_and_the_dense_build(ffn_builds):
+    model, cm, dense = ffn_builds
     assert [(a["tensor"], a["source"], a["status"]) for a in cm.annotations] == [("hidden", "relu", "pit")]
+    assert [a["status"] for a in dense.annotations] == []
     for b, s in ((2, 16), (1, 5)):  # symbolic batch and sequence
         inputs = opt_ffn_inputs(64, batch=b, seq=s)
-        np.testing.assert_allclose(cm.run(inputs)[0], ort_run(model, inputs)[0], rtol=1e-4, atol=1e-4)
+        out = cm.run(inputs)[0]
+        np.testing.assert_allclose(out, ort_run(model, inputs)[0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out, dense.run(inputs)[0], rtol=1e-5, atol=1e-5)
 
 
-def test_bert_encoder_small_matches_onnxruntime():
-    model = bert_encoder(layers=2, hidden=64, heads=4)
-    cm = compiled(model)
+def test_bert_encoder_small_matches_onnxruntime(bert_builds):
+    model, cm, _ = bert_builds
     # 4 token-wise matmuls per layer (Q/K/V combined into one, attention output, FFN in and
     # out) read padding-masked activations (whole rows zero)
     pit = [a for a in cm.annotations if a["source"] == "padding:attention_mask"]
@@ -55,6 +71,17 @@ def test_bert_encoder_small_matches_onnxruntime():
         valid = inputs["attention_mask"].astype(bool)
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=2e-4)
         assert np.isfinite(out[valid]).all()
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=4))
+def test_bert_pit_build_matches_the_dense_build(bert_builds, lengths):
+    """any batch of lengths: the PIT build (padding rows skipped) equals the PIT-off build,
+    whose kernels are the same dense ones, on the real tokens"""
+    _, cm, dense = bert_builds
+    inputs = bert_inputs(64, batch=len(lengths), seq=12, lengths=lengths)
+    valid = inputs["attention_mask"].astype(bool)
+    np.testing.assert_allclose(cm.run(inputs)[0][valid], dense.run(inputs)[0][valid], rtol=1e-4, atol=1e-4)
 
 
 def test_bert_padding_rows_are_zero_at_the_masked_matmuls():

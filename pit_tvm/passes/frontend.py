@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import warnings
 
+import numpy as np
 import onnx
 import tvm
 from tvm import relax
@@ -90,6 +91,86 @@ def _named_importer_cls():
             return sym
 
     return _NamedImporter
+
+
+#: a node is folded only while its constant inputs hold at most this many elements in all: shape
+#: arithmetic, not weights (a transposed weight stays for TVM's own constant folding)
+FOLD_MAX_ELEMENTS = 1 << 16
+#: ops whose value is not a function of their inputs
+_NOT_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                 "Bernoulli", "If", "Loop", "Scan"}
+
+
+def _static_dims(value_info) -> list[int] | None:
+    dims = value_info.type.tensor_type.shape.dim if value_info.type.HasField("tensor_type") else None
+    if dims is None or not value_info.type.tensor_type.HasField("shape"):
+        return None
+    if not all(d.HasField("dim_value") for d in dims):
+        return None
+    return [int(d.dim_value) for d in dims]
+
+
+def fold_shape_computations(model, shape_dict=None) -> onnx.ModelProto:
+    """``model`` with its shape arithmetic evaluated: each node whose inputs are constants
+    (initializers, ``Constant`` nodes, the ``Shape`` of a tensor whose shape ONNX shape inference
+    finds static, with ``shape_dict`` fixing inputs' symbolic dims) becomes an initializer.
+
+    Why: TVM's importer gives a ``Range`` whose bounds are not initializers a data-dependent
+    length, so a padding mask built from a sequence-length input (``Range(0, Shape(x)[1]) <
+    seq_len``) and every tensor it broadcasts with lose their shapes, which the build rejects
+    even where every dim is static.  Folded here, the range is a constant."""
+    from onnx import numpy_helper  # noqa: PLC0415
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+    model = load_model(model)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    g = copy.graph
+    for inp in g.input:
+        if shape_dict and inp.name in shape_dict:
+            for d, v in zip(inp.type.tensor_type.shape.dim, shape_dict[inp.name]):
+                d.Clear()
+                d.dim_value = int(v)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(copy).graph
+    except Exception:  # noqa: BLE001 - no inference: only Constant / initializer chains fold
+        inferred = g
+    static = {vi.name: _static_dims(vi) for vi in [*inferred.input, *inferred.value_info, *inferred.output]}
+    opset = next((op.version for op in copy.opset_import if op.domain in ("", "ai.onnx")), 1)
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    outputs = {o.name for o in g.output}
+    kept, folded = [], {}
+    for node in g.node:
+        values = None
+        inputs = [i for i in node.input if i]
+        if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDABLE or set(node.output) & outputs:
+            pass
+        elif node.op_type == "Shape" and static.get(node.input[0]) is not None:
+            start = next((a.i for a in node.attribute if a.name == "start"), 0)
+            end = next((a.i for a in node.attribute if a.name == "end"), None)
+            values = [np.array(static[node.input[0]], dtype=np.int64)[start:end]]
+        elif (all(i in consts for i in inputs)
+              and sum(consts[i].size for i in inputs) <= FOLD_MAX_ELEMENTS):
+            try:
+                values = ReferenceEvaluator(node, opsets={"": opset}).run(None, {i: consts[i] for i in inputs})
+            except Exception:  # noqa: BLE001 - not evaluable here: TVM imports it as it is
+                values = None
+        if values is None:
+            kept.append(node)
+            continue
+        for name, value in zip(node.output, values):
+            if name:
+                consts[name] = folded[name] = np.asarray(value)
+    if not folded:
+        return model
+    used = {i for node in kept for i in node.input} | outputs
+    del g.node[:]
+    g.node.extend(kept)
+    g.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items() if name in used)
+    # (inputs were given static dims above only for inference: the model keeps its own)
+    del g.input[:]
+    g.input.extend(model.graph.input)
+    return copy
 
 
 def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -> tvm.IRModule:

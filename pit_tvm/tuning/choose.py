@@ -11,7 +11,9 @@ PIT picks, per operator and pattern, the micro-tile whose predicted latency is s
    when the tile divides the sample.
 2. **Latency model.** ``latency(micro_tile, d_cov) -> seconds``: a callable, or a tile database
    ``{micro_tile: {density: seconds}}`` interpolated in density (PIT's ``stile_db.csv``). The
-   default model is read from a measured benchmark JSON (``docs/results/gpu_matmul*.json``).
+   default model is read from a measured benchmark JSON (``docs/results/gpu_matmul*.json``): the
+   one whose M = K = N is nearest the sample's K, its times those of that shape (the choice
+   rests on their ratios to its dense time); a whole-row candidate ``(1, K)`` reads its rows.
 3. **Dense fallback.** When no candidate is strictly faster than the dense time, the choice is
    ``"dense"``. Ties between candidates go to the one listed first.
 
@@ -39,6 +41,8 @@ Latency = Union[Callable[[MicroTile, float], float], LatencyTable, "LatencyModel
 
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                "docs", "results")
+#: the measured benchmarks the default model reads, by their M = K = N
+DEFAULT_RESULT_FILES = {4096: "gpu_matmul.json", 8192: "gpu_matmul_8192.json"}
 
 
 # -- coverage -----------------------------------------------------------------------------------
@@ -143,6 +147,9 @@ class LatencyModel:
     dense_time: float | None = None
     step: bool = False
     source: str = ""
+    #: the K of the table's whole-row entry ``(1, row_k)``: :func:`choose_micro_tile`'s whole-row
+    #: candidate of another K (``(1, sample K)``) reads it
+    row_k: int | None = None
 
     def __post_init__(self):
         self.table = {_as_tile(t): {float(d): float(s) for d, s in pts.items()} for t, pts in self.table.items()}
@@ -220,7 +227,19 @@ def latency_model_from_results(path_or_data=None, size: int | None = None) -> La
                     float(r["pit_total_ms"]) * 1e-3
     if not table:
         raise ValueError(f"no PIT timings found in {source}")
-    return LatencyModel(table, float(np.median(dense)) if dense else None, source=source)
+    row_k = max((kk for mr, kk in table if mr == 1), default=None)
+    return LatencyModel(table, float(np.median(dense)) if dense else None, source=source, row_k=row_k)
+
+
+def default_latency_model(k: int) -> LatencyModel:
+    """:func:`latency_model_from_results` of the measured benchmark whose M = K = N is nearest
+    ``k`` (:data:`DEFAULT_RESULT_FILES`; else the one file there is)"""
+    files = {size: os.path.join(DEFAULT_RESULTS, name) for size, name in DEFAULT_RESULT_FILES.items()
+             if os.path.exists(os.path.join(DEFAULT_RESULTS, name))}
+    if not files:
+        return latency_model_from_results()
+    size = min(files, key=lambda s: abs(math.log2(s) - math.log2(max(k, 1))))
+    return latency_model_from_results(files[size], size=size)
 
 
 # -- the choice -------------------------------------------------------------------------------------
@@ -260,8 +279,8 @@ def choose_micro_tile(sample, candidates: Sequence, latency: Latency | None = No
     ``candidates``: micro-tiles ``(rows, cols)`` (or ``"RxC"`` strings), none larger than the sample.
     ``latency``: ``latency(micro_tile, covered_density) -> seconds``, a table
     ``{micro_tile: {density: seconds}}`` (interpolated; ``step=True`` uses PIT's lower-or-equal-sparsity
-    entry instead), a :class:`LatencyModel`, or None for :func:`latency_model_from_results` on
-    the repository's measured results. ``dense_time`` (seconds): defaults to the model's.
+    entry instead), a :class:`LatencyModel`, or None for :func:`default_latency_model` (the measured results nearest the sample's K; a whole-row candidate
+    ``(1, K)`` reads their whole-row entry). ``dense_time`` (seconds): defaults to the model's.
     A candidate must be strictly faster than the dense time to be chosen; ties between
     candidates go to the first listed.
     """
@@ -277,11 +296,11 @@ def choose_micro_tile(sample, candidates: Sequence, latency: Latency | None = No
         raise ValueError(f"micro-tile(s) {', '.join(f'{a}x{b}' for a, b in too_big)} larger than the "
                          f"sample ({m}x{k}); give a larger sample or smaller tiles")
     if latency is None:
-        latency = latency_model_from_results()
+        latency = default_latency_model(k)
     if isinstance(latency, Mapping):
         latency = LatencyModel(dict(latency), step=step)
     elif isinstance(latency, LatencyModel) and step != latency.step:
-        latency = LatencyModel(latency.table, latency.dense_time, step, latency.source)
+        latency = LatencyModel(latency.table, latency.dense_time, step, latency.source, latency.row_k)
     if not callable(latency):
         raise TypeError(f"latency must be a callable, a {{micro_tile: {{density: seconds}}}} table or None, "
                         f"got {type(latency).__name__}")
@@ -293,10 +312,12 @@ def choose_micro_tile(sample, candidates: Sequence, latency: Latency | None = No
     if not dense_time > 0 or math.isinf(dense_time):
         raise ValueError(f"dense_time must be a positive finite number of seconds, got {dense_time!r}")
 
+    row_k = getattr(latency, "row_k", None)
     cov, pred = {}, {}
     for t in cands:
         cov[t] = coverage(mask, t)
-        p = float(latency(t, cov[t]))
+        # (whole rows of this K read the model's whole-row entry, measured at its K)
+        p = float(latency((1, row_k) if t == (1, k) and row_k and t not in latency.table else t, cov[t]))
         if math.isnan(p) or p < 0:
             raise ValueError(f"latency model gave {p!r} s for micro-tile {t[0]}x{t[1]} at density {cov[t]:.4g}")
         pred[t] = p

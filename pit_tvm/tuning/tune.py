@@ -239,6 +239,9 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
         warnings.warn(f"tuning the mma.sync space for {arch}: there sparse_matmul runs the wgmma "
                       f"kernel for K={k}, N={n} and ignores this log; it applies to cuda:sm_90 and "
                       f"cuda:sm_80 builds", UserWarning, stacklevel=2)
+    if runner is None and not tvm.cuda(0).exist:
+        raise ValueError("tuning measures every candidate on this machine's GPU, and it has no CUDA device: "
+                         "run it on the GPU machine (or pass runner=, e.g. an RPCRunner)")
     db_dir = log_dir(k, n, dtype, work_dir)
     db_dir.mkdir(parents=True, exist_ok=True)
 
