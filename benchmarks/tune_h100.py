@@ -1,12 +1,15 @@
 """Tune the shipped tensor-core PIT matmul logs on a GPU (the benchmark shapes).
 
-    python3 benchmarks/tune_h100.py [--sizes 4096 8192] [--trials 64 64] [--out DIR]
+    python3 benchmarks/tune_h100.py [--sizes 4096 8192] [--trials 64 64] [--targets cuda cuda:sm_90] [--out DIR]
 
-For each size S: ``tune_matmul(S, S, "float16", "cuda", trials)`` (rows kind, tuning M = S + 8,
-every row listed) into ``DIR/tuning_logs/<gpu>/matmul_kS_nS_float16/``; then, from the log,
-``load_best`` (the symbolic-M kernel, early exit re-applied) is checked against numpy
-(M = 1000, 60 % zero rows) and timed at M = S (all rows listed) next to the untuned default
-config.  Writes ``DIR/tune_summary.json`` and prints one line per size.
+For each size S and target: ``tune_matmul(S, S, "float16", target, trials)`` (rows kind, tuning
+M = S + 8, every row listed) into ``DIR/tuning_logs/<gpu>/``: for ``cuda`` (sm_90a) the wgmma
+kernel's space (``wgmma_matmul_kS_nS_float16/``), for ``cuda:sm_90`` the mma.sync schedule's
+(``matmul_kS_nS_float16/``).  Then the log's kernel (mma.sync: ``load_best``, the symbolic-M
+kernel with the early exit re-applied; wgmma: the kernel of the best config) is checked against
+numpy (M = 1000, 60 % zero rows) and timed at M = S (all rows listed) next to the untuned
+default (mma.sync: the first valid config; wgmma: the config planned without a log).  Writes
+``DIR/tune_summary.json`` and prints one line per (size, target).
 """
 from __future__ import annotations
 
@@ -62,35 +65,45 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--trials", type=int, nargs="+", default=[64, 64])
+    p.add_argument("--targets", nargs="+", default=["cuda", "cuda:sm_90"],
+                   help="cuda (sm_90a: the wgmma kernel) and / or cuda:sm_90 (the mma.sync schedule)")
     p.add_argument("--trials-per-iter", type=int, default=32)
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     p.add_argument("--no-check", action="store_true")
     args = p.parse_args(argv)
     trials = (args.trials * len(args.sizes))[: len(args.sizes)] if len(args.trials) == 1 \
         else args.trials
+    from dataclasses import asdict
+
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
                                               valid_configs)
-    from pit_tvm.tuning.tune import best_record, gpu_name, load_best, tune_matmul
+    from pit_tvm.schedules.wgmma import wgmma_config, wgmma_row_gather_func
+    from pit_tvm.tuning.tune import best_record, gpu_name, load_best, tune_matmul, tuned_kernel
 
     root = os.path.join(args.out, "work", "tuning_logs")
     summary = {"gpu": gpu_name(), "results": []}
-    for size, n_trials in zip(args.sizes, trials):
+    for (size, n_trials), target in [(st, tg) for st in zip(args.sizes, trials) for tg in args.targets]:
         t0 = time.time()
-        entry = {"k": size, "n": size, "dtype": "float16", "trials": n_trials}
+        kernel = tuned_kernel(size, size, "float16", target)
+        entry = {"k": size, "n": size, "dtype": "float16", "trials": n_trials, "target": target, "kernel": kernel}
         try:
-            path = tune_matmul(size, size, "float16", "cuda", trials=n_trials, work_dir=root,
+            path = tune_matmul(size, size, "float16", target, trials=n_trials, work_dir=root,
                                m=size + 8, trials_per_iter=args.trials_per_iter)
             entry["tune_s"] = round(time.time() - t0, 1)
             entry["log"] = os.path.relpath(path, os.path.join(args.out, "work"))
-            best = best_record(path, size, size, "float16", "cuda")
+            best = best_record(path, size, size, "float16", target)
             if best is None:
                 entry["error"] = "no valid record"
             else:
                 entry["best_us"] = best.run_secs * 1e6
                 entry["best_tflops_tune_m"] = 2.0 * best.m * size * size / best.run_secs / 1e12
-                entry["config"] = best.config.as_dict()
-                if not args.no_check:
-                    func = load_best(path, size, size, "float16", "cuda")
+                entry["config"] = asdict(best.config) if kernel == "wgmma" else best.config.as_dict()
+                if not args.no_check and kernel == "wgmma":
+                    entry.update(_check_and_time(
+                        wgmma_row_gather_func(size, size, config=best.config),
+                        wgmma_row_gather_func(size, size, config=wgmma_config(size)), size))
+                elif not args.no_check:
+                    func = load_best(path, size, size, "float16", target)
                     default = schedule_row_gather_matmul(
                         row_gather_matmul_func(size, size, "float16", "float16"),
                         valid_configs(size, size, "float16")[0])

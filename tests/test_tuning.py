@@ -44,6 +44,32 @@ def _knobs(trace):
 # ---------------------------------------------------------------------------------------
 # design space
 # ---------------------------------------------------------------------------------------
+def test_wgmma_design_space_builds_the_tirx_kernel():
+    """sm_90a: the space samples the wgmma kernel's knobs (nothing scheduled), a candidate is
+    the TIRx kernel of that config, its CUDA compiles; an unfit config is refused"""
+    from pit_tvm.schedules.wgmma import ROWS_ATTR, WgmmaConfig
+
+    func = _workload()
+    sm90a = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    ctx = ms.TuneContext(mod=func, target=sm90a, space_generator=S.space_generator("sm_90a", wgmma=True),
+                         task_name="pit", rand_state=7)
+    (space,) = ctx.generate_design_space()
+    cfg = S.config_from_trace(space.trace, func, S.WGMMA)
+    assert cfg in S.valid_wgmma_configs(K, N, "float16", "float16")
+    assert {c.block_n for c in S.valid_wgmma_configs(K, N, "float16", "float16")} == {64, 128, 256}  # N=256
+    candidate = S.prepare_candidate(space.mod)["main"]
+    assert dict(candidate.attrs[ROWS_ATTR]) == {"block_n": cfg.block_n, "stages": cfg.stages, "block_k": 64}
+    ex = build(candidate, sm90a)
+    assert "wgmma.mma_async" in "\n".join(m.inspect_source("cuda") for m in ex.mod.imports)
+    sch = S.knob_schedule(func, WgmmaConfig(128, 4))
+    assert S.config_from_trace(sch.trace, func, S.WGMMA) == WgmmaConfig(128, 4)
+    with pytest.raises(ValueError, match="does not fit"):
+        S.knob_schedule(func, WgmmaConfig(192, 4))          # 192 does not divide N = 256
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(ex, archs=("sm_90a",)) >= 1
+
+
 def test_design_space_is_the_scheduled_kernel_and_builds():
     func = _workload()
     ctx = ms.TuneContext(mod=func, target=TARGET, space_generator=S.space_generator("sm_90"),
@@ -271,8 +297,8 @@ def test_sparse_matmul_tuning_log_hook(tuned_log):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         op = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda:sm_90", tuning_log=root)
-    # the log is of the mma.sync space: sm_90a (the default "cuda") runs wgmma and says it skips the log
-    with pytest.warns(UserWarning, match="not used: on sm_90a the wgmma kernel"):
+    # the log is of the mma.sync space: sm_90a (the default "cuda") runs wgmma, whose log it lacks
+    with pytest.warns(UserWarning, match="no tuning log for wgmma_matmul"):
         op_wgmma = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda", tuning_log=root)
     from pit_tvm.nvcc import cuda_sources
 
@@ -297,6 +323,31 @@ def test_tuning_log_not_used_is_said(tuned_log, target, micro_tile, why):
     root, _ = tuned_log
     with pytest.warns(UserWarning, match=f"tuning log .* not used: .*{why}"):
         sparse_matmul(K, N, "float16", micro_tile=micro_tile, target=target, tuning_log=root)
+
+
+def test_wgmma_log_drives_sm90a_builds(tmp_path):
+    """a log of the wgmma space (sm_90a) gives a "cuda" build's rows kernel, and its tiers, the
+    fastest record's config in place of the planned one"""
+    from pit_tvm.nvcc import cuda_sources
+    from pit_tvm.ops.matmul import MatmulPlan, sparse_matmul, tensor_core_kernel
+    from pit_tvm.schedules.wgmma import ROWS_ATTR, WgmmaConfig
+    from pit_tvm.tuning.tune import tuned_wgmma_config
+
+    sm90a = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    _write_db(log_dir(K, N, "float16", tmp_path, gpu="test-gpu", kernel="wgmma"),
+              [(_workload(), WgmmaConfig(256, 4), 3e-4, sm90a), (_workload(), WgmmaConfig(64, 5), 1e-4, sm90a)])
+    plan = MatmulPlan(K, N, (1, K))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuned_wgmma_config(tmp_path, K, N, "float16") == WgmmaConfig(64, 5)
+        kernel = tensor_core_kernel(plan, "float16", "float16", "cuda", tmp_path)
+        op = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda", tuning_log=tmp_path)
+    assert dict(kernel.attrs[ROWS_ATTR]) == {"block_n": 64, "stages": 5, "block_k": 64}
+    assert dict(tensor_core_kernel(plan, "float16", "float16", "cuda").attrs[ROWS_ATTR])["block_n"] == 256
+    assert "wgmma.mma_async.sync.aligned.m64n64k16" in "\n".join(cuda_sources(op.executable))
+    # the mma.sync reader does not take the wgmma log
+    with pytest.warns(UserWarning, match="no tuning log for matmul_k"):
+        assert load_best(tmp_path, K, N, "float16", "cuda:sm_90") is None
 
 
 def test_tuning_log_of_sm80_drives_sm80_builds(tmp_path):
@@ -388,12 +439,18 @@ def test_cli_tune_without_a_gpu_is_an_error_up_front(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_gpu_tune_8_trials_and_numerics(tmp_path):
+    """Real trials of both spaces (in one test: MetaSchedule's loggers are set up once a
+    process): the mma.sync schedule for cuda:sm_90 and the wgmma kernel for "cuda" (sm_90a),
+    each tuned kernel against numpy"""
+    from pit_tvm.ops.matmul import MatmulPlan, sparse_matmul, tensor_core_kernel
+    from pit_tvm.schedules.wgmma import ROWS_ATTR
+
     k, n, m = 1024, 1024, 1000
-    path = tune_matmul(k, n, "float16", "cuda", trials=8, work_dir=tmp_path, trials_per_iter=8,
+    path = tune_matmul(k, n, "float16", "cuda:sm_90", trials=8, work_dir=tmp_path, trials_per_iter=8,
                        population_size=32)
-    best = best_record(path, k, n, "float16", "cuda")
+    best = best_record(path, k, n, "float16", "cuda:sm_90")
     assert best is not None and 0 < best.run_secs < 1e-2
-    func = load_best(path, k, n, "float16", "cuda", out_dtype="float32")
+    func = load_best(path, k, n, "float16", "cuda:sm_90", out_dtype="float32")
     ex = build(func, "cuda")
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float32)
@@ -412,9 +469,72 @@ def test_gpu_tune_8_trials_and_numerics(tmp_path):
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
 
+    wg_path = tune_matmul(k, n, "float16", "cuda", trials=6, work_dir=tmp_path, trials_per_iter=6,
+                          population_size=16)
+    assert wg_path.name == f"wgmma_matmul_k{k}_n{n}_float16"
+    best = best_record(tmp_path, k, n, "float16", "cuda")
+    assert best is not None and 0 < best.run_secs < 1e-2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        kernel = tensor_core_kernel(MatmulPlan(k, n, (1, k)), "float16", "float16", "cuda", tmp_path)
+        op = sparse_matmul(k, n, "float16", micro_tile=(1, k), target="cuda", tuning_log=tmp_path)
+    assert dict(kernel.attrs[ROWS_ATTR])["block_n"] == best.config.block_n
+    np.testing.assert_allclose(op(a16, b16).astype(np.float32), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
 
 # ----------------------------------------------------------------------------- the shipped logs
 SHIPPED = sorted(Path(__file__).resolve().parent.parent.glob("tuning_logs/*/matmul_k*_n*_*"))
+#: the wgmma kernel's logs (sm_90a, the default "cuda" target)
+SHIPPED_WGMMA = sorted(Path(__file__).resolve().parent.parent.glob("tuning_logs/*/wgmma_matmul_k*_n*_*"))
+
+
+def _shape_of(log):
+    import re
+
+    k, n, dtype = re.search(r"matmul_k(\d+)_n(\d+)_(\w+)$", log.name).groups()
+    return int(k), int(n), dtype
+
+
+@pytest.mark.parametrize("log", SHIPPED_WGMMA, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_shipped_wgmma_logs_give_a_config_that_compiles(log):
+    """Every wgmma database the repo ships is read without a warning by a "cuda" build of its
+    shape, whose rows kernel takes the record's config and compiles to sm_90a device code."""
+    from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+    from pit_tvm.ops.matmul import MatmulPlan, tensor_core_kernel
+    from pit_tvm.schedules.wgmma import ROWS_ATTR
+    from pit_tvm.target import build as build_func
+
+    k, n, dtype = _shape_of(log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        best = best_record(log.parent.parent, k, n, dtype, "cuda")
+        kernel = tensor_core_kernel(MatmulPlan(k, n, (1, k)), dtype, dtype, "cuda", str(log.parent.parent))
+    assert best.config in S.valid_wgmma_configs(k, n, dtype, dtype)
+    assert dict(kernel.attrs[ROWS_ATTR])["block_n"] == best.config.block_n
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(build_func(tvm.IRModule({"main": kernel}), "cuda"), archs=("sm_90a",)) >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", SHIPPED_WGMMA, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_gpu_shipped_wgmma_logs_numerics(log):
+    """The op a shipped wgmma log is for (a "cuda" sparse_matmul), every benchmark sparsity and
+    none listed, a row count no tile divides, against a float32 reference"""
+    from pit_tvm.ops.matmul import sparse_matmul
+
+    k, n, dtype = _shape_of(log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        op = sparse_matmul(k, n, dtype, micro_tile=(1, k), target="cuda", tuning_log=str(log.parent.parent))
+    rng = np.random.default_rng(0)
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    for sparsity in (0.0, 0.5, 0.9, 0.95, 0.99, 1.0):
+        a = rng.standard_normal((520, k)).astype(np.float16)
+        a[rng.random(520) < sparsity] = 0
+        ref = a.astype(np.float32) @ b.astype(np.float32)
+        np.testing.assert_allclose(op(a, b).astype(np.float32), ref, rtol=2e-2,
+                                   atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=f"sparsity {sparsity}")
 
 
 @pytest.mark.parametrize("log", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -467,24 +587,25 @@ def test_gpu_shipped_logs_numerics(log):
                                    err_msg=f"sparsity {sparsity}")
 
 
-def test_tune_matmul_warns_where_wgmma_supersedes_it(tmp_path, monkeypatch):
-    """On sm_90a (the default "cuda") sparse_matmul runs the wgmma kernel: tuning the mma.sync
-    space there says so before it starts (the search itself is stubbed out: MetaSchedule's
-    loggers cannot be set up twice in one process)."""
+def test_tune_matmul_tunes_the_kernel_of_its_target(tmp_path, monkeypatch):
+    """"cuda" (sm_90a) tunes the wgmma kernel's space into a wgmma_ log, cuda:sm_90 the mma.sync
+    schedule's (the search itself is stubbed out: MetaSchedule's loggers cannot be set up again
+    in a later test of one process)"""
     import pit_tvm.tuning.tune as tune_mod
 
-    class Started(Exception):
-        pass
+    seen = []
 
-    def no_search(*args, **kwargs):
-        raise Started
+    def no_search(**kwargs):
+        seen.append((kwargs["work_dir"], kwargs["space"]))
 
     monkeypatch.setattr(tune_mod.ms, "tune_tir", no_search)
-    with pytest.warns(UserWarning, match="wgmma"), pytest.raises(Started):
-        tune_matmul(K, N, "float16", "cuda", trials=1, work_dir=tmp_path, runner=FakeRunner(),
-                    progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(Started):
-            tune_matmul(K, N, "float16", "cuda:sm_90", trials=1, work_dir=tmp_path,
-                        runner=FakeRunner(), progress=False)
+        for target in ("cuda", "cuda:sm_90"):
+            tune_matmul(K, N, "float16", target, trials=1, work_dir=tmp_path, runner=FakeRunner(), progress=False)
+    (wg_dir, wg_space), (mma_dir, mma_space) = seen
+    assert Path(wg_dir).name == f"wgmma_matmul_k{K}_n{N}_float16" and Path(mma_dir).name == f"matmul_k{K}_n{N}_float16"
+    for space, knobset in ((wg_space, S.WGMMA), (mma_space, S.MMA_SYNC)):
+        ctx = ms.TuneContext(mod=_workload(), target=TARGET, space_generator=space, task_name="pit", rand_state=3)
+        (sch,) = ctx.generate_design_space()
+        S.config_from_trace(sch.trace, _workload(), knobset)       # the samples of that space

@@ -5,8 +5,9 @@ cost model on the local GPU, writes the JSON database under
 ``<work-dir>/<gpu-name>/matmul_k{K}_n{N}_{dtype}/`` (work-dir defaults to ``tuning_logs``) and
 prints the best record's latency and that path (pass it, or the work-dir, to
 ``sparse_matmul(..., tuning_log=...)`` / ``pit-tvm compile --tuning-log``).  The space is the
-mma.sync schedule's: builds for ``cuda:sm_90`` / ``cuda:sm_80`` use the log; on the default
-``cuda`` (sm_90a) the wgmma kernel runs instead, and tuning there says so.
+kernel the target's builds run: on the default ``cuda`` (sm_90a) the wgmma kernel's tile width
+and ring depth (``wgmma_matmul_...`` logs), for ``cuda:sm_90`` / ``cuda:sm_80`` the mma.sync
+schedule's tiles, K tile and stages (``matmul_...`` logs).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--m", type=int, default=None,
                    help="rows of the tuning workload, not a multiple of 16 (default 4104)")
     p.add_argument("--work-dir", default=None, metavar="DIR",
-                   help="log root (default ./tuning_logs); the database goes to DIR/<gpu>/<op>_k_n_dtype")
+                   help="log root (default ./tuning_logs); the database goes to DIR/<gpu>/[wgmma_]<op>_k_n_dtype")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     p.set_defaults(func=run)
@@ -54,8 +55,9 @@ def run(args) -> int:
         return 1
     flops = 2.0 * best.m * args.k * args.n
     c = best.config
+    config = (f"block {c.block_m}x{c.block_n}x{c.block_k}, warp {c.warp_m}x{c.warp_n}, stages {c.stages}"
+              if hasattr(c, "warp_m") else f"wgmma tile 128x{c.block_n}x{c.block_k}, ring of {c.stages}")
     print(f"best: {best.run_secs * 1e6:.1f} us ({flops / best.run_secs / 1e12:.1f} TF/s at "
-          f"M={best.m}, every row listed)  config: block {c.block_m}x{c.block_n}x{c.block_k}, "
-          f"warp {c.warp_m}x{c.warp_n}, stages {c.stages}")
+          f"M={best.m}, every row listed)  config: {config}")
     print(f"database: {path}")
     return 0

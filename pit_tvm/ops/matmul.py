@@ -105,17 +105,20 @@ def _validate(k, n, dtype, micro_tile):
 
 
 @functools.lru_cache(maxsize=64)
-def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str, rows_hint=None):
-    """The (untuned) tensor-core PIT kernel for whole-row micro-tiles on CUDA, or None when it
-    does not apply (fp32, or K/N not multiples of any candidate tile: the SIMT kernel is used
-    then).  On sm_90a it is the wgmma kernel (:mod:`pit_tvm.schedules.wgmma`) where K and N
-    fit its tiles, else the mma.sync schedule."""
+def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str, rows_hint=None,
+                      wgmma_config=None):
+    """The tensor-core PIT kernel for whole-row micro-tiles on CUDA, or None when it does not
+    apply (fp32, or K/N not multiples of any candidate tile: the SIMT kernel is used then).
+    On sm_90a it is the wgmma kernel (:mod:`pit_tvm.schedules.wgmma`) where K and N fit its
+    tiles, of ``wgmma_config`` (a tuned one) or the one planned for ``rows_hint``; else the
+    untuned mma.sync schedule."""
     if dtype not in ("float16", "bfloat16"):
         return None
-    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func
+    from pit_tvm.schedules import wgmma
 
-    if wgmma_applies(k, n, dtype, out_dtype, arch):
-        return wgmma_row_gather_func(k, n, dtype, out_dtype, config=wgmma_config(n, rows_hint))
+    if wgmma.wgmma_applies(k, n, dtype, out_dtype, arch):
+        return wgmma.wgmma_row_gather_func(k, n, dtype, out_dtype,
+                                           config=wgmma_config or wgmma.wgmma_config(n, rows_hint))
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
                                               split_plan, valid_configs)
 
@@ -172,8 +175,9 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
                        rows_hint=None):
     """The tensor-core PIT kernel for ``plan`` on CUDA, or None (CPU, fp32, unsupported shape).
 
-    ``tuning_log`` (rows): the best schedule of a MetaSchedule log (read every time: a log can
-    grow during a process); otherwise the default schedule, made once per (plan, dtypes,
+    ``tuning_log`` (rows): the best record of a MetaSchedule log (read every time: a log can
+    grow during a process), of the wgmma kernel's space on sm_90a and of the mma.sync
+    schedule's elsewhere; otherwise the default (planned) kernel, made once per (plan, dtypes,
     arch) in a process, so a model's layers of one shape share it.  ``rows_hint``: the rows
     expected per call (wgmma picks its tile width to fill the GPU, :func:`wgmma_config`)."""
     target = make_target(target)
@@ -188,11 +192,13 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
         from pit_tvm.schedules.wgmma import wgmma_applies
 
         if tuning_log is not None:
-            # the tuned schedules are of the mma.sync space: on sm_90a the wgmma kernel outruns them
             if wgmma_applies(plan.k, plan.n, dtype, out_dtype, arch):
-                _warn_log_unused(tuning_log, f"on {arch} the wgmma kernel runs K={plan.k}, N={plan.n}; the log's "
-                                 "mma.sync schedules apply to cuda:sm_90 and cuda:sm_80 builds")
-            elif dtype in ("float16", "bfloat16"):
+                # sm_90a: the wgmma kernel of the log's tuned config (its wgmma_ space)
+                from pit_tvm.tuning.tune import tuned_wgmma_config   # warns and falls back
+
+                tuned = tuned_wgmma_config(tuning_log, plan.k, plan.n, dtype)
+                return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint, tuned)
+            if dtype in ("float16", "bfloat16"):
                 from pit_tvm.tuning.tune import tuned_rows_kernel   # warns and falls back
 
                 tuned = tuned_rows_kernel(tuning_log, plan.k, plan.n, dtype, out_dtype, target)
@@ -618,7 +624,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         if scaled is not None:
             a2, m, lead = _as_rows(bb, scaled[0], k)
             epilogue["row_scale_a"] = True
-        kernel, few_rows_kernels = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, density), **epilogue)
+        kernel, few_rows_kernels = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, density), kernel,
+                                                     **epilogue)
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
@@ -669,17 +676,20 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
 
 
 def _wgmma_rows(kernel) -> bool:
-    """whether ``kernel`` is the wgmma rows kernel (not a tuned or mma.sync schedule)"""
-    return kernel is not None and kernel.attrs is not None and "pit.wgmma_rows" in kernel.attrs
+    """whether ``kernel`` is the wgmma rows kernel (not an mma.sync schedule)"""
+    from pit_tvm.schedules.wgmma import ROWS_ATTR
+
+    return kernel is not None and kernel.attrs is not None and ROWS_ATTR in kernel.attrs
 
 
-def _wgmma_rows_tiers(k, n, dtype, out_dtype, rows_hint, **epilogue):
-    """The wgmma rows kernels for the expected rows: ``(kernel, [])``, or the many-rows kernel
-    and the few-rows tiers of :func:`pit_tvm.schedules.wgmma.wgmma_few_rows_tiers` ``(kernel,
-    [tier kernel, ...])``, to run in that order on one C (each writes C only for its counts)."""
-    from pit_tvm.schedules.wgmma import wgmma_config, wgmma_few_rows_tiers, wgmma_row_gather_func
+def _wgmma_rows_tiers(k, n, dtype, out_dtype, rows_hint, kernel, **epilogue):
+    """The wgmma rows kernels of ``kernel``'s config (:func:`_cuda_rows_kernel`'s) with the
+    epilogue: ``(kernel, [])``, or the many-rows kernel and the few-rows tiers of
+    :func:`pit_tvm.schedules.wgmma.wgmma_few_rows_tiers` ``(kernel, [tier kernel, ...])``, to run
+    in that order on one C (each writes C only for its counts)."""
+    from pit_tvm.schedules.wgmma import ROWS_ATTR, WgmmaConfig, wgmma_few_rows_tiers, wgmma_row_gather_func
 
-    config = wgmma_config(n, rows_hint)
+    config = WgmmaConfig(**{key: int(v) for key, v in kernel.attrs[ROWS_ATTR].items()})
     tiers = wgmma_few_rows_tiers(n, config, out_dtype, rows_hint)
     if not tiers:
         return wgmma_row_gather_func(k, n, dtype, out_dtype, config=config, **epilogue), []

@@ -184,7 +184,7 @@ __all__ = ["WgmmaConfig", "BCopyLayout", "WGMMA_ARCH", "wgmma_applies", "wgmma_c
            "tiles_ws_applies", "residual_spills_ws", "wgmma_row_gather_func",
            "wgmma_few_rows_tiers",
            "wgmma_tiles_applies", "needs_compaction", "wgmma_tiles_gather_func",
-           "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR",
+           "wgmma_compact_a_func", "wgmma_dense_fallback_func", "index_is_full", "lower_tirx", "DENSE_ATTR", "ROWS_ATTR",
            "dense_kernel_args", "strip_state_words", "strip_closer"]
 
 #: the only arch with wgmma (the ``a`` suffix: arch-specific features, H100 / H200)
@@ -220,6 +220,8 @@ def _exit_thread():
 
 #: the attr of a dense wgmma kernel: the arguments of :func:`wgmma_row_gather_func` that made it
 DENSE_ATTR = "pit.wgmma_dense"
+#: the attr of a rows wgmma kernel: its :class:`WgmmaConfig`'s tile width, ring depth and K tile
+ROWS_ATTR = "pit.wgmma_rows"
 #: M tiles per launch-order group of the dense kernels (``WgmmaConfig.raster_m``,
 #: measured in the module docstring)
 RASTER_M = 16
@@ -523,8 +525,9 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
             "relu": bool(relu), "gelu": bool(gelu), "row_scale": bool(row_scale), "residual": bool(residual),
             "row_scale_a": bool(row_scale_a), "block_n": config.block_n, "stages": config.stages,
             "block_k": config.block_k, "strips_mk": int(strips_mk)})
-    # (the op layer looks for it: the rows kernel may be split into the two row-count tiers)
-    return func.with_attr("pit.wgmma_rows", True)
+    # (the op layer looks for it: the rows kernel may be split into the row-count tiers, planned
+    # from this config)
+    return func.with_attr(ROWS_ATTR, {"block_n": config.block_n, "stages": config.stages, "block_k": config.block_k})
 
 
 def dense_kernel_args(func) -> dict | None:

@@ -38,6 +38,18 @@ know tile sizes, unroll, parallel and thread bindings).
 Not in the trace: :func:`~pit_tvm.schedules.tensorcore.add_early_exit` is an IR
 post-process, not a schedule primitive; :class:`PitBuilder` (the builder) and
 :func:`pit_tvm.tuning.tune.load_best` re-apply it.
+
+The wgmma kernel (sm_90a)
+-------------------------
+The H100's kernel (:func:`pit_tvm.schedules.wgmma.wgmma_row_gather_func`) is written in TIRx,
+not scheduled from the workload, so its knobs (:data:`WGMMA_KNOBS`: the tile width and the
+ring depth of :class:`~pit_tvm.schedules.wgmma.WgmmaConfig`) are samples of the same kind,
+annotated ``pit.wgmma.<knob>`` (:data:`WGMMA`), with no schedule after them: the postprocessor
+:class:`CheckWgmmaKnobs` rejects combinations that do not fit, and :class:`PitBuilder` builds
+the TIRx kernel of the annotated config in place of the workload.  The same search, cost
+model, database and :class:`MutateKnob` serve both kernels; the XGBoost model, whose features
+are read from the (here unscheduled) workload, ranks nothing for it, so the search is the
+evolutionary one over a space of at most 16 configs.
 """
 from __future__ import annotations
 
@@ -45,12 +57,14 @@ import functools
 import itertools
 import random
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
+from pit_tvm.schedules.wgmma import WGMMA_ARCH, WgmmaConfig, wgmma_applies, wgmma_row_gather_func
 from pit_tvm.schedules.tensorcore import (
     TensorCoreConfig,
     _workload_params,
@@ -63,7 +77,14 @@ from pit_tvm.schedules.tensorcore import (
 
 __all__ = [
     "KNOBS",
+    "WGMMA_KNOBS",
     "ANN_PREFIX",
+    "KnobSet",
+    "MMA_SYNC",
+    "WGMMA",
+    "valid_wgmma_configs",
+    "pit_wgmma_space",
+    "CheckWgmmaKnobs",
     "tuning_workload",
     "valid_knob_configs",
     "pit_tc_space",
@@ -96,6 +117,35 @@ _PRIORS = {
     "stages": (0.1, 0.3, 0.35, 0.25),
 }
 ANN_PREFIX = "pit.tc."
+#: the wgmma kernel's knobs (sm_90a); block_k stays 64 (32 measured slower, see WgmmaConfig)
+WGMMA_KNOBS: "OrderedDict[str, tuple[int, ...]]" = OrderedDict(
+    block_n=(64, 128, 192, 256),
+    stages=(3, 4, 5, 6),
+)
+_WGMMA_PRIORS = {"block_n": (0.15, 0.25, 0.25, 0.35), "stages": (0.3, 0.4, 0.15, 0.15)}
+
+
+@dataclass(frozen=True)
+class KnobSet:
+    """One kernel's knobs as MetaSchedule samples: their supports and priors, the annotation
+    prefix that carries their values on :data:`KNOB_BLOCK`, the config class they make."""
+
+    knobs: "OrderedDict[str, tuple[int, ...]]"
+    priors: dict
+    prefix: str
+    config_cls: type
+
+    def config_of(self, annotations):
+        """the config of ``annotations`` (a block's), None where they lack a knob"""
+        if not all(self.prefix + name in annotations for name in self.knobs):
+            return None
+        return self.config_cls(**{name: int(annotations[self.prefix + name]) for name in self.knobs})
+
+
+#: the mma.sync schedule's knobs (sm_80 / sm_90)
+MMA_SYNC = KnobSet(KNOBS, _PRIORS, ANN_PREFIX, TensorCoreConfig)
+#: the wgmma kernel's knobs (sm_90a)
+WGMMA = KnobSet(WGMMA_KNOBS, _WGMMA_PRIORS, "pit.wgmma.", WgmmaConfig)
 #: the block that carries the knob annotations.  Not ``matmul``: in TVM 0.27 an ``annotate``
 #: on a block of the gather_matmul subtree followed by the first ``split`` of the zero-fill
 #: loops writes *in place* into the unscheduled PrimFunc the schedule was created from (a
@@ -145,39 +195,47 @@ def valid_knob_configs(k: int, n: int, in_dtype: str, out_dtype: str,
     return tuple(out)
 
 
-def _annotations_config(annotations) -> TensorCoreConfig | None:
-    if not all(ANN_PREFIX + name in annotations for name in KNOBS):
-        return None
-    return TensorCoreConfig(**{name: int(annotations[ANN_PREFIX + name]) for name in KNOBS})
+@functools.lru_cache(maxsize=None)
+def valid_wgmma_configs(k: int, n: int, in_dtype: str, out_dtype: str) -> tuple[WgmmaConfig, ...]:
+    """Every :data:`WGMMA_KNOBS` combination the wgmma rows kernel takes for (K, N): the tile
+    width dividing N, the ring within shared memory."""
+    if not wgmma_applies(k, n, in_dtype, out_dtype, WGMMA_ARCH):
+        return ()
+    out = []
+    for values in itertools.product(*WGMMA_KNOBS.values()):
+        cfg = WgmmaConfig(**dict(zip(WGMMA_KNOBS, values)))
+        if n % cfg.block_n == 0 and cfg.smem_bytes(out_dtype) <= max_smem_bytes(WGMMA_ARCH):
+            out.append(cfg)
+    return tuple(out)
 
 
-def config_from_schedule(sch: s_tir.Schedule) -> TensorCoreConfig | None:
+def config_from_schedule(sch: s_tir.Schedule, knobset: KnobSet = MMA_SYNC):
     """The knob values annotated on the ``zero_fill`` block of ``sch`` (None if absent)."""
     try:
         block = sch.get(sch.get_sblock(KNOB_BLOCK, func_name="main"))
     except Exception:  # noqa: BLE001 - block gone (already scheduled) or not our workload
         return None
-    return _annotations_config(block.annotations)
+    return knobset.config_of(block.annotations)
 
 
-def config_from_trace(trace, workload: tirx.PrimFunc | tvm.IRModule) -> TensorCoreConfig:
+def config_from_trace(trace, workload: tirx.PrimFunc | tvm.IRModule, knobset: KnobSet = MMA_SYNC):
     """Replay the knob part of ``trace`` (``remove_postproc=True``) on ``workload`` and read
     the knob values back.  Raises when the trace does not replay or carries no knobs."""
     mod = workload if isinstance(workload, tvm.IRModule) else tvm.IRModule({"main": workload})
     sch = s_tir.Schedule(mod)
     trace.apply_to_schedule(sch, remove_postproc=True)
-    cfg = config_from_schedule(sch)
+    cfg = config_from_schedule(sch, knobset)
     if cfg is None:
-        raise ValueError("the trace carries no pit.tc.* knob annotations")
+        raise ValueError(f"the trace carries no {knobset.prefix}* knob annotations")
     return cfg
 
 
-def _sample_knobs(sch: s_tir.Schedule, decisions: TensorCoreConfig | None):
+def _sample_knobs(sch: s_tir.Schedule, decisions, knobset: KnobSet = MMA_SYNC):
     block = sch.get_sblock(KNOB_BLOCK, func_name="main")
-    for name, cands in KNOBS.items():
+    for name, cands in knobset.knobs.items():
         decision = None if decisions is None else cands.index(getattr(decisions, name))
-        rv = sch.sample_categorical(list(cands), list(_PRIORS[name]), decision=decision)
-        sch.annotate(block, ANN_PREFIX + name, rv)
+        rv = sch.sample_categorical(list(cands), list(knobset.priors[name]), decision=decision)
+        sch.annotate(block, knobset.prefix + name, rv)
 
 
 def _apply_annotated(sch: s_tir.Schedule, arch: str) -> bool:
@@ -224,16 +282,38 @@ def pit_tc_space(sch: s_tir.Schedule, arch: str = "sm_90") -> s_tir.Schedule:
     return sch
 
 
-def knob_schedule(workload: tirx.PrimFunc, config: TensorCoreConfig, arch: str = "sm_90",
-                  seed: int = 1) -> s_tir.Schedule:
+def pit_wgmma_space(sch: s_tir.Schedule) -> s_tir.Schedule:
+    """``ScheduleFn`` body of the wgmma kernel: sample its knobs (one valid config drawn from
+    the schedule's random state) into annotations and ``enter_postproc``; nothing is scheduled
+    (:class:`PitBuilder` builds the TIRx kernel of the annotated config)."""
+    sch.work_on("main")
+    k, n, in_dtype, out_dtype, _ = _workload_params(sch.mod["main"])
+    valid = valid_wgmma_configs(k, n, in_dtype, out_dtype)
+    if not valid:
+        raise ValueError(f"no wgmma config fits K={k}, N={n}, {in_dtype} -> {out_dtype}")
+    _sample_knobs(sch, random.Random(sch.fork_seed()).choice(valid), WGMMA)
+    sch.enter_postproc()
+    return sch
+
+
+def _wgmma_fits(sch: s_tir.Schedule) -> bool:
+    """whether the wgmma knobs annotated on ``sch`` are a config of :func:`valid_wgmma_configs`"""
+    cfg = config_from_schedule(sch, WGMMA)
+    k, n, in_dtype, out_dtype, _ = _workload_params(sch.mod["main"])
+    return cfg is not None and cfg in valid_wgmma_configs(k, n, in_dtype, out_dtype)
+
+
+def knob_schedule(workload: tirx.PrimFunc, config, arch: str = "sm_90", seed: int = 1) -> s_tir.Schedule:
     """A traced schedule of ``workload`` exactly as the search produces it for ``config``
-    (knob samples with these decisions, ``EnterPostproc``, the schedule): its ``trace`` is a
-    valid database record trace.  Raises ValueError for a config that does not fit."""
+    (knob samples with these decisions, ``EnterPostproc``, the mma.sync schedule; for a
+    :class:`WgmmaConfig` the samples alone): its ``trace`` is a valid database record trace.
+    Raises ValueError for a config that does not fit."""
+    wgmma = isinstance(config, WgmmaConfig)
     sch = s_tir.Schedule(tvm.IRModule({"main": workload}), seed=seed)
     sch.work_on("main")
-    _sample_knobs(sch, config)
+    _sample_knobs(sch, config, WGMMA if wgmma else MMA_SYNC)
     sch.enter_postproc()
-    if not _apply_annotated(sch, arch):
+    if not (_wgmma_fits(sch) if wgmma else _apply_annotated(sch, arch)):
         raise ValueError(f"config {config} does not fit the workload")
     return sch
 
@@ -258,6 +338,24 @@ class ApplyPitTensorCore(ms.postproc.PyPostproc):
 
     def clone(self):
         return ApplyPitTensorCore(self.arch)
+
+
+@derived_object
+class CheckWgmmaKnobs(ms.postproc.PyPostproc):
+    """Postprocessor of the wgmma space: a sampled knob combination that does not fit (the
+    tile width not dividing N, the ring over shared memory) is a failed sample."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch: s_tir.Schedule) -> bool:
+        try:
+            return _wgmma_fits(sch)
+        except Exception:  # noqa: BLE001 - a failed candidate, never a crash of the search
+            return False
+
+    def clone(self):
+        return CheckWgmmaKnobs()
 
 
 def _knob_insts(trace):
@@ -300,10 +398,14 @@ class MutateKnob(ms.mutator.PyMutator):
         return MutateKnob(self._rng.getrandbits(31))
 
 
-def space_generator(arch: str | None = None) -> ms.space_generator.ScheduleFn:
+def space_generator(arch: str | None = None, wgmma: bool = False) -> ms.space_generator.ScheduleFn:
     """The ``space=`` of ``ms.tune_tir``: :func:`pit_tc_space` + :class:`ApplyPitTensorCore`
-    + :class:`MutateKnob`."""
+    + :class:`MutateKnob`; ``wgmma``: :func:`pit_wgmma_space` + :class:`CheckWgmmaKnobs` +
+    :class:`MutateKnob`."""
     arch = arch or "sm_90"
+    if wgmma:
+        return ms.space_generator.ScheduleFn(pit_wgmma_space, sch_rules=[], postprocs=[CheckWgmmaKnobs()],
+                                             mutator_probs={MutateKnob(): 1.0})
     return ms.space_generator.ScheduleFn(
         functools.partial(pit_tc_space, arch=arch),
         sch_rules=[],
@@ -314,7 +416,12 @@ def space_generator(arch: str | None = None) -> ms.space_generator.ScheduleFn:
 
 def prepare_candidate(mod: tvm.IRModule) -> tvm.IRModule:
     """What a measured candidate needs besides its trace: the early exit (an IR post-process,
-    :func:`~pit_tvm.schedules.tensorcore.add_early_exit`) and ``tirx.is_scheduled``."""
+    :func:`~pit_tvm.schedules.tensorcore.add_early_exit`) and ``tirx.is_scheduled``; for the
+    wgmma space, the TIRx kernel of the annotated config in place of the workload."""
+    cfg = config_from_schedule(s_tir.Schedule(mod), WGMMA)
+    if cfg is not None:
+        k, n, in_dtype, out_dtype, _ = _workload_params(mod["main"])
+        return tvm.IRModule({"main": wgmma_row_gather_func(k, n, in_dtype, out_dtype, config=cfg)})
     func = add_early_exit(mod["main"]).with_attr("tirx.is_scheduled", True)
     return tvm.IRModule({"main": func})
 

@@ -1,13 +1,21 @@
 """MetaSchedule tuning of the tensor-core PIT row-gather matmul (XGBoost cost model).
 
-    path = tune_matmul(4096, 4096, "float16", target="cuda", trials=64)   # on a GPU box
-    func = load_best(path, 4096, 4096, "float16", "cuda")                 # scheduled PrimFunc
+    path = tune_matmul(4096, 4096, "float16", target="cuda:sm_90", trials=64)   # on a GPU box
+    func = load_best(path, 4096, 4096, "float16", "cuda:sm_90")                 # scheduled PrimFunc
+    tune_matmul(4096, 4096, "float16", target="cuda", trials=16)     # sm_90a: the wgmma kernel
+    sparse_matmul(4096, 4096, "float16", (1, 4096), "cuda", tuning_log="tuning_logs")
+
+Which kernel: a build for ``cuda`` (sm_90a) runs the wgmma kernel, so tuning for it searches
+that kernel's knobs (tile width, ring depth; :data:`pit_tvm.tuning.space.WGMMA_KNOBS`) into
+``wgmma_matmul_k{K}_n{N}_{dtype}/``; ``cuda:sm_90`` / ``cuda:sm_80`` builds run the mma.sync
+schedule, whose space is :mod:`pit_tvm.tuning.space`'s (``matmul_k{K}_n{N}_{dtype}/``)
+(:func:`tuned_kernel`).
 
 Where the logs go
 -----------------
 ``tune_matmul`` writes a MetaSchedule JSON database (``database_workload.json``,
 ``database_tuning_record.json``, ``logs/``) into
-``<work_dir>/<gpu-name>/matmul_k{K}_n{N}_{dtype}/`` (``work_dir`` defaults to
+``<work_dir>/<gpu-name>/[wgmma_]matmul_k{K}_n{N}_{dtype}/`` (``work_dir`` defaults to
 ``tuning_logs`` in the current directory; ``gpu-name`` is the sanitised
 ``torch.cuda.get_device_name()`` or ``nvidia-smi`` name, ``unknown-gpu`` without either)
 and returns that directory.  ``load_best`` and ``sparse_matmul(tuning_log=...)`` accept that
@@ -51,6 +59,7 @@ import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from pit_tvm.schedules.wgmma import WgmmaConfig
 from pit_tvm.schedules.tensorcore import (
     IN_DTYPES,
     TensorCoreConfig,
@@ -110,26 +119,36 @@ def gpu_name() -> str:
     return "unknown-gpu"
 
 
-def _leaf(k: int, n: int, dtype: str) -> str:
-    return f"{OP}_k{int(k)}_n{int(n)}_{dtype}"
+def tuned_kernel(k: int, n: int, dtype: str, target, out_dtype: str | None = None) -> str:
+    """Which kernel a build for ``target`` runs, so which space a log of it holds: ``"wgmma"``
+    on sm_90a where the wgmma kernel takes (K, N, dtypes), else ``"mma.sync"``"""
+    from pit_tvm.schedules.wgmma import wgmma_applies
+
+    arch = str(_space._arch_of(make_target(target)))
+    return "wgmma" if wgmma_applies(int(k), int(n), dtype, out_dtype or dtype, arch) else "mma.sync"
 
 
-def log_dir(k: int, n: int, dtype: str = "float16", work_dir=None, gpu: str | None = None) -> Path:
-    """``<work_dir or tuning_logs>/<gpu>/matmul_k{k}_n{n}_{dtype}``."""
+def _leaf(k: int, n: int, dtype: str, kernel: str = "mma.sync") -> str:
+    return ("wgmma_" if kernel == "wgmma" else "") + f"{OP}_k{int(k)}_n{int(n)}_{dtype}"
+
+
+def log_dir(k: int, n: int, dtype: str = "float16", work_dir=None, gpu: str | None = None,
+            kernel: str = "mma.sync") -> Path:
+    """``<work_dir or tuning_logs>/<gpu>/[wgmma_]matmul_k{k}_n{n}_{dtype}``."""
     root = Path(work_dir) if work_dir is not None else Path(DEFAULT_ROOT)
-    return root / (gpu or gpu_name()) / _leaf(k, n, dtype)
+    return root / (gpu or gpu_name()) / _leaf(k, n, dtype, kernel)
 
 
 def _is_db_dir(p: Path) -> bool:
     return (p / "database_tuning_record.json").is_file() and (p / "database_workload.json").is_file()
 
 
-def resolve_log_dir(path, k: int, n: int, dtype: str = "float16") -> Path | None:
-    """The database directory for (k, n, dtype) given a database directory or a log root."""
+def resolve_log_dir(path, k: int, n: int, dtype: str = "float16", kernel: str = "mma.sync") -> Path | None:
+    """The database directory for (k, n, dtype, kernel) given a database directory or a log root."""
     p = Path(path)
     if _is_db_dir(p):
         return p
-    leaf = _leaf(k, n, dtype)
+    leaf = _leaf(k, n, dtype, kernel)
     for cand in (p / leaf, p / gpu_name() / leaf):
         if _is_db_dir(cand):
             return cand
@@ -230,19 +249,16 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     if tgt.kind.name != "cuda":
         raise ValueError(f"tune_matmul tunes the CUDA tensor-core kernel, got target {tgt}")
     arch = _space._arch_of(tgt)
-    if not _space.valid_knob_configs(int(k), int(n), dtype, out_dtype or dtype,
-                                     _space._arch_of_str(arch)):
+    kernel = tuned_kernel(k, n, dtype, tgt, out_dtype)
+    if kernel == "wgmma":
+        if not _space.valid_wgmma_configs(int(k), int(n), dtype, out_dtype or dtype):
+            raise ValueError(f"no wgmma config fits K={k}, N={n} ({dtype})")
+    elif not _space.valid_knob_configs(int(k), int(n), dtype, out_dtype or dtype, _space._arch_of_str(arch)):
         raise ValueError(f"no tensor-core config fits K={k}, N={n} ({dtype})")
-    from pit_tvm.schedules.wgmma import wgmma_applies
-
-    if wgmma_applies(int(k), int(n), dtype, out_dtype or dtype, str(arch)):
-        warnings.warn(f"tuning the mma.sync space for {arch}: there sparse_matmul runs the wgmma "
-                      f"kernel for K={k}, N={n} and ignores this log; it applies to cuda:sm_90 and "
-                      f"cuda:sm_80 builds", UserWarning, stacklevel=2)
     if runner is None and not tvm.cuda(0).exist:
         raise ValueError("tuning measures every candidate on this machine's GPU, and it has no CUDA device: "
                          "run it on the GPU machine (or pass runner=, e.g. an RPCRunner)")
-    db_dir = log_dir(k, n, dtype, work_dir)
+    db_dir = log_dir(k, n, dtype, work_dir, kernel=kernel)
     db_dir.mkdir(parents=True, exist_ok=True)
 
     _ensure_worker_path()
@@ -269,7 +285,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
         genetic_max_fail_count=10,
         eps_greedy=0.05)
 
-    bar = _progress_bar(total=int(trials), desc=f"tune {_leaf(k, n, dtype)}", unit="trial",
+    bar = _progress_bar(total=int(trials), desc=f"tune {_leaf(k, n, dtype, kernel)}", unit="trial",
                         disable=not progress)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_Progress(bar)]
     try:
@@ -284,7 +300,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
             database=database,
             cost_model="xgb",
             measure_callbacks=callbacks,
-            space=_space.space_generator(arch),
+            space=_space.space_generator(arch, wgmma=kernel == "wgmma"),
             strategy=strategy,
             num_tuning_cores=cores,
             seed=int(seed),
@@ -299,7 +315,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
 # --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BestRecord:
-    config: TensorCoreConfig
+    config: TensorCoreConfig | WgmmaConfig     # (the kernel of the log's target, tuned_kernel)
     run_secs: float            # mean measured latency of the tuning workload (M = m)
     m: int                     # rows of the tuning workload
     log_dir: Path
@@ -385,24 +401,45 @@ def _candidates(db_dir: Path, k, n, dtype, tgt):
     return recs
 
 
+def _record_config(rec, kernel: str | None):
+    """the config of ``rec``'s knobs: of ``kernel``'s space, or (None) of whichever it holds"""
+    knobsets = {"wgmma": [_space.WGMMA], "mma.sync": [_space.MMA_SYNC]}.get(kernel, [_space.MMA_SYNC, _space.WGMMA])
+    for i, knobset in enumerate(knobsets):
+        try:
+            return _space.config_from_trace(rec.trace, rec.workload.mod, knobset)
+        except ValueError:
+            if i == len(knobsets) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def best_record(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
-                max_tries: int = 16) -> BestRecord | None:
-    """The fastest record of the log whose trace replays, as a :class:`BestRecord`."""
+                max_tries: int = 16, kernel: str | None = None) -> BestRecord | None:
+    """The fastest record of the log whose trace replays, as a :class:`BestRecord`: of
+    ``kernel``'s space (``"mma.sync"`` / ``"wgmma"``).  Without it, a log root is read for the
+    kernel a build for ``target`` runs (:func:`tuned_kernel`), and a database directory for
+    the space its records are of."""
     tgt = make_target(target)
-    db_dir = resolve_log_dir(work_dir, k, n, dtype)
+    if kernel is None and not _is_db_dir(Path(work_dir)):
+        kernel = tuned_kernel(k, n, dtype, tgt)
+    db_dir = resolve_log_dir(work_dir, k, n, dtype, kernel or "mma.sync")
     if db_dir is None:
-        warnings.warn(f"no tuning log for {_leaf(k, n, dtype)} under {work_dir}", stacklevel=2)
+        warnings.warn(f"no tuning log for {_leaf(k, n, dtype, kernel)} under {work_dir}", stacklevel=2)
         return None
     arch = _space._arch_of_str(_space._arch_of(tgt))
     for secs, lineno, rec in _candidates(db_dir, k, n, dtype, tgt)[:max_tries]:
         try:
             func = rec.workload.mod["main"]
-            cfg = _space.config_from_trace(rec.trace, rec.workload.mod)
+            cfg = _record_config(rec, kernel)
             # the whole trace (knobs + postproc schedule) must replay on its workload too
             sch = tvm.s_tir.Schedule(rec.workload.mod)
             rec.trace.apply_to_schedule(sch, remove_postproc=False)
-            _space.check_config(k, n, dtype, cfg, _space.max_smem_bytes(arch),
-                                str(func.params[-1].ty.dtype))
+            if isinstance(cfg, WgmmaConfig):
+                if cfg not in _space.valid_wgmma_configs(k, n, dtype, str(func.params[-1].ty.dtype)):
+                    raise ValueError(f"{cfg} does not fit K={k}, N={n}")
+            else:
+                _space.check_config(k, n, dtype, cfg, _space.max_smem_bytes(arch),
+                                    str(func.params[-1].ty.dtype))
             m = int(func.params[0].ty.shape[0])
         except Exception as err:  # noqa: BLE001
             warnings.warn(f"database_tuning_record.json:{lineno}: trace does not replay "
@@ -422,7 +459,7 @@ def load_best(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
     The kernel's signature is :func:`row_gather_matmul_func`'s (``out_dtype`` defaults to
     ``dtype``; the tuned tile config does not depend on it).
     """
-    best = best_record(work_dir, k, n, dtype, target)
+    best = best_record(work_dir, k, n, dtype, target, kernel="mma.sync")
     if best is None:
         return None
     arch = _space._arch_of_str(_space._arch_of(make_target(target)))
@@ -438,6 +475,26 @@ def load_best(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
     return sched.with_attr("pit.tuned", json.dumps(
         {"config": best.config.as_dict(), "run_secs": best.run_secs, "tune_m": best.m,
          "log": str(best.log_dir)}))
+
+
+def tuned_wgmma_config(tuning_log, k: int, n: int, dtype: str) -> WgmmaConfig | None:
+    """``sparse_matmul(..., tuning_log=...)``'s hook on sm_90a (whole-row micro-tiles): the wgmma
+    kernel's config of the log's best record, or None with a warning (the caller then plans
+    the width from the expected rows)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            best = best_record(tuning_log, k, n, dtype, "cuda", kernel="wgmma")
+        except Exception as err:  # noqa: BLE001 - a broken log never breaks compilation
+            warnings.warn(f"reading tuning log {tuning_log} failed: {err}", stacklevel=2)
+            best = None
+    for w in caught:  # re-emit what best_record said, attributed to the caller
+        warnings.warn(w.message, w.category, stacklevel=3)
+    if best is None:
+        warnings.warn(f"no valid tuned config for {_leaf(k, n, dtype, 'wgmma')} in {tuning_log}; "
+                      "using the planned wgmma config", stacklevel=3)
+        return None
+    return best.config
 
 
 def tuned_rows_kernel(tuning_log, k: int, n: int, dtype: str, out_dtype: str | None = None,
