@@ -477,40 +477,38 @@ def load_best(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
          "log": str(best.log_dir)}))
 
 
+def _from_log(read, tuning_log, missing: str):
+    """``read()`` for a build, which a log never breaks: what reading it warned is said at the
+    build's caller, an error is a warning, and nothing valid says ``missing`` (what the build
+    takes instead); None then."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            found = read()
+        except Exception as err:  # noqa: BLE001 - a broken log never breaks compilation
+            warnings.warn(f"reading tuning log {tuning_log} failed: {err}", stacklevel=2)
+            found = None
+    for w in caught:  # attributed to the caller of the hook
+        warnings.warn(w.message, w.category, stacklevel=4)
+    if found is None:
+        warnings.warn(missing, stacklevel=4)
+    return found
+
+
 def tuned_wgmma_config(tuning_log, k: int, n: int, dtype: str) -> WgmmaConfig | None:
     """``sparse_matmul(..., tuning_log=...)``'s hook on sm_90a (whole-row micro-tiles): the wgmma
     kernel's config of the log's best record, or None with a warning (the caller then plans
     the width from the expected rows)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            best = best_record(tuning_log, k, n, dtype, "cuda", kernel="wgmma")
-        except Exception as err:  # noqa: BLE001 - a broken log never breaks compilation
-            warnings.warn(f"reading tuning log {tuning_log} failed: {err}", stacklevel=2)
-            best = None
-    for w in caught:  # re-emit what best_record said, attributed to the caller
-        warnings.warn(w.message, w.category, stacklevel=3)
-    if best is None:
-        warnings.warn(f"no valid tuned config for {_leaf(k, n, dtype, 'wgmma')} in {tuning_log}; "
-                      "using the planned wgmma config", stacklevel=3)
-        return None
-    return best.config
+    best = _from_log(lambda: best_record(tuning_log, k, n, dtype, "cuda", kernel="wgmma"), tuning_log,
+                     f"no valid tuned config for {_leaf(k, n, dtype, 'wgmma')} in {tuning_log}; "
+                     "using the planned wgmma config")
+    return None if best is None else best.config
 
 
 def tuned_rows_kernel(tuning_log, k: int, n: int, dtype: str, out_dtype: str | None = None,
                       target="cuda"):
     """``sparse_matmul(..., tuning_log=...)``'s hook (whole-row micro-tiles, fp16/bf16, CUDA):
     :func:`load_best`, or None with a warning (the caller then uses the untuned kernel)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            func = load_best(tuning_log, k, n, dtype, target, out_dtype=out_dtype)
-        except Exception as err:  # noqa: BLE001 - a broken log never breaks compilation
-            warnings.warn(f"reading tuning log {tuning_log} failed: {err}", stacklevel=2)
-            func = None
-    for w in caught:  # re-emit what load_best said, attributed to the caller
-        warnings.warn(w.message, w.category, stacklevel=3)
-    if func is None:
-        warnings.warn(f"no valid tuned schedule for {_leaf(k, n, dtype)} in {tuning_log}; "
-                      "using the untuned tensor-core kernel", stacklevel=3)
-    return func
+    return _from_log(lambda: load_best(tuning_log, k, n, dtype, target, out_dtype=out_dtype), tuning_log,
+                     f"no valid tuned schedule for {_leaf(k, n, dtype)} in {tuning_log}; "
+                     "using the untuned tensor-core kernel")
