@@ -197,7 +197,10 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
                 from pit_tvm.tuning.tune import tuned_wgmma_config   # warns and falls back
 
                 tuned = tuned_wgmma_config(tuning_log, plan.k, plan.n, dtype)
-                return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint, tuned)
+                try:
+                    return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint, tuned)
+                except ValueError as err:    # (tuned for another output dtype, say)
+                    _warn_log_unused(tuning_log, f"its config {tuned} does not build here ({err})")
             if dtype in ("float16", "bfloat16"):
                 from pit_tvm.tuning.tune import tuned_rows_kernel   # warns and falls back
 
