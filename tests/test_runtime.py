@@ -1,4 +1,5 @@
-"""Export -> load with the TVM runtime only (TVM_USE_RUNTIME_LIB=1) -> run; CUDA build checks."""
+"""Export -> load with the TVM runtime only (TVM_USE_RUNTIME_LIB=1, the compiler library absent
+from the tvm package the subprocess imports) -> run; CUDA build checks."""
 import json
 import os
 import subprocess
@@ -37,9 +38,29 @@ def small_model(seed=0, n_out=16):
     return m
 
 
-def runtime_only(code: str, *args, timeout=120):
-    # Keep any PYTHONPATH entries (the GPU box puts TVM on it) after the project root.
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+def tvm_without_compiler(root: Path) -> Path:
+    """A view of the installed ``tvm`` package under ``root`` in which ``libtvm_compiler.so``
+    does not exist: every entry a symlink to the real one, ``lib/`` without the compiler
+    library (TVM finds its libraries next to its ``__file__``, which the view keeps unresolved)."""
+    import importlib.util
+
+    real = Path(importlib.util.find_spec("tvm").submodule_search_locations[0])
+    view = root / "tvm"
+    view.mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "lib":
+            (view / entry.name).symlink_to(entry)
+    (view / "lib").mkdir()
+    for lib in (real / "lib").iterdir():
+        if "tvm_compiler" not in lib.name:
+            (view / "lib" / lib.name).symlink_to(lib)
+    return root
+
+
+def runtime_only(code: str, *args, timeout=120, site: Path | None = None):
+    # Keep any PYTHONPATH entries (the GPU box puts TVM on it) after the project root; ``site``
+    # (a tvm_without_compiler view) before both.
+    path = os.pathsep.join(p for p in (str(site or ""), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
@@ -105,9 +126,15 @@ def test_runtime_only_roundtrip_matches_onnxruntime(exported, tmp_path):
         np.savez(sys.argv[3], **outs)
         assert model.benchmark({"x": ins[ins.files[0]]}, repeat=3, warmup=1) > 0
     """
-    code = textwrap.dedent(code) + textwrap.dedent(NO_COMPILER_CHECK)
-    out = runtime_only(code, path, tmp_path / "in.npz", tmp_path / "out.npz")
-    assert "RUNTIME_ONLY_OK" in out
+    code = textwrap.dedent(code) + textwrap.dedent(NO_COMPILER_CHECK) + textwrap.dedent("""
+        import os
+        lib = os.path.join(os.path.dirname(tvm.__file__), "lib")
+        assert not [f for f in os.listdir(lib) if "tvm_compiler" in f], os.listdir(lib)
+        print("COMPILER_ABSENT_OK", tvm.__file__)
+    """)
+    site = tvm_without_compiler(tmp_path / "site")
+    out = runtime_only(code, path, tmp_path / "in.npz", tmp_path / "out.npz", site=site)
+    assert "RUNTIME_ONLY_OK" in out and f"COMPILER_ABSENT_OK {site}" in out
     got = np.load(tmp_path / "out.npz")
     for i, x in enumerate(cases):
         ref = sess.run(None, {"x": x})
@@ -243,7 +270,8 @@ def test_cuda_runtime_only_roundtrip(cuda_built, tmp_path):
         np.save(sys.argv[3], y)
     """
     code = textwrap.dedent(code) + textwrap.dedent(NO_COMPILER_CHECK)
-    runtime_only(code, path, tmp_path / "x.npy", tmp_path / "y.npy", timeout=600)
+    runtime_only(code, path, tmp_path / "x.npy", tmp_path / "y.npy", timeout=600,
+                 site=tvm_without_compiler(tmp_path / "site"))
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     y = np.load(tmp_path / "y.npy").astype("float32")
     np.testing.assert_allclose(y, ref[0], rtol=3e-2, atol=3e-2 * np.abs(ref[0]).max())
