@@ -420,8 +420,8 @@ def prepare_candidate(mod: tvm.IRModule) -> tvm.IRModule:
     wgmma space, the TIRx kernel of the annotated config in place of the workload."""
     cfg = config_from_schedule(s_tir.Schedule(mod), WGMMA)
     if cfg is not None:
-        k, n, in_dtype, out_dtype, _ = _workload_params(mod["main"])
-        return tvm.IRModule({"main": wgmma_row_gather_func(k, n, in_dtype, out_dtype, config=cfg)})
+        k, n, in_dtype, out_dtype, bias = _workload_params(mod["main"])
+        return tvm.IRModule({"main": wgmma_row_gather_func(k, n, in_dtype, out_dtype, bias=bias, config=cfg)})
     func = add_early_exit(mod["main"]).with_attr("tirx.is_scheduled", True)
     return tvm.IRModule({"main": func})
 
