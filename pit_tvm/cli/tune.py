@@ -37,7 +37,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from pit_tvm.tuning.tune import best_record, tune_matmul  # noqa: PLC0415 - heavy imports
+    from pit_tvm.schedules.wgmma import WgmmaConfig  # noqa: PLC0415 - heavy imports
+    from pit_tvm.tuning.tune import best_record, tune_matmul  # noqa: PLC0415
 
     kwargs = {}
     if args.m is not None:
@@ -55,8 +56,8 @@ def run(args) -> int:
         return 1
     flops = 2.0 * best.m * args.k * args.n
     c = best.config
-    config = (f"block {c.block_m}x{c.block_n}x{c.block_k}, warp {c.warp_m}x{c.warp_n}, stages {c.stages}"
-              if hasattr(c, "warp_m") else f"wgmma tile 128x{c.block_n}x{c.block_k}, ring of {c.stages}")
+    config = (f"wgmma tile 128x{c.block_n}x{c.block_k}, ring of {c.stages}" if isinstance(c, WgmmaConfig)
+              else f"block {c.block_m}x{c.block_n}x{c.block_k}, warp {c.warp_m}x{c.warp_n}, stages {c.stages}")
     print(f"best: {best.run_secs * 1e6:.1f} us ({flops / best.run_secs / 1e12:.1f} TF/s at "
           f"M={best.m}, every row listed)  config: {config}")
     print(f"database: {path}")

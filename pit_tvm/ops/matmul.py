@@ -106,19 +106,18 @@ def _validate(k, n, dtype, micro_tile):
 
 @functools.lru_cache(maxsize=64)
 def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str, rows_hint=None,
-                      wgmma_config=None):
+                      config=None):
     """The tensor-core PIT kernel for whole-row micro-tiles on CUDA, or None when it does not
     apply (fp32, or K/N not multiples of any candidate tile: the SIMT kernel is used then).
     On sm_90a it is the wgmma kernel (:mod:`pit_tvm.schedules.wgmma`) where K and N fit its
-    tiles, of ``wgmma_config`` (a tuned one) or the one planned for ``rows_hint``; else the
-    untuned mma.sync schedule."""
+    tiles, of ``config`` (a tuned one) or the one planned for ``rows_hint``; else the untuned
+    mma.sync schedule."""
     if dtype not in ("float16", "bfloat16"):
         return None
-    from pit_tvm.schedules import wgmma
+    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_config, wgmma_row_gather_func
 
-    if wgmma.wgmma_applies(k, n, dtype, out_dtype, arch):
-        return wgmma.wgmma_row_gather_func(k, n, dtype, out_dtype,
-                                           config=wgmma_config or wgmma.wgmma_config(n, rows_hint))
+    if wgmma_applies(k, n, dtype, out_dtype, arch):
+        return wgmma_row_gather_func(k, n, dtype, out_dtype, config=config or wgmma_config(n, rows_hint))
     from pit_tvm.schedules.tensorcore import (row_gather_matmul_func, schedule_row_gather_matmul,
                                               split_plan, valid_configs)
 
@@ -182,8 +181,6 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
     expected per call (wgmma picks its tile width to fill the GPU, :func:`wgmma_config`)."""
     target = make_target(target)
     if not is_gpu(target):
-        if tuning_log is not None:
-            _warn_log_unused(tuning_log, f"tuning logs hold CUDA kernels, the target is {target.kind.name}")
         return None
     arch = _arch_of(target)
     if plan.kind == "rows":
@@ -200,7 +197,8 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
                 try:
                     return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint, tuned)
                 except ValueError as err:    # (tuned for another output dtype, say)
-                    _warn_log_unused(tuning_log, f"its config {tuned} does not build here ({err})")
+                    warnings.warn(f"tuning log {tuning_log} not used: its config {tuned} does not build "
+                                  f"here ({err})", stacklevel=2)
             if dtype in ("float16", "bfloat16"):
                 from pit_tvm.tuning.tune import tuned_rows_kernel   # warns and falls back
 
@@ -208,15 +206,21 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
                 if tuned is not None:
                     return tuned
         return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint)
-    if tuning_log is not None:
-        _warn_log_unused(tuning_log, f"micro-tile {plan.micro_tile} runs the untuned tiles kernel; tuning logs "
-                         "hold whole-row (1 x K) kernels")
     return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, arch)
 
 
-def _warn_log_unused(tuning_log, why: str) -> None:
-    """a tuning log the build does not read: said once per message, not silently dropped"""
-    warnings.warn(f"tuning log {tuning_log} not used: {why}", stacklevel=4)
+def _say_if_log_unused(tuning_log, plan: MatmulPlan, target) -> None:
+    """A tuning log the build of ``plan`` for ``target`` cannot read is said, not dropped
+    silently: the logs hold CUDA kernels of whole-row micro-tiles."""
+    if tuning_log is None:
+        return
+    if not is_gpu(target):
+        why = f"tuning logs hold CUDA kernels, the target is {target.kind.name}"
+    elif plan.kind != "rows":
+        why = f"micro-tile {plan.micro_tile} runs its untuned tiles kernel; tuning logs hold whole-row (1 x K) kernels"
+    else:
+        return
+    warnings.warn(f"tuning log {tuning_log} not used: {why}", stacklevel=3)
 
 
 def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, target,
@@ -229,6 +233,7 @@ def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, targ
     :func:`pit_tvm.index.tile_index_func` for :class:`MatmulPlan` ``.index_group``/``.index_micro_tile``.
     """
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
+    _say_if_log_unused(tuning_log, plan, make_target(target))
     tensor_core = tensor_core_kernel(plan, dtype, out_dtype, target, tuning_log)
     if tensor_core is not None:
         return tensor_core
@@ -572,6 +577,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     a2, m, lead = _as_rows(bb, a, k)
     plan = MatmulPlan(k, n, tuple(int(x) for x in micro_tile))
     tgt = make_target(target)
+    _say_if_log_unused(tuning_log, plan, tgt)
     density = planned_density(expected_density)
     compact = dense_fallback = None
     strips = False      # the wgmma tiles kernel's index (and compaction) in one pass over A
@@ -588,9 +594,6 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         tiles_fused = tiles_fused and wgmma_tiles is not None
         if wgmma_tiles is not None:
             plan, kernel, compact, dense_fallback, strips = wgmma_tiles
-            if tuning_log is not None:
-                _warn_log_unused(tuning_log, f"micro-tile {plan.micro_tile} runs the untuned wgmma tiles kernel; "
-                                 "tuning logs hold whole-row (1 x K) kernels")
         elif tc_plan is not None:
             kernel = tensor_core_kernel(tc_plan, dtype, out_dtype, tgt, tuning_log, _rows_hint(m, density))
             if kernel is not None:
@@ -603,8 +606,6 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             raise ValueError(f"no tensor-core PIT kernel for {dtype} K={k} N={n} micro-tile "
                              f"{plan.micro_tile[0]}x{plan.micro_tile[1]} (needs fp16/bf16 and tile-aligned K, N)")
     else:
-        if tuning_log is not None:
-            _warn_log_unused(tuning_log, f"tuning logs hold CUDA kernels, the target is {tgt.kind.name}")
         kernel = simt_matmul_func(plan, dtype, out_dtype, tgt)
     masks = False
     fused = (bias is not None and plan.kind == "rows" and is_gpu(tgt)

@@ -102,12 +102,31 @@ _NOT_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUni
 
 
 def _static_dims(value_info) -> list[int] | None:
-    dims = value_info.type.tensor_type.shape.dim if value_info.type.HasField("tensor_type") else None
-    if dims is None or not value_info.type.tensor_type.HasField("shape"):
+    """a tensor's dims where ONNX knows every one, else None"""
+    tensor = value_info.type.tensor_type
+    if not value_info.type.HasField("tensor_type") or not tensor.HasField("shape"):
         return None
-    if not all(d.HasField("dim_value") for d in dims):
+    dims = tensor.shape.dim
+    return [int(d.dim_value) for d in dims] if all(d.HasField("dim_value") for d in dims) else None
+
+
+def _folded_values(node, consts: dict, static: dict, opset: int):
+    """``node``'s output values where its inputs are known (:func:`fold_shape_computations`), else None"""
+    inputs = [i for i in node.input if i]
+    if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDABLE:
         return None
-    return [int(d.dim_value) for d in dims]
+    if node.op_type == "Shape" and static.get(node.input[0]) is not None:
+        start = next((a.i for a in node.attribute if a.name == "start"), 0)
+        end = next((a.i for a in node.attribute if a.name == "end"), None)
+        return [np.array(static[node.input[0]], dtype=np.int64)[start:end]]
+    if not all(i in consts for i in inputs) or sum(consts[i].size for i in inputs) > FOLD_MAX_ELEMENTS:
+        return None
+    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
+
+    try:
+        return ReferenceEvaluator(node, opsets={"": opset}).run(None, {i: consts[i] for i in inputs})
+    except Exception:  # noqa: BLE001 - not evaluable here: TVM imports it as it is
+        return None
 
 
 def fold_shape_computations(model, shape_dict=None) -> onnx.ModelProto:
@@ -120,7 +139,6 @@ def fold_shape_computations(model, shape_dict=None) -> onnx.ModelProto:
     seq_len``) and every tensor it broadcasts with lose their shapes, which the build rejects
     even where every dim is static.  Folded here, the range is a constant."""
     from onnx import numpy_helper  # noqa: PLC0415
-    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
 
     model = load_model(model)
     copy = onnx.ModelProto()
@@ -137,24 +155,13 @@ def fold_shape_computations(model, shape_dict=None) -> onnx.ModelProto:
         inferred = g
     static = {vi.name: _static_dims(vi) for vi in [*inferred.input, *inferred.value_info, *inferred.output]}
     opset = next((op.version for op in copy.opset_import if op.domain in ("", "ai.onnx")), 1)
-    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    # (only initializers small enough to fold are read: a model's weights stay as they are)
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer if np.prod(t.dims) <= FOLD_MAX_ELEMENTS}
     outputs = {o.name for o in g.output}
     kept, folded = [], {}
     for node in g.node:
-        values = None
-        inputs = [i for i in node.input if i]
-        if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDABLE or set(node.output) & outputs:
-            pass
-        elif node.op_type == "Shape" and static.get(node.input[0]) is not None:
-            start = next((a.i for a in node.attribute if a.name == "start"), 0)
-            end = next((a.i for a in node.attribute if a.name == "end"), None)
-            values = [np.array(static[node.input[0]], dtype=np.int64)[start:end]]
-        elif (all(i in consts for i in inputs)
-              and sum(consts[i].size for i in inputs) <= FOLD_MAX_ELEMENTS):
-            try:
-                values = ReferenceEvaluator(node, opsets={"": opset}).run(None, {i: consts[i] for i in inputs})
-            except Exception:  # noqa: BLE001 - not evaluable here: TVM imports it as it is
-                values = None
+        # (a graph output stays a node's)
+        values = None if set(node.output) & outputs else _folded_values(node, consts, static, opset)
         if values is None:
             kept.append(node)
             continue

@@ -82,6 +82,7 @@ __all__ = [
     "KnobSet",
     "MMA_SYNC",
     "WGMMA",
+    "KNOBSETS",
     "valid_wgmma_configs",
     "pit_wgmma_space",
     "CheckWgmmaKnobs",
@@ -146,6 +147,8 @@ class KnobSet:
 MMA_SYNC = KnobSet(KNOBS, _PRIORS, ANN_PREFIX, TensorCoreConfig)
 #: the wgmma kernel's knobs (sm_90a)
 WGMMA = KnobSet(WGMMA_KNOBS, _WGMMA_PRIORS, "pit.wgmma.", WgmmaConfig)
+#: each kernel's knobs by its name (:func:`pit_tvm.tuning.tune.tuned_kernel`)
+KNOBSETS = {"mma.sync": MMA_SYNC, "wgmma": WGMMA}
 #: the block that carries the knob annotations.  Not ``matmul``: in TVM 0.27 an ``annotate``
 #: on a block of the gather_matmul subtree followed by the first ``split`` of the zero-fill
 #: loops writes *in place* into the unscheduled PrimFunc the schedule was created from (a
@@ -218,16 +221,18 @@ def config_from_schedule(sch: s_tir.Schedule, knobset: KnobSet = MMA_SYNC):
     return knobset.config_of(block.annotations)
 
 
-def config_from_trace(trace, workload: tirx.PrimFunc | tvm.IRModule, knobset: KnobSet = MMA_SYNC):
+def config_from_trace(trace, workload: tirx.PrimFunc | tvm.IRModule, knobset: KnobSet | None = MMA_SYNC):
     """Replay the knob part of ``trace`` (``remove_postproc=True``) on ``workload`` and read
-    the knob values back.  Raises when the trace does not replay or carries no knobs."""
+    the knob values of ``knobset`` back (None: of whichever kernel's knobs it carries).  Raises
+    when the trace does not replay or carries no such knobs."""
     mod = workload if isinstance(workload, tvm.IRModule) else tvm.IRModule({"main": workload})
     sch = s_tir.Schedule(mod)
     trace.apply_to_schedule(sch, remove_postproc=True)
-    cfg = config_from_schedule(sch, knobset)
-    if cfg is None:
-        raise ValueError(f"the trace carries no {knobset.prefix}* knob annotations")
-    return cfg
+    for candidate in [knobset] if knobset is not None else KNOBSETS.values():
+        cfg = config_from_schedule(sch, candidate)
+        if cfg is not None:
+            return cfg
+    raise ValueError(f"the trace carries no {knobset.prefix if knobset else 'pit.*.'}* knob annotations")
 
 
 def _sample_knobs(sch: s_tir.Schedule, decisions, knobset: KnobSet = MMA_SYNC):
@@ -311,7 +316,7 @@ def knob_schedule(workload: tirx.PrimFunc, config, arch: str = "sm_90", seed: in
     wgmma = isinstance(config, WgmmaConfig)
     sch = s_tir.Schedule(tvm.IRModule({"main": workload}), seed=seed)
     sch.work_on("main")
-    _sample_knobs(sch, config, WGMMA if wgmma else MMA_SYNC)
+    _sample_knobs(sch, config, KNOBSETS["wgmma" if wgmma else "mma.sync"])
     sch.enter_postproc()
     if not (_wgmma_fits(sch) if wgmma else _apply_annotated(sch, arch)):
         raise ValueError(f"config {config} does not fit the workload")

@@ -401,18 +401,6 @@ def _candidates(db_dir: Path, k, n, dtype, tgt):
     return recs
 
 
-def _record_config(rec, kernel: str | None):
-    """the config of ``rec``'s knobs: of ``kernel``'s space, or (None) of whichever it holds"""
-    knobsets = {"wgmma": [_space.WGMMA], "mma.sync": [_space.MMA_SYNC]}.get(kernel, [_space.MMA_SYNC, _space.WGMMA])
-    for i, knobset in enumerate(knobsets):
-        try:
-            return _space.config_from_trace(rec.trace, rec.workload.mod, knobset)
-        except ValueError:
-            if i == len(knobsets) - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
 def best_record(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
                 max_tries: int = 16, kernel: str | None = None) -> BestRecord | None:
     """The fastest record of the log whose trace replays, as a :class:`BestRecord`: of
@@ -430,7 +418,7 @@ def best_record(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
     for secs, lineno, rec in _candidates(db_dir, k, n, dtype, tgt)[:max_tries]:
         try:
             func = rec.workload.mod["main"]
-            cfg = _record_config(rec, kernel)
+            cfg = _space.config_from_trace(rec.trace, rec.workload.mod, _space.KNOBSETS.get(kernel))
             # the whole trace (knobs + postproc schedule) must replay on its workload too
             sch = tvm.s_tir.Schedule(rec.workload.mod)
             rec.trace.apply_to_schedule(sch, remove_postproc=False)
