@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,8 @@ from pit_tvm.tuning.tune import best_record, load_best, log_dir, tune_matmul
 
 K, N = 512, 256
 TARGET = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+SM90A = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+TILES_MICRO_TILE = (32, 64)
 
 
 def _workload(k=K, n=N, dtype="float16", m=S.DEFAULT_TUNE_M):
@@ -51,7 +55,7 @@ def test_wgmma_design_space_builds_the_tirx_kernel():
 
     func = _workload()
     sm90a = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    ctx = ms.TuneContext(mod=func, target=sm90a, space_generator=S.space_generator("sm_90a", wgmma=True),
+    ctx = ms.TuneContext(mod=func, target=sm90a, space_generator=S.space_generator("sm_90a", kernel="wgmma"),
                          task_name="pit", rand_state=7)
     (space,) = ctx.generate_design_space()
     cfg = S.config_from_trace(space.trace, func, S.WGMMA)
@@ -93,7 +97,7 @@ def test_space_fn_seeds_give_different_valid_kernels_that_build():
     configs = {}
     for seed in range(1, 13):
         sch = s_tir.Schedule(mod, seed=seed)
-        S.pit_tc_space(sch)
+        S.pit_space(sch)
         configs[S.config_from_trace(sch.trace, func)] = sch
     assert len(configs) >= 4
     # the unscheduled workload is never written in place (TVM 0.27 copy-on-write slip, see
@@ -115,10 +119,10 @@ def test_resampled_traces_are_consistent_with_their_knobs():
     func = _workload()
     mod = tvm.IRModule({"main": func})
     space = s_tir.Schedule(mod, seed=3)
-    S.pit_tc_space(space)
+    S.pit_space(space)
     knob_trace = space.trace.simplified(remove_postproc=True)
     assert len(S._knob_insts(knob_trace)) == len(S.KNOBS)   # samples survive simplification
-    post = S.ApplyPitTensorCore("sm_90")
+    post = S.ApplyPitKnobs("mma.sync", "sm_90")
     seen, ok = set(), 0
     for seed in range(1, 25):
         sch = s_tir.Schedule(mod, seed=seed)
@@ -134,6 +138,107 @@ def test_resampled_traces_are_consistent_with_their_knobs():
         ref = S.knob_schedule(func, cfg)
         assert tvm_ffi.structural_equal(sch.mod, ref.mod), cfg
     assert ok >= 3 and len(seen) >= 3
+
+
+@pytest.mark.parametrize("kernel, micro_tile, arch", [
+    ("wgmma.tiles", (128, 64), "sm_90a"),          # loader warpgroup or not: a knob
+    ("wgmma.tiles", (128, 1), "sm_90a"),           # A compacted by its own kernel first
+    ("mma.sync.tiles", (32, 64), "sm_90"),
+    ("mma.sync.tiles", (32, 1), "sm_80"),          # the workload's A_compact kernel
+])
+def test_tiles_design_spaces_build(kernel, micro_tile, arch):
+    """The tiles kinds' spaces: seeds give different valid configs of the kernel's knobs, the
+    workload is never written in place, a candidate is the kernel of its config (the wgmma
+    TIRx kernel; the mma.sync schedule with its dynamic K loop), and its CUDA compiles"""
+    from pit_tvm.schedules.tensorcore_tiles import DYN_K_ATTR, needs_compact_a
+
+    knobset = S.KNOBSETS[kernel]
+    a_compact = kernel == "mma.sync.tiles" and needs_compact_a(micro_tile, "float16")
+    func = S.tiles_tuning_workload(K, N, micro_tile, "float16", "float16", a_compact=a_compact)
+    mod = tvm.IRModule({"main": func})
+    h0 = tvm_ffi.structural_hash(func)
+    valid = knobset.valid(func, arch)
+    configs = {}
+    for seed in range(1, 9):
+        sch = s_tir.Schedule(mod, seed=seed)
+        S.pit_space(sch, knobset, arch)
+        configs[S.config_from_trace(sch.trace, func, knobset)] = sch
+    assert len(configs) >= 3 and set(configs) <= set(valid)
+    assert tvm_ffi.structural_hash(func) == h0
+    if kernel == "wgmma.tiles":
+        assert {c.tiles_ws for c in valid} == ({False, True} if micro_tile[1] % 64 == 0 else {False})
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    cfg = sorted(configs, key=repr)[0]
+    candidate = S.prepare_candidate(configs[cfg].mod)["main"]
+    src = build(candidate, target).mod.imports[0].inspect_source("cuda")
+    if kernel == "wgmma.tiles":
+        from pit_tvm.schedules.wgmma import wgmma_tiles_gather_func
+
+        assert candidate.same_as(wgmma_tiles_gather_func(K, N, micro_tile[1], "float16", "float16", config=cfg))
+        assert "wgmma.mma_async" in src
+    else:
+        assert "mma.sync.aligned.m16n8k16" in src and "pit_k_steps" in candidate.script()
+        # the K loop's dynamic extent is the builder's post-process, not in the trace
+        assert DYN_K_ATTR in str(S.knob_schedule(func, cfg, arch).mod)
+        assert "pit_k_steps" not in S.knob_schedule(func, cfg, arch).mod.script()
+    # wgmma: 192 does not divide N; mma.sync: a 64-row warp tile in a 32-row strip
+    unfit = replace(cfg, block_n=192) if kernel == "wgmma.tiles" else replace(cfg, warp_m=64)
+    with pytest.raises(ValueError, match="does not fit"):
+        S.knob_schedule(func, unfit, arch)
+    if kernel == "mma.sync.tiles":
+        with pytest.raises(ValueError, match="block_n=192 is not one of"):
+            S.knob_schedule(func, replace(cfg, block_n=192), arch)
+    if find_nvcc() is not None:
+        ex = build(candidate, target)
+        assert check_cuda_compiles(ex, archs=(arch,)) >= 1
+
+
+def test_tiles_resampled_traces_are_the_kernels_of_their_knobs():
+    """the mma.sync tiles space as the evolutionary search replays it: every valid sample is
+    exactly the kernel of its knobs, an unfit one a failed sample"""
+    knobset = S.MMA_SYNC_TILES
+    func = S.tiles_tuning_workload(K, N, TILES_MICRO_TILE, "float16", "float16")
+    mod = tvm.IRModule({"main": func})
+    space = s_tir.Schedule(mod, seed=3)
+    S.pit_space(space, knobset)
+    knob_trace = space.trace.simplified(remove_postproc=True)
+    assert len(S._knob_insts(knob_trace)) == len(S.TILES_KNOBS)
+    post = S.ApplyPitKnobs("mma.sync.tiles", "sm_90")
+    seen, failed = set(), 0
+    for seed in range(1, 25):
+        sch = s_tir.Schedule(mod, seed=seed)
+        s_tir.Trace(knob_trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+        cfg = S.config_from_schedule(sch, knobset)
+        sch.enter_postproc()
+        valid = cfg in knobset.valid(func, "sm_90")
+        assert post.apply(sch) == valid, cfg
+        if not valid:
+            failed += 1
+            continue
+        seen.add(cfg)
+        assert tvm_ffi.structural_equal(sch.mod, S.knob_schedule(func, cfg).mod), cfg
+    assert len(seen) >= 3 and failed >= 1
+
+
+def test_tiles_runner_arguments_are_a_valid_index():
+    """the runner's arguments for a tiles workload: each strip lists round(density * KT) distinct
+    columns in ascending order, the unused tail is -1 (a random int32 fill would read out of bounds)"""
+    from pit_tvm.tuning._worker import alloc_pit_arguments
+
+    func = S.tiles_tuning_workload(K, N, TILES_MICRO_TILE, "float16", "float16", m=1000)
+    infos = ms.arg_info.ArgInfo.from_prim_func(func)
+    (args,) = alloc_pit_arguments(tvm.cpu(), [i.as_json() for i in infos], 1, density=0.25)
+    offsets, ids = args[2].numpy(), args[3].numpy()
+    strips, kt = -(-1000 // 32), K // 64
+    assert offsets.shape == (strips + 1,) and ids.shape == (strips * kt,)
+    count = 2                                                   # round(0.25 * 8)
+    assert (np.diff(offsets) == count).all() and offsets[0] == 0
+    listed = ids[: offsets[-1]].reshape(strips, count)
+    assert (np.diff(listed, axis=1) > 0).all() and listed.min() >= 0 and listed.max() < kt
+    assert (ids[offsets[-1]:] == -1).all()
+    assert len({tuple(r) for r in listed}) > 1                 # not the same columns in every strip
+    rows = alloc_pit_arguments(tvm.cpu(), [i.as_json() for i in ms.arg_info.ArgInfo.from_prim_func(_workload(m=1000))], 1)
+    assert rows[0][2].numpy().tolist() == [0, 1000] and (rows[0][3].numpy() == np.arange(1000)).all()
 
 
 def test_mutator_moves_one_knob():
@@ -270,14 +375,20 @@ class FakeRunner(ms.runner.PyRunner):
 
 @pytest.fixture(scope="module")
 def tuned_log(tmp_path_factory):
+    """(log root, the rows log, {tiles kernel: its log}): every tune in one fixture (MetaSchedule's
+    loggers cannot be set up again in a later test of one process)"""
     root = tmp_path_factory.mktemp("tuning_logs")
-    path = tune_matmul(K, N, "float16", "cuda:sm_90", trials=8, work_dir=root, runner=FakeRunner(),
-                       trials_per_iter=8, population_size=32, progress=False)
-    return root, path
+    kw = dict(work_dir=root, runner=FakeRunner(), population_size=32, progress=False)
+    path = tune_matmul(K, N, "float16", "cuda:sm_90", trials=8, trials_per_iter=8, **kw)
+    tiles = {"wgmma.tiles": tune_matmul(K, N, "float16", "cuda", trials=6, trials_per_iter=6,
+                                        micro_tile=TILES_MICRO_TILE, **kw),
+             "mma.sync.tiles": tune_matmul(K, N, "float16", "cuda:sm_90", trials=6, trials_per_iter=6,
+                                           micro_tile=TILES_MICRO_TILE, **kw)}
+    return root, path, tiles
 
 
 def test_tune_matmul_with_fake_runner(tuned_log):
-    root, path = tuned_log
+    root, path, _ = tuned_log
     assert path.parent.parent == root and path.name == f"matmul_k{K}_n{N}_float16"
     lines = (path / "database_tuning_record.json").read_text().splitlines()
     assert len(lines) == 8
@@ -293,7 +404,7 @@ def test_tune_matmul_with_fake_runner(tuned_log):
 def test_sparse_matmul_tuning_log_hook(tuned_log):
     from pit_tvm.ops.matmul import sparse_matmul
 
-    root, path = tuned_log
+    root, path, _ = tuned_log
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         op = sparse_matmul(K, N, "float16", micro_tile=(1, K), target="cuda:sm_90", tuning_log=root)
@@ -312,17 +423,20 @@ def test_sparse_matmul_tuning_log_hook(tuned_log):
 
 
 @pytest.mark.parametrize("target, micro_tile, why", [
-    ("llvm", (1, K), "the target is llvm"),
-    ("cuda:sm_90", (32, 64), "untuned tiles kernel"),
-    ("cuda", (32, 64), "untuned tiles kernel"),
+    ("llvm", (1, K), "tuning log .* not used: .*the target is llvm"),
+    ("cuda:sm_90", (4, K), "tuning log .* not used: .*runs the SIMT kernel"),
+    # the rows kernel's database holds no tiles kernel: the planned tiles config is said
+    ("cuda:sm_90", (32, 64), "no valid tuned config for matmul_32x64_k512_n256_float16 .*planned tiles config"),
+    ("cuda", (32, 64), "no valid tuned config for wgmma_matmul_128x64_k512_n256_float16 .*planned tiles config"),
 ])
 def test_tuning_log_not_used_is_said(tuned_log, target, micro_tile, why):
     """a build that cannot use a tuning log says so (and builds), never drops it silently"""
     from pit_tvm.ops.matmul import sparse_matmul
 
-    root, _ = tuned_log
-    with pytest.warns(UserWarning, match=f"tuning log .* not used: .*{why}"):
-        sparse_matmul(K, N, "float16", micro_tile=micro_tile, target=target, tuning_log=root)
+    root, rows_log, _ = tuned_log
+    with pytest.warns(UserWarning, match=why):
+        sparse_matmul(K, N, "float16", micro_tile=micro_tile, target=target,
+                      tuning_log=rows_log if micro_tile[1] < K else root)
 
 
 def test_wgmma_log_drives_sm90a_builds(tmp_path):
@@ -406,7 +520,7 @@ def test_cli_tune(tuned_log, monkeypatch, capsys):
     import pit_tvm.tuning.tune as tune_mod
     from pit_tvm.cli.main import main
 
-    root, path = tuned_log
+    root, path, _ = tuned_log
     calls = {}
 
     def fake_tune(k, n, dtype, **kw):
@@ -420,6 +534,77 @@ def test_cli_tune(tuned_log, monkeypatch, capsys):
     assert rc == 0
     assert calls["trials"] == 8 and calls["work_dir"] == str(root) and calls["k"] == K
     assert "best:" in out and " us " in out and str(path) in out
+
+
+def test_cli_tune_micro_tile(tuned_log, monkeypatch, capsys):
+    """``--micro-tile`` / ``--density`` reach tune_matmul, the best tiles config is printed; a
+    malformed micro-tile is an error naming it"""
+    import pit_tvm.tuning.tune as tune_mod
+    from pit_tvm.cli.main import main
+
+    root, _, tiles = tuned_log
+    calls = {}
+
+    def fake_tune(k, n, dtype, **kw):
+        calls.update(kw)
+        return tiles["mma.sync.tiles"]
+
+    monkeypatch.setattr(tune_mod, "tune_matmul", fake_tune)
+    rc = main(["tune", "--k", str(K), "--n", str(N), "--target", "cuda:sm_90", "--micro-tile", "32x64",
+               "--density", "0.25", "--work-dir", str(root)])
+    out = capsys.readouterr().out
+    assert rc == 0 and calls["micro_tile"] == (32, 64) and calls["density"] == 0.25
+    assert "25% of each strip's micro-tiles listed" in out and "K step" in out
+    rc = main(["tune", "--k", str(K), "--n", str(N), "--micro-tile", "32by64"])
+    assert rc == 2 and "--micro-tile '32by64'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kernel, target", [("wgmma.tiles", "cuda"), ("mma.sync.tiles", "cuda:sm_90")])
+def test_tiles_logs_drive_builds(tuned_log, tmp_path, kernel, target):
+    """A tiles kind's log gives the builds of its target the fastest record's config: the
+    wgmma tiles kernel (sm_90a: 1x64 and 32x64 both run its 128x64 strips) or the mma.sync
+    tiles schedule (sm_90).  The tuned log (fake latencies) is read as measured; a record of
+    another config made fastest changes the kernel built."""
+    import shutil
+
+    from pit_tvm.ops.matmul import MatmulPlan, _cuda_tiles_kernel, _cuda_wgmma_tiles, sparse_matmul, tensor_core_kernel
+    from pit_tvm.schedules.wgmma import wgmma_tiles_config, wgmma_tiles_gather_func
+
+    root, _, tiles = tuned_log
+    path = tiles[kernel]
+    strip = 128 if kernel == "wgmma.tiles" else TILES_MICRO_TILE[0]
+    assert path.name == ("wgmma_" if kernel == "wgmma.tiles" else "") + f"matmul_{strip}x64_k{K}_n{N}_float16"
+    recs = ms.database.JSONDatabase(work_dir=str(path)).get_all_tuning_records()
+    assert len(recs) == 6
+    fastest = min(recs, key=lambda r: float(np.mean([float(x) for x in r.run_secs])))
+    knobset = S.KNOBSETS[kernel]
+    assert best_record(root, K, N, "float16", target, micro_tile=TILES_MICRO_TILE).config == \
+        S.config_from_trace(fastest.trace, fastest.workload.mod, knobset)
+
+    def built(log, micro_tile=TILES_MICRO_TILE):
+        if kernel == "wgmma.tiles":
+            return _cuda_wgmma_tiles(MatmulPlan(K, N, micro_tile), "float16", "float16", "sm_90a", tuning_log=log)[1]
+        return tensor_core_kernel(MatmulPlan(K, N, micro_tile), "float16", "float16", target, log)
+
+    def kernel_of(cfg):
+        if kernel == "wgmma.tiles":
+            return wgmma_tiles_gather_func(K, N, 64, "float16", "float16", config=cfg)
+        return _cuda_tiles_kernel(K, N, "float16", "float16", TILES_MICRO_TILE, "sm_90", cfg)
+
+    # another config, made the fastest record of a copy of the log
+    workload = fastest.workload.mod["main"]
+    planned = (wgmma_tiles_config(N, 64) if kernel == "wgmma.tiles"
+               else S.valid_tiles_knob_configs(K, N, TILES_MICRO_TILE, "float16", "float16", False)[0])
+    other = next(c for c in knobset.valid(workload, "sm_90") if c != planned)
+    log = shutil.copytree(path, tmp_path / "logs" / "test-gpu" / path.name)
+    _commit(ms.database.JSONDatabase(work_dir=str(log)), workload, other, 1e-7,
+            SM90A if kernel == "wgmma.tiles" else TARGET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # a log it can read is read without a word
+        for micro_tile in (TILES_MICRO_TILE, (1, 64)) if kernel == "wgmma.tiles" else (TILES_MICRO_TILE,):
+            assert tvm_ffi.structural_equal(built(tmp_path / "logs", micro_tile), kernel_of(other))
+        assert not tvm_ffi.structural_equal(built(tmp_path / "logs"), kernel_of(planned))
+        sparse_matmul(K, N, "float16", micro_tile=TILES_MICRO_TILE, target=target, tuning_log=tmp_path / "logs")
 
 
 def test_cli_tune_without_a_gpu_is_an_error_up_front(tmp_path, capsys):
@@ -480,12 +665,91 @@ def test_gpu_tune_8_trials_and_numerics(tmp_path):
         op = sparse_matmul(k, n, "float16", micro_tile=(1, k), target="cuda", tuning_log=tmp_path)
     assert dict(kernel.attrs[ROWS_ATTR])["block_n"] == best.config.block_n
     np.testing.assert_allclose(op(a16, b16).astype(np.float32), ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    # the tiles kinds: the wgmma tiles kernel ("cuda") and the mma.sync tiles schedule (cuda:sm_90)
+    for target, micro_tile in (("cuda", (32, 64)), ("cuda", (32, 1)), ("cuda:sm_90", (32, 64))):
+        path = tune_matmul(k, n, "float16", target, trials=6, work_dir=tmp_path, micro_tile=micro_tile,
+                           trials_per_iter=6, population_size=16, density=0.3)
+        best = best_record(tmp_path, k, n, "float16", target, micro_tile=micro_tile)
+        assert best is not None and 0 < best.run_secs < 1e-2, path
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            op = sparse_matmul(k, n, "float16", micro_tile=micro_tile, target=target, tuning_log=tmp_path)
+        _check_tiles_op(op, k, n, micro_tile, rng, f"{path.name} {best.config}")
+
+
+def _check_tiles_op(op, k, n, micro_tile, rng, what, m=520):
+    """``op`` against a float32 reference on micro-tile patterns of the benchmark sparsities, and
+    none listed, over a row count no strip divides"""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import gpu_matmul as gm
+
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    for sparsity in (0.0, 0.5, 0.9, 0.99, 1.0):
+        a = rng.standard_normal((m, k)).astype(np.float16)
+        a[~gm.expand(gm.tile_pattern(m, k, micro_tile, sparsity, rng), micro_tile, (m, k))] = 0
+        ref = a.astype(np.float32) @ b.astype(np.float32)
+        np.testing.assert_allclose(op(a, b).astype(np.float32), ref, rtol=2e-2,
+                                   atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=f"{what} sparsity {sparsity}")
 
 
 # ----------------------------------------------------------------------------- the shipped logs
 SHIPPED = sorted(Path(__file__).resolve().parent.parent.glob("tuning_logs/*/matmul_k*_n*_*"))
 #: the wgmma kernel's logs (sm_90a, the default "cuda" target)
 SHIPPED_WGMMA = sorted(Path(__file__).resolve().parent.parent.glob("tuning_logs/*/wgmma_matmul_k*_n*_*"))
+
+
+#: the tiles kinds' logs: wgmma_matmul_128xC_... (sm_90a), matmul_RxC_... (mma.sync)
+SHIPPED_TILES = sorted(Path(__file__).resolve().parent.parent.glob("tuning_logs/*/*matmul_*x*_k*_n*_*"))
+
+
+def _tiles_log(log):
+    """(kernel, kernel micro-tile, K, N, dtype, target) of a shipped tiles log"""
+    import re
+
+    mr, mk, k, n, dtype = re.search(r"matmul_(\d+)x(\d+)_k(\d+)_n(\d+)_(\w+)$", log.name).groups()
+    wgmma = log.name.startswith("wgmma_")
+    return ("wgmma.tiles" if wgmma else "mma.sync.tiles", (int(mr), int(mk)), int(k), int(n), dtype,
+            "cuda" if wgmma else "cuda:sm_90")
+
+
+@pytest.mark.parametrize("log", SHIPPED_TILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_shipped_tiles_logs_give_a_config_that_compiles(log):
+    """Every tiles database the repo ships is read without a warning by a build of its target
+    and micro-tile, whose tiles kernel is the record's config and compiles to device code."""
+    from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+    from pit_tvm.ops.matmul import MatmulPlan, _cuda_wgmma_tiles, tensor_core_kernel
+    from pit_tvm.target import build as build_func
+
+    kernel, micro_tile, k, n, dtype, target = _tiles_log(log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        best = best_record(log.parent.parent, k, n, dtype, target, micro_tile=micro_tile)
+        plan = MatmulPlan(k, n, micro_tile)
+        built = (_cuda_wgmma_tiles(plan, dtype, dtype, "sm_90a", tuning_log=log.parent.parent)[1]
+                 if kernel == "wgmma.tiles" else tensor_core_kernel(plan, dtype, dtype, target, log.parent.parent))
+    workload = S.tiles_tuning_workload(k, n, micro_tile, dtype, dtype)
+    assert best.log_dir == log and best.config in S.KNOBSETS[kernel].valid(workload, "sm_90")
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    arch = "sm_90a" if kernel == "wgmma.tiles" else "sm_90"
+    assert check_cuda_compiles(build_func(tvm.IRModule({"main": built}), target), archs=(arch,)) >= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", SHIPPED_TILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_gpu_shipped_tiles_logs_numerics(log):
+    """The op a shipped tiles log is for, at the benchmark's micro-tiles it serves, against a
+    float32 reference"""
+    from pit_tvm.ops.matmul import sparse_matmul
+
+    kernel, (mr, mk), k, n, dtype, target = _tiles_log(log)
+    rng = np.random.default_rng(0)
+    # the wgmma 128-row strips serve the benchmark's 32 x mk and (mk = 64) 1 x 64 micro-tiles
+    for micro_tile in [(32, mk)] + [(1, mk)] * (mk == 64) if kernel == "wgmma.tiles" else [(mr, mk)]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            op = sparse_matmul(k, n, dtype, micro_tile=micro_tile, target=target, tuning_log=str(log.parent.parent))
+        _check_tiles_op(op, k, n, micro_tile, rng, f"{log.name} {micro_tile}")
 
 
 def _shape_of(log):

@@ -44,6 +44,14 @@ def parse_sparse(items) -> dict:
     return out
 
 
+def parse_micro_tile(text: str, flag: str = "--micro-tile") -> tuple[int, int]:
+    """``"32x64"`` -> ``(32, 64)``; anything else is an error naming ``flag``"""
+    parts = str(text).lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{flag} {text!r}: expected ROWSxCOLS with positive integers, e.g. 32x64")
+    return int(parts[0]), int(parts[1])
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("compile", help="compile an ONNX model with PIT", description=__doc__.splitlines()[0])
     p.add_argument("model", help="ONNX model (.onnx)")

@@ -7,6 +7,8 @@ columns of H and the matching rows of W2).
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 
@@ -40,7 +42,13 @@ def run(args) -> int:
     from pit_tvm.target import device_for
     from pit_tvm.timing import median_ms
 
-    mr, mk = (int(v) for v in args.micro_tile.lower().split("x"))
+    from pit_tvm.cli.compile import parse_micro_tile
+
+    try:
+        mr, mk = parse_micro_tile(args.micro_tile)
+    except ValueError as err:
+        print(f"pit-tvm demo: error: {err}", file=sys.stderr)
+        return 2
     x, w1, b1, w2 = make_mlp(args.tokens, args.d_model, args.hidden, args.active)
     dev = device_for(args.target)
     print(f"ReLU MLP {args.tokens} tokens x {args.d_model} -> {args.hidden} -> {args.d_model}, "

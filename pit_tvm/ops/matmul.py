@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tvm
@@ -131,10 +131,11 @@ def _cuda_rows_kernel(k: int, n: int, dtype: str, out_dtype: str, arch: str, row
 
 
 @functools.lru_cache(maxsize=64)
-def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, arch: str):
-    """The tensor-core PIT kernel for (mr, mk) micro-tiles with mk < K on CUDA, or None when it
-    does not apply (fp32, mr not in 16/32/64/128, K/N not multiples of any candidate tile: the
-    SIMT kernel is used then)."""
+def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, arch: str, config=None):
+    """The tensor-core PIT kernel for (mr, mk) micro-tiles with mk < K on CUDA, of ``config``
+    (a tuned :class:`~pit_tvm.schedules.tensorcore_tiles.TilesConfig`) or the first candidate
+    that fits; None when none applies (fp32, mr not in 16/32/64/128, K/N not multiples of any
+    candidate tile: the SIMT kernel is used then)."""
     if dtype not in ("float16", "bfloat16"):
         return None
     from pit_tvm.schedules.tensorcore_tiles import (needs_compact_a, schedule_tiles_gather_matmul,
@@ -142,11 +143,13 @@ def _cuda_tiles_kernel(k: int, n: int, dtype: str, out_dtype: str, micro_tile, a
                                                     valid_tiles_configs)
 
     a_compact = needs_compact_a(micro_tile, dtype)
-    configs = valid_tiles_configs(k, n, micro_tile, dtype, arch, a_compact=a_compact)
-    if not configs:
-        return None
+    if config is None:
+        configs = valid_tiles_configs(k, n, micro_tile, dtype, arch, a_compact=a_compact)
+        if not configs:
+            return None
+        config = configs[0]
     return schedule_tiles_gather_matmul(
-        tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype, a_compact=a_compact), configs[0], arch)
+        tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype, a_compact=a_compact), config, arch)
 
 
 def _arch_of(target: tvm.target.Target) -> str:
@@ -206,18 +209,28 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
                 if tuned is not None:
                     return tuned
         return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint)
+    if tuning_log is not None and dtype in ("float16", "bfloat16"):
+        from pit_tvm.tuning.tune import tuned_tiles_config   # warns and falls back
+
+        tuned = tuned_tiles_config(tuning_log, plan.k, plan.n, dtype, plan.micro_tile, "mma.sync.tiles")
+        if tuned is not None:
+            try:
+                return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, arch, tuned)
+            except ValueError as err:
+                warnings.warn(f"tuning log {tuning_log} not used: its config {tuned} does not build here ({err})",
+                              stacklevel=2)
     return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, arch)
 
 
 def _say_if_log_unused(tuning_log, plan: MatmulPlan, target) -> None:
     """A tuning log the build of ``plan`` for ``target`` cannot read is said, not dropped
-    silently: the logs hold CUDA kernels of whole-row micro-tiles."""
+    silently: the logs hold CUDA tensor-core kernels."""
     if tuning_log is None:
         return
     if not is_gpu(target):
         why = f"tuning logs hold CUDA kernels, the target is {target.kind.name}"
-    elif plan.kind != "rows":
-        why = f"micro-tile {plan.micro_tile} runs its untuned tiles kernel; tuning logs hold whole-row (1 x K) kernels"
+    elif plan.kind == "rows" and plan.micro_tile[0] != 1:
+        why = f"micro-tile {plan.micro_tile} (whole rows of several rows) runs the SIMT kernel"
     else:
         return
     warnings.warn(f"tuning log {tuning_log} not used: {why}", stacklevel=3)
@@ -590,7 +603,8 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         tc_plan = tensor_core_plan(plan)
         # (tiles: every 128-row strip has a CTA, so the tile width plans for all rows)
         wgmma_tiles = _cuda_wgmma_tiles(plan, dtype, out_dtype, _arch_of(tgt), _rows_hint(m, 1),
-                                        bias=tiles_fused, residual=tiles_fused and residual is not None)
+                                        bias=tiles_fused, residual=tiles_fused and residual is not None,
+                                        tuning_log=tuning_log)
         tiles_fused = tiles_fused and wgmma_tiles is not None
         if wgmma_tiles is not None:
             plan, kernel, compact, dense_fallback, strips = wgmma_tiles
@@ -740,14 +754,16 @@ def _rows_hint(m, fraction: float):
 
 
 def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, rows_hint=None,
-                      bias: bool = False, residual: bool = False):
+                      bias: bool = False, residual: bool = False, tuning_log=None):
     """On sm_90a, for micro-tiles along K with rows dividing 128: ``(plan covered by 128-row
     strips, the wgmma tiles kernel, the A-compaction kernel or None, the dense fallback
     kernel or None (the warp-specialized tiles kernel runs a full index itself), whether the
     index is the one pass of :mod:`pit_tvm.schedules.wgmma_strips`)`` (which compacts A
     itself); else None.  ``bias`` / ``residual``: both GEMM kernels run that
-    epilogue."""
-    from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, wgmma_compact_a_func,
+    epilogue.  ``tuning_log``: the tiles of its best ``wgmma.tiles`` record (the loader
+    warpgroup only where this epilogue takes it), else the planned ones."""
+    from pit_tvm.schedules.wgmma import (BLOCK_M, MAX_SMEM_BYTES, needs_compaction, tiles_ws_applies,
+                                         wgmma_compact_a_func,
                                          wgmma_dense_fallback_func, wgmma_tiles_applies, wgmma_tiles_config,
                                          wgmma_tiles_gather_func)
     from pit_tvm.schedules.wgmma_strips import strips_apply
@@ -757,6 +773,17 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
         return None
     mk = plan.micro_tile[1]
     config = wgmma_tiles_config(plan.n, mk, rows_hint, out_dtype, residual)
+    if tuning_log is not None:
+        from pit_tvm.tuning.tune import tuned_tiles_config   # warns and falls back
+
+        tuned = tuned_tiles_config(tuning_log, plan.k, plan.n, dtype, plan.micro_tile, "wgmma.tiles")
+        if tuned is not None:
+            ws = tuned.tiles_ws and tiles_ws_applies(mk, tuned.block_n, out_dtype, residual)
+            config = replace(tuned, tiles_ws=ws)
+            if config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
+                warnings.warn(f"tuning log {tuning_log} not used: its config {tuned} needs more shared memory "
+                              f"with a {out_dtype} output", stacklevel=3)
+                config = wgmma_tiles_config(plan.n, mk, rows_hint, out_dtype, residual)
     strips = strips_apply(plan.k, mk, dtype)
     compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) and not strips else None
     return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),

@@ -77,6 +77,8 @@ __all__ = [
     "SUPPORTED_MR",
     "tiles_gather_matmul_func",
     "schedule_tiles_gather_matmul",
+    "apply_tiles_schedule",
+    "tiles_workload_params",
     "check_tiles_config",
     "valid_tiles_configs",
     "tiles_smem_bytes",
@@ -315,9 +317,27 @@ def schedule_tiles_gather_matmul(func: tirx.PrimFunc, config: TilesConfig,
 
     Raises ValueError when ``config`` does not fit (see :func:`check_tiles_config`).
     """
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    apply_tiles_schedule(sch, config, arch)
+    out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return set_dynamic_k_extent(out)
+
+
+def tiles_workload_params(func: tirx.PrimFunc):
+    """(K, N, in_dtype, out_dtype, (mr, mk), a_compact) of a :func:`tiles_gather_matmul_func`
+    workload"""
     k, n, in_dtype, out_dtype = _workload_params(func)
-    mr, mk = _micro_tile_of(func)
-    a_compact = str(func.attrs["pit.workload"]).endswith("_acompact")
+    return k, n, in_dtype, out_dtype, _micro_tile_of(func), str(func.attrs["pit.workload"]).endswith("_acompact")
+
+
+def apply_tiles_schedule(sch: s_tir.Schedule, config: TilesConfig, arch: str = "sm_90") -> None:
+    """The schedule primitives of :func:`schedule_tiles_gather_matmul`, applied in place to
+    ``sch`` (its ``"main"``, the unscheduled workload): usable on a MetaSchedule traced
+    schedule.  Does *not* apply :func:`set_dynamic_k_extent` (an IR post-process) nor set
+    ``tirx.is_scheduled``.  Raises ValueError for a config that does not fit (before touching
+    ``sch``)."""
+    sch.work_on("main")
+    k, n, in_dtype, out_dtype, (mr, mk), a_compact = tiles_workload_params(sch.mod["main"])
     c = config
     check_tiles_config(k, n, (mr, mk), in_dtype, c,
                        max_smem_bytes(arch), out_dtype, a_compact)
@@ -326,7 +346,6 @@ def schedule_tiles_gather_matmul(func: tirx.PrimFunc, config: TilesConfig,
     avec = vec if a_compact else _a_vec(mk, in_dtype)
     warps = c.warps(mr)
 
-    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     mm = sch.get_sblock("matmul")
     store = sch.get_sblock("store")
     a_g = sch.get_sblock("A_gather")
@@ -363,9 +382,6 @@ def schedule_tiles_gather_matmul(func: tirx.PrimFunc, config: TilesConfig,
 
     # ---- shared -> warp fragments (ldmatrix), mma.sync, fill, store; software pipeline
     _tensorize_mma(sch, mm, outer, c_w, a_g, b_g, k0, k1, names, c.stages, batched=True)
-
-    out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-    return set_dynamic_k_extent(out)
 
 
 def set_dynamic_k_extent(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -38,34 +38,39 @@ def export_shared(mod) -> str:
 _ARGS_CACHE: dict = {}
 
 
-def alloc_pit_arguments(device, args_info, alloc_repeat):
-    """``LocalRunner`` ``f_alloc_argument`` for the row-gather workload
-    ``(A[M,K], B[K,N], offsets[2], ids[M], [bias[N],] C[M,N])``: random A/B/bias, a *valid*
-    index listing every row (``offsets=[0, M]``, ``ids=arange(M)``; MetaSchedule's default
-    random int32 fill would index out of bounds), C uninitialised.  Cached per worker
-    process: the kernels only read A/B/offsets/ids and write C."""
+def alloc_pit_arguments(device, args_info, alloc_repeat, density: float = 0.5):
+    """``LocalRunner`` ``f_alloc_argument`` for the PIT workloads: random A/B/bias, C
+    uninitialised, and a *valid* index (MetaSchedule's default random int32 fill would index
+    out of bounds).  The rows workload ``(A[M,K], B[K,N], offsets[2], ids[M], [bias[N],]
+    C[M,N])`` lists every row (``offsets=[0, M]``, ``ids=arange(M)``); the tiles workload
+    ``(A[M,K], B[K,N], offsets[G+1], ids[G*KT], C[M,N])`` lists ``density`` of each strip's
+    KT micro-tile columns, drawn at random and ascending.  Cached per worker process: the
+    kernels only read A/B/offsets/ids and write C."""
     import numpy as np
     import tvm
 
     infos = [tuple(a) for a in args_info]
-    key = (str(device), repr(infos), int(alloc_repeat))
+    key = (str(device), repr(infos), int(alloc_repeat), float(density))
     if key in _ARGS_CACHE:
         return _ARGS_CACHE[key]
     _ARGS_CACHE.clear()          # a new task: free the previous task's tensors
+    m = int(infos[0][2][0])
+    strips = int(infos[2][2][0]) - 1
     out = []
     for rep in range(alloc_repeat):
         rng = np.random.default_rng(rep)
-        m = int(infos[0][2][0])
+        if strips == 1 and int(infos[3][2][0]) == m:
+            offsets, ids = np.array([0, m], "int32"), np.arange(m, dtype="int32")
+        else:
+            offsets, ids = _tiles_index(rng, strips, int(infos[3][2][0]) // strips, density)
         args = []
         for i, (_, dtype, shape) in enumerate(infos):
             shape = [int(s) for s in shape]
             if i == len(infos) - 1:
                 args.append(tvm.runtime.empty(shape, dtype, device))
                 continue
-            if i == 2:
-                host = np.array([0, m], "int32")
-            elif i == 3:
-                host = np.arange(m, dtype="int32")
+            if i in (2, 3):
+                host = offsets if i == 2 else ids
             else:
                 scale = 1.0 / math.sqrt(shape[0]) if i == 1 else 1.0
                 host = rng.standard_normal(shape, dtype=np.float32) * scale
@@ -79,3 +84,16 @@ def alloc_pit_arguments(device, args_info, alloc_repeat):
         out.append(args)
     _ARGS_CACHE[key] = out
     return out
+
+
+def _tiles_index(rng, strips: int, tiles_per_strip: int, density: float):
+    """a ``group="row"`` tiles index listing ``round(density * tiles_per_strip)`` (at least 1)
+    random columns of every strip, ascending; unused tail -1"""
+    import numpy as np
+
+    count = max(1, min(tiles_per_strip, int(round(density * tiles_per_strip))))
+    offsets = np.arange(strips + 1, dtype="int32") * count
+    ids = np.full(strips * tiles_per_strip, -1, "int32")
+    for g in range(strips):
+        ids[g * count:(g + 1) * count] = np.sort(rng.choice(tiles_per_strip, count, replace=False))
+    return offsets, ids

@@ -20,15 +20,15 @@ literals: had the space function applied the schedule directly, MetaSchedule's e
 search (which re-samples a design space by replaying its trace *with the decisions
 cleared*, and mutates decisions of measured traces) would re-sample the knobs while
 replaying the old literals.  So the schedule itself is applied by the postprocessor
-:class:`ApplyPitTensorCore`, after ``EnterPostproc``: it reads the (re-)sampled annotation
+:class:`ApplyPitKnobs`, after ``EnterPostproc``: it reads the (re-)sampled annotation
 values and runs :func:`~pit_tvm.schedules.tensorcore.apply_row_gather_schedule`.
 MetaSchedule replays traces with ``remove_postproc=True`` and re-runs the postprocs, so
 every candidate is consistent with its decisions.
 
-:func:`pit_tc_space` (the ``ScheduleFn``) samples the knobs, annotates, calls
+:func:`pit_space` (the ``ScheduleFn``) samples the knobs, annotates, calls
 ``enter_postproc`` and applies the schedule itself, so a design space it generates *is* the
 scheduled kernel (for a valid knob combination picked from the schedule's random state);
-:class:`ApplyPitTensorCore` is a no-op on it (the annotations are gone).
+:class:`ApplyPitKnobs` is a no-op on it (the annotations are gone).
 
 Invalid combinations (too much shared memory, more than 1024 threads, tiles not dividing
 K/N, ...) are rejected by the postprocessor (MetaSchedule counts them as failed samples and
@@ -45,11 +45,28 @@ The H100's kernel (:func:`pit_tvm.schedules.wgmma.wgmma_row_gather_func`) is wri
 not scheduled from the workload, so its knobs (:data:`WGMMA_KNOBS`: the tile width and the
 ring depth of :class:`~pit_tvm.schedules.wgmma.WgmmaConfig`) are samples of the same kind,
 annotated ``pit.wgmma.<knob>`` (:data:`WGMMA`), with no schedule after them: the postprocessor
-:class:`CheckWgmmaKnobs` rejects combinations that do not fit, and :class:`PitBuilder` builds
+:class:`ApplyPitKnobs` rejects combinations that do not fit, and :class:`PitBuilder` builds
 the TIRx kernel of the annotated config in place of the workload.  The same search, cost
 model, database and :class:`MutateKnob` serve both kernels; the XGBoost model, whose features
 are read from the (here unscheduled) workload, ranks nothing for it, so the search is the
 evolutionary one over a space of at most 16 configs.
+
+The tiles kinds (micro-tiles along K)
+-------------------------------------
+The same two shapes serve micro-tiles ``(mr, mk)`` with ``mk < K``, whose workload is
+:func:`tiles_tuning_workload` (:func:`~pit_tvm.schedules.tensorcore_tiles.tiles_gather_matmul_func`
+at a static M): :data:`MMA_SYNC_TILES` samples the mma.sync tiles schedule's knobs
+(:data:`TILES_KNOBS` of :class:`~pit_tvm.schedules.tensorcore_tiles.TilesConfig`, applied in the
+trace by :func:`~pit_tvm.schedules.tensorcore_tiles.apply_tiles_schedule`; the builder re-applies
+its IR post-process :func:`~pit_tvm.schedules.tensorcore_tiles.set_dynamic_k_extent`), and
+:data:`WGMMA_TILES` the wgmma tiles kernel's (:data:`WGMMA_TILES_KNOBS`: tile width, ring
+depth, whether a loader warpgroup feeds the K loop), built as TIRx in place of the workload.
+Each kernel's knobs, where they are annotated, which configs fit a workload and how a
+candidate is made from them are one :class:`KnobSet` (:data:`KNOBSETS`), so one space function
+(:func:`pit_space`), one postprocessor (:class:`ApplyPitKnobs`) and one builder serve all four.
+The knobs are ``SampleCategorical`` draws, not ``sample_perfect_tile`` splits: a tensor-core
+tile must be a multiple of the mma / wgmma shape and fit shared memory, so the legal tiles are
+a short list of powers of two (and 192), not any factorisation of the loop.
 """
 from __future__ import annotations
 
@@ -58,13 +75,22 @@ import itertools
 import random
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from pit_tvm.schedules.wgmma import WGMMA_ARCH, WgmmaConfig, wgmma_applies, wgmma_row_gather_func
+from pit_tvm.schedules.wgmma import (
+    WGMMA_ARCH,
+    WgmmaConfig,
+    tiles_ws_applies,
+    wgmma_applies,
+    wgmma_row_gather_func,
+    wgmma_tiles_applies,
+    wgmma_tiles_gather_func,
+)
 from pit_tvm.schedules.tensorcore import (
     TensorCoreConfig,
     _workload_params,
@@ -74,22 +100,36 @@ from pit_tvm.schedules.tensorcore import (
     max_smem_bytes,
     row_gather_matmul_func,
 )
+from pit_tvm.schedules.tensorcore_tiles import (
+    TilesConfig,
+    apply_tiles_schedule,
+    check_tiles_config,
+    set_dynamic_k_extent,
+    tiles_gather_matmul_func,
+    tiles_workload_params,
+)
 
 __all__ = [
     "KNOBS",
     "WGMMA_KNOBS",
+    "TILES_KNOBS",
+    "WGMMA_TILES_KNOBS",
     "ANN_PREFIX",
     "KnobSet",
     "MMA_SYNC",
     "WGMMA",
+    "MMA_SYNC_TILES",
+    "WGMMA_TILES",
     "KNOBSETS",
+    "knobset_of",
     "valid_wgmma_configs",
-    "pit_wgmma_space",
-    "CheckWgmmaKnobs",
+    "valid_tiles_knob_configs",
+    "valid_wgmma_tiles_configs",
     "tuning_workload",
+    "tiles_tuning_workload",
     "valid_knob_configs",
-    "pit_tc_space",
-    "ApplyPitTensorCore",
+    "pit_space",
+    "ApplyPitKnobs",
     "MutateKnob",
     "space_generator",
     "config_from_schedule",
@@ -126,29 +166,70 @@ WGMMA_KNOBS: "OrderedDict[str, tuple[int, ...]]" = OrderedDict(
 _WGMMA_PRIORS = {"block_n": (0.15, 0.25, 0.25, 0.35), "stages": (0.3, 0.4, 0.15, 0.15)}
 
 
+#: the mma.sync tiles schedule's knobs (:class:`TilesConfig`; block_m is the micro-tile's mr)
+TILES_KNOBS: "OrderedDict[str, tuple[int, ...]]" = OrderedDict(
+    block_n=(64, 128, 256),
+    block_k=(16, 32, 64),
+    warp_m=(16, 32, 64),
+    warp_n=(32, 64),
+    stages=(1, 2, 3, 4),
+)
+_TILES_PRIORS = {
+    "block_n": (0.2, 0.4, 0.4),
+    "block_k": (0.25, 0.45, 0.3),
+    "warp_m": (0.3, 0.5, 0.2),
+    "warp_n": (0.45, 0.55),
+    "stages": (0.1, 0.3, 0.35, 0.25),
+}
+#: the wgmma tiles kernel's knobs: tile width, ring depth, and ``tiles_ws`` (1: a loader
+#: warpgroup feeds the K loop, A's K tile by TMA; only where :func:`tiles_ws_applies`)
+WGMMA_TILES_KNOBS: "OrderedDict[str, tuple[int, ...]]" = OrderedDict(
+    block_n=(64, 128, 192, 256),
+    stages=(3, 4, 5, 6),
+    tiles_ws=(0, 1),
+)
+_WGMMA_TILES_PRIORS = {**_WGMMA_PRIORS, "tiles_ws": (0.4, 0.6)}
+
+
 @dataclass(frozen=True)
 class KnobSet:
-    """One kernel's knobs as MetaSchedule samples: their supports and priors, the annotation
-    prefix that carries their values on :data:`KNOB_BLOCK`, the config class they make."""
+    """One kernel's knobs as MetaSchedule samples, and what a candidate of them is.
 
+    ``knobs`` / ``priors``: the categorical supports and their priors; ``prefix``: the
+    annotation prefix that carries the values on the workload's block ``knob_block``;
+    ``config_cls``: the config dataclass the knobs are fields of; ``workload``: the
+    ``pit.workload`` prefix of the workloads it tunes; ``valid(workload, arch)``: the
+    configs that fit one.  A kernel
+    scheduled from its workload has ``schedule(sch, config, arch)`` (applied in the trace by
+    :class:`ApplyPitKnobs`) and ``finish(func)`` (its IR post-process, re-applied by the
+    builder); a TIRx kernel has ``kernel(workload, config)``, built in place of the workload."""
+
+    name: str
     knobs: "OrderedDict[str, tuple[int, ...]]"
     priors: dict
     prefix: str
     config_cls: type
+    knob_block: str
+    workload: str
+    valid: Callable
+    schedule: Callable | None = None
+    finish: Callable | None = None
+    kernel: Callable | None = None
 
     def config_of(self, annotations):
         """the config of ``annotations`` (a block's), None where they lack a knob"""
         if not all(self.prefix + name in annotations for name in self.knobs):
             return None
-        return self.config_cls(**{name: int(annotations[self.prefix + name]) for name in self.knobs})
+        return _config(self.config_cls, {name: int(annotations[self.prefix + name]) for name in self.knobs})
+
+    def decision(self, config, name) -> int:
+        """the index of ``config``'s value of knob ``name`` in its support"""
+        value = int(getattr(config, name))
+        if value not in self.knobs[name]:
+            raise ValueError(f"{config}: {name}={value} is not one of the {self.name} knob's {self.knobs[name]}")
+        return self.knobs[name].index(value)
 
 
-#: the mma.sync schedule's knobs (sm_80 / sm_90)
-MMA_SYNC = KnobSet(KNOBS, _PRIORS, ANN_PREFIX, TensorCoreConfig)
-#: the wgmma kernel's knobs (sm_90a)
-WGMMA = KnobSet(WGMMA_KNOBS, _WGMMA_PRIORS, "pit.wgmma.", WgmmaConfig)
-#: each kernel's knobs by its name (:func:`pit_tvm.tuning.tune.tuned_kernel`)
-KNOBSETS = {"mma.sync": MMA_SYNC, "wgmma": WGMMA}
 #: the block that carries the knob annotations.  Not ``matmul``: in TVM 0.27 an ``annotate``
 #: on a block of the gather_matmul subtree followed by the first ``split`` of the zero-fill
 #: loops writes *in place* into the unscheduled PrimFunc the schedule was created from (a
@@ -156,10 +237,15 @@ KNOBSETS = {"mma.sync": MMA_SYNC, "wgmma": WGMMA}
 #: module for every later candidate.  ``zero_fill`` is the first block the schedule touches,
 #: so annotating it is safe (``tests/test_tuning.py`` checks the workload stays intact).
 KNOB_BLOCK = "zero_fill"
+#: the tiles workload's: ``store`` keeps its annotations through the schedule and leaves the
+#: workload intact (``matmul`` loses them to ``blockize``; the root block is written in place)
+TILES_KNOB_BLOCK = "store"
 #: the tuning workload's rows when none is given: not a multiple of 16, so ``pad_einsum``
 #: pads the last row tile exactly as for a runtime M (a static M that is a multiple of
 #: block_m would leave nothing to pad, and the schedule expects the padded blocks)
 DEFAULT_TUNE_M = 4096 + 8
+ROWS_WORKLOAD = "row_gather_matmul_"
+TILES_WORKLOAD = "tiles_gather_matmul_"
 
 
 def _arch_of(target) -> str:
@@ -169,6 +255,24 @@ def _arch_of(target) -> str:
     return str(arch) if arch else "sm_90"
 
 
+def _arch_of_str(arch: str) -> str:
+    return str(arch).rstrip("a")
+
+
+def workload_tag(func: tirx.PrimFunc) -> str:
+    """the ``pit.workload`` attribute of a tuning workload ('' where it has none)"""
+    return str(func.attrs["pit.workload"]) if func.attrs is not None and "pit.workload" in func.attrs else ""
+
+
+def _static_m(func: tirx.PrimFunc, m: int) -> tirx.PrimFunc:
+    """``func`` with A's row count fixed to ``m``"""
+    if int(m) <= 0:
+        raise ValueError(f"tuning M must be positive, got {m}")
+    a = func.params[0]
+    buf = tirx.decl_buffer((tirx.const(int(m), "int64"), a.ty.shape[1]), str(a.ty.dtype), "A")
+    return func.specialize({a: buf}).with_attr("global_symbol", "main")
+
+
 def tuning_workload(k: int, n: int, dtype: str = "float16", out_dtype: str | None = None,
                     m: int = DEFAULT_TUNE_M) -> tirx.PrimFunc:
     """:func:`row_gather_matmul_func` with the row count fixed to ``m`` (MetaSchedule measures
@@ -176,26 +280,31 @@ def tuning_workload(k: int, n: int, dtype: str = "float16", out_dtype: str | Non
     if int(m) % 16 == 0:
         raise ValueError(f"tuning M={m} must not be a multiple of 16 (the schedule pads the "
                          "last row tile; try M + 8)")
-    func = row_gather_matmul_func(k, n, dtype, out_dtype or dtype)
-    a = func.params[0]
-    buf = tirx.decl_buffer((tirx.const(int(m), "int64"), int(k)), dtype, "A")
-    func = func.specialize({a: buf})
-    return func.with_attr("global_symbol", "main")
+    return _static_m(row_gather_matmul_func(k, n, dtype, out_dtype or dtype), m)
+
+
+def tiles_tuning_workload(k: int, n: int, micro_tile, dtype: str = "float16", out_dtype: str | None = None,
+                          m: int = DEFAULT_TUNE_M, a_compact: bool = False) -> tirx.PrimFunc:
+    """:func:`tiles_gather_matmul_func` of the kernel's micro-tile ``(mr, mk)`` with the row
+    count fixed to ``m`` (the last strip ragged by default, as at run time)."""
+    return _static_m(tiles_gather_matmul_func(k, n, micro_tile, dtype, out_dtype or dtype, a_compact=a_compact), m)
 
 
 @functools.lru_cache(maxsize=None)
 def valid_knob_configs(k: int, n: int, in_dtype: str, out_dtype: str,
                        arch: str = "sm_90") -> tuple[TensorCoreConfig, ...]:
     """Every knob combination of :data:`KNOBS` that fits a (K, N) problem."""
-    out = []
-    for values in itertools.product(*KNOBS.values()):
-        cfg = TensorCoreConfig(**dict(zip(KNOBS, values)))
-        try:
-            check_config(k, n, in_dtype, cfg, max_smem_bytes(arch), out_dtype)
-        except ValueError:
-            continue
-        out.append(cfg)
-    return tuple(out)
+    return _product(KNOBS, TensorCoreConfig,
+                    lambda cfg: check_config(k, n, in_dtype, cfg, max_smem_bytes(arch), out_dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def valid_tiles_knob_configs(k: int, n: int, micro_tile, in_dtype: str, out_dtype: str, a_compact: bool,
+                             arch: str = "sm_90") -> tuple[TilesConfig, ...]:
+    """Every :data:`TILES_KNOBS` combination the mma.sync tiles schedule takes for (K, N, micro-tile)."""
+    return _product(TILES_KNOBS, TilesConfig,
+                    lambda cfg: check_tiles_config(k, n, micro_tile, in_dtype, cfg, max_smem_bytes(arch),
+                                                   out_dtype, a_compact))
 
 
 @functools.lru_cache(maxsize=None)
@@ -204,21 +313,126 @@ def valid_wgmma_configs(k: int, n: int, in_dtype: str, out_dtype: str) -> tuple[
     width dividing N, the ring within shared memory."""
     if not wgmma_applies(k, n, in_dtype, out_dtype, WGMMA_ARCH):
         return ()
+    return _product(WGMMA_KNOBS, WgmmaConfig, lambda cfg: _check_wgmma_fit(n, cfg, out_dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def valid_wgmma_tiles_configs(k: int, n: int, mk: int, in_dtype: str, out_dtype: str) -> tuple[WgmmaConfig, ...]:
+    """Every :data:`WGMMA_TILES_KNOBS` combination the wgmma tiles kernel takes for (K, N) and
+    ``(128, mk)`` micro-tiles: as :func:`valid_wgmma_configs`, the loader warpgroup only where
+    :func:`tiles_ws_applies` (the tuning workload has no residual)."""
+    if not wgmma_tiles_applies(k, n, (128, mk), in_dtype, out_dtype, WGMMA_ARCH):
+        return ()
+
+    def check(cfg):
+        _check_wgmma_fit(n, cfg, out_dtype)
+        if cfg.tiles_ws and not tiles_ws_applies(mk, cfg.block_n, out_dtype, False):
+            raise ValueError("no loader warpgroup for these tiles")
+
+    return _product(WGMMA_TILES_KNOBS, WgmmaConfig, check)
+
+
+def _check_wgmma_fit(n: int, cfg: WgmmaConfig, out_dtype: str) -> None:
+    if n % cfg.block_n or cfg.smem_bytes(out_dtype) > max_smem_bytes(WGMMA_ARCH):
+        raise ValueError(f"{cfg} does not fit N={n} or shared memory")
+
+
+def _config(config_cls: type, values: dict):
+    """``config_cls`` of knob ``values``, each as its field's type (a flag as a bool)"""
+    default = config_cls()
+    return config_cls(**{name: type(getattr(default, name))(value) for name, value in values.items()})
+
+
+def _product(knobs, config_cls, check) -> tuple:
+    """the configs of every combination of ``knobs`` that ``check`` does not raise ValueError on"""
     out = []
-    for values in itertools.product(*WGMMA_KNOBS.values()):
-        cfg = WgmmaConfig(**dict(zip(WGMMA_KNOBS, values)))
-        if n % cfg.block_n == 0 and cfg.smem_bytes(out_dtype) <= max_smem_bytes(WGMMA_ARCH):
-            out.append(cfg)
+    for values in itertools.product(*knobs.values()):
+        cfg = _config(config_cls, dict(zip(knobs, values)))
+        try:
+            check(cfg)
+        except ValueError:
+            continue
+        out.append(cfg)
     return tuple(out)
 
 
+# each knob set's workload readers: (workload, arch) -> the configs that fit it
+def _valid_rows(func, arch):
+    k, n, in_dtype, out_dtype, _ = _workload_params(func)
+    return valid_knob_configs(k, n, in_dtype, out_dtype, _arch_of_str(arch))
+
+
+def _valid_wgmma_rows(func, arch):
+    k, n, in_dtype, out_dtype, _ = _workload_params(func)
+    return valid_wgmma_configs(k, n, in_dtype, out_dtype)
+
+
+def _valid_tiles(func, arch):
+    k, n, in_dtype, out_dtype, micro_tile, a_compact = tiles_workload_params(func)
+    return valid_tiles_knob_configs(k, n, micro_tile, in_dtype, out_dtype, a_compact, _arch_of_str(arch))
+
+
+def _valid_wgmma_tiles(func, arch):
+    k, n, in_dtype, out_dtype, (mr, mk), _ = tiles_workload_params(func)
+    return valid_wgmma_tiles_configs(k, n, mk, in_dtype, out_dtype) if mr == 128 else ()
+
+
+def _wgmma_rows_kernel(func, cfg):
+    k, n, in_dtype, out_dtype, bias = _workload_params(func)
+    return wgmma_row_gather_func(k, n, in_dtype, out_dtype, bias=bias, config=cfg)
+
+
+def _wgmma_tiles_kernel(func, cfg):
+    k, n, in_dtype, out_dtype, (_, mk), _ = tiles_workload_params(func)
+    return wgmma_tiles_gather_func(k, n, mk, in_dtype, out_dtype, config=cfg)
+
+
+#: the mma.sync rows schedule's knobs (sm_80 / sm_90)
+MMA_SYNC = KnobSet("mma.sync", KNOBS, _PRIORS, ANN_PREFIX, TensorCoreConfig, KNOB_BLOCK, ROWS_WORKLOAD,
+                   _valid_rows, schedule=lambda sch, cfg, arch: apply_row_gather_schedule(sch, cfg, arch),
+                   finish=add_early_exit)
+#: the wgmma rows kernel's knobs (sm_90a)
+WGMMA = KnobSet("wgmma", WGMMA_KNOBS, _WGMMA_PRIORS, "pit.wgmma.", WgmmaConfig, KNOB_BLOCK, ROWS_WORKLOAD,
+                _valid_wgmma_rows, kernel=_wgmma_rows_kernel)
+#: the mma.sync tiles schedule's knobs (sm_80 / sm_90)
+MMA_SYNC_TILES = KnobSet("mma.sync.tiles", TILES_KNOBS, _TILES_PRIORS, "pit.tc_tiles.", TilesConfig,
+                         TILES_KNOB_BLOCK, TILES_WORKLOAD, _valid_tiles,
+                         schedule=lambda sch, cfg, arch: apply_tiles_schedule(sch, cfg, arch),
+                         finish=set_dynamic_k_extent)
+#: the wgmma tiles kernel's knobs (sm_90a)
+WGMMA_TILES = KnobSet("wgmma.tiles", WGMMA_TILES_KNOBS, _WGMMA_TILES_PRIORS, "pit.wgmma_tiles.",
+                      WgmmaConfig, TILES_KNOB_BLOCK, TILES_WORKLOAD, _valid_wgmma_tiles,
+                      kernel=_wgmma_tiles_kernel)
+#: each kernel's knobs by its name (:func:`pit_tvm.tuning.tune.tuned_kernel`)
+KNOBSETS = {ks.name: ks for ks in (MMA_SYNC, WGMMA, MMA_SYNC_TILES, WGMMA_TILES)}
+
+
+def knobset_of(config, workload: tirx.PrimFunc) -> KnobSet:
+    """the knob set whose configs ``config`` is of, for ``workload``'s kind"""
+    tag = workload_tag(workload)
+    for ks in KNOBSETS.values():
+        if tag.startswith(ks.workload) and isinstance(config, ks.config_cls):
+            return ks
+    raise ValueError(f"no knob set for {type(config).__name__} on workload {tag or '?'}")
+
+
 def config_from_schedule(sch: s_tir.Schedule, knobset: KnobSet = MMA_SYNC):
-    """The knob values annotated on the ``zero_fill`` block of ``sch`` (None if absent)."""
+    """The knob values of ``knobset`` annotated on its block of ``sch`` (None if absent)."""
     try:
-        block = sch.get(sch.get_sblock(KNOB_BLOCK, func_name="main"))
+        block = sch.get(sch.get_sblock(knobset.knob_block, func_name="main"))
     except Exception:  # noqa: BLE001 - block gone (already scheduled) or not our workload
         return None
     return knobset.config_of(block.annotations)
+
+
+def _annotated(sch: s_tir.Schedule, knobsets=None):
+    """(knob set, config) of the knobs annotated on ``sch`` (of ``knobsets``, default all), or
+    (None, None)"""
+    for ks in knobsets or KNOBSETS.values():
+        cfg = config_from_schedule(sch, ks)
+        if cfg is not None:
+            return ks, cfg
+    return None, None
 
 
 def config_from_trace(trace, workload: tirx.PrimFunc | tvm.IRModule, knobset: KnobSet | None = MMA_SYNC):
@@ -228,107 +442,83 @@ def config_from_trace(trace, workload: tirx.PrimFunc | tvm.IRModule, knobset: Kn
     mod = workload if isinstance(workload, tvm.IRModule) else tvm.IRModule({"main": workload})
     sch = s_tir.Schedule(mod)
     trace.apply_to_schedule(sch, remove_postproc=True)
-    for candidate in [knobset] if knobset is not None else KNOBSETS.values():
-        cfg = config_from_schedule(sch, candidate)
-        if cfg is not None:
-            return cfg
-    raise ValueError(f"the trace carries no {knobset.prefix if knobset else 'pit.*.'}* knob annotations")
+    _, cfg = _annotated(sch, None if knobset is None else [knobset])
+    if cfg is None:
+        raise ValueError(f"the trace carries no {knobset.prefix if knobset else 'pit.*.'}* knob annotations")
+    return cfg
 
 
-def _sample_knobs(sch: s_tir.Schedule, decisions, knobset: KnobSet = MMA_SYNC):
-    block = sch.get_sblock(KNOB_BLOCK, func_name="main")
+def _sample_knobs(sch: s_tir.Schedule, decisions, knobset: KnobSet):
+    block = sch.get_sblock(knobset.knob_block, func_name="main")
     for name, cands in knobset.knobs.items():
-        decision = None if decisions is None else cands.index(getattr(decisions, name))
+        decision = None if decisions is None else knobset.decision(decisions, name)
         rv = sch.sample_categorical(list(cands), list(knobset.priors[name]), decision=decision)
         sch.annotate(block, knobset.prefix + name, rv)
 
 
-def _apply_annotated(sch: s_tir.Schedule, arch: str) -> bool:
-    """Schedule ``sch`` with the config of its knob annotations; False when invalid."""
-    cfg = config_from_schedule(sch)
+def _apply_annotated(sch: s_tir.Schedule, knobset: KnobSet, arch: str) -> bool:
+    """Make ``sch`` the candidate of its knob annotations: check the config fits, and for a
+    scheduled kernel apply its schedule (the annotations go); False when it does not fit."""
+    cfg = config_from_schedule(sch, knobset)
     if cfg is None:
-        return True  # nothing to do: already scheduled (a design space from pit_tc_space)
-    k, n, in_dtype, out_dtype, _ = _workload_params(sch.mod["main"])
-    try:
-        check_config(k, n, in_dtype, cfg, max_smem_bytes(arch), out_dtype)
-    except ValueError:
+        return True  # nothing to do: already scheduled (a design space from pit_space)
+    if cfg not in knobset.valid(sch.mod["main"], arch):
         return False
-    block = sch.get_sblock(KNOB_BLOCK, func_name="main")
-    for name in KNOBS:
-        sch.unannotate(block, ANN_PREFIX + name)
+    if knobset.schedule is None:
+        return True  # a TIRx kernel: PitBuilder builds the annotated config
+    block = sch.get_sblock(knobset.knob_block, func_name="main")
+    for name in knobset.knobs:
+        sch.unannotate(block, knobset.prefix + name)
     try:
-        apply_row_gather_schedule(sch, cfg, _arch_of_str(arch))
+        knobset.schedule(sch, cfg, _arch_of_str(arch))
     except Exception:  # noqa: BLE001 - ValueError, TVMError: a failed candidate
         return False
     return True
 
 
-def _arch_of_str(arch: str) -> str:
-    return str(arch).rstrip("a")
-
-
-def pit_tc_space(sch: s_tir.Schedule, arch: str = "sm_90") -> s_tir.Schedule:
-    """``ScheduleFn`` body: sample the knobs into annotations, ``enter_postproc``, schedule.
+def pit_space(sch: s_tir.Schedule, knobset: KnobSet = MMA_SYNC, arch: str = "sm_90") -> s_tir.Schedule:
+    """``ScheduleFn`` body: sample ``knobset``'s knobs into annotations, ``enter_postproc``,
+    and make the candidate (schedule it, or leave the TIRx kernel to the builder).
 
     The knob values of this design space are one valid combination drawn from the
     schedule's random state (``sch.fork_seed()``), so different seeds give different
     kernels; the search re-samples them from the categoricals (see the module docstring).
     """
     sch.work_on("main")
-    k, n, in_dtype, out_dtype, _ = _workload_params(sch.mod["main"])
-    valid = valid_knob_configs(k, n, in_dtype, out_dtype, _arch_of_str(arch))
+    valid = knobset.valid(sch.mod["main"], arch)
     if not valid:
-        raise ValueError(f"no tensor-core config fits K={k}, N={n}, {in_dtype}")
+        raise ValueError(f"no {knobset.name} config fits the workload {workload_tag(sch.mod['main'])}")
     cfg = random.Random(sch.fork_seed()).choice(valid)
-    _sample_knobs(sch, cfg)
+    _sample_knobs(sch, cfg, knobset)
     sch.enter_postproc()
-    if not _apply_annotated(sch, arch):  # cannot happen for a config of `valid`
+    if not _apply_annotated(sch, knobset, arch):  # cannot happen for a config of `valid`
         raise ValueError(f"config {cfg} failed to schedule")
     return sch
 
 
-def pit_wgmma_space(sch: s_tir.Schedule) -> s_tir.Schedule:
-    """``ScheduleFn`` body of the wgmma kernel: sample its knobs (one valid config drawn from
-    the schedule's random state) into annotations and ``enter_postproc``; nothing is scheduled
-    (:class:`PitBuilder` builds the TIRx kernel of the annotated config)."""
-    sch.work_on("main")
-    k, n, in_dtype, out_dtype, _ = _workload_params(sch.mod["main"])
-    valid = valid_wgmma_configs(k, n, in_dtype, out_dtype)
-    if not valid:
-        raise ValueError(f"no wgmma config fits K={k}, N={n}, {in_dtype} -> {out_dtype}")
-    _sample_knobs(sch, random.Random(sch.fork_seed()).choice(valid), WGMMA)
-    sch.enter_postproc()
-    return sch
-
-
-def _wgmma_fits(sch: s_tir.Schedule) -> bool:
-    """whether the wgmma knobs annotated on ``sch`` are a config of :func:`valid_wgmma_configs`"""
-    cfg = config_from_schedule(sch, WGMMA)
-    k, n, in_dtype, out_dtype, _ = _workload_params(sch.mod["main"])
-    return cfg is not None and cfg in valid_wgmma_configs(k, n, in_dtype, out_dtype)
-
-
 def knob_schedule(workload: tirx.PrimFunc, config, arch: str = "sm_90", seed: int = 1) -> s_tir.Schedule:
     """A traced schedule of ``workload`` exactly as the search produces it for ``config``
-    (knob samples with these decisions, ``EnterPostproc``, the mma.sync schedule; for a
-    :class:`WgmmaConfig` the samples alone): its ``trace`` is a valid database record trace.
-    Raises ValueError for a config that does not fit."""
-    wgmma = isinstance(config, WgmmaConfig)
+    (knob samples with these decisions, ``EnterPostproc``, the candidate; :func:`knobset_of`
+    the config and workload): its ``trace`` is a valid database record trace.  Raises
+    ValueError for a config that does not fit."""
+    knobset = knobset_of(config, workload)
     sch = s_tir.Schedule(tvm.IRModule({"main": workload}), seed=seed)
     sch.work_on("main")
-    _sample_knobs(sch, config, KNOBSETS["wgmma" if wgmma else "mma.sync"])
+    _sample_knobs(sch, config, knobset)
     sch.enter_postproc()
-    if not (_wgmma_fits(sch) if wgmma else _apply_annotated(sch, arch)):
+    if not _apply_annotated(sch, knobset, arch):
         raise ValueError(f"config {config} does not fit the workload")
     return sch
 
 
 @derived_object
-class ApplyPitTensorCore(ms.postproc.PyPostproc):
-    """Postprocessor: apply the tensor-core schedule with the sampled knob values."""
+class ApplyPitKnobs(ms.postproc.PyPostproc):
+    """Postprocessor: make the candidate of the sampled knob values (:func:`_apply_annotated`);
+    a combination that does not fit is a failed sample."""
 
-    def __init__(self, arch: str | None = None) -> None:
+    def __init__(self, kernel: str = "mma.sync", arch: str | None = None) -> None:
         super().__init__()
+        self.kernel = kernel
         self.arch = arch
 
     def _initialize_with_tune_context(self, context) -> None:
@@ -337,30 +527,12 @@ class ApplyPitTensorCore(ms.postproc.PyPostproc):
 
     def apply(self, sch: s_tir.Schedule) -> bool:
         try:
-            return _apply_annotated(sch, self.arch or "sm_90")
+            return _apply_annotated(sch, KNOBSETS[self.kernel], self.arch or "sm_90")
         except Exception:  # noqa: BLE001 - a failed candidate, never a crash of the search
             return False
 
     def clone(self):
-        return ApplyPitTensorCore(self.arch)
-
-
-@derived_object
-class CheckWgmmaKnobs(ms.postproc.PyPostproc):
-    """Postprocessor of the wgmma space: a sampled knob combination that does not fit (the
-    tile width not dividing N, the ring over shared memory) is a failed sample."""
-
-    def _initialize_with_tune_context(self, context) -> None:
-        pass
-
-    def apply(self, sch: s_tir.Schedule) -> bool:
-        try:
-            return _wgmma_fits(sch)
-        except Exception:  # noqa: BLE001 - a failed candidate, never a crash of the search
-            return False
-
-    def clone(self):
-        return CheckWgmmaKnobs()
+        return ApplyPitKnobs(self.kernel, self.arch)
 
 
 def _knob_insts(trace):
@@ -403,32 +575,27 @@ class MutateKnob(ms.mutator.PyMutator):
         return MutateKnob(self._rng.getrandbits(31))
 
 
-def space_generator(arch: str | None = None, wgmma: bool = False) -> ms.space_generator.ScheduleFn:
-    """The ``space=`` of ``ms.tune_tir``: :func:`pit_tc_space` + :class:`ApplyPitTensorCore`
-    + :class:`MutateKnob`; ``wgmma``: :func:`pit_wgmma_space` + :class:`CheckWgmmaKnobs` +
-    :class:`MutateKnob`."""
+def space_generator(arch: str | None = None, kernel: str = "mma.sync") -> ms.space_generator.ScheduleFn:
+    """The ``space=`` of ``ms.tune_tir`` for ``kernel`` (a :data:`KNOBSETS` name):
+    :func:`pit_space` + :class:`ApplyPitKnobs` + :class:`MutateKnob`."""
     arch = arch or "sm_90"
-    if wgmma:
-        return ms.space_generator.ScheduleFn(pit_wgmma_space, sch_rules=[], postprocs=[CheckWgmmaKnobs()],
-                                             mutator_probs={MutateKnob(): 1.0})
-    return ms.space_generator.ScheduleFn(
-        functools.partial(pit_tc_space, arch=arch),
-        sch_rules=[],
-        postprocs=[ApplyPitTensorCore(arch)],
-        mutator_probs={MutateKnob(): 1.0},
-    )
+    return ms.space_generator.ScheduleFn(functools.partial(pit_space, knobset=KNOBSETS[kernel], arch=arch),
+                                         sch_rules=[], postprocs=[ApplyPitKnobs(kernel, arch)],
+                                         mutator_probs={MutateKnob(): 1.0})
 
 
 def prepare_candidate(mod: tvm.IRModule) -> tvm.IRModule:
-    """What a measured candidate needs besides its trace: the early exit (an IR post-process,
-    :func:`~pit_tvm.schedules.tensorcore.add_early_exit`) and ``tirx.is_scheduled``; for the
-    wgmma space, the TIRx kernel of the annotated config in place of the workload."""
-    cfg = config_from_schedule(s_tir.Schedule(mod), WGMMA)
+    """What a measured candidate needs besides its trace: for a TIRx kernel's knobs, that
+    kernel of the annotated config in place of the workload; for a scheduled one its IR
+    post-process (:func:`~pit_tvm.schedules.tensorcore.add_early_exit`,
+    :func:`~pit_tvm.schedules.tensorcore_tiles.set_dynamic_k_extent`) and ``tirx.is_scheduled``."""
+    func = mod["main"]
+    knobset, cfg = _annotated(s_tir.Schedule(mod), [ks for ks in KNOBSETS.values() if ks.kernel is not None])
     if cfg is not None:
-        k, n, in_dtype, out_dtype, bias = _workload_params(mod["main"])
-        return tvm.IRModule({"main": wgmma_row_gather_func(k, n, in_dtype, out_dtype, bias=bias, config=cfg)})
-    func = add_early_exit(mod["main"]).with_attr("tirx.is_scheduled", True)
-    return tvm.IRModule({"main": func})
+        return tvm.IRModule({"main": knobset.kernel(func, cfg)})
+    tag = workload_tag(func)
+    finish = next(ks.finish for ks in KNOBSETS.values() if ks.finish is not None and tag.startswith(ks.workload))
+    return tvm.IRModule({"main": finish(func).with_attr("tirx.is_scheduled", True)})
 
 
 @derived_object

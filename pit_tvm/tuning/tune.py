@@ -45,6 +45,7 @@ result.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -67,6 +68,7 @@ from pit_tvm.schedules.tensorcore import (
     split_plan,
     schedule_row_gather_matmul,
 )
+from pit_tvm.schedules.tensorcore_tiles import TilesConfig
 from pit_tvm.target import make_target
 from pit_tvm.tuning import space as _space
 from pit_tvm.tuning._worker import alloc_pit_arguments, build_module, export_shared
@@ -81,11 +83,19 @@ __all__ = [
     "resolve_log_dir",
     "alloc_pit_arguments",
     "tuned_rows_kernel",
+    "tuned_wgmma_config",
+    "tuned_tiles_config",
+    "tuned_kernel",
+    "kernel_micro_tile",
+    "TILES_TUNE_DENSITY",
 ]
 
 OP = "matmul"
 DEFAULT_ROOT = "tuning_logs"
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+#: the fraction of a strip's micro-tiles the tiles kinds' measured index lists (the targets'
+#: lowest sparsity, 50 %: most of a call's GEMM time)
+TILES_TUNE_DENSITY = 0.5
 #: run_secs of a failed build/run as MetaSchedule records it (1e10 s)
 _FAILED_SECS = 1e9
 
@@ -119,36 +129,69 @@ def gpu_name() -> str:
     return "unknown-gpu"
 
 
-def tuned_kernel(k: int, n: int, dtype: str, target, out_dtype: str | None = None) -> str:
-    """Which kernel a build for ``target`` runs, so which space a log of it holds: ``"wgmma"``
-    on sm_90a where the wgmma kernel takes (K, N, dtypes), else ``"mma.sync"``"""
-    from pit_tvm.schedules.wgmma import wgmma_applies
+def is_rows(k: int, micro_tile) -> bool:
+    """whether ``micro_tile`` (``(1, None)``: whole rows) is the rows kind (one row, all of K)"""
+    mr, mk = micro_tile
+    return int(mr) == 1 and (mk is None or int(mk) >= int(k))
+
+
+def tuned_kernel(k: int, n: int, dtype: str, target, out_dtype: str | None = None,
+                 micro_tile=(1, None)) -> str:
+    """Which kernel a build for ``target`` runs for ``micro_tile``, so which space a log of it
+    holds (a :data:`pit_tvm.tuning.space.KNOBSETS` name): whole rows ``"wgmma"`` on sm_90a
+    where the wgmma kernel takes (K, N, dtypes), else ``"mma.sync"``; micro-tiles along K
+    ``"wgmma.tiles"`` where the wgmma tiles kernel takes them, else ``"mma.sync.tiles"``"""
+    from pit_tvm.schedules.wgmma import wgmma_applies, wgmma_tiles_applies
 
     arch = str(_space._arch_of(make_target(target)))
-    return "wgmma" if wgmma_applies(int(k), int(n), dtype, out_dtype or dtype, arch) else "mma.sync"
+    out_dtype = out_dtype or dtype
+    if is_rows(k, micro_tile):
+        return "wgmma" if wgmma_applies(int(k), int(n), dtype, out_dtype, arch) else "mma.sync"
+    return ("wgmma.tiles" if wgmma_tiles_applies(int(k), int(n), micro_tile, dtype, out_dtype, arch)
+            else "mma.sync.tiles")
 
 
-def _leaf(k: int, n: int, dtype: str, kernel: str = "mma.sync") -> str:
-    return ("wgmma_" if kernel == "wgmma" else "") + f"{OP}_k{int(k)}_n{int(n)}_{dtype}"
+def kernel_micro_tile(kernel: str, micro_tile) -> tuple[int, int] | None:
+    """The micro-tile the tiles ``kernel`` runs for a user's ``micro_tile`` (the tiles kinds'
+    strips: 128 rows for wgmma, at least 16 for mma.sync, see
+    :func:`pit_tvm.ops.matmul.tensor_core_plan`); None for the rows kernels."""
+    from pit_tvm.ops.matmul import TC_MIN_STRIP
+    from pit_tvm.schedules.wgmma import BLOCK_M
+
+    if not kernel.endswith(".tiles"):
+        return None
+    mr, mk = (int(x) for x in micro_tile)
+    if kernel == "wgmma.tiles":
+        return BLOCK_M, mk
+    return (TC_MIN_STRIP if mr < TC_MIN_STRIP and TC_MIN_STRIP % mr == 0 else mr), mk
+
+
+def _leaf(k: int, n: int, dtype: str, kernel: str = "mma.sync", micro_tile=None) -> str:
+    """``[wgmma_]matmul[_{mr}x{mk}]_k{k}_n{n}_{dtype}``: the kernel's micro-tile for the tiles kinds"""
+    tiles = "" if micro_tile is None else f"_{int(micro_tile[0])}x{int(micro_tile[1])}"
+    return ("wgmma_" if kernel.startswith("wgmma") else "") + f"{OP}{tiles}_k{int(k)}_n{int(n)}_{dtype}"
 
 
 def log_dir(k: int, n: int, dtype: str = "float16", work_dir=None, gpu: str | None = None,
-            kernel: str = "mma.sync") -> Path:
-    """``<work_dir or tuning_logs>/<gpu>/[wgmma_]matmul_k{k}_n{n}_{dtype}``."""
+            kernel: str = "mma.sync", micro_tile=None) -> Path:
+    """``<work_dir or tuning_logs>/<gpu>/[wgmma_]matmul[_{mr}x{mk}]_k{k}_n{n}_{dtype}`` (the
+    kernel's micro-tile, :func:`kernel_micro_tile`, for the tiles kinds)."""
     root = Path(work_dir) if work_dir is not None else Path(DEFAULT_ROOT)
-    return root / (gpu or gpu_name()) / _leaf(k, n, dtype, kernel)
+    return root / (gpu or gpu_name()) / _leaf(k, n, dtype, kernel, micro_tile)
 
 
 def _is_db_dir(p: Path) -> bool:
     return (p / "database_tuning_record.json").is_file() and (p / "database_workload.json").is_file()
 
 
-def resolve_log_dir(path, k: int, n: int, dtype: str = "float16", kernel: str = "mma.sync") -> Path | None:
-    """The database directory for (k, n, dtype, kernel) given a database directory or a log root."""
+def resolve_log_dir(path, k: int, n: int, dtype: str = "float16", kernel: str = "mma.sync",
+                    micro_tile=None) -> Path | None:
+    """The database directory for (k, n, dtype, kernel, the kernel's micro-tile) given a
+    database directory or a log root."""
     p = Path(path)
     if _is_db_dir(p):
         return p
-    leaf = _leaf(k, n, dtype, kernel)
+    leaf = _leaf(k, n, dtype, kernel, micro_tile)
     for cand in (p / leaf, p / gpu_name() / leaf):
         if _is_db_dir(cand):
             return cand
@@ -227,43 +270,58 @@ def _ensure_worker_path() -> None:
 
 def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: int = 512,
                 work_dir=None, micro_tile=(1, None), *, m: int = _space.DEFAULT_TUNE_M,
-                out_dtype: str | None = None, trials_per_iter: int = 32,
-                population_size: int = 128, seed: int = 1, builder=None, runner=None,
-                number: int = 5, repeat: int = 3, min_repeat_ms: int = 40,
-                progress: bool = True) -> Path:
-    """Tune the tensor-core PIT kernel of ``C[M, n] = A[M, k] @ B[k, n]`` (whole-row
-    micro-tiles) with MetaSchedule + XGBoost; return the database directory.
+                out_dtype: str | None = None, density: float = TILES_TUNE_DENSITY,
+                trials_per_iter: int = 32, population_size: int = 128, seed: int = 1,
+                builder=None, runner=None, number: int = 5, repeat: int = 3,
+                min_repeat_ms: int = 40, progress: bool = True) -> Path:
+    """Tune the tensor-core PIT kernel of ``C[M, n] = A[M, k] @ B[k, n]`` for ``micro_tile``
+    (``(1, None)``: whole rows; ``(mr, mk)`` with ``mk < k``: micro-tiles along K) with
+    MetaSchedule + XGBoost; return the database directory.
 
     ``trials``: measured candidates in all (the search may stop earlier when the space is
     exhausted); ``trials_per_iter``: candidates per MetaSchedule iteration (the cost model is
-    refit between iterations).  ``builder``/``runner`` override the LocalBuilder/LocalRunner
-    (an ``RPCRunner``, or a fake runner in tests).  Re-running with the same directory
-    resumes: measured records seed the evolutionary search.
+    refit between iterations).  ``density`` (tiles kinds): the fraction of each strip's
+    micro-tiles the measured index lists (the rows kernels are measured with every row
+    listed).  ``builder``/``runner`` override the LocalBuilder/LocalRunner (an
+    ``RPCRunner``, or a fake runner in tests).  Re-running with the same directory resumes:
+    measured records seed the evolutionary search.
     """
     if dtype not in IN_DTYPES:
         raise ValueError(f"the tensor-core kernel takes {IN_DTYPES}, got {dtype!r}")
     mr, mk = micro_tile
-    if int(mr) != 1 or (mk is not None and int(mk) < int(k)):
-        raise NotImplementedError(f"only whole-row micro-tiles (1, K) are tunable, got {micro_tile}")
+    if int(mr) <= 0 or (mk is not None and (int(mk) <= 0 or int(k) % int(mk))):
+        raise ValueError(f"micro-tile {micro_tile} must be positive with its width dividing K={k}")
+    if (mk is None or int(mk) >= int(k)) and int(mr) != 1:
+        raise NotImplementedError(f"whole-row micro-tiles of more than one row are not tunable, got {micro_tile}")
+    if not 0.0 < float(density) < 1.0:
+        raise ValueError(f"density must be in (0, 1) (a full index runs the dense kernel), got {density}")
     tgt = make_target(target)
     if tgt.kind.name != "cuda":
         raise ValueError(f"tune_matmul tunes the CUDA tensor-core kernel, got target {tgt}")
     arch = _space._arch_of(tgt)
-    kernel = tuned_kernel(k, n, dtype, tgt, out_dtype)
-    if kernel == "wgmma":
-        if not _space.valid_wgmma_configs(int(k), int(n), dtype, out_dtype or dtype):
-            raise ValueError(f"no wgmma config fits K={k}, N={n} ({dtype})")
-    elif not _space.valid_knob_configs(int(k), int(n), dtype, out_dtype or dtype, _space._arch_of_str(arch)):
-        raise ValueError(f"no tensor-core config fits K={k}, N={n} ({dtype})")
+    out_dtype = out_dtype or dtype
+    kernel = tuned_kernel(k, n, dtype, tgt, out_dtype, micro_tile)
+    kernel_tile = kernel_micro_tile(kernel, micro_tile)
+    if kernel_tile is None:
+        workload = _space.tuning_workload(int(k), int(n), dtype, out_dtype, m)
+    else:
+        from pit_tvm.schedules.tensorcore_tiles import SUPPORTED_MR, needs_compact_a
+
+        if kernel_tile[0] not in SUPPORTED_MR:
+            raise ValueError(f"micro-tile {micro_tile}: the tensor-core tiles kernels take strips of "
+                             f"{SUPPORTED_MR} rows (or fewer rows dividing 16)")
+        a_compact = kernel == "mma.sync.tiles" and needs_compact_a(kernel_tile, dtype)
+        workload = _space.tiles_tuning_workload(int(k), int(n), kernel_tile, dtype, out_dtype, m, a_compact)
+    if not _space.KNOBSETS[kernel].valid(workload, arch):
+        raise ValueError(f"no {kernel} config fits K={k}, N={n}, micro-tile {micro_tile} ({dtype})")
     if runner is None and not tvm.cuda(0).exist:
         raise ValueError("tuning measures every candidate on this machine's GPU, and it has no CUDA device: "
                          "run it on the GPU machine (or pass runner=, e.g. an RPCRunner)")
-    db_dir = log_dir(k, n, dtype, work_dir, kernel=kernel)
+    db_dir = log_dir(k, n, dtype, work_dir, kernel=kernel, micro_tile=kernel_tile)
     db_dir.mkdir(parents=True, exist_ok=True)
 
     _ensure_worker_path()
     cores = os.cpu_count() or 1
-    workload = _space.tuning_workload(int(k), int(n), dtype, out_dtype or dtype, m)
     if builder is None:
         builder = ms.builder.LocalBuilder(max_workers=cores, timeout_sec=600,
                                           f_build=build_module, f_export=export_shared)
@@ -274,7 +332,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
             evaluator_config=ms.runner.EvaluatorConfig(
                 number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                 enable_cpu_cache_flush=False),
-            f_alloc_argument=alloc_pit_arguments)
+            f_alloc_argument=functools.partial(alloc_pit_arguments, density=float(density)))
     database = ms.database.JSONDatabase(work_dir=str(db_dir))
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=population_size,
@@ -285,7 +343,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
         genetic_max_fail_count=10,
         eps_greedy=0.05)
 
-    bar = _progress_bar(total=int(trials), desc=f"tune {_leaf(k, n, dtype, kernel)}", unit="trial",
+    bar = _progress_bar(total=int(trials), desc=f"tune {db_dir.name}", unit="trial",
                         disable=not progress)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_Progress(bar)]
     try:
@@ -300,7 +358,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
             database=database,
             cost_model="xgb",
             measure_callbacks=callbacks,
-            space=_space.space_generator(arch, wgmma=kernel == "wgmma"),
+            space=_space.space_generator(arch, kernel),
             strategy=strategy,
             num_tuning_cores=cores,
             seed=int(seed),
@@ -315,14 +373,15 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
 # --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BestRecord:
-    config: TensorCoreConfig | WgmmaConfig     # (the kernel of the log's target, tuned_kernel)
+    config: TensorCoreConfig | WgmmaConfig | TilesConfig    # (the kernel of the log's target, tuned_kernel)
     run_secs: float            # mean measured latency of the tuning workload (M = m)
     m: int                     # rows of the tuning workload
     log_dir: Path
     target: str
 
 
-_WORKLOAD_RE = re.compile(r"^row_gather_matmul_k(\d+)_n(\d+)_([a-z0-9]+)_([a-z0-9]+)$")
+_WORKLOAD_RE = re.compile(r"^(?:row_gather_matmul|tiles_gather_matmul_(\d+)x(\d+))_k(\d+)_n(\d+)_([a-z0-9]+)_([a-z0-9]+)"
+                          r"(?:_acompact)?$")
 
 
 def _read_lines(path: Path, what: str):
@@ -345,7 +404,8 @@ def _workload_key(workload) -> tuple | None:
     mt = _WORKLOAD_RE.match(str(func.attrs["pit.workload"]))
     if not mt:
         return None
-    return int(mt.group(1)), int(mt.group(2)), mt.group(3), mt.group(4)
+    micro_tile = None if mt.group(1) is None else (int(mt.group(1)), int(mt.group(2)))
+    return int(mt.group(3)), int(mt.group(4)), mt.group(5), micro_tile
 
 
 def _same_target(rec_target, tgt) -> bool:
@@ -355,8 +415,9 @@ def _same_target(rec_target, tgt) -> bool:
     return _space._arch_of_str(a) == _space._arch_of_str(b)
 
 
-def _candidates(db_dir: Path, k, n, dtype, tgt):
-    """Valid-looking records for (k, n, dtype) on ``tgt``, best first; warns on the rest."""
+def _candidates(db_dir: Path, k, n, dtype, tgt, micro_tiles=(None,)):
+    """Valid-looking records for (k, n, dtype) and one of the kernel micro-tiles
+    ``micro_tiles`` (None: the rows kernels') on ``tgt``, best first; warns on the rest."""
     workloads = {}
     for lineno, obj in _read_lines(db_dir / "database_workload.json", "workload"):
         try:
@@ -377,7 +438,7 @@ def _candidates(db_dir: Path, k, n, dtype, tgt):
             bad += 1
             continue
         key = _workload_key(rec.workload)
-        if key is None or key[:3] != (int(k), int(n), dtype):
+        if key is None or key[:3] != (int(k), int(n), dtype) or key[3] not in micro_tiles:
             foreign_wl += 1
             continue
         if rec.target is None or not _same_target(rec.target, tgt):
@@ -392,8 +453,10 @@ def _candidates(db_dir: Path, k, n, dtype, tgt):
         warnings.warn(f"{db_dir}: skipped {bad} tuning record(s) that do not decode or replay "
                       "on their workload", stacklevel=3)
     if foreign_wl:
+        what = " or ".join("row_gather_matmul" if t is None else f"tiles_gather_matmul {t[0]}x{t[1]}"
+                           for t in micro_tiles)
         warnings.warn(f"{db_dir}: skipped {foreign_wl} record(s) of another workload "
-                      f"(not row_gather_matmul K={k} N={n} {dtype})", stacklevel=3)
+                      f"(not {what} K={k} N={n} {dtype})", stacklevel=3)
     if foreign_tgt:
         warnings.warn(f"{db_dir}: skipped {foreign_tgt} record(s) for another target than "
                       f"{tgt}", stacklevel=3)
@@ -402,32 +465,32 @@ def _candidates(db_dir: Path, k, n, dtype, tgt):
 
 
 def best_record(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
-                max_tries: int = 16, kernel: str | None = None) -> BestRecord | None:
+                max_tries: int = 16, kernel: str | None = None, micro_tile=(1, None)) -> BestRecord | None:
     """The fastest record of the log whose trace replays, as a :class:`BestRecord`: of
-    ``kernel``'s space (``"mma.sync"`` / ``"wgmma"``).  Without it, a log root is read for the
-    kernel a build for ``target`` runs (:func:`tuned_kernel`), and a database directory for
-    the space its records are of."""
+    ``kernel``'s space (a :data:`pit_tvm.tuning.space.KNOBSETS` name) for ``micro_tile``.
+    Without it, a log root is read for the kernel a build for ``target`` runs
+    (:func:`tuned_kernel`), and a database directory for the space its records are of."""
     tgt = make_target(target)
     if kernel is None and not _is_db_dir(Path(work_dir)):
-        kernel = tuned_kernel(k, n, dtype, tgt)
-    db_dir = resolve_log_dir(work_dir, k, n, dtype, kernel or "mma.sync")
+        kernel = tuned_kernel(k, n, dtype, tgt, micro_tile=micro_tile)
+    rows = is_rows(k, micro_tile)
+    kernels = [kernel] if kernel else [name for name in _space.KNOBSETS if name.endswith(".tiles") != rows]
+    tiles = {kernel_micro_tile(name, micro_tile) for name in kernels}
+    db_dir = resolve_log_dir(work_dir, k, n, dtype, kernel or "mma.sync", kernel_micro_tile(kernel or "", micro_tile))
     if db_dir is None:
-        warnings.warn(f"no tuning log for {_leaf(k, n, dtype, kernel)} under {work_dir}", stacklevel=2)
+        warnings.warn(f"no tuning log for {_leaf(k, n, dtype, kernel, kernel_micro_tile(kernel, micro_tile))} "
+                      f"under {work_dir}", stacklevel=2)
         return None
-    arch = _space._arch_of_str(_space._arch_of(tgt))
-    for secs, lineno, rec in _candidates(db_dir, k, n, dtype, tgt)[:max_tries]:
+    arch = _space._arch_of(tgt)
+    for secs, lineno, rec in _candidates(db_dir, k, n, dtype, tgt, tiles)[:max_tries]:
         try:
             func = rec.workload.mod["main"]
             cfg = _space.config_from_trace(rec.trace, rec.workload.mod, _space.KNOBSETS.get(kernel))
             # the whole trace (knobs + postproc schedule) must replay on its workload too
             sch = tvm.s_tir.Schedule(rec.workload.mod)
             rec.trace.apply_to_schedule(sch, remove_postproc=False)
-            if isinstance(cfg, WgmmaConfig):
-                if cfg not in _space.valid_wgmma_configs(k, n, dtype, str(func.params[-1].ty.dtype)):
-                    raise ValueError(f"{cfg} does not fit K={k}, N={n}")
-            else:
-                _space.check_config(k, n, dtype, cfg, _space.max_smem_bytes(arch),
-                                    str(func.params[-1].ty.dtype))
+            if cfg not in _space.knobset_of(cfg, func).valid(func, arch):
+                raise ValueError(f"{cfg} does not fit K={k}, N={n}")
             m = int(func.params[0].ty.shape[0])
         except Exception as err:  # noqa: BLE001
             warnings.warn(f"database_tuning_record.json:{lineno}: trace does not replay "
@@ -500,3 +563,14 @@ def tuned_rows_kernel(tuning_log, k: int, n: int, dtype: str, out_dtype: str | N
     return _from_log(lambda: load_best(tuning_log, k, n, dtype, target, out_dtype=out_dtype), tuning_log,
                      f"no valid tuned schedule for {_leaf(k, n, dtype)} in {tuning_log}; "
                      "using the untuned tensor-core kernel")
+
+
+def tuned_tiles_config(tuning_log, k: int, n: int, dtype: str, micro_tile, kernel: str):
+    """``sparse_matmul(..., tuning_log=...)``'s hook for micro-tiles along K: the config of the
+    best record of ``kernel`` (``"wgmma.tiles"``: a :class:`WgmmaConfig`; ``"mma.sync.tiles"``:
+    a :class:`TilesConfig`) for the user's ``micro_tile``, or None with a warning (the caller
+    then takes the planned config)."""
+    leaf = _leaf(k, n, dtype, kernel, kernel_micro_tile(kernel, micro_tile))
+    best = _from_log(lambda: best_record(tuning_log, k, n, dtype, "cuda", kernel=kernel, micro_tile=micro_tile),
+                     tuning_log, f"no valid tuned config for {leaf} in {tuning_log}; using the planned tiles config")
+    return None if best is None else best.config
