@@ -8,11 +8,12 @@
 # [".gpu/rest", ".gpu/tunedeps"]:
 #     source .gpu/rest/activate.sh && bash benchmarks/tune_h100.sh
 # Writes $OUT/tuning_logs.tar.gz (the two JSON database files per shape, to unpack into the
-# repo root: tuning_logs/<gpu>/[wgmma_]matmul_k*_n*_float16/), $OUT/tuning_run_logs.tar.gz
+# repo root: tuning_logs/<gpu>/[wgmma_]matmul[_RxC]_k*_n*_float16/), $OUT/tuning_run_logs.tar.gz
 # (MetaSchedule's per-trial logs) and $OUT/tune_summary.json.
-# Shapes/trials/targets: SIZES="4096 8192" TRIALS="64 64" TARGETS="cuda cuda:sm_90" (cuda: the wgmma
-# kernel's space of at most 16 configs; cuda:sm_90: the mma.sync schedule's, about 2-3 min of device
-# time per shape).
+# Shapes/trials/targets/micro-tiles: SIZES="4096 8192" TRIALS="64 64" TARGETS="cuda cuda:sm_90"
+# MICRO_TILES="rows" (cuda: the wgmma kernels' spaces of at most 16 / 32 configs; cuda:sm_90: the
+# mma.sync schedules', about 2-3 min of device time per shape; MICRO_TILES="32x64 32x1 1x64": the
+# tiles kinds' kernels, logs [wgmma_]matmul_RxC_k*_n*_float16/).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -38,8 +39,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev
 SIZES=${SIZES:-"4096 8192"}
 TRIALS=${TRIALS:-"64 64"}
 TARGETS=${TARGETS:-"cuda cuda:sm_90"}
+MICRO_TILES=${MICRO_TILES:-"rows"}
 # MetaSchedule prints a table per iteration; keep the output tail readable
-python3 benchmarks/tune_h100.py --sizes $SIZES --trials $TRIALS --targets $TARGETS --out "$OUT" 2>&1 \
+python3 benchmarks/tune_h100.py --sizes $SIZES --trials $TRIALS --targets $TARGETS --micro-tiles $MICRO_TILES --out "$OUT" 2>&1 \
   | grep -v "^\s*$" | grep -v "XGB iter\|^ *[0-9]* | main \|^---\|^ ID | Name\|Total trials\|Total latency"
 rc=${PIPESTATUS[0]}
 if [ -d "$OUT/work/tuning_logs" ]; then
