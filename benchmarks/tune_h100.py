@@ -68,14 +68,15 @@ def _check_and_time(func, default_func, size, number=20, repeat=5):
     return out
 
 
-def _check_and_time_op(size, micro_tile, target, root, sparsities=(0.5, 0.9), repeat=50):
+def _check_and_time_op(size, micro_tile, target, root, sparsities=(0.5, 0.9), iters=50):
     """the tiles op with the log (``tuned``) and without it (``default``): max relative error
-    against numpy (size <= 4096; above, against the default op) and median wall ms per call"""
+    against numpy (size <= 4096; above, against the default op) and the device time of a call
+    (every kernel it launches, index included, from the profiler: wall times of one op drifted
+    by 1.6x between two identical kernels)"""
     import tvm
 
     import pit_tvm
-    from common import tile_sparse
-    from pit_tvm.timing import median_ms
+    from common import kernel_split_us, tile_sparse
 
     dev = tvm.cuda(0)
     ops = {"tuned": pit_tvm.sparse_matmul(size, size, "float16", micro_tile, target, tuning_log=root),
@@ -92,7 +93,7 @@ def _check_and_time_op(size, micro_tile, target, root, sparsities=(0.5, 0.9), re
         scale = float(np.abs(ref).max()) or 1.0
         out[f"max_rel_err_s{int(s * 100)}"] = float(np.abs(got["tuned"] - ref).max() / scale)
         for name, op in ops.items():
-            out[f"{name}_ms_s{int(s * 100)}"] = median_ms(lambda op=op: op(a_t, b_t), dev, repeat=repeat)
+            out[f"{name}_device_us_s{int(s * 100)}"] = sum(kernel_split_us(lambda op=op: op(a_t, b_t), iters).values())
     return out
 
 
@@ -107,6 +108,8 @@ def main(argv=None) -> int:
     p.add_argument("--trials-per-iter", type=int, default=32)
     p.add_argument("--out", default=os.environ.get("OUT", "out"))
     p.add_argument("--no-check", action="store_true")
+    p.add_argument("--check-only", metavar="ROOT", default=None,
+                   help="no tuning: check and time the best records of the logs under ROOT (e.g. tuning_logs)")
     args = p.parse_args(argv)
     trials = (args.trials * len(args.sizes))[: len(args.sizes)] if len(args.trials) == 1 \
         else args.trials
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
     from pit_tvm.tuning.tune import (best_record, gpu_name, kernel_micro_tile, load_best, tune_matmul,
                                      tuned_kernel)
 
-    root = os.path.join(args.out, "work", "tuning_logs")
+    root = args.check_only or os.path.join(args.out, "work", "tuning_logs")
     summary = {"gpu": gpu_name(), "results": []}
     done = set()
     for (size, n_trials), target, mt_text in [(st, tg, mt) for st in zip(args.sizes, trials) for tg in args.targets
@@ -131,7 +134,7 @@ def main(argv=None) -> int:
                  "micro_tile": mt_text}
         try:
             log_key = (size, kernel, kernel_micro_tile(kernel, micro_tile))
-            if log_key not in done:   # (1x64 and 32x64 share the wgmma tiles kernel's 128x64 log)
+            if log_key not in done and not args.check_only:   # (1x64 and 32x64 share one wgmma tiles log)
                 path = tune_matmul(size, size, "float16", target, trials=n_trials, work_dir=root, micro_tile=micro_tile,
                                    m=size + 8, trials_per_iter=args.trials_per_iter)
                 done.add(log_key)
@@ -140,7 +143,7 @@ def main(argv=None) -> int:
             if best is None:
                 entry["error"] = "no valid record"
             else:
-                entry["log"] = os.path.relpath(best.log_dir, os.path.join(args.out, "work"))
+                entry["log"] = os.path.relpath(best.log_dir, os.path.dirname(os.path.abspath(root)))
                 entry["best_us"] = best.run_secs * 1e6
                 if micro_tile[1] is None:
                     entry["best_tflops_tune_m"] = 2.0 * best.m * size * size / best.run_secs / 1e12
