@@ -7,9 +7,10 @@
 # On the warm GPU machine (TVM unpacked, see ../shared/gpu/README.md), carrying
 # [".gpu/rest", ".gpu/tunedeps"]:
 #     source .gpu/rest/activate.sh && bash benchmarks/tune_h100.sh
-# Writes $OUT/tuning_logs.tar.gz (the two JSON database files per shape, to unpack into the
-# repo root: tuning_logs/<gpu>/[wgmma_]matmul[_RxC]_k*_n*_float16/), $OUT/tuning_run_logs.tar.gz
-# (MetaSchedule's per-trial logs) and $OUT/tune_summary.json.
+# Writes $OUT/tuning_logs.tar.gz (the two JSON database files per shape, the KEEP=16 fastest
+# records of each, to unpack into the repo root: tuning_logs/<gpu>/[wgmma_]matmul[_RxC]_k*_n*_float16/),
+# $OUT/tuning_run_logs.tar.gz (the full databases and MetaSchedule's per-trial logs) and
+# $OUT/tune_summary.json.
 # Shapes/trials/targets/micro-tiles: SIZES="4096 8192" TRIALS="64 64" TARGETS="cuda cuda:sm_90"
 # MICRO_TILES="rows" (cuda: the wgmma kernels' spaces of at most 16 / 32 configs; cuda:sm_90: the
 # mma.sync schedules', about 2-3 min of device time per shape; MICRO_TILES="32x64 32x1 1x64": the
@@ -45,8 +46,13 @@ python3 benchmarks/tune_h100.py --sizes $SIZES --trials $TRIALS --targets $TARGE
   | grep -v "^\s*$" | grep -v "XGB iter\|^ *[0-9]* | main \|^---\|^ ID | Name\|Total trials\|Total latency"
 rc=${PIPESTATUS[0]}
 if [ -d "$OUT/work/tuning_logs" ]; then
-  tar -C "$OUT/work" -czf "$OUT/tuning_logs.tar.gz" --exclude=logs tuning_logs
   tar -C "$OUT/work" -czf "$OUT/tuning_run_logs.tar.gz" tuning_logs
+  # the shipped databases keep their KEEP fastest records (the working tree travels with every
+  # GPU call under a size limit; the full ones are in tuning_run_logs.tar.gz)
+  python3 -c "import sys; from pathlib import Path; from pit_tvm.tuning.tune import trim_log
+for d in Path(sys.argv[1]).glob('*/*/'): print(d.name, 'dropped', trim_log(d, int(sys.argv[2])))" \
+      "$OUT/work/tuning_logs" "${KEEP:-16}"
+  tar -C "$OUT/work" -czf "$OUT/tuning_logs.tar.gz" --exclude=logs tuning_logs
   rm -rf "$OUT/work"
 fi
 ls -la "$OUT"

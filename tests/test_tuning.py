@@ -346,6 +346,22 @@ def test_corrupt_and_foreign_records_are_skipped(tmp_path):
     assert func is not None and _tuned_config(func) == CFG_MID
 
 
+def test_trim_log_keeps_the_fastest_records(tmp_path):
+    """a shipped log keeps its N fastest measured records (file order kept), no failed one, and
+    its best record is the same"""
+    from pit_tvm.tuning.tune import trim_log
+
+    wl = _workload()
+    configs = S.valid_knob_configs(K, N, "float16", "float16")[:5]
+    secs = [3e-4, 1e-4, 1e10, 2e-4, 5e-4]                          # 1e10: a failed build
+    db_dir = _write_db(tmp_path / "db", [(wl, c, t) for c, t in zip(configs, secs)])
+    best = best_record(db_dir, K, N, "float16", "cuda:sm_90").config
+    assert trim_log(db_dir, 2) == 3
+    records = ms.database.JSONDatabase(work_dir=str(db_dir)).get_all_tuning_records()
+    assert [S.config_from_trace(r.trace, r.workload.mod) for r in records] == [configs[1], configs[3]]
+    assert best_record(db_dir, K, N, "float16", "cuda:sm_90").config == best == configs[1]
+
+
 def test_load_best_without_valid_records(tmp_path):
     with pytest.warns(UserWarning, match="no tuning log"):
         assert load_best(tmp_path, K, N, "float16", "cuda") is None

@@ -88,6 +88,7 @@ __all__ = [
     "tuned_kernel",
     "kernel_micro_tile",
     "TILES_TUNE_DENSITY",
+    "trim_log",
 ]
 
 OP = "matmul"
@@ -526,6 +527,25 @@ def load_best(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
     return sched.with_attr("pit.tuned", json.dumps(
         {"config": best.config.as_dict(), "run_secs": best.run_secs, "tune_m": best.m,
          "log": str(best.log_dir)}))
+
+
+def trim_log(db_dir, keep: int = 16) -> int:
+    """Keep the ``keep`` fastest measured records of a database (file order kept), drop the rest
+    and the failed ones; return how many were dropped.  For the logs the repo ships: a build
+    reads only the fastest, a resumed search seeds from the best, and the whole working tree
+    (logs included) travels with every GPU call under a size limit."""
+    path = Path(db_dir) / "database_tuning_record.json"
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def mean_secs(line):
+        secs = [float(x) for x in (json.loads(line)[1][1] or [])]
+        ok = secs and all(math.isfinite(x) and 0 < x < _FAILED_SECS for x in secs)
+        return sum(secs) / len(secs) if ok else math.inf
+
+    times = [mean_secs(line) for line in lines]
+    kept = set(sorted((i for i, t in enumerate(times) if t < math.inf), key=lambda i: times[i])[:int(keep)])
+    path.write_text("".join(line + "\n" for i, line in enumerate(lines) if i in kept), encoding="utf-8")
+    return len(lines) - len(kept)
 
 
 def _from_log(read, tuning_log, missing: str):
