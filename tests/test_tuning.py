@@ -407,11 +407,12 @@ def test_tune_matmul_with_fake_runner(tuned_log):
     root, path, _ = tuned_log
     assert path.parent.parent == root and path.name == f"matmul_k{K}_n{N}_float16"
     lines = (path / "database_tuning_record.json").read_text().splitlines()
-    assert len(lines) == 8
+    assert len(lines) == 9                                     # the planned config, then 8 trials
     db = ms.database.JSONDatabase(work_dir=str(path))
     recs = db.get_all_tuning_records()
     cfgs = {S.config_from_trace(r.trace, r.workload.mod) for r in recs}
-    assert len(cfgs) == 8                                      # 8 distinct kernels measured
+    assert len(cfgs) == 9                                      # 9 distinct kernels measured
+    assert S.MMA_SYNC.planned(recs[0].workload.mod["main"], "sm_90") in cfgs
     fastest = min(recs, key=lambda r: float(np.mean([float(x) for x in r.run_secs])))
     func = load_best(path, K, N, "float16", "cuda")
     assert _tuned_config(func) == S.config_from_trace(fastest.trace, fastest.workload.mod)
@@ -591,9 +592,11 @@ def test_tiles_logs_drive_builds(tuned_log, tmp_path, kernel, target):
     strip = 128 if kernel == "wgmma.tiles" else TILES_MICRO_TILE[0]
     assert path.name == ("wgmma_" if kernel == "wgmma.tiles" else "") + f"matmul_{strip}x64_k{K}_n{N}_float16"
     recs = ms.database.JSONDatabase(work_dir=str(path)).get_all_tuning_records()
-    assert len(recs) == 6
-    fastest = min(recs, key=lambda r: float(np.mean([float(x) for x in r.run_secs])))
+    assert len(recs) == 7                                      # the planned config, then 6 trials
     knobset = S.KNOBSETS[kernel]
+    assert knobset.planned(recs[0].workload.mod["main"], "sm_90") in \
+        {S.config_from_trace(r.trace, r.workload.mod, knobset) for r in recs}
+    fastest = min(recs, key=lambda r: float(np.mean([float(x) for x in r.run_secs])))
     assert best_record(root, K, N, "float16", target, micro_tile=TILES_MICRO_TILE).config == \
         S.config_from_trace(fastest.trace, fastest.workload.mod, knobset)
 

@@ -87,8 +87,10 @@ from pit_tvm.schedules.wgmma import (
     WgmmaConfig,
     tiles_ws_applies,
     wgmma_applies,
+    wgmma_config,
     wgmma_row_gather_func,
     wgmma_tiles_applies,
+    wgmma_tiles_config,
     wgmma_tiles_gather_func,
 )
 from pit_tvm.schedules.tensorcore import (
@@ -99,6 +101,7 @@ from pit_tvm.schedules.tensorcore import (
     check_config,
     max_smem_bytes,
     row_gather_matmul_func,
+    valid_configs,
 )
 from pit_tvm.schedules.tensorcore_tiles import (
     TilesConfig,
@@ -107,6 +110,7 @@ from pit_tvm.schedules.tensorcore_tiles import (
     set_dynamic_k_extent,
     tiles_gather_matmul_func,
     tiles_workload_params,
+    valid_tiles_configs,
 )
 
 __all__ = [
@@ -199,7 +203,7 @@ class KnobSet:
     annotation prefix that carries the values on the workload's block ``knob_block``;
     ``config_cls``: the config dataclass the knobs are fields of; ``workload``: the
     ``pit.workload`` prefix of the workloads it tunes; ``valid(workload, arch)``: the
-    configs that fit one.  A kernel
+    configs that fit one; ``planned(workload, arch)``: the config a build takes without a log.  A kernel
     scheduled from its workload has ``schedule(sch, config, arch)`` (applied in the trace by
     :class:`ApplyPitKnobs`) and ``finish(func)`` (its IR post-process, re-applied by the
     builder); a TIRx kernel has ``kernel(workload, config)``, built in place of the workload."""
@@ -212,6 +216,7 @@ class KnobSet:
     knob_block: str
     workload: str
     valid: Callable
+    planned: Callable
     schedule: Callable | None = None
     finish: Callable | None = None
     kernel: Callable | None = None
@@ -377,6 +382,25 @@ def _valid_wgmma_tiles(func, arch):
     return valid_wgmma_tiles_configs(k, n, mk, in_dtype, out_dtype) if mr == 128 else ()
 
 
+def _planned_rows(func, arch):
+    k, n, in_dtype, _, _ = _workload_params(func)
+    return valid_configs(k, n, in_dtype, _arch_of_str(arch))[0]
+
+
+def _planned_wgmma_rows(func, arch):
+    return wgmma_config(_workload_params(func)[1])
+
+
+def _planned_tiles(func, arch):
+    k, n, in_dtype, _, micro_tile, a_compact = tiles_workload_params(func)
+    return valid_tiles_configs(k, n, micro_tile, in_dtype, _arch_of_str(arch), a_compact=a_compact)[0]
+
+
+def _planned_wgmma_tiles(func, arch):
+    _, n, _, out_dtype, (_, mk), _ = tiles_workload_params(func)
+    return wgmma_tiles_config(n, mk, out_dtype=out_dtype)
+
+
 def _wgmma_rows_kernel(func, cfg):
     k, n, in_dtype, out_dtype, bias = _workload_params(func)
     return wgmma_row_gather_func(k, n, in_dtype, out_dtype, bias=bias, config=cfg)
@@ -389,20 +413,20 @@ def _wgmma_tiles_kernel(func, cfg):
 
 #: the mma.sync rows schedule's knobs (sm_80 / sm_90)
 MMA_SYNC = KnobSet("mma.sync", KNOBS, _PRIORS, ANN_PREFIX, TensorCoreConfig, KNOB_BLOCK, ROWS_WORKLOAD,
-                   _valid_rows, schedule=lambda sch, cfg, arch: apply_row_gather_schedule(sch, cfg, arch),
+                   _valid_rows, _planned_rows, schedule=lambda sch, cfg, arch: apply_row_gather_schedule(sch, cfg, arch),
                    finish=add_early_exit)
 #: the wgmma rows kernel's knobs (sm_90a)
 WGMMA = KnobSet("wgmma", WGMMA_KNOBS, _WGMMA_PRIORS, "pit.wgmma.", WgmmaConfig, KNOB_BLOCK, ROWS_WORKLOAD,
-                _valid_wgmma_rows, kernel=_wgmma_rows_kernel)
+                _valid_wgmma_rows, _planned_wgmma_rows, kernel=_wgmma_rows_kernel)
 #: the mma.sync tiles schedule's knobs (sm_80 / sm_90)
 MMA_SYNC_TILES = KnobSet("mma.sync.tiles", TILES_KNOBS, _TILES_PRIORS, "pit.tc_tiles.", TilesConfig,
-                         TILES_KNOB_BLOCK, TILES_WORKLOAD, _valid_tiles,
+                         TILES_KNOB_BLOCK, TILES_WORKLOAD, _valid_tiles, _planned_tiles,
                          schedule=lambda sch, cfg, arch: apply_tiles_schedule(sch, cfg, arch),
                          finish=set_dynamic_k_extent)
 #: the wgmma tiles kernel's knobs (sm_90a)
 WGMMA_TILES = KnobSet("wgmma.tiles", WGMMA_TILES_KNOBS, _WGMMA_TILES_PRIORS, "pit.wgmma_tiles.",
                       WgmmaConfig, TILES_KNOB_BLOCK, TILES_WORKLOAD, _valid_wgmma_tiles,
-                      kernel=_wgmma_tiles_kernel)
+                      _planned_wgmma_tiles, kernel=_wgmma_tiles_kernel)
 #: each kernel's knobs by its name (:func:`pit_tvm.tuning.tune.tuned_kernel`)
 KNOBSETS = {ks.name: ks for ks in (MMA_SYNC, WGMMA, MMA_SYNC_TILES, WGMMA_TILES)}
 
