@@ -177,10 +177,12 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
                        rows_hint=None):
     """The tensor-core PIT kernel for ``plan`` on CUDA, or None (CPU, fp32, unsupported shape).
 
-    ``tuning_log`` (rows): the best record of a MetaSchedule log (read every time: a log can
-    grow during a process), of the wgmma kernel's space on sm_90a and of the mma.sync
-    schedule's elsewhere; otherwise the default (planned) kernel, made once per (plan, dtypes,
-    arch) in a process, so a model's layers of one shape share it.  ``rows_hint``: the rows
+    ``tuning_log``: the best record of a MetaSchedule log (read every time: a log can grow
+    during a process), for whole rows of the wgmma kernel's space on sm_90a and of the mma.sync
+    schedule's elsewhere, for micro-tiles along K of the mma.sync tiles schedule's (the wgmma
+    tiles kernel reads its log in :func:`_cuda_wgmma_tiles`); otherwise the default (planned)
+    kernel, made once per (plan, dtypes, arch) in a process, so a model's layers of one shape
+    share it.  ``rows_hint``: the rows
     expected per call (wgmma picks its tile width to fill the GPU, :func:`wgmma_config`)."""
     target = make_target(target)
     if not is_gpu(target):
@@ -506,7 +508,7 @@ def sparse_matmul(k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_
     On CUDA, fp16/bf16 use the tensor-core kernels where a tile config fits K, N
     (:mod:`pit_tvm.schedules.tensorcore` for rows, with a split-K path for few rows;
     :mod:`pit_tvm.schedules.tensorcore_tiles` for tiles, thin ones as their 16-row cover);
-    ``tuning_log`` picks the tuned schedule of the rows kernel.
+    ``tuning_log`` picks the tuned config of the tensor-core kernel (``pit-tvm tune``).
     """
     return SparseMatmul(k, n, dtype, micro_tile, target, out_dtype, density_threshold, tuning_log)
 

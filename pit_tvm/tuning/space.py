@@ -203,10 +203,11 @@ class KnobSet:
     annotation prefix that carries the values on the workload's block ``knob_block``;
     ``config_cls``: the config dataclass the knobs are fields of; ``workload``: the
     ``pit.workload`` prefix of the workloads it tunes; ``valid(workload, arch)``: the
-    configs that fit one; ``planned(workload, arch)``: the config a build takes without a log.  A kernel
-    scheduled from its workload has ``schedule(sch, config, arch)`` (applied in the trace by
-    :class:`ApplyPitKnobs`) and ``finish(func)`` (its IR post-process, re-applied by the
-    builder); a TIRx kernel has ``kernel(workload, config)``, built in place of the workload."""
+    configs that fit one; ``planned(workload, arch)``: the config a build takes without a
+    log.  A kernel scheduled from its workload has ``schedule(sch, config, arch)`` (applied
+    in the trace by :class:`ApplyPitKnobs`) and ``finish(func)`` (its IR post-process,
+    re-applied by the builder); a TIRx kernel has ``kernel(workload, config)``, built in
+    place of the workload."""
 
     name: str
     knobs: "OrderedDict[str, tuple[int, ...]]"
