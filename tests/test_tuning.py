@@ -241,6 +241,37 @@ def test_tiles_runner_arguments_are_a_valid_index():
     assert rows[0][2].numpy().tolist() == [0, 1000] and (rows[0][3].numpy() == np.arange(1000)).all()
 
 
+def test_cold_l2_evaluator_flushes_before_every_run(monkeypatch):
+    """the runner's evaluator times number x repeat single runs, each after a flush (checked on
+    the CPU: the same time_evaluator path, f_preproc and all)"""
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig
+    from tvm.script import tirx as T
+
+    from pit_tvm.tuning import _worker as W
+
+    @T.prim_func
+    def add_one(a: T.Buffer((1024,), "float32"), b: T.Buffer((1024,), "float32")):
+        for i in range(1024):
+            b[i] = a[i] + T.float32(1)
+
+    flushed = []
+    flush = W._flush_l2
+
+    def counted(*args):
+        flushed.append(1)
+        flush(*args)
+
+    monkeypatch.setattr(W, "_flush_l2", counted)
+    monkeypatch.setattr(W, "_FLUSH_BYTES", 1 << 22)
+    monkeypatch.setattr(W, "_FLUSH", {})
+    ex = tvm.compile(tvm.IRModule({"main": add_one}), target="llvm")
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.arange(1024, dtype="float32"), dev), tvm.runtime.empty((1024,), "float32", dev)]
+    costs = W.run_evaluator_cold_l2(ex.mod, dev, EvaluatorConfig(number=2, repeat=3), [args])
+    assert len(costs) == 6 and all(c > 0 for c in costs) and len(flushed) == 6
+    np.testing.assert_array_equal(args[1].numpy(), np.arange(1024) + 1)
+
+
 def test_mutator_moves_one_knob():
     func = _workload()
     sch = S.knob_schedule(func, TensorCoreConfig(block_k=32, stages=3))

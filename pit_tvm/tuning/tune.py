@@ -76,7 +76,7 @@ from pit_tvm.schedules.tensorcore import (
 from pit_tvm.schedules.tensorcore_tiles import TilesConfig
 from pit_tvm.target import make_target
 from pit_tvm.tuning import space as _space
-from pit_tvm.tuning._worker import alloc_pit_arguments, build_module, export_shared
+from pit_tvm.tuning._worker import alloc_pit_arguments, build_module, export_shared, run_evaluator_cold_l2
 
 __all__ = [
     "tune_matmul",
@@ -279,7 +279,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
                 out_dtype: str | None = None, density: float = TILES_TUNE_DENSITY,
                 trials_per_iter: int = 32, population_size: int = 128, seed: int = 1,
                 builder=None, runner=None, number: int = 5, repeat: int = 3,
-                min_repeat_ms: int = 40, progress: bool = True) -> Path:
+                progress: bool = True) -> Path:
     """Tune the tensor-core PIT kernel of ``C[M, n] = A[M, k] @ B[k, n]`` for ``micro_tile``
     (``(1, None)``: whole rows; ``(mr, mk)`` with ``mk < k``: micro-tiles along K) with
     MetaSchedule + XGBoost; return the database directory.
@@ -288,7 +288,9 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     exhausted); ``trials_per_iter``: candidates per MetaSchedule iteration (the cost model is
     refit between iterations).  ``density`` (tiles kinds): the fraction of each strip's
     micro-tiles the measured index lists (the rows kernels are measured with every row
-    listed).  ``builder``/``runner`` override the LocalBuilder/LocalRunner (an
+    listed).  Every candidate is timed ``number x repeat`` times, each run after an L2 flush
+    (:func:`~pit_tvm.tuning._worker.run_evaluator_cold_l2`: in the op the index kernels run
+    between two GEMMs).  ``builder``/``runner`` override the LocalBuilder/LocalRunner (an
     ``RPCRunner``, or a fake runner in tests).  Re-running with the same directory resumes:
     measured records seed the evolutionary search.
     """
@@ -336,9 +338,10 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
         runner = ms.runner.LocalRunner(
             timeout_sec=120,
             evaluator_config=ms.runner.EvaluatorConfig(
-                number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                number=number, repeat=repeat, min_repeat_ms=0,
                 enable_cpu_cache_flush=False),
-            f_alloc_argument=functools.partial(alloc_pit_arguments, density=float(density)))
+            f_alloc_argument=functools.partial(alloc_pit_arguments, density=float(density)),
+            f_run_evaluator=run_evaluator_cold_l2)
     database = ms.database.JSONDatabase(work_dir=str(db_dir))
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=population_size,
