@@ -170,7 +170,8 @@ def test_tiles_design_spaces_build(kernel, micro_tile, arch):
     target = tvm.target.Target({"kind": "cuda", "arch": arch})
     cfg = sorted(configs, key=repr)[0]
     candidate = S.prepare_candidate(configs[cfg].mod)["main"]
-    src = build(candidate, target).mod.imports[0].inspect_source("cuda")
+    ex = build(candidate, target)
+    src = ex.mod.imports[0].inspect_source("cuda")
     if kernel == "wgmma.tiles":
         from pit_tvm.schedules.wgmma import wgmma_tiles_gather_func
 
@@ -189,7 +190,6 @@ def test_tiles_design_spaces_build(kernel, micro_tile, arch):
         with pytest.raises(ValueError, match="block_n=192 is not one of"):
             S.knob_schedule(func, replace(cfg, block_n=192), arch)
     if find_nvcc() is not None:
-        ex = build(candidate, target)
         assert check_cuda_compiles(ex, archs=(arch,)) >= 1
 
 
