@@ -133,9 +133,9 @@ def main(argv=None) -> int:
         entry = {"k": size, "n": size, "dtype": "float16", "trials": n_trials, "target": target, "kernel": kernel,
                  "micro_tile": mt_text}
         try:
-            log_key = (size, kernel, kernel_micro_tile(kernel, micro_tile))
+            log_key = (size, kernel, kernel_micro_tile(kernel, size, size, micro_tile))
             if log_key not in done and not args.check_only:   # (1x64 and 32x64 share one wgmma tiles log)
-                path = tune_matmul(size, size, "float16", target, trials=n_trials, work_dir=root, micro_tile=micro_tile,
+                tune_matmul(size, size, "float16", target, trials=n_trials, work_dir=root, micro_tile=micro_tile,
                                    m=size + 8, trials_per_iter=args.trials_per_iter)
                 done.add(log_key)
                 entry["tune_s"] = round(time.time() - t0, 1)
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                         wgmma_row_gather_func(size, size, config=best.config),
                         wgmma_row_gather_func(size, size, config=wgmma_config(size)), size))
                 elif not args.no_check:
-                    func = load_best(path, size, size, "float16", target)
+                    func = load_best(best.log_dir, size, size, "float16", target)
                     default = schedule_row_gather_matmul(
                         row_gather_matmul_func(size, size, "float16", "float16"),
                         valid_configs(size, size, "float16")[0])

@@ -193,35 +193,42 @@ def tensor_core_kernel(plan: MatmulPlan, dtype: str, out_dtype: str, target, tun
             return None
         from pit_tvm.schedules.wgmma import wgmma_applies
 
-        if tuning_log is not None:
-            if wgmma_applies(plan.k, plan.n, dtype, out_dtype, arch):
-                # sm_90a: the wgmma kernel of the log's tuned config (its wgmma_ space)
-                from pit_tvm.tuning.tune import tuned_wgmma_config   # warns and falls back
+        if wgmma_applies(plan.k, plan.n, dtype, out_dtype, arch):
+            # sm_90a: the wgmma kernel, of the log's config (its wgmma_ space) or the planned one
+            return _tuned_or_planned(
+                lambda config: _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint, config),
+                tuning_log, plan, dtype, target, "wgmma")
+        if tuning_log is not None and dtype in ("float16", "bfloat16"):
+            from pit_tvm.tuning.tune import tuned_rows_kernel   # warns and falls back
 
-                tuned = tuned_wgmma_config(tuning_log, plan.k, plan.n, dtype)
-                try:
-                    return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint, tuned)
-                except ValueError as err:    # (tuned for another output dtype, say)
-                    warnings.warn(f"tuning log {tuning_log} not used: its config {tuned} does not build "
-                                  f"here ({err})", stacklevel=2)
-            if dtype in ("float16", "bfloat16"):
-                from pit_tvm.tuning.tune import tuned_rows_kernel   # warns and falls back
-
-                tuned = tuned_rows_kernel(tuning_log, plan.k, plan.n, dtype, out_dtype, target)
-                if tuned is not None:
-                    return tuned
+            tuned = tuned_rows_kernel(tuning_log, plan.k, plan.n, dtype, out_dtype, target)
+            if tuned is not None:
+                return tuned
         return _cuda_rows_kernel(plan.k, plan.n, dtype, out_dtype, arch, rows_hint)
-    if tuning_log is not None and dtype in ("float16", "bfloat16"):
-        from pit_tvm.tuning.tune import tuned_tiles_config   # warns and falls back
+    if dtype not in ("float16", "bfloat16"):
+        return None     # (no tensor-core tiles kernel: no log to read)
+    return _tuned_or_planned(
+        lambda config: _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, arch, config),
+        tuning_log, plan, dtype, target, "mma.sync.tiles")
 
-        tuned = tuned_tiles_config(tuning_log, plan.k, plan.n, dtype, plan.micro_tile, "mma.sync.tiles")
-        if tuned is not None:
-            try:
-                return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, arch, tuned)
-            except ValueError as err:
-                warnings.warn(f"tuning log {tuning_log} not used: its config {tuned} does not build here ({err})",
-                              stacklevel=2)
-    return _cuda_tiles_kernel(plan.k, plan.n, dtype, out_dtype, plan.micro_tile, arch)
+
+def _tuned_or_planned(make, tuning_log, plan: MatmulPlan, dtype: str, target, kernel: str):
+    """``make(config)`` of the best config of ``tuning_log`` for ``kernel`` (a
+    :data:`pit_tvm.tuning.space.KNOBSETS` name), else ``make(None)`` (the planned kernel): a
+    log without one, or a tuned config that does not build here (tuned for another output
+    dtype, say), is said, never fatal."""
+    if tuning_log is None:
+        return make(None)
+    from pit_tvm.tuning.tune import tuned_config   # warns where the log has none
+
+    tuned = tuned_config(tuning_log, plan.k, plan.n, dtype, target, kernel, plan.micro_tile)
+    if tuned is not None:
+        try:
+            return make(tuned)
+        except ValueError as err:
+            warnings.warn(f"tuning log {tuning_log} not used: its config {tuned} does not build here ({err})",
+                          stacklevel=3)
+    return make(None)
 
 
 def _say_if_log_unused(tuning_log, plan: MatmulPlan, target) -> None:
@@ -764,7 +771,7 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
     itself); else None.  ``bias`` / ``residual``: both GEMM kernels run that
     epilogue.  ``tuning_log``: the tiles of its best ``wgmma.tiles`` record (the loader
     warpgroup only where this epilogue takes it), else the planned ones."""
-    from pit_tvm.schedules.wgmma import (BLOCK_M, MAX_SMEM_BYTES, needs_compaction, tiles_ws_applies,
+    from pit_tvm.schedules.wgmma import (BLOCK_M, needs_compaction, tiles_ws_applies,
                                          wgmma_compact_a_func,
                                          wgmma_dense_fallback_func, wgmma_tiles_applies, wgmma_tiles_config,
                                          wgmma_tiles_gather_func)
@@ -774,26 +781,21 @@ def _cuda_wgmma_tiles(plan: MatmulPlan, dtype: str, out_dtype: str, arch: str, r
                                                        out_dtype, arch):
         return None
     mk = plan.micro_tile[1]
-    config = wgmma_tiles_config(plan.n, mk, rows_hint, out_dtype, residual)
-    if tuning_log is not None:
-        from pit_tvm.tuning.tune import tuned_tiles_config   # warns and falls back
 
-        tuned = tuned_tiles_config(tuning_log, plan.k, plan.n, dtype, plan.micro_tile, "wgmma.tiles")
-        if tuned is not None:
-            ws = tuned.tiles_ws and tiles_ws_applies(mk, tuned.block_n, out_dtype, residual)
-            config = replace(tuned, tiles_ws=ws)
-            if config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
-                warnings.warn(f"tuning log {tuning_log} not used: its config {tuned} needs more shared memory "
-                              f"with a {out_dtype} output", stacklevel=3)
-                config = wgmma_tiles_config(plan.n, mk, rows_hint, out_dtype, residual)
+    def gemm_kernels(tuned):
+        """the tiles kernel and its dense fallback (None: the warp-specialized kernel runs it) of
+        ``tuned`` (its loader warpgroup where this epilogue takes it), or of the planned config"""
+        config = (wgmma_tiles_config(plan.n, mk, rows_hint, out_dtype, residual) if tuned is None else
+                  replace(tuned, tiles_ws=tuned.tiles_ws and tiles_ws_applies(mk, tuned.block_n, out_dtype, residual)))
+        return (wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype, config=config, bias=bias,
+                                        residual=residual),
+                None if config.tiles_ws else wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype,
+                                                                       config=config, bias=bias, residual=residual))
+
+    kernel, dense_fallback = _tuned_or_planned(gemm_kernels, tuning_log, plan, dtype, f"cuda:{arch}", "wgmma.tiles")
     strips = strips_apply(plan.k, mk, dtype)
     compact = wgmma_compact_a_func(plan.k, mk, dtype) if needs_compaction(mk, dtype) and not strips else None
-    return (MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)),
-            wgmma_tiles_gather_func(plan.k, plan.n, mk, dtype, out_dtype, config=config, bias=bias,
-                                    residual=residual), compact,
-            None if config.tiles_ws else wgmma_dense_fallback_func(plan.k, plan.n, mk, dtype, out_dtype,
-                                                                   config=config, bias=bias, residual=residual),
-            strips)
+    return MatmulPlan(plan.k, plan.n, (BLOCK_M, mk)), kernel, compact, dense_fallback, strips
 
 
 def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):

@@ -30,7 +30,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
@@ -300,7 +300,7 @@ def choose_micro_tile(sample, candidates: Sequence, latency: Latency | None = No
     if isinstance(latency, Mapping):
         latency = LatencyModel(dict(latency), step=step)
     elif isinstance(latency, LatencyModel) and step != latency.step:
-        latency = LatencyModel(latency.table, latency.dense_time, step, latency.source, latency.row_k)
+        latency = replace(latency, step=step)
     if not callable(latency):
         raise TypeError(f"latency must be a callable, a {{micro_tile: {{density: seconds}}}} table or None, "
                         f"got {type(latency).__name__}")

@@ -414,7 +414,7 @@ def _wgmma_tiles_kernel(func, cfg):
 
 #: the mma.sync rows schedule's knobs (sm_80 / sm_90)
 MMA_SYNC = KnobSet("mma.sync", KNOBS, _PRIORS, ANN_PREFIX, TensorCoreConfig, KNOB_BLOCK, ROWS_WORKLOAD,
-                   _valid_rows, _planned_rows, schedule=lambda sch, cfg, arch: apply_row_gather_schedule(sch, cfg, arch),
+                   _valid_rows, _planned_rows, schedule=apply_row_gather_schedule,
                    finish=add_early_exit)
 #: the wgmma rows kernel's knobs (sm_90a)
 WGMMA = KnobSet("wgmma", WGMMA_KNOBS, _WGMMA_PRIORS, "pit.wgmma.", WgmmaConfig, KNOB_BLOCK, ROWS_WORKLOAD,
@@ -422,7 +422,7 @@ WGMMA = KnobSet("wgmma", WGMMA_KNOBS, _WGMMA_PRIORS, "pit.wgmma.", WgmmaConfig, 
 #: the mma.sync tiles schedule's knobs (sm_80 / sm_90)
 MMA_SYNC_TILES = KnobSet("mma.sync.tiles", TILES_KNOBS, _TILES_PRIORS, "pit.tc_tiles.", TilesConfig,
                          TILES_KNOB_BLOCK, TILES_WORKLOAD, _valid_tiles, _planned_tiles,
-                         schedule=lambda sch, cfg, arch: apply_tiles_schedule(sch, cfg, arch),
+                         schedule=apply_tiles_schedule,
                          finish=set_dynamic_k_extent)
 #: the wgmma tiles kernel's knobs (sm_90a)
 WGMMA_TILES = KnobSet("wgmma.tiles", WGMMA_TILES_KNOBS, _WGMMA_TILES_PRIORS, "pit.wgmma_tiles.",

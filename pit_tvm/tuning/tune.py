@@ -88,8 +88,7 @@ __all__ = [
     "resolve_log_dir",
     "alloc_pit_arguments",
     "tuned_rows_kernel",
-    "tuned_wgmma_config",
-    "tuned_tiles_config",
+    "tuned_config",
     "tuned_kernel",
     "kernel_micro_tile",
     "TILES_TUNE_DENSITY",
@@ -157,19 +156,19 @@ def tuned_kernel(k: int, n: int, dtype: str, target, out_dtype: str | None = Non
             else "mma.sync.tiles")
 
 
-def kernel_micro_tile(kernel: str, micro_tile) -> tuple[int, int] | None:
+def kernel_micro_tile(kernel: str | None, k: int, n: int, micro_tile) -> tuple[int, int] | None:
     """The micro-tile the tiles ``kernel`` runs for a user's ``micro_tile`` (the tiles kinds'
-    strips: 128 rows for wgmma, at least 16 for mma.sync, see
-    :func:`pit_tvm.ops.matmul.tensor_core_plan`); None for the rows kernels."""
-    from pit_tvm.ops.matmul import TC_MIN_STRIP
+    strips: 128 rows for wgmma, :func:`pit_tvm.ops.matmul.tensor_core_plan`'s cover for
+    mma.sync); None for the rows kernels (and no kernel)."""
+    from pit_tvm.ops.matmul import MatmulPlan, tensor_core_plan
     from pit_tvm.schedules.wgmma import BLOCK_M
 
-    if not kernel.endswith(".tiles"):
+    if not kernel or not kernel.endswith(".tiles"):
         return None
     mr, mk = (int(x) for x in micro_tile)
     if kernel == "wgmma.tiles":
         return BLOCK_M, mk
-    return (TC_MIN_STRIP if mr < TC_MIN_STRIP and TC_MIN_STRIP % mr == 0 else mr), mk
+    return tensor_core_plan(MatmulPlan(int(k), int(n), (mr, mk))).micro_tile
 
 
 def _leaf(k: int, n: int, dtype: str, kernel: str = "mma.sync", micro_tile=None) -> str:
@@ -309,7 +308,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     arch = _space._arch_of(tgt)
     out_dtype = out_dtype or dtype
     kernel = tuned_kernel(k, n, dtype, tgt, out_dtype, micro_tile)
-    kernel_tile = kernel_micro_tile(kernel, micro_tile)
+    kernel_tile = kernel_micro_tile(kernel, k, n, micro_tile)
     if kernel_tile is None:
         workload = _space.tuning_workload(int(k), int(n), dtype, out_dtype, m)
     else:
@@ -516,10 +515,10 @@ def best_record(work_dir, k: int, n: int, dtype: str = "float16", target="cuda",
         kernel = tuned_kernel(k, n, dtype, tgt, micro_tile=micro_tile)
     rows = is_rows(k, micro_tile)
     kernels = [kernel] if kernel else [name for name in _space.KNOBSETS if name.endswith(".tiles") != rows]
-    tiles = {kernel_micro_tile(name, micro_tile) for name in kernels}
-    db_dir = resolve_log_dir(work_dir, k, n, dtype, kernel or "mma.sync", kernel_micro_tile(kernel or "", micro_tile))
-    if db_dir is None:
-        warnings.warn(f"no tuning log for {_leaf(k, n, dtype, kernel, kernel_micro_tile(kernel, micro_tile))} "
+    tiles = {kernel_micro_tile(name, k, n, micro_tile) for name in kernels}
+    db_dir = resolve_log_dir(work_dir, k, n, dtype, kernel or "mma.sync", kernel_micro_tile(kernel, k, n, micro_tile))
+    if db_dir is None:      # (a database directory resolves for any kernel: here ``kernel`` is known)
+        warnings.warn(f"no tuning log for {_leaf(k, n, dtype, kernel, kernel_micro_tile(kernel, k, n, micro_tile))} "
                       f"under {work_dir}", stacklevel=2)
         return None
     arch = _space._arch_of(tgt)
@@ -606,13 +605,16 @@ def _from_log(read, tuning_log, missing: str):
     return found
 
 
-def tuned_wgmma_config(tuning_log, k: int, n: int, dtype: str) -> WgmmaConfig | None:
-    """``sparse_matmul(..., tuning_log=...)``'s hook on sm_90a (whole-row micro-tiles): the wgmma
-    kernel's config of the log's best record, or None with a warning (the caller then plans
-    the width from the expected rows)."""
-    best = _from_log(lambda: best_record(tuning_log, k, n, dtype, "cuda", kernel="wgmma"), tuning_log,
-                     f"no valid tuned config for {_leaf(k, n, dtype, 'wgmma')} in {tuning_log}; "
-                     "using the planned wgmma config")
+def tuned_config(tuning_log, k: int, n: int, dtype: str, target, kernel: str, micro_tile=(1, None)):
+    """``sparse_matmul(..., tuning_log=...)``'s hook for the kernels a build makes from a config
+    (``"wgmma"``, ``"wgmma.tiles"``: a :class:`WgmmaConfig`; ``"mma.sync.tiles"``: a
+    :class:`TilesConfig`): the config of the log's best record of ``kernel`` for the build's
+    ``target`` and the user's ``micro_tile``, or None with a warning (the caller then takes
+    the planned config)."""
+    leaf = _leaf(k, n, dtype, kernel, kernel_micro_tile(kernel, k, n, micro_tile))
+    best = _from_log(lambda: best_record(tuning_log, k, n, dtype, target, kernel=kernel, micro_tile=micro_tile),
+                     tuning_log, f"no valid tuned config for {leaf} in {tuning_log}; using the planned "
+                     f"{'tiles' if kernel.endswith('.tiles') else kernel} config")
     return None if best is None else best.config
 
 
@@ -623,14 +625,3 @@ def tuned_rows_kernel(tuning_log, k: int, n: int, dtype: str, out_dtype: str | N
     return _from_log(lambda: load_best(tuning_log, k, n, dtype, target, out_dtype=out_dtype), tuning_log,
                      f"no valid tuned schedule for {_leaf(k, n, dtype)} in {tuning_log}; "
                      "using the untuned tensor-core kernel")
-
-
-def tuned_tiles_config(tuning_log, k: int, n: int, dtype: str, micro_tile, kernel: str):
-    """``sparse_matmul(..., tuning_log=...)``'s hook for micro-tiles along K: the config of the
-    best record of ``kernel`` (``"wgmma.tiles"``: a :class:`WgmmaConfig`; ``"mma.sync.tiles"``:
-    a :class:`TilesConfig`) for the user's ``micro_tile``, or None with a warning (the caller
-    then takes the planned config)."""
-    leaf = _leaf(k, n, dtype, kernel, kernel_micro_tile(kernel, micro_tile))
-    best = _from_log(lambda: best_record(tuning_log, k, n, dtype, "cuda", kernel=kernel, micro_tile=micro_tile),
-                     tuning_log, f"no valid tuned config for {leaf} in {tuning_log}; using the planned tiles config")
-    return None if best is None else best.config
