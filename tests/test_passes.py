@@ -656,3 +656,32 @@ def test_fold_shape_computations_folds_shape_arithmetic_only():
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", side])],
                  {"w": RNG.standard_normal((side, side)).astype("float32")})
     assert [n.op_type for n in fold_shape_computations(big).graph.node] == ["Transpose", "MatMul"]
+
+
+@pytest.mark.parametrize("scale_dtype", [TensorProto.FLOAT, TensorProto.INT64])
+def test_mul_feeding_a_matmul_is_classified_without_crashing(scale_dtype):
+    """A Mul before a MatMul asks whether its other factor is a mask: an input's dtype is a
+    PrimType in TVM 0.27 (it crashed with AttributeError). A float scale is data, not a mask;
+    an int64 input is a mask; both compile and match numpy."""
+    np_scale = np.array(0.5 if scale_dtype == TensorProto.FLOAT else 1, onnx.helper.tensor_dtype_to_np_dtype(scale_dtype))
+    nodes = [helper.make_node("Mul", ["x", "sf"], ["xs"]), helper.make_node("MatMul", ["xs", "w"], ["y"])]
+    inits = [numpy_helper.from_array(np.ones((64, 32), np.float32), "w")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 64])]
+    if scale_dtype == TensorProto.FLOAT:
+        nodes.insert(0, helper.make_node("Identity", ["s"], ["sf"]))
+        inits.append(numpy_helper.from_array(np_scale, "s"))
+    else:
+        nodes.insert(0, helper.make_node("Cast", ["keep"], ["sf"], to=TensorProto.FLOAT))
+        inputs.append(helper.make_tensor_value_info("keep", TensorProto.INT64, ["M", 1]))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 32])], initializer=inits)
+    model = compile_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "llvm")
+    x = np.random.default_rng(0).random((5, 64), np.float32)
+    feeds = {"x": x}
+    if scale_dtype == TensorProto.INT64:
+        keep = np.array([[1], [0], [1], [1], [0]], np.int64)
+        feeds["keep"] = keep
+        expected = (x * keep) @ np.ones((64, 32), np.float32)
+        assert [a["status"] for a in model.annotations] == ["pit"], model.annotations
+    else:
+        expected = (x * 0.5) @ np.ones((64, 32), np.float32)
+    np.testing.assert_allclose(model.run(feeds)[0], expected, rtol=1e-5)

@@ -84,9 +84,10 @@ def _is_zero_const(expr) -> bool:
 
 def _is_mask_input(param) -> bool:
     ty = param.ty
-    dtype = getattr(ty, "dtype", "float32") if isinstance(ty, relax.TensorType) else "float32"
+    # TensorType.dtype is a PrimType in TVM 0.27, not a string.
+    dtype = str(ty.dtype) if isinstance(ty, relax.TensorType) else "float32"
     return bool(_MASK_RE.search(param.name) or PADDING_RE.match(param.name)) or not (
-        dtype.startswith("float") or dtype.startswith("bfloat")
+        dtype.startswith(("float", "bfloat"))
     )
 
 
