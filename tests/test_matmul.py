@@ -94,7 +94,7 @@ def test_out_argument_and_independent_results():
         op(a1, b, out=np.zeros((41, N), np.float32))
     with pytest.raises(ValueError, match="out: dtype"):
         op(a1, b, out=np.zeros((40, N), np.float64))
-    with pytest.raises(ValueError, match="TVM or DLPack"):
+    with pytest.raises(TypeError, match="a TVM tensor or a DLPack tensor"):
         op(a1, b, out=[[0.0]])
 
 

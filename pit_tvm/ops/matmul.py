@@ -21,6 +21,7 @@ configuration fits, else the SIMT schedule.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from dataclasses import dataclass, replace
 
@@ -31,6 +32,10 @@ from tvm.script import tirx as T
 
 from pit_tvm.schedules.sparse_access import PitIndex, sread, swrite
 from pit_tvm.target import DEFAULT_CUDA_ARCH, build, device_for, is_gpu, make_target
+
+# (the public op's argument checks and tensor conversions)
+from pit_tvm._args import dtype_name, fraction, micro_tile_pair, positive_int
+from pit_tvm.runtime.loader import DLPACK_CPU, dlpack_to_tvm, host_view, numpy_dtype
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -92,15 +97,18 @@ class MatmulPlan:
 
 
 def _validate(k, n, dtype, micro_tile):
+    """Check the op's shape arguments, each error naming the argument: K and N positive ints
+    (numpy ints too; floats and bools refused, never truncated), ``dtype`` one of
+    :data:`SUPPORTED_DTYPES`, ``micro_tile`` a pair of positive ints (or ``"RxC"``) no wider
+    than K.  Returns ``(mr, mk)``."""
+    positive_int(k, "K")
+    positive_int(n, "N")
     if dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}: PIT matmul supports {SUPPORTED_DTYPES}")
-    if not (isinstance(k, (int, np.integer)) and isinstance(n, (int, np.integer)) and k > 0 and n > 0):
-        raise ValueError(f"K and N must be positive ints, got K={k!r}, N={n!r}")
-    if len(micro_tile) != 2 or any(int(x) <= 0 for x in micro_tile):
-        raise ValueError(f"micro_tile must be two positive ints (rows, cols), got {micro_tile!r}")
-    mr, mk = (int(x) for x in micro_tile)
+        raise ValueError(f"unsupported dtype {dtype!r}: PIT matmul supports {', '.join(SUPPORTED_DTYPES)}")
+    mr, mk = micro_tile_pair(micro_tile)
     if mk > k:
-        raise ValueError(f"micro-tile {mr}x{mk} does not fit the PIT axis K={k}: its width {mk} exceeds K")
+        raise ValueError(f"micro-tile {mr}x{mk} does not fit the PIT axis K={k}: its width {mk} exceeds K "
+                         f"(whole rows are ({mr}, {k}))")
     return mr, mk
 
 
@@ -338,6 +346,25 @@ def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_thr
     return build(mod, target), names
 
 
+def _op_target(target) -> tvm.target.Target:
+    """``target`` of :class:`SparseMatmul` as a Target: ``"llvm"``/``"cpu"``, ``"cuda"`` or
+    ``"cuda:sm_XY"``, a dict or a Target, of kind llvm or cuda (with an ``sm_XY`` arch)."""
+    from pit_tvm.target import arch_number
+
+    try:
+        tgt = make_target(target)
+    except (TypeError, ValueError):
+        raise
+    except Exception as err:  # noqa: BLE001 - TVM's own parse error of a dict target
+        raise ValueError(f"target {target!r} is not a valid TVM target: {err}") from None
+    kind = tgt.kind.name
+    if kind not in ("llvm", "cuda"):
+        raise ValueError(f"target {target!r}: PIT matmul builds for 'llvm' or 'cuda' targets, not {kind!r}")
+    if kind == "cuda" and arch_number(_arch_of(tgt)) < 0:
+        raise ValueError(f"target {target!r}: unknown CUDA arch {_arch_of(tgt)!r}; use e.g. 'cuda:sm_80' or 'cuda:sm_90a'")
+    return tgt
+
+
 class SparseMatmul:
     """``C = A @ B`` with A dynamically sparse; compiled once, the index built every call.
 
@@ -351,17 +378,18 @@ class SparseMatmul:
 
     def __init__(self, k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_dtype=None,
                  density_threshold=0.9, tuning_log=None):
-        self.k, self.n = int(k), int(n)
-        self.dtype = str(dtype)
-        _validate(self.k, self.n, self.dtype, micro_tile)
-        self.out_dtype = str(out_dtype or dtype)
+        self.k, self.n = positive_int(k, "K"), positive_int(n, "N")
+        self.dtype = dtype_name(dtype, "dtype")
+        micro_tile = _validate(self.k, self.n, self.dtype, micro_tile)
+        self.out_dtype = self.dtype if out_dtype is None else dtype_name(out_dtype, "out_dtype")
         if self.out_dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"unsupported out_dtype {self.out_dtype!r}: use one of {SUPPORTED_DTYPES}")
-        if density_threshold is not None and not 0.0 <= float(density_threshold) <= 1.0:
-            raise ValueError(f"density_threshold must be in [0, 1] or None, got {density_threshold!r}")
-        self.plan = MatmulPlan(self.k, self.n, tuple(int(x) for x in micro_tile))
+            raise ValueError(f"unsupported out_dtype {self.out_dtype!r}: use one of {', '.join(SUPPORTED_DTYPES)}")
+        density_threshold = fraction(density_threshold, "density_threshold")
+        if tuning_log is not None and not isinstance(tuning_log, (str, os.PathLike)):
+            raise TypeError(f"tuning_log must be a path (str or os.PathLike) or None, got {type(tuning_log).__name__}")
+        self.plan = MatmulPlan(self.k, self.n, micro_tile)
         self.micro_tile = self.plan.micro_tile
-        self.target = make_target(target)
+        self.target = _op_target(target)
         self.device = device_for(self.target)
         self.density_threshold = density_threshold
         self.executable, names = _build_sparse_matmul(
@@ -385,43 +413,96 @@ class SparseMatmul:
 
     # -- tensors in and out ---------------------------------------------------------
     def _as_tensor(self, x, name, shape_check):
-        if isinstance(x, tvm.runtime.Tensor):
-            t = x
-        elif hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
-            t = tvm.runtime.from_dlpack(x)
+        """``x`` as a TVM tensor on the op's device, checked (dtype, then shape, then device)
+        before any copy to the device.  A numpy array (any layout) is copied; a DLPack tensor
+        (TVM, torch, jax, cupy) is taken zero-copy where TVM can (C-contiguous, 64-byte
+        aligned), else copied (:func:`pit_tvm.runtime.loader.dlpack_to_tvm`); anything else
+        (a list) is read by numpy as the op's dtype."""
+        if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):     # TVM, torch, ...
+            t = dlpack_to_tvm(x, name)
         else:
-            arr = np.ascontiguousarray(np.asarray(x))
-            t = tvm.runtime.tensor(arr, self.device)
-        if str(t.dtype) != self.dtype:
-            raise ValueError(f"{name}: dtype {t.dtype} given, {self.dtype} expected")
+            arr = self._as_array(x, name)
+            self._check_dtype(arr.dtype, name, self.dtype)
+            shape_check(arr.shape)
+            return tvm.runtime.tensor(np.ascontiguousarray(arr), self.device)
+        self._check_dtype(t.dtype, name, self.dtype)
         shape_check(tuple(int(s) for s in t.shape))
-        if t.device.dlpack_device_type() != self.device.dlpack_device_type():
-            raise ValueError(f"{name} is on {t.device}, the op runs on {self.device}")
+        self._check_device(t, name)
         return t
 
+    def _as_array(self, x, name):
+        if isinstance(x, np.ndarray) or hasattr(x, "dtype"):
+            return np.asarray(x)
+        try:            # (a list, a scalar: no dtype of its own)
+            return np.asarray(x, dtype=numpy_dtype(self.dtype))
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{name} must be a numpy array, a DLPack tensor (torch, TVM, ...) or a nested "
+                            f"sequence of numbers, got {type(x).__name__} ({err})") from None
+
+    @staticmethod
+    def _check_dtype(dtype, name, want):
+        have = dtype_name(dtype)
+        if have != want:
+            raise ValueError(f"{name}: dtype {have} given, {want} expected")
+
+    def _check_device(self, t, name):
+        dev = t.device
+        if (dev.dlpack_device_type(), dev.index) != (self.device.dlpack_device_type(), self.device.index):
+            raise ValueError(f"{name} is on {dev}, the op runs on {self.device}")
+
     def _as_out(self, out, m):
-        """``out`` (a TVM tensor or any DLPack tensor, written in place) checked against C."""
-        if isinstance(out, tvm.runtime.Tensor):
-            t = out
-        elif hasattr(out, "__dlpack__"):
-            t = tvm.runtime.from_dlpack(out)
-        else:
-            raise ValueError(f"out must be a TVM or DLPack tensor, got {type(out).__name__}")
-        if str(t.dtype) != self.out_dtype:
-            raise ValueError(f"out: dtype {t.dtype} given, {self.out_dtype} expected")
-        if tuple(int(x) for x in t.shape) != (m, self.n):
-            raise ValueError(f"out must have shape ({m}, {self.n}), got {tuple(t.shape)}")
-        if t.device.dlpack_device_type() != self.device.dlpack_device_type():
-            raise ValueError(f"out is on {t.device}, the op runs on {self.device}")
-        return t
+        """Where ``out`` is written, checked against C (``(m, N)``, ``out_dtype``) before the op
+        runs: a TVM tensor over contiguous memory (``copyfrom``: TVM copies into memory of any
+        alignment), a numpy array (assigned: any layout), or a strided torch tensor on a GPU
+        (``copy_``).  C itself comes from the VM's allocator: ``out=`` costs one copy."""
+        if isinstance(out, np.ndarray):
+            self._check_dtype(out.dtype, "out", self.out_dtype)
+            self._check_out_shape(out.shape, m)
+            if not out.flags.writeable:
+                raise ValueError("out is a read-only numpy array")
+            return out
+        if not hasattr(out, "__dlpack__"):
+            raise TypeError(f"out must be a numpy array, a TVM tensor or a DLPack tensor, got {type(out).__name__}")
+        import tvm_ffi
+
+        try:    # a view of out's memory as it is (any strides, any alignment): it is written, not read
+            view = out if isinstance(out, tvm.runtime.Tensor) else tvm_ffi.from_dlpack(out)
+        except Exception as err:  # noqa: BLE001 - the producer's own refusal (read-only, needs grad)
+            raise TypeError(f"out: TVM cannot take this {type(out).__name__} through DLPack: {err}") from err
+        self._check_dtype(view.dtype, "out", self.out_dtype)
+        self._check_out_shape(tuple(int(s) for s in view.shape), m)
+        self._check_device(view, "out")
+        if view.is_contiguous():
+            return view
+        if view.device.dlpack_device_type() == DLPACK_CPU:
+            return host_view(view)
+        if callable(getattr(out, "copy_", None)) and type(out).__module__.startswith("torch"):
+            return out
+        raise ValueError(f"out is a non-contiguous tensor on {view.device} (strides {tuple(view.strides)}): "
+                         "TVM writes only contiguous device memory; pass a contiguous one")
+
+    def _check_out_shape(self, shape, m):
+        if tuple(shape) != (m, self.n):
+            raise ValueError(f"out must have shape ({m}, {self.n}) (A's rows, N), got {tuple(shape)}")
+
+    @staticmethod
+    def _write_out(dest, c):
+        if isinstance(dest, tvm.runtime.Tensor):
+            dest.copyfrom(c)
+        elif isinstance(dest, np.ndarray):
+            dest[...] = c.numpy()
+        else:   # a strided torch tensor on a GPU
+            import torch
+
+            dest.copy_(torch.from_dlpack(c))
 
     def _check_a(self, shape):
         if len(shape) != 2 or shape[1] != self.k:
-            raise ValueError(f"A must have shape (M, {self.k}), got {shape}")
+            raise ValueError(f"A must have shape (M, {self.k}) (2-D, K={self.k} columns), got {tuple(shape)}")
 
     def _check_b(self, shape):
-        if shape != (self.k, self.n):
-            raise ValueError(f"B must have shape ({self.k}, {self.n}), got {shape}")
+        if tuple(shape) != (self.k, self.n):
+            raise ValueError(f"B must have shape ({self.k}, {self.n}) (K, N), got {tuple(shape)}")
 
     WORKSPACE_SLOTS = 8
 
@@ -474,18 +555,13 @@ class SparseMatmul:
         return offsets, ids
 
     def __call__(self, a, b, out=None):
+        """``C = a @ b``: C of ``a``'s kind (a TVM tensor for a TVM tensor, torch for torch,
+        else numpy), or written into ``out`` (any layout, see :meth:`_as_out`) and ``out``
+        returned."""
         a_t = self._as_tensor(a, "A", self._check_a)
         b_t = self._as_tensor(b, "B", self._check_b)
-        if isinstance(out, np.ndarray):
-            # numpy memory is not 64-byte aligned, so TVM cannot write it in place: copy into it
-            m = int(a_t.shape[0])
-            if str(out.dtype) != self.out_dtype:
-                raise ValueError(f"out: dtype {out.dtype} given, {self.out_dtype} expected")
-            if out.shape != (m, self.n):
-                raise ValueError(f"out must have shape ({m}, {self.n}), got {out.shape}")
-            out[...] = self(a_t, b_t).numpy()
-            return out
-        out_t = None if out is None else self._as_out(out, int(a_t.shape[0]))
+        m = int(a_t.shape[0])
+        dest = None if out is None else self._as_out(out, m)
         if self._main is None:
             from tvm import relax
 
@@ -493,8 +569,8 @@ class SparseMatmul:
         # one path for every call: the graph may run more kernels than index + matmul (the
         # A compaction of micro-tiles under 16 bytes wide, before the wgmma tiles kernel)
         c = self._main(a_t, b_t)
-        if out_t is not None:
-            out_t.copyfrom(c)
+        if dest is not None:
+            self._write_out(dest, c)
             return out
         if isinstance(a, tvm.runtime.Tensor):
             return c

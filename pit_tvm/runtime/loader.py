@@ -109,6 +109,80 @@ def host_input(name: str, value, dtype) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+#: DLPack's device type of host memory (kDLCPU)
+DLPACK_CPU = 1
+#: the data alignment TVM's compiled kernels assume of their tensors (bytes; LLVM emits
+#: aligned vector loads: a misaligned tensor can crash the process, not just raise)
+TVM_ALIGNMENT = 64
+
+
+def tvm_takes_as_is(t: tvm.runtime.Tensor) -> bool:
+    """``t`` can be passed to a compiled TVM function: C-contiguous, data 64-byte aligned."""
+    return t.is_contiguous() and t.data_ptr() % TVM_ALIGNMENT == 0
+
+
+def dlpack_to_tvm(value, name: str = "tensor") -> tvm.runtime.Tensor:
+    """``value`` (any DLPack tensor: torch, jax, cupy, TVM, numpy) as a TVM tensor on its own
+    device: zero-copy where TVM takes it as it is (C-contiguous, data 64-byte aligned: what
+    ``tvm.runtime.from_dlpack`` checks and the compiled kernels assume), else a contiguous,
+    aligned copy on the same device: a misaligned contiguous tensor (a row slice, many
+    ``torch.from_numpy`` arrays) is copied by TVM, a strided one (``t.T``, ``t[::2]``,
+    ``expand``) on the host through numpy, on a GPU by its own ``.contiguous()`` (torch).
+    A strided GPU tensor without one is a ValueError naming ``name``."""
+    if isinstance(value, tvm.runtime.Tensor) and tvm_takes_as_is(value):
+        return value
+    try:
+        return tvm.runtime.from_dlpack(value)   # zero-copy
+    except Exception:  # noqa: BLE001 - not contiguous or not aligned (or not importable): see below
+        pass
+    import tvm_ffi  # noqa: PLC0415
+
+    try:
+        view = tvm_ffi.from_dlpack(value)       # no checks: a view of value's memory
+    except Exception as err:  # noqa: BLE001 - the producer's own refusal (read-only, needs grad, dtype)
+        raise TypeError(f"{name}: TVM cannot take this {type(value).__name__} through DLPack: {err}") from err
+    if view.is_contiguous():
+        return view.copyto(view.device)         # misaligned: TVM allocates aligned memory
+    if view.device.dlpack_device_type() == DLPACK_CPU:
+        return tvm.runtime.tensor(np.ascontiguousarray(host_view(view)), view.device)
+    if callable(getattr(value, "contiguous", None)):
+        return dlpack_to_tvm(value.contiguous(), name)
+    raise ValueError(f"{name} is a non-contiguous tensor on {view.device} (shape {tuple(view.shape)}, "
+                     f"strides {tuple(view.strides)}): TVM copies only contiguous device memory; "
+                     "pass a contiguous copy")
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of a TVM dtype name (bfloat16 and the float8 types through ml_dtypes)."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        import ml_dtypes  # noqa: PLC0415 - TVM's own dependency for these types
+
+        return np.dtype(getattr(ml_dtypes, dtype))
+
+
+def host_view(t: tvm.runtime.Tensor) -> np.ndarray:
+    """A writable numpy array over the memory of ``t``, a TVM tensor in host memory of any
+    strides (``tvm_ffi.from_dlpack`` without checks makes such views), without a copy; numpy
+    itself cannot import bfloat16 through DLPack.  ``t`` must outlive the array."""
+    import ctypes  # noqa: PLC0415
+
+    dtype = numpy_dtype(str(t.dtype))
+    shape = tuple(int(s) for s in t.shape)
+    if any(s == 0 for s in shape):
+        return np.empty(shape, dtype)
+    strides = t.strides
+    if strides is None or len(strides) != len(shape):
+        strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+    strides = tuple(int(s) for s in strides)
+    low = sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))     # elements before / after
+    high = sum(max(0, (n - 1) * s) for n, s in zip(shape, strides))    # the first one
+    memory = (ctypes.c_char * ((high - low + 1) * dtype.itemsize)).from_address(t.data_ptr() + low * dtype.itemsize)
+    flat = np.frombuffer(memory, dtype)
+    return np.lib.stride_tricks.as_strided(flat[-low:], shape, tuple(s * dtype.itemsize for s in strides))
+
+
 def flatten_outputs(out) -> list[np.ndarray]:
     """A VM result (tensor or nested tuple) as a flat list of numpy arrays."""
     if hasattr(out, "numpy"):
@@ -155,16 +229,8 @@ class Model:
         self.annotations = list(self.meta.get("annotations", []))
 
     def _arg(self, name, value, dtype):
-        if isinstance(value, tvm.runtime.Tensor):
-            t = value
-        elif hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
-            try:
-                t = tvm.runtime.from_dlpack(value)  # zero-copy
-            except Exception:  # noqa: BLE001 - e.g. not 64-byte aligned: copy host data instead
-                dev_type = value.__dlpack_device__()[0] if hasattr(value, "__dlpack_device__") else 1
-                if int(dev_type) != 1:  # not kDLCPU
-                    raise
-                return self._arg(name, np.from_dlpack(value), dtype)
+        if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):   # TVM, torch, ...
+            t = dlpack_to_tvm(value, f"input {name!r}")   # zero-copy where TVM takes it as it is
         else:
             return tvm.runtime.tensor(host_input(name, value, dtype), self.device)
         if dtype is not None and str(t.dtype) != dtype:
