@@ -128,6 +128,8 @@ def find_pit_rules(func: tirx.PrimFunc, block: str | None = None) -> dict[str, l
         )
     if not isinstance(func, tirx.PrimFunc):
         raise TypeError(f"find_pit_rules takes a tvm.tirx.PrimFunc, got {type(func).__name__}")
+    if block is not None and not isinstance(block, str):
+        raise TypeError(f"block must be an sblock's name (str) or None, got {type(block).__name__}")
     realizes = _collect_blocks(func.body)
     names = [r.block.name_hint for r in realizes]
     if block is not None:

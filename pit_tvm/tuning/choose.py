@@ -35,6 +35,8 @@ from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 
+from pit_tvm._args import is_int, micro_tile_pair
+
 MicroTile = tuple[int, int]
 LatencyTable = Mapping[MicroTile, Mapping[float, float]]
 Latency = Union[Callable[[MicroTile, float], float], LatencyTable, "LatencyModel"]
@@ -50,9 +52,14 @@ def _as_mask(sample) -> np.ndarray:
     if hasattr(sample, "__dlpack__") and not isinstance(sample, np.ndarray):
         try:
             sample = np.from_dlpack(sample)
-        except Exception as err:  # noqa: BLE001 - e.g. a GPU tensor
-            raise TypeError(f"sample must be a host array (numpy, or a CPU tensor); could not read "
-                            f"{type(sample).__name__} on the host: {err}") from err
+        except Exception:  # noqa: BLE001 - a GPU tensor, or bfloat16 (numpy cannot import it)
+            try:
+                from pit_tvm.runtime.loader import dlpack_to_tvm  # noqa: PLC0415 - TVM only here
+
+                sample = dlpack_to_tvm(sample, "sample").numpy()     # (a copy to the host)
+            except Exception as err:  # noqa: BLE001
+                raise TypeError(f"sample must be a numpy array or a DLPack tensor; could not read "
+                                f"{type(sample).__name__} on the host: {err}") from err
     arr = np.asarray(sample)
     if arr.ndim != 2:
         raise ValueError(f"sample must be 2-D (rows x cols of the sparse operand), got shape {arr.shape}")
@@ -61,19 +68,10 @@ def _as_mask(sample) -> np.ndarray:
     return arr.astype(bool) if arr.dtype == bool else (arr != 0)
 
 
-def _as_tile(t) -> MicroTile:
-    if isinstance(t, str):
-        m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", t)
-        if not m:
-            raise ValueError(f"micro-tile {t!r}: expected 'RxC' or a pair of positive ints")
-        t = (m.group(1), m.group(2))
-    try:
-        mr, mk = (int(x) for x in t)
-    except (TypeError, ValueError):
-        raise ValueError(f"micro-tile {t!r}: expected a pair of positive ints (rows, cols)") from None
-    if mr <= 0 or mk <= 0:
-        raise ValueError(f"micro-tile {t!r}: both sides must be positive")
-    return mr, mk
+def _as_tile(t, name: str = "micro-tile") -> MicroTile:
+    """``(rows, cols)`` of a pair of positive ints or an ``"RxC"`` string (floats refused, not
+    truncated)."""
+    return micro_tile_pair(t, name)
 
 
 def tile_mask(mask: np.ndarray, micro_tile) -> np.ndarray:
@@ -285,7 +283,11 @@ def choose_micro_tile(sample, candidates: Sequence, latency: Latency | None = No
     candidates go to the first listed.
     """
     mask = _as_mask(sample)
-    cands = [_as_tile(t) for t in candidates]
+    if candidates is None or isinstance(candidates, str) or (
+            isinstance(candidates, Sequence) and len(candidates) == 2 and all(is_int(x) for x in candidates)):
+        raise TypeError(f"candidates must be a list of micro-tiles, e.g. [(32, 64), (1, 64)], got {candidates!r}"
+                        + ("" if candidates is None else f" (for the one micro-tile, pass [{candidates!r}])"))
+    cands = [_as_tile(t, f"candidates[{i}]") for i, t in enumerate(candidates)]
     if not cands:
         raise ValueError("candidates is empty: give at least one micro-tile (rows, cols)")
     if len(set(cands)) != len(cands):
@@ -308,6 +310,8 @@ def choose_micro_tile(sample, candidates: Sequence, latency: Latency | None = No
         dense_time = getattr(latency, "dense_time", None)
         if dense_time is None:
             raise ValueError("dense_time is required (seconds) unless the latency model carries one")
+    if isinstance(dense_time, (bool, np.bool_)) or not isinstance(dense_time, (int, float, np.integer, np.floating)):
+        raise TypeError(f"dense_time must be a number of seconds, got {dense_time!r} ({type(dense_time).__name__})")
     dense_time = float(dense_time)
     if not dense_time > 0 or math.isinf(dense_time):
         raise ValueError(f"dense_time must be a positive finite number of seconds, got {dense_time!r}")
