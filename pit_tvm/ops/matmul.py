@@ -353,9 +353,11 @@ def _op_target(target) -> tvm.target.Target:
 
     try:
         tgt = make_target(target)
-    except (TypeError, ValueError):
+    except TypeError:
         raise
-    except Exception as err:  # noqa: BLE001 - TVM's own parse error of a dict target
+    except Exception as err:  # noqa: BLE001 - TVM's own error for a dict target or a CUDA arch
+        if isinstance(target, str) and not target.startswith("cuda:"):
+            raise                       # make_target's own "unknown target"
         raise ValueError(f"target {target!r} is not a valid TVM target: {err}") from None
     kind = tgt.kind.name
     if kind not in ("llvm", "cuda"):
@@ -431,6 +433,9 @@ class SparseMatmul:
         return t
 
     def _as_array(self, x, name):
+        if x is None:
+            raise TypeError(f"{name} must be a numpy array, a DLPack tensor (torch, TVM, ...) or a nested "
+                            "sequence of numbers, got None")
         if isinstance(x, np.ndarray) or hasattr(x, "dtype"):
             return np.asarray(x)
         try:            # (a list, a scalar: no dtype of its own)
