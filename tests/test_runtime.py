@@ -275,3 +275,33 @@ def test_cuda_runtime_only_roundtrip(cuda_built, tmp_path):
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     y = np.load(tmp_path / "y.npy").astype("float32")
     np.testing.assert_allclose(y, ref[0], rtol=3e-2, atol=3e-2 * np.abs(ref[0]).max())
+
+
+def test_model_takes_dlpack_inputs_of_any_layout(exported):
+    """runtime.Model takes DLPack tensors TVM cannot import as they are (Fortran order, strided,
+    not 64-byte aligned: pit_tvm.runtime.loader.dlpack_to_tvm copies them), with the result
+    of the contiguous numpy input."""
+    import pit_tvm.runtime as rt
+
+    class Producer:  # a non-numpy DLPack producer
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    _, _, path = exported
+    model = rt.load(path, device="cpu")
+    x = np.random.default_rng(5).standard_normal((2, 5, 32)).astype("float32")
+    want = model.run({"x": x})
+    raw = np.empty(x.size + 1, np.float32)[1:]                   # 4 bytes off numpy's alignment
+    misaligned = raw if raw.ctypes.data % 64 else np.empty(x.size + 2, np.float32)[1:-1]
+    misaligned = misaligned.reshape(x.shape)
+    strided = np.zeros((2, 10, 32), np.float32)[:, ::2]
+    for view in (np.asfortranarray(x), misaligned, strided):
+        view[...] = x
+        for a, b in zip(model.run({"x": Producer(view)}), want):
+            np.testing.assert_array_equal(a, b)
