@@ -370,12 +370,13 @@ def _op_target(target) -> tvm.target.Target:
 class SparseMatmul:
     """``C = A @ B`` with A dynamically sparse; compiled once, the index built every call.
 
-    Use :func:`sparse_matmul` to create one. ``op(a, b)`` takes DLPack tensors (numpy, torch,
-    tvm) and returns C of the same kind as ``a`` (one call of the Relax graph
-    :func:`emit_pit_matmul` emits, C from the VM's pooled allocator); ``op(a, b, out=c)``
-    copies that C into ``c``; ``op.index(a)`` returns the device index ``(offsets, ids)`` for
-    inspection (:func:`pit_tvm.index.tiles_from_index` decodes it) for ``op.kernel_plan``'s
-    micro-tile.
+    Use :func:`sparse_matmul` to create one. ``op(a, b)`` takes numpy arrays and DLPack
+    tensors (torch, TVM, jax, ...) of any layout and returns C of the same kind as ``a`` (one
+    call of the Relax graph :func:`emit_pit_matmul` emits, C from the VM's pooled allocator);
+    a DLPack tensor is used in place when C-contiguous and 64-byte aligned, else copied
+    (numpy arrays always are).  ``op(a, b, out=c)`` copies that C into ``c`` (any layout);
+    ``op.index(a)`` returns the device index ``(offsets, ids)`` for inspection
+    (:func:`pit_tvm.index.tiles_from_index` decodes it) for ``op.kernel_plan``'s micro-tile.
     """
 
     def __init__(self, k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_dtype=None,
@@ -446,6 +447,8 @@ class SparseMatmul:
 
     @staticmethod
     def _check_dtype(dtype, name, want):
+        if str(dtype) == want:          # (TVM and numpy dtypes print as their names)
+            return
         have = dtype_name(dtype)
         if have != want:
             raise ValueError(f"{name}: dtype {have} given, {want} expected")
@@ -597,6 +600,11 @@ def sparse_matmul(k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_
     (:mod:`pit_tvm.schedules.tensorcore` for rows, with a split-K path for few rows;
     :mod:`pit_tvm.schedules.tensorcore_tiles` for tiles, thin ones as their 16-row cover);
     ``tuning_log`` picks the tuned config of the tensor-core kernel (``pit-tvm tune``).
+
+    K and N are ints (numpy ints too), ``dtype``/``out_dtype`` names or numpy / torch dtypes
+    of ``float32``, ``float16``, ``bfloat16``, ``micro_tile`` a pair of ints or ``"RxC"``;
+    ``target`` ``"llvm"``, ``"cuda"``, ``"cuda:sm_XY"`` or a dict / Target of those kinds.
+    Anything else is a TypeError or ValueError naming the argument, before any build.
     """
     return SparseMatmul(k, n, dtype, micro_tile, target, out_dtype, density_threshold, tuning_log)
 
