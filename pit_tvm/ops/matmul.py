@@ -363,7 +363,8 @@ def _op_target(target) -> tvm.target.Target:
     if kind not in ("llvm", "cuda"):
         raise ValueError(f"target {target!r}: PIT matmul builds for 'llvm' or 'cuda' targets, not {kind!r}")
     if kind == "cuda" and arch_number(_arch_of(tgt)) < 0:
-        raise ValueError(f"target {target!r}: unknown CUDA arch {_arch_of(tgt)!r}; use e.g. 'cuda:sm_80' or 'cuda:sm_90a'")
+        raise ValueError(f"target {target!r}: unknown CUDA arch {_arch_of(tgt)!r}; "
+                         "use e.g. 'cuda:sm_80' or 'cuda:sm_90a'")
     return tgt
 
 

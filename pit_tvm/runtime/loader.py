@@ -178,8 +178,8 @@ def host_view(t: tvm.runtime.Tensor) -> np.ndarray:
     strides = tuple(int(s) for s in strides)
     low = sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))     # elements before / after
     high = sum(max(0, (n - 1) * s) for n, s in zip(shape, strides))    # the first one
-    memory = (ctypes.c_char * ((high - low + 1) * dtype.itemsize)).from_address(t.data_ptr() + low * dtype.itemsize)
-    flat = np.frombuffer(memory, dtype)
+    start = t.data_ptr() + low * dtype.itemsize
+    flat = np.frombuffer((ctypes.c_char * ((high - low + 1) * dtype.itemsize)).from_address(start), dtype)
     return np.lib.stride_tricks.as_strided(flat[-low:], shape, tuple(s * dtype.itemsize for s in strides))
 
 
