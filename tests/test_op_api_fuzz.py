@@ -167,6 +167,21 @@ def test_host_view_reads_and_writes_any_strides(layout):
     np.testing.assert_array_equal(view, -x)
 
 
+@pytest.mark.parametrize("offset_bytes", [0, 4])
+def test_empty_tensor_of_any_strides(offset_bytes):
+    """An empty tensor is contiguous to DLPack whatever its strides, but a compiled TVM
+    function checks them (numpy gives an empty Fortran array the strides (4, 0)): it becomes a
+    fresh compact one, aligned or not."""
+    config = CONFIGS[0]
+    k, n = config[:2]
+    memory = aligned_empty((k,), np.float32, offset_bytes)
+    empty = np.lib.stride_tricks.as_strided(memory, (0, k), (4, 0))
+    t = dlpack_to_tvm(DLPackProducer(empty))
+    assert t.shape == (0, k) and tvm_takes_as_is(tvm.runtime.empty((1, k), "float32")) and t.strides == (k, 1)
+    b = np.ones((k, n), np.float32)
+    assert host(op_for(config)(DLPackProducer(empty), b)).shape == (0, n)
+
+
 # -- the fuzz ---------------------------------------------------------------------------------------
 SPECIALS = st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.floats(0, 1, exclude_max=True),
                               st.sampled_from([np.nan, np.inf, -np.inf])), max_size=3)

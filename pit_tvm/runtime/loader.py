@@ -117,8 +117,10 @@ TVM_ALIGNMENT = 64
 
 
 def tvm_takes_as_is(t: tvm.runtime.Tensor) -> bool:
-    """``t`` can be passed to a compiled TVM function: C-contiguous, data 64-byte aligned."""
-    return t.is_contiguous() and t.data_ptr() % TVM_ALIGNMENT == 0
+    """``t`` can be passed to a compiled TVM function: C-contiguous, data 64-byte aligned, not
+    empty (an empty tensor counts as contiguous whatever its strides, but a compiled function
+    checks them: numpy gives an empty Fortran array the strides ``(4, 0)``)."""
+    return t.is_contiguous() and t.data_ptr() % TVM_ALIGNMENT == 0 and all(int(s) for s in t.shape)
 
 
 def dlpack_to_tvm(value, name: str = "tensor") -> tvm.runtime.Tensor:
@@ -132,15 +134,19 @@ def dlpack_to_tvm(value, name: str = "tensor") -> tvm.runtime.Tensor:
     if isinstance(value, tvm.runtime.Tensor) and tvm_takes_as_is(value):
         return value
     try:
-        return tvm.runtime.from_dlpack(value)   # zero-copy
+        view = tvm.runtime.from_dlpack(value)   # zero-copy
+        if tvm_takes_as_is(view):
+            return view
     except Exception:  # noqa: BLE001 - not contiguous or not aligned (or not importable): see below
-        pass
-    import tvm_ffi  # noqa: PLC0415
+        import tvm_ffi  # noqa: PLC0415
 
-    try:
-        view = tvm_ffi.from_dlpack(value)       # no checks: a view of value's memory
-    except Exception as err:  # noqa: BLE001 - the producer's own refusal (read-only, needs grad, dtype)
-        raise TypeError(f"{name}: TVM cannot take this {type(value).__name__} through DLPack: {err}") from err
+        try:
+            view = tvm_ffi.from_dlpack(value)   # no checks: a view of value's memory
+        except Exception as err:  # noqa: BLE001 - the producer's own refusal (read-only, needs grad, dtype)
+            raise TypeError(f"{name}: TVM cannot take this {type(value).__name__} through DLPack: {err}") from err
+    shape = tuple(int(s) for s in view.shape)
+    if 0 in shape:                              # nothing to copy, compact strides wanted
+        return tvm.runtime.empty(shape, str(view.dtype), view.device)
     if view.is_contiguous():
         return view.copyto(view.device)         # misaligned: TVM allocates aligned memory
     if view.device.dlpack_device_type() == DLPACK_CPU:
