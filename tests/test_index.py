@@ -495,3 +495,20 @@ def test_gpu_bench_shapes_and_fallback(micro_tile, group):
                 ref = reference_with_fallback(data, micro_tile, group, thr)
                 for _ in range(2):   # the one-group index's counters are zero again after a call
                     check_tile_index(data, micro_tile, group, *b(data), ref)
+
+
+@pytest.mark.parametrize("layout", ["misaligned", "fortran", "strided"])
+def test_build_tile_index_takes_tvm_views_of_any_layout(layout):
+    """A TVM tensor the kernels cannot take as it is (a misaligned or strided DLPack view) is
+    copied compactly first, not passed through (it crashed or was misread)."""
+    import tvm_ffi
+
+    from test_op_api_fuzz import in_layout
+
+    rng = np.random.default_rng(3)
+    data = (rng.random((40, 24)) * (rng.random((40, 1)) < 0.4)).astype(np.float32)
+    view = tvm_ffi.from_dlpack(in_layout(data, layout))
+    got = build_tile_index(view, (1, 24), "row")
+    want = build_tile_index(data, (1, 24), "row")
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w.numpy())

@@ -27,6 +27,7 @@ from tvm.script import tirx as T
 from tvm.sym.analyzer import Analyzer
 
 from pit_tvm.target import build, device_for, is_gpu, make_target
+from pit_tvm.runtime.loader import dlpack_to_tvm
 
 from ._kernels import make_pipeline, num_chunks, schedule_cpu, schedule_cuda
 from ._tile_kernels import STATE_DTYPE, STATE_WORDS, make_tile_kernels
@@ -391,7 +392,7 @@ class IndexBuilder:
                 raise ValueError(f"input {buf.name!r}: dtype {have} given, {want} expected")
             if x.device.dlpack_device_type() != self.device.dlpack_device_type():
                 x = tvm.runtime.tensor(x.numpy(), self.device)
-            return x
+            return dlpack_to_tvm(x, buf.name)   # a strided or misaligned view: a compact copy
         arr = np.asarray(x)
         have = _dtype_name(arr.dtype)
         if have != want:
