@@ -9,13 +9,16 @@ remaining matmuls on the PIT kernels' dense twin: tensor-core tiles on CUDA, the
 -> :func:`pit_tvm.target.build` (``tvm.compile``; on CUDA it applies the dlight default schedules
 to the other operators).
 
-``CompiledModel.export(path)`` writes the library ``path`` plus ``path + ".json"`` (input names,
-dtypes, shapes, output names, target, annotations), which :func:`pit_tvm.runtime.load` reads.
+``CompiledModel.export(path)`` writes the library ``path`` (``.so`` appended when the name does not
+end in it) plus ``path + ".json"`` (input names, dtypes, shapes, output names, target, annotations,
+the library's SHA-256), which :func:`pit_tvm.runtime.load` checks and reads.
 """
 from __future__ import annotations
 
 import json
+import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,10 +32,55 @@ from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
 from .passes.strips import ListStripsInProducer
-from .runtime.loader import check_input_shapes, flatten_outputs, host_input
+from .errors import UserError
+from .runtime.library import LIBRARY_SUFFIX, METADATA_FORMAT, library_digest
+from .runtime.loader import check_input_shapes, flatten_outputs, host_input, inputs_by_name
 from .target import build, device_for, make_target
 
 META_SUFFIX = ".json"
+
+
+def export_path(path) -> str:
+    """Where ``CompiledModel.export(path)`` writes the library: ``path``, with ``.so`` appended
+    unless it already ends in ``.so`` (as ``np.save`` appends ``.npy``: TVM picks the loader by
+    the suffix). A ``UserError`` when its directory does not exist or ``path`` is a directory,
+    so that ``pit-tvm compile -o`` can check it before compiling."""
+    path = os.fspath(path)
+    if not path.endswith(LIBRARY_SUFFIX):
+        path += LIBRARY_SUFFIX
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise UserError(f"output {path}: the directory {parent} does not exist")
+    if os.path.isdir(path):
+        raise UserError(f"output {path}: is a directory; give a library file name, e.g. {path}/model.so")
+    return path
+
+
+def read_onnx(model):
+    """``load_model`` with a clear ``UserError`` for what is not an ONNX model: a missing file, a
+    directory, bytes that are not an ONNX protobuf, a graph without outputs (an empty file parses
+    as an empty model)."""
+    from google.protobuf.message import DecodeError  # noqa: PLC0415
+
+    if not hasattr(model, "graph"):
+        name = os.fspath(model)
+        if not os.path.exists(name):
+            raise UserError(f"{name}: no such file")
+        if not os.path.isfile(name):
+            raise UserError(f"{name}: not a file (expected an ONNX model)")
+    else:
+        name = "the model"
+    try:
+        proto = load_model(model)
+    except (DecodeError, UnicodeDecodeError, ValueError) as err:
+        raise UserError(f"{name}: not an ONNX model ({type(err).__name__}: {err})") from err
+    except OSError as err:
+        raise UserError(f"{name}: cannot read: {err}") from err
+    if not hasattr(model, "graph") and os.path.getsize(name) == 0:
+        raise UserError(f"{name}: an empty file, not an ONNX model")
+    if not proto.graph.output:
+        raise UserError(f"{name}: the ONNX graph has no outputs (nothing to compile); is it an ONNX model?")
+    return proto
 
 
 def _dims(value_info) -> list:
@@ -70,11 +118,10 @@ class CompiledModel:
             self._vm = relax.VirtualMachine(self.executable, self.device)
         return self._vm
 
-    def run(self, inputs: dict) -> list[np.ndarray]:
-        """Run on ``{onnx input name: array}``; returns the outputs as numpy arrays."""
-        missing = [i["name"] for i in self.inputs if i["name"] not in inputs]
-        if missing:
-            raise KeyError(f"missing inputs {missing}; expected {[i['name'] for i in self.inputs]}")
+    def run(self, inputs) -> list[np.ndarray]:
+        """Run on ``{onnx input name: array}`` or a list/tuple of arrays in input order; returns the
+        outputs as numpy arrays."""
+        inputs = inputs_by_name([i["name"] for i in self.inputs], inputs)
         dev = self.device
         args = [tvm.runtime.tensor(host_input(i["name"], inputs[i["name"]], i["dtype"]), dev) for i in self.inputs]
         check_input_shapes(self.inputs, args)
@@ -82,7 +129,7 @@ class CompiledModel:
 
     def metadata(self) -> dict:
         return {
-            "format": "pit-tvm/1",
+            "format": METADATA_FORMAT,
             "target": self.target.kind.name,
             "inputs": self.inputs,
             "outputs": self.outputs,
@@ -90,12 +137,17 @@ class CompiledModel:
         }
 
     def export(self, path) -> str:
-        """Write the shared library ``path`` and its metadata ``path + '.json'``."""
-        path = str(path)
+        """Write the shared library and its metadata (``+ '.json'``, with the library's SHA-256 that
+        the loader checks); returns the library's path: ``path``, ``.so`` appended unless it ends
+        in ``.so`` (:func:`export_path`)."""
+        path = export_path(path)
         with self.target:
             self.executable.export_library(path)
-        with open(path + META_SUFFIX, "w") as f:
-            json.dump(self.metadata(), f, indent=1)
+        meta = dict(self.metadata(), library_sha256=library_digest(path))
+        tmp = f"{path}{META_SUFFIX}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(meta, f, indent=1)
+        os.replace(tmp, path + META_SUFFIX)   # never a half-written metadata file
         return path
 
 
@@ -113,23 +165,39 @@ def tensors_of_unknown_shape(mod: tvm.IRModule) -> list[str]:
     return unknown
 
 
+def _positive_dims(name, shape) -> list[int]:
+    """``shape`` (a list / tuple of positive integers) as ``[int]``, else an error naming the input
+    and the bad dim (``-1``, ``None``, ``5.7``, a string: a static shape has none of these)."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise TypeError(f"shapes[{name!r}] must be a list of positive ints, got {type(shape).__name__} {shape!r}")
+    shape = list(shape)
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            raise UserError(f"shapes[{name!r}] = {shape}: every dim must be a positive int (a static "
+                            f"shape), got {d!r}")
+    return [int(d) for d in shape]
+
+
 def static_shapes(proto, shapes) -> dict:
     """Check ``{input name: shape}`` against the graph inputs; return it as ``{name: [int]}``.
 
-    A shape must name a graph input, have its rank, and agree with its static dims; its symbolic
-    (``dim_param``) dims are what it fixes."""
-    if not shapes:
+    A shape must name a graph input, be a list of positive integers of its rank, and agree with
+    its static dims; its symbolic (``dim_param``) dims are what it fixes."""
+    if shapes is None:
         return {}
+    if not isinstance(shapes, Mapping):
+        raise TypeError(f"shapes= must be a dict {{input name: [dim, ...]}}, got {type(shapes).__name__} "
+                        f"{shapes!r}")
     init = {t.name for t in proto.graph.initializer}
     graph_inputs = {i.name: _dims(i) for i in proto.graph.input if i.name not in init}
     out = {}
     for name, shape in shapes.items():
         if name not in graph_inputs:
-            raise ValueError(f"shapes: unknown input {name!r}; the model's inputs are {sorted(graph_inputs)}")
+            raise UserError(f"shapes: unknown input {name!r}; the model's inputs are {sorted(graph_inputs)}")
         dims = graph_inputs[name]
-        shape = [int(d) for d in shape]
+        shape = _positive_dims(name, shape)
         if len(shape) != len(dims) or any(isinstance(d, int) and d > 0 and d != s for d, s in zip(dims, shape)):
-            raise ValueError(f"shapes: {name!r} is {dims} in the model, cannot be {shape}")
+            raise UserError(f"shapes: {name!r} is {dims} in the model, cannot be {shape}")
         out[name] = shape
     return out
 
@@ -137,6 +205,10 @@ def static_shapes(proto, shapes) -> dict:
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
                  cuda_graph=False, expected_density=None) -> CompiledModel:
     """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
+
+    What is not an ONNX model with outputs (an empty file, other bytes, a directory), and a
+    ``shapes`` / ``sparse`` value that is not of the documented form, is a
+    :class:`~pit_tvm.errors.UserError` (``TypeError`` for the wrong container type) naming it.
 
     ``sparse``: explicit annotations by ONNX tensor name, ``{"hidden": (1, 64)}`` or ``["hidden"]``;
     ``auto``: also detect relu / mask / padding sources; ``tuning_log``: passed to the op layer.
@@ -149,7 +221,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     attention mask; the CUDA kernels' tile widths are planned for it (default
     :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`).
     """
-    proto = load_model(model)
+    proto = read_onnx(model)
     tgt = make_target(target)
     fixed = static_shapes(proto, shapes)
     proto = fold_shape_computations(proto, fixed)

@@ -12,11 +12,13 @@ import sys
 import uuid
 from pathlib import Path
 
+from pit_tvm.errors import UserError
+
 SUPPORTED = (".py", ".onnx")
 
 
-class AnalyzeError(Exception):
-    """A user-facing problem with the input file (reported without a traceback)."""
+class AnalyzeError(UserError):
+    """A user-facing problem with the input file (reported without a traceback by ``main``)."""
 
 
 def register(subparsers) -> None:
@@ -31,12 +33,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    try:
-        text = analyze_file(args.file, block=args.block)
-    except AnalyzeError as err:
-        print(f"pit-tvm analyze: error: {err}", file=sys.stderr)
-        return 2
-    print(text)
+    print(analyze_file(args.file, block=args.block))   # an AnalyzeError: printed by main, exit 2
     return 0
 
 

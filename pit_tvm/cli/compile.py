@@ -1,15 +1,17 @@
 """``pit-tvm compile MODEL.onnx --target cuda|llvm [--sparse NAME[:MxK]]... [--shape NAME=DxDx..]...
-[--tuning-log DIR] [--expected-density FRACTION] -o OUT.so``.
+[--tuning-log DIR] [--expected-density FRACTION] -o OUT[.so]``.
 
 Imports the ONNX model, annotates its dynamic sparsity (automatically: relu, masks, padding; and
 the ``--sparse`` tensors by ONNX name, with an optional micro-tile ``MxK``), lowers the annotated
-matmuls to PIT kernels, builds, and exports ``OUT.so`` (+ ``OUT.so.json``). Prints what was
-annotated and why.
+matmuls to PIT kernels, builds, and exports ``OUT.so`` (+ ``OUT.so.json``; ``.so`` is appended to
+an output name without it). Prints what was annotated and why.
 """
 from __future__ import annotations
 
 import re
 import sys
+
+from pit_tvm.errors import UserError
 
 _TILE = re.compile(r"^(?P<name>.+):(?P<m>\d+)x(?P<k>\d+)$")
 _TILE_LIKE = re.compile(r"^.+:\d*[xX]\d*$")
@@ -22,7 +24,7 @@ def parse_shapes(items) -> dict:
     for item in items or []:
         mt = _SHAPE.match(item)
         if not mt:
-            raise ValueError(f"--shape {item!r}: expected NAME=DIMxDIM..., e.g. input_ids=32x128")
+            raise UserError(f"--shape {item!r}: expected NAME=DIMxDIM..., e.g. input_ids=32x128")
         out[mt["name"]] = [int(d) for d in mt["dims"].split("x")]
     return out
 
@@ -37,7 +39,7 @@ def parse_sparse(items) -> dict:
         if mt and int(mt["m"]) > 0 and int(mt["k"]) > 0:
             out[mt["name"]] = (int(mt["m"]), int(mt["k"]))
         elif mt or _TILE_LIKE.match(item):
-            raise ValueError(f"--sparse {item!r}: the micro-tile after ':' must be MxK with positive "
+            raise UserError(f"--sparse {item!r}: the micro-tile after ':' must be MxK with positive "
                              "integers, e.g. hidden:1x64")
         else:
             out[item] = None
@@ -48,7 +50,7 @@ def parse_micro_tile(text: str, flag: str = "--micro-tile") -> tuple[int, int]:
     """``"32x64"`` -> ``(32, 64)``; anything else is an error naming ``flag``"""
     parts = str(text).lower().split("x")
     if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"{flag} {text!r}: expected ROWSxCOLS with positive integers, e.g. 32x64")
+        raise UserError(f"{flag} {text!r}: expected ROWSxCOLS with positive integers, e.g. 32x64")
     return int(parts[0]), int(parts[1])
 
 
@@ -65,7 +67,8 @@ def register(subparsers) -> None:
     p.add_argument("--expected-density", type=float, default=None, metavar="FRACTION",
                    help="fraction of rows the row-sparse PIT matmuls are expected to list (e.g. a sample "
                         "batch's mean attention mask); CUDA tile widths are planned for it (default 0.5)")
-    p.add_argument("-o", "--output", required=True, help="output library (.so)")
+    p.add_argument("-o", "--output", required=True,
+                   help="output library (.so is appended to a name that does not end in .so)")
     p.set_defaults(func=run)
 
 
@@ -84,21 +87,21 @@ def format_annotations(notes) -> str:
 def run(args) -> int:
     import warnings  # noqa: PLC0415
 
-    from pit_tvm.compile import compile_onnx  # noqa: PLC0415 - compiler side, imported lazily
+    from pit_tvm.compile import compile_onnx, export_path  # noqa: PLC0415 - compiler side, imported lazily
 
+    output = export_path(args.output)        # a missing directory: an error before compiling
+    sparse, shapes = parse_sparse(args.sparse) or None, parse_shapes(args.shape) or None
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            cm = compile_onnx(args.model, target=args.target, sparse=parse_sparse(args.sparse) or None,
-                              tuning_log=args.tuning_log, auto=not args.no_auto,
-                              shapes=parse_shapes(args.shape) or None, expected_density=args.expected_density)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"pit-tvm compile: error: {err}", file=sys.stderr)
-        return 2
+            cm = compile_onnx(args.model, target=args.target, sparse=sparse, tuning_log=args.tuning_log,
+                              auto=not args.no_auto, shapes=shapes, expected_density=args.expected_density)
+    except (ValueError, FileNotFoundError) as err:   # the compiler's bad-argument errors
+        raise UserError(str(err)) from err
     for w in caught:     # ours (not TVM's or onnx's deprecation notes)
         if "pit_tvm" in w.filename or "pit" in str(w.message).lower() or "dense" in str(w.message):
             print(f"warning: {w.message}", file=sys.stderr)
     print(format_annotations(cm.annotations))
-    path = cm.export(args.output)
+    path = cm.export(output)
     print(f"wrote {path} (+ {path}.json) for {cm.target.kind.name}")
     return 0

@@ -7,20 +7,21 @@ columns of H and the matching rows of W2).
 """
 from __future__ import annotations
 
-import sys
-
 import numpy as np
+
+from pit_tvm.cli.main import fraction, positive_int
+from pit_tvm.errors import UserError
 
 
 def register(subparsers):
     p = subparsers.add_parser("demo", help="ReLU MLP with ~90%% zero activations: PIT vs dense")
     p.add_argument("--target", default="llvm", help="llvm (default) or cuda")
-    p.add_argument("--tokens", type=int, default=512)
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--active", type=float, default=0.1, help="fraction of neurons that fire")
+    p.add_argument("--tokens", type=positive_int, default=512)
+    p.add_argument("--d-model", type=positive_int, default=512)
+    p.add_argument("--hidden", type=positive_int, default=2048)
+    p.add_argument("--active", type=fraction, default=0.1, help="fraction of neurons that fire, in (0, 1]")
     p.add_argument("--micro-tile", default="32x1", help="ROWSxCOLS micro-tile of the hidden activation")
-    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--repeat", type=positive_int, default=10)
     p.set_defaults(func=run)
 
 
@@ -44,18 +45,22 @@ def run(args) -> int:
 
     from pit_tvm.cli.compile import parse_micro_tile
 
+    mr, mk = parse_micro_tile(args.micro_tile)
     try:
-        mr, mk = parse_micro_tile(args.micro_tile)
-    except ValueError as err:
-        print(f"pit-tvm demo: error: {err}", file=sys.stderr)
-        return 2
+        dev = device_for(args.target)
+    except ValueError as err:      # not a target name
+        raise UserError(f"--target {args.target!r}: {err}") from err
+    if not dev.exist:
+        raise UserError(f"--target {args.target}: no {dev} device on this machine")
     x, w1, b1, w2 = make_mlp(args.tokens, args.d_model, args.hidden, args.active)
-    dev = device_for(args.target)
     print(f"ReLU MLP {args.tokens} tokens x {args.d_model} -> {args.hidden} -> {args.d_model}, "
           f"target {args.target}, micro-tile {mr}x{mk}; compiling...")
-    layer1 = DenseMatmul(args.d_model, args.hidden, "float32", args.target)
-    dense2 = DenseMatmul(args.hidden, args.d_model, "float32", args.target)
-    pit2 = pit_tvm.sparse_matmul(args.hidden, args.d_model, "float32", micro_tile=(mr, mk), target=args.target)
+    try:
+        layer1 = DenseMatmul(args.d_model, args.hidden, "float32", args.target)
+        dense2 = DenseMatmul(args.hidden, args.d_model, "float32", args.target)
+        pit2 = pit_tvm.sparse_matmul(args.hidden, args.d_model, "float32", micro_tile=(mr, mk), target=args.target)
+    except ValueError as err:      # e.g. a micro-tile the sizes do not take
+        raise UserError(err) from err
 
     x_t, w1_t, w2_t = (tvm.runtime.tensor(v, dev) for v in (x, w1, w2))
     h = np.maximum(layer1(x, w1) + b1, 0).astype(np.float32)

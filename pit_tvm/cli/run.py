@@ -6,7 +6,8 @@ time per run.
 """
 from __future__ import annotations
 
-import sys
+from pit_tvm.cli.main import positive_int
+from pit_tvm.errors import UserError
 
 
 def register(subparsers) -> None:
@@ -15,42 +16,46 @@ def register(subparsers) -> None:
     p.add_argument("--inputs", required=True, help=".npz with one array per model input")
     p.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
     p.add_argument("--bench", action="store_true", help="also print the median time per run")
-    p.add_argument("--repeat", type=int, default=20, help="timed runs for --bench (default 20)")
+    p.add_argument("--repeat", type=positive_int, default=20, help="timed runs for --bench (default 20)")
     p.set_defaults(func=run)
 
 
-def _error(message) -> int:
-    print(f"pit-tvm run: error: {message}", file=sys.stderr)
-    return 2
-
-
-def run(args) -> int:
+def read_inputs(path, input_names) -> dict:
+    """``{name: array}`` from the ``.npz`` at ``path``; a ``UserError`` when it is not one."""
     import zipfile  # noqa: PLC0415
 
     import numpy as np  # noqa: PLC0415
 
-    from pit_tvm.runtime import load  # noqa: PLC0415 - runtime side only
-
     try:
-        model = load(args.model, device=args.device)
-    except (ValueError, OSError) as err:
-        return _error(err)
-    try:
-        data = np.load(args.inputs, allow_pickle=False)
-    except (ValueError, OSError, zipfile.BadZipFile) as err:
-        return _error(f"cannot read --inputs {args.inputs}: {err}")
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise UserError(f"cannot read --inputs {path}: {err}") from err
     if not isinstance(data, np.lib.npyio.NpzFile):
-        return _error(f"--inputs {args.inputs} is one array, not an .npz of named inputs "
-                      f"(np.savez(path, {'=..., '.join(model.input_names)}=...))")
+        raise UserError(f"--inputs {path} is one array, not an .npz of named inputs "
+                        f"(np.savez(path, {'=..., '.join(input_names)}=...))")
     with data:
-        inputs = {k: data[k] for k in data.files}
-    missing = [n for n in model.input_names if n not in inputs]
-    if missing:
-        return _error(f"{args.inputs} lacks inputs {missing} (has {sorted(inputs)})")
+        try:
+            return {k: data[k] for k in data.files}
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:   # a corrupt member
+            raise UserError(f"cannot read --inputs {path}: {err}") from err
+
+
+def run(args) -> int:
+    import numpy as np  # noqa: PLC0415
+
+    from pit_tvm.runtime import load  # noqa: PLC0415 - runtime side only
+    from pit_tvm.runtime.loader import inputs_by_name  # noqa: PLC0415
+
+    model = load(args.model, device=args.device)     # a bad file or device: UserError, exit 2
+    inputs = read_inputs(args.inputs, model.input_names)
+    try:
+        inputs_by_name(model.input_names, inputs)
+    except UserError as err:
+        raise UserError(f"--inputs {args.inputs}: {err}") from err
     try:
         outs = model.run(inputs)
     except (ValueError, TypeError) as err:      # a shape or dtype the model does not take
-        return _error(err)
+        raise UserError(err) from err
     names = model.output_names or [f"output{i}" for i in range(len(outs))]
     for name, out in zip(names, outs):
         stats = ""

@@ -12,7 +12,8 @@ loader warpgroup, in 128-row strips: ``wgmma_matmul_128xC_...``), for ``cuda:sm_
 """
 from __future__ import annotations
 
-import sys
+from pit_tvm.cli.main import positive_int
+from pit_tvm.errors import UserError
 
 OPS = ("matmul",)
 
@@ -21,8 +22,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("tune", help="tune a PIT kernel with MetaSchedule (GPU)",
                               description=__doc__.splitlines()[0])
     p.add_argument("--op", default="matmul", choices=OPS, help="operator (default matmul)")
-    p.add_argument("--k", type=int, required=True, help="reduction size K")
-    p.add_argument("--n", type=int, required=True, help="output columns N")
+    p.add_argument("--k", type=positive_int, required=True, help="reduction size K")
+    p.add_argument("--n", type=positive_int, required=True, help="output columns N")
     p.add_argument("--micro-tile", default=None, metavar="RxC",
                    help="micro-tile along K, e.g. 32x64 or 32x1 (default: whole rows, 1xK)")
     p.add_argument("--density", type=float, default=None,
@@ -30,10 +31,10 @@ def register(subparsers) -> None:
                         "lists (default 0.5)")
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     p.add_argument("--target", default="cuda", help="cuda | cuda:sm_80 (default cuda = sm_90a)")
-    p.add_argument("--trials", type=int, default=512, help="measured candidates (default 512)")
-    p.add_argument("--trials-per-iter", type=int, default=32,
+    p.add_argument("--trials", type=positive_int, default=512, help="measured candidates (default 512)")
+    p.add_argument("--trials-per-iter", type=positive_int, default=32,
                    help="candidates per MetaSchedule iteration (default 32)")
-    p.add_argument("--m", type=int, default=None,
+    p.add_argument("--m", type=positive_int, default=None,
                    help="rows of the tuning workload, not a multiple of 16 (default 4104)")
     p.add_argument("--work-dir", default=None, metavar="DIR",
                    help="log root (default ./tuning_logs); the database goes to DIR/<gpu>/[wgmma_]<op>_k_n_dtype")
@@ -58,9 +59,8 @@ def run(args) -> int:
         path = tune_matmul(args.k, args.n, args.dtype, target=args.target, trials=args.trials,
                            work_dir=args.work_dir, micro_tile=micro_tile, trials_per_iter=args.trials_per_iter,
                            seed=args.seed, progress=not args.no_progress, **kwargs)
-    except (ValueError, NotImplementedError) as err:
-        print(f"pit-tvm tune: error: {err}", file=sys.stderr)
-        return 2
+    except (ValueError, NotImplementedError) as err:   # sizes / micro-tile / target the kernel does not take
+        raise UserError(err) from err
     best = best_record(path, args.k, args.n, args.dtype, args.target, micro_tile=micro_tile)
     if best is None:
         print(f"no valid record measured; database: {path}")

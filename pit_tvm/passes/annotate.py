@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
+from ..errors import UserError
 from .frontend import ONNX_NAMES_ATTR
 from .graph import FuncGraph, op_name
 
@@ -91,6 +93,34 @@ def _is_mask_input(param) -> bool:
     )
 
 
+def sparse_annotations(sparse) -> dict:
+    """The ``sparse=`` argument checked and normalised to ``{tensor name: (m, k) or None}``.
+
+    Accepted: ``None``; a list / tuple / set of ONNX tensor names; a dict ``{name: None or
+    (m, k)}`` with positive int ``m``, ``k``. Anything else is an error naming the bad value and
+    what is expected (a bare string would otherwise be read as a list of one-letter names)."""
+    expected = "a dict {tensor name: None or (m, k)} or a list of tensor names"
+    if sparse is None:
+        return {}
+    if isinstance(sparse, (list, tuple, set, frozenset)):
+        sparse = {name: None for name in sparse}
+    elif not isinstance(sparse, Mapping):
+        hint = f" (for one tensor: [{sparse!r}])" if isinstance(sparse, str) else ""
+        raise TypeError(f"sparse= must be {expected}, got {type(sparse).__name__} {sparse!r}{hint}")
+    out = {}
+    for name, tile in sparse.items():
+        if not isinstance(name, str) or not name:
+            raise UserError(f"sparse=: tensor names are non-empty strings, got {name!r}")
+        if tile is not None:
+            if isinstance(tile, (str, bytes)) or not hasattr(tile, "__len__") or len(tile) != 2 or not all(
+                    isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1 for x in tile):
+                raise UserError(f"sparse[{name!r}]: the micro-tile must be None or two positive ints (m, k), "
+                                f"got {tile!r}")
+            tile = (int(tile[0]), int(tile[1]))
+        out[name] = tile
+    return out
+
+
 @tvm.transform.module_pass(opt_level=0, name="AnnotateDynamicSparsity")
 class AnnotateDynamicSparsity:
     """Module pass: wrap each matmul with a dynamically sparse left operand (see module doc).
@@ -106,14 +136,7 @@ class AnnotateDynamicSparsity:
     """
 
     def __init__(self, sparse=None, auto: bool = True, default_micro_tile=DEFAULT_MICRO_TILE):
-        if sparse is None:
-            sparse = {}
-        elif isinstance(sparse, (list, tuple, set)):
-            sparse = {name: None for name in sparse}
-        self.sparse = {str(k): (tuple(int(x) for x in v) if v is not None else None) for k, v in dict(sparse).items()}
-        for name, tile in self.sparse.items():
-            if tile is not None and (len(tile) != 2 or min(tile) < 1):
-                raise ValueError(f"micro-tile for {name!r} must be two positive ints (m, k), got {tile}")
+        self.sparse = sparse_annotations(sparse)
         self.auto = auto
         self.default_micro_tile = tuple(default_micro_tile)
 
@@ -229,7 +252,7 @@ class AnnotateDynamicSparsity:
             valid = sorted(names) if names else sorted({p.name for p in g.params} | {b.var.name for b in g.bindings})
             unknown = [n for n in self.sparse if n not in valid]
             if unknown:
-                raise ValueError(
+                raise UserError(
                     f"unknown tensor name(s) {unknown} in sparse=; valid tensor names: {', '.join(valid)}"
                 )
             for name, tile in self.sparse.items():

@@ -8,18 +8,21 @@ no compiler-side ``pit_tvm`` module. CUDA in runtime-only mode needs two fixes (
 """
 from __future__ import annotations
 
-import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import tvm
 
-META_SUFFIX = ".json"
+from ..errors import UserError
+from .library import (EXPORT_HINT, LIBRARY_SUFFIX, META_SUFFIX, check_elf_library, check_library_digest,
+                      read_metadata)
 
 
 def _ensure_cuda_runtime() -> None:
@@ -99,12 +102,16 @@ def check_input_shapes(inputs_meta, args) -> None:
 
 def host_input(name: str, value, dtype) -> np.ndarray:
     """``value`` as a contiguous numpy array of the input's ``dtype`` (None: as it is).  A cast
-    within a kind (float64 -> float32, int32 -> int64) is made; one across kinds (floats to an
-    integer input such as token ids, which would truncate) is a ``TypeError`` naming the input."""
+    within a kind (float64 -> float32, int32 -> int64, bool -> int64) is made; one across kinds
+    (floats to an integer input such as token ids, which would truncate; integers or bools to a
+    float input, most likely the wrong array) is a ``TypeError`` naming the input, as in
+    onnxruntime."""
     arr = np.asarray(value)
     if dtype is not None and arr.dtype != np.dtype(dtype):
-        if not np.can_cast(arr.dtype, np.dtype(dtype), casting="same_kind"):
-            raise TypeError(f"input {name!r} has dtype {arr.dtype}, the model takes {dtype}")
+        int_to_float = arr.dtype.kind in "biu" and np.dtype(dtype).kind == "f"
+        if int_to_float or not np.can_cast(arr.dtype, np.dtype(dtype), casting="same_kind"):
+            raise TypeError(f"input {name!r} has dtype {arr.dtype}, the model takes {dtype} (cast it "
+                            "first if that is meant)")
         arr = arr.astype(dtype)
     return np.ascontiguousarray(arr)
 
@@ -199,6 +206,81 @@ def flatten_outputs(out) -> list[np.ndarray]:
     return res
 
 
+def parse_device(device) -> tuple[str, int]:
+    """``"cpu"`` / ``"cuda"`` / ``"cuda:1"`` (``"gpu"`` = ``"cuda"``) -> ``(kind, index)``."""
+    kind, _, index = str(device).partition(":")
+    kind = {"gpu": "cuda"}.get(kind, kind)
+    if kind not in ("cpu", "cuda") or not (index == "" or index.isdigit()):
+        raise UserError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}")
+    return kind, int(index or 0)
+
+
+def open_device(kind: str, index: int = 0):
+    """The TVM device, checked to exist (a CUDA device needs a GPU and its driver)."""
+    if kind == "cuda":
+        try:
+            _ensure_cuda_runtime()
+        except RuntimeError as err:
+            raise UserError(f"device 'cuda': {err}") from err
+        dev = tvm.cuda(index)
+        if not dev.exist:
+            raise UserError(f"device 'cuda:{index}': no such CUDA GPU on this machine (is the driver "
+                            "installed?); use device 'cpu' with a library built for llvm")
+        return dev
+    return tvm.cpu(index)
+
+
+def load_library(path):
+    """``tvm.runtime.load_module`` for a shared library, whatever its file name (TVM picks the
+    loader from the suffix; a library exported under a name without ``.so`` is still one)."""
+    import tvm_ffi  # noqa: PLC0415
+
+    try:
+        if path.endswith(LIBRARY_SUFFIX):
+            return tvm.runtime.load_module(path)
+        return tvm_ffi.get_global_func("ffi.Module.load_from_file.so")(os.path.realpath(path), "so")
+    except RuntimeError as err:
+        # a CUDA build loaded without TVM's CUDA runtime (device 'cpu' and no metadata to say so)
+        if "created using {cuda}" in str(err):
+            raise UserError(f"{path} was built for CUDA; load it with device='cuda'") from err
+        raise
+
+
+def module_kinds(mod) -> set[str]:
+    """The kinds of ``mod`` and of every module it imports (``"cuda"`` for GPU kernels)."""
+    kinds, todo = set(), [mod]
+    while todo:
+        m = todo.pop()
+        kinds.add(m.kind)
+        todo.extend(m.imports)
+    return kinds
+
+
+def inputs_by_name(input_names, inputs) -> dict:
+    """``inputs`` (``{name: array}``, or a list / tuple in input order) as ``{name: array}``;
+    a ``UserError`` for missing or unknown names or the wrong number of arrays."""
+    if isinstance(inputs, Mapping):
+        unknown = [n for n in inputs if n not in input_names]
+        if unknown:
+            raise UserError(f"unknown inputs {unknown}; the model's inputs are {list(input_names)}")
+        missing = [n for n in input_names if n not in inputs]
+        if missing:
+            raise UserError(f"missing inputs {missing}; the model's inputs are {list(input_names)}")
+        return inputs
+    if isinstance(inputs, (list, tuple)):
+        if len(inputs) != len(input_names):
+            raise UserError(f"got {len(inputs)} input arrays, the model takes {len(input_names)} "
+                            f"({list(input_names)}, in this order)")
+        return dict(zip(input_names, inputs))
+    raise TypeError(f"inputs must be a dict {{name: array}} or a list/tuple of arrays in the order "
+                    f"{list(input_names)}, got {type(inputs).__name__}")
+
+
+# how the Relax VM reports an argument that does not match main's signature
+_VM_PARAM_CHECK = re.compile(r"loc=param\[(?P<index>\d+)\], param=[^,]*, annotation=(?P<annotation>.*?)\)\s+"
+                             r"(?P<problem>[^\n]*)")
+
+
 class Model:
     """A loaded model: ``run({name: array}) -> list[np.ndarray]``."""
 
@@ -206,28 +288,33 @@ class Model:
         from tvm.runtime.vm import VirtualMachine  # noqa: PLC0415 - runtime-side VM
 
         self.path = str(path)
-        kind, _, index = device.partition(":")
-        if kind not in ("cpu", "cuda", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        if kind in ("cuda", "gpu"):
-            _ensure_cuda_runtime()
-            self.device = tvm.cuda(int(index or 0))
-        else:
-            self.device = tvm.cpu(int(index or 0))
-        meta_path = self.path + META_SUFFIX
-        self.meta = {}
-        if os.path.exists(meta_path):
-            with open(meta_path) as f:
-                self.meta = json.load(f)
-        if self.meta.get("target") == "cuda" and kind == "cpu":
-            raise ValueError(f"{self.path} was built for CUDA; load it with device='cuda'")
-        self.lib = tvm.runtime.load_module(self.path)
-        self.vm = VirtualMachine(self.lib, self.device)
+        kind, index = parse_device(device)
+        # the file first (a truncated library kills the process in dlopen), then the device
+        check_elf_library(self.path)
+        self.meta = read_metadata(self.path) or {}
+        check_library_digest(self.path, self.meta)
+        target = self.meta.get("target")
+        if target == "cuda" and kind == "cpu":
+            raise UserError(f"{self.path} was built for CUDA; load it with device='cuda'")
+        if target is not None and target != "cuda" and kind == "cuda":
+            raise UserError(f"{self.path} was built for {target} (the CPU); load it with device='cpu'")
+        self.device = open_device(kind, index)
+        self.lib = load_library(self.path)
+        if target is None and kind == "cuda" and "cuda" not in module_kinds(self.lib):
+            raise UserError(f"{self.path} holds no CUDA kernels (built for the CPU); load it with device='cpu'")
+        try:
+            self.vm = VirtualMachine(self.lib, self.device)
+        except AttributeError as err:  # "Module has no function 'vm_load_executable'"
+            raise UserError(f"{self.path}: a shared library but not {EXPORT_HINT} (it holds no Relax "
+                            "VM executable)") from err
         self._main = self.vm["main"]
-        if self.meta.get("inputs"):
+        arity = self.vm.module["get_function_arity"]("main")
+        if self.meta.get("inputs") is not None:
             self.inputs = [dict(i) for i in self.meta["inputs"]]
+            if len(self.inputs) != arity:
+                raise UserError(f"{self.path}{META_SUFFIX} lists {len(self.inputs)} inputs, the library's main "
+                                f"takes {arity}: the metadata belongs to another model; export it again")
         else:  # no metadata: the VM's parameter names
-            arity = self.vm.module["get_function_arity"]("main")
             self.inputs = [{"name": self.vm.module["get_function_param_name"]("main", i), "dtype": None}
                            for i in range(arity)]
         self.input_names = [i["name"] for i in self.inputs]
@@ -247,22 +334,37 @@ class Model:
         return t
 
     def _args(self, inputs):
-        if not isinstance(inputs, dict):
-            inputs = dict(zip(self.input_names, inputs))
-        missing = [n for n in self.input_names if n not in inputs]
-        if missing:
-            raise KeyError(f"missing inputs {missing}; expected {self.input_names}")
+        inputs = inputs_by_name(self.input_names, inputs)
         args = [self._arg(i["name"], inputs[i["name"]], i.get("dtype")) for i in self.inputs]
         check_input_shapes(self.inputs, args)
         return args
 
+    def _call(self, args):
+        """``main(*args)``; the VM's own check of an argument (all there is without metadata)
+        failing is a ``UserError`` naming the input."""
+        try:
+            return self._main(*args)
+        except (ValueError, TypeError, RuntimeError) as err:
+            found = _VM_PARAM_CHECK.search(str(err))
+            if found is None or int(found["index"]) >= len(args):
+                raise
+            arg = args[int(found["index"])]
+            raise UserError(f"input {self.input_names[int(found['index'])]!r} (shape {list(arg.shape)}, dtype "
+                            f"{arg.dtype}) does not fit the model's {found['annotation']}: "
+                            f"{' '.join(found['problem'].split())}") from err
+
     def run(self, inputs) -> list[np.ndarray]:
-        """Run on ``{input name: numpy array or DLPack tensor}`` (or a list in input order)."""
-        return flatten_outputs(self._main(*self._args(inputs)))
+        """Run on ``{input name: numpy array or DLPack tensor}`` or a list/tuple in input order."""
+        return flatten_outputs(self._call(self._args(inputs)))
 
     def benchmark(self, inputs, repeat: int = 20, warmup: int = 3) -> float:
         """Median seconds per run (device synchronised, inputs already on the device)."""
+        if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
+            raise UserError(f"repeat must be a positive number of timed runs, got {repeat!r}")
+        if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 0:
+            raise UserError(f"warmup must be a number of runs >= 0, got {warmup!r}")
         args = self._args(inputs)
+        self._call(args)    # (a bad input: a UserError here, not inside the timing)
         for _ in range(warmup):
             self._main(*args)
         self.device.sync()
@@ -276,5 +378,9 @@ class Model:
 
 
 def load(path, device: str = "cpu") -> Model:
-    """Load a model exported by ``CompiledModel.export`` (or ``pit-tvm compile``)."""
+    """Load a model exported by ``CompiledModel.export`` (or ``pit-tvm compile``).
+
+    The library and its metadata are checked first (:mod:`pit_tvm.runtime.library`): a missing,
+    truncated, foreign or modified file, or metadata that is not pit-tvm's, is a
+    :class:`~pit_tvm.errors.UserError` naming the problem, never a crash."""
     return Model(path, device)
