@@ -1,8 +1,8 @@
 """``compile_onnx``: ONNX model -> Relax (names kept) -> PIT passes -> build -> ``CompiledModel``.
 
 Pipeline: :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's transposed weights
-become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` ->
-:class:`~pit_tvm.passes.LowerToPIT` -> :class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
+become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` -> (``padding=``)
+:class:`~pit_tvm.passes.PropagatePadding` -> :class:`~pit_tvm.passes.LowerToPIT` -> :class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
 remaining matmuls on the PIT kernels' dense twin: tensor-core tiles on CUDA, the CPU schedule) ->
 :class:`~pit_tvm.passes.ListStripsInProducer` (a strips index in its producer's epilogue) ->
 :class:`~pit_tvm.passes.FuseAttention` (sm_90a: softmax attention in one kernel) -> ``DeadCodeElimination``
@@ -28,6 +28,7 @@ from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
+from .passes.propagate_padding import PropagatePadding
 from .passes.strips import ListStripsInProducer
 from .runtime.loader import check_input_shapes, flatten_outputs, host_input
 from .target import build, device_for, make_target
@@ -135,7 +136,7 @@ def static_shapes(proto, shapes) -> dict:
 
 
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
-                 cuda_graph=False, expected_density=None) -> CompiledModel:
+                 cuda_graph=False, expected_density=None, padding=None) -> CompiledModel:
     """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
 
     ``sparse``: explicit annotations by ONNX tensor name, ``{"hidden": (1, 64)}`` or ``["hidden"]``;
@@ -147,7 +148,11 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     (:func:`pit_tvm.target.build`).  ``expected_density``: the fraction of rows the PIT matmuls
     of row sparsity (padding, masks) are expected to list, e.g. the mean of a sample batch's
     attention mask; the CUDA kernels' tile widths are planned for it (default
-    :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`).
+    :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`).  ``padding``: the name of the
+    ``[batch, sequence]`` attention mask input (1 real token, 0 padding), or True for the one
+    input named like it: the token-wise matmuls then run on the real tokens only
+    (:class:`~pit_tvm.passes.PropagatePadding`), and **the outputs at padded positions are not
+    computed** (compare on the real tokens only).  Needs the mask's shape static (``shapes=``).
     """
     proto = load_model(model)
     tgt = make_target(target)
@@ -165,6 +170,8 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
                          "with shapes= (pit-tvm compile --shape NAME=DxD..)") from err
     mod = CombineParallelMatmuls()(mod)   # Q, K, V: one GEMM (both builds)
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
+    if padding:   # (after the other sources: a matmul they annotate keeps their kernel)
+        annotated = PropagatePadding(padding)(annotated)
     notes = annotations_of(annotated)
     try:
         lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(annotated)

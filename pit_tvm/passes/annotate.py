@@ -91,6 +91,28 @@ def _is_mask_input(param) -> bool:
     )
 
 
+def unsupported_reason(call) -> str | None:
+    """Why PIT cannot take the matmul ``call`` (its right operand, ranks, dtypes), or None."""
+    a, b = call.args
+    aty, bty = a.ty, b.ty
+    if not isinstance(aty, relax.TensorType) or not isinstance(bty, relax.TensorType):
+        return "operands are not tensors of known type"
+    if bty.ndim != 2:
+        return f"B has rank {bty.ndim}; PIT needs a 2-D [K, N] right operand"
+    if bty.shape is None or any(_static_int(d) is None for d in bty.shape.values):
+        return "B's shape is not static; PIT needs a static [K, N] right operand"
+    if aty.ndim < 2:
+        return f"A has rank {aty.ndim}; PIT needs A[..., K] with at least 2 dims"
+    if aty.dtype not in SUPPORTED_DTYPES or bty.dtype != aty.dtype:
+        return f"dtype {aty.dtype} x {bty.dtype} unsupported (PIT kernels: {', '.join(SUPPORTED_DTYPES)})"
+    k_a = _static_int(aty.shape.values[-1]) if aty.shape is not None else None
+    if k_a is None:
+        return "A's reduction dim K is not static"
+    if k_a != _static_int(bty.shape.values[0]):
+        return "A's K does not match B's K"
+    return None
+
+
 @tvm.transform.module_pass(opt_level=0, name="AnnotateDynamicSparsity")
 class AnnotateDynamicSparsity:
     """Module pass: wrap each matmul with a dynamically sparse left operand (see module doc).
@@ -174,24 +196,7 @@ class AnnotateDynamicSparsity:
         return src, rows_only, reason, row_mask
 
     def _unsupported(self, call) -> str | None:
-        a, b = call.args
-        aty, bty = a.ty, b.ty
-        if not isinstance(aty, relax.TensorType) or not isinstance(bty, relax.TensorType):
-            return "operands are not tensors of known type"
-        if bty.ndim != 2:
-            return f"B has rank {bty.ndim}; PIT needs a 2-D [K, N] right operand"
-        if bty.shape is None or any(_static_int(d) is None for d in bty.shape.values):
-            return "B's shape is not static; PIT needs a static [K, N] right operand"
-        if aty.ndim < 2:
-            return f"A has rank {aty.ndim}; PIT needs A[..., K] with at least 2 dims"
-        if aty.dtype not in SUPPORTED_DTYPES or bty.dtype != aty.dtype:
-            return f"dtype {aty.dtype} x {bty.dtype} unsupported (PIT kernels: {', '.join(SUPPORTED_DTYPES)})"
-        k_a = _static_int(aty.shape.values[-1]) if aty.shape is not None else None
-        if k_a is None:
-            return "A's reduction dim K is not static"
-        if k_a != _static_int(bty.shape.values[0]):
-            return "A's K does not match B's K"
-        return None
+        return unsupported_reason(call)
 
     def _explicit_targets(self, g: FuncGraph, var, matmuls):
         """Matmul binding vars whose left operand is ``var`` (through shape ops and relu)."""
