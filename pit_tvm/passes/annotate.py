@@ -376,5 +376,7 @@ def annotations_of(mod: tvm.IRModule) -> list[dict]:
             if not any(str(name) in s for s in used):
                 out.append({"tensor": str(name), "source": f"padding:{name}", "status": "input",
                             "reason": "graph input looks like a padding mask / sequence lengths; "
-                                      "no matmul reads it through a mask"})
+                                      "no matmul reads it through a mask (an attention mask: compile with "
+                                      f"padding={str(name)!r} to run the token-wise matmuls on its real "
+                                      "tokens only)"})
     return out

@@ -387,12 +387,15 @@ class _Propagation:
             ks = [kind_of(i, layout) for i in range(len(args))]
             kind = None
             if op == "relax.where":
+                def branch(i):
+                    return ks[i] or ("masked" if padded(i, layout, masked) else
+                                     "zero" if padded(i, layout, zero) else None)
                 if padded(0, layout, np.logical_not):        # padded positions take the false branch
-                    kind = ks[2] or ("masked" if padded(2, layout, masked) else
-                                     "zero" if padded(2, layout, zero) else "clean")
+                    kind = branch(2) or "clean"
                 elif padded(0, layout, lambda v: v.astype(bool)):
-                    kind = ks[1] or ("masked" if padded(1, layout, masked) else
-                                     "zero" if padded(1, layout, zero) else "clean")
+                    kind = branch(1) or "clean"
+                elif ks[0] not in _NOT_COMPUTED and branch(1) == branch(2) and branch(1) in ("zero", "masked"):
+                    kind = branch(1)     # both branches agree there (e.g. a NaN guard after softmax)
             elif op == "relax.add" and any(padded(i, layout, masked) for i in range(2)):
                 kind = "masked"
             elif op == "relax.multiply" and any(
