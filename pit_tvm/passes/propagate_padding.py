@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import tvm
@@ -94,6 +95,22 @@ def _ints(values):
     return [int(getattr(x, "value", x)) for x in values]
 
 
+class Layout(NamedTuple):
+    """Where a tensor's axes meet the mask: its batch index is ``index[b] // div`` (``div`` > 1:
+    the batch axis is merged with the ``div`` heads after it), its sequence index ``index[t]``
+    (``t`` None: one sequence position was taken; ``t == b``: one axis of batch x sequence)."""
+
+    b: int
+    t: int | None
+    div: int = 1
+
+    def shifted(self, offset: int) -> "Layout":
+        return Layout(self.b + offset, None if self.t is None else self.t + offset, self.div)
+
+    def axes(self) -> tuple:
+        return (self.b,) if self.t is None else (self.b, self.t)
+
+
 # ------------------------------------------------------------------------ mask-derived values
 @dataclass
 class MaskValue:
@@ -115,10 +132,16 @@ class MaskValue:
         """whether ``pred`` holds, for every mask, at each element whose ``layout`` position is
         padded: the element reads that very mask entry (and ``pred(v0)``), or ``pred`` holds
         whatever it reads"""
-        b_axis, t_axis = layout
+        b_axis, t_axis, div = layout
         rank = len(shape)
-        expected = (np.arange(batch).reshape([-1 if i == b_axis else 1 for i in range(rank)]) * seq
-                    + np.arange(seq).reshape([-1 if i == t_axis else 1 for i in range(rank)]))
+
+        def along(axis, n):
+            return np.arange(n).reshape([-1 if i == axis else 1 for i in range(rank)])
+
+        if b_axis == t_axis:        # one axis enumerates batch x sequence
+            expected = along(b_axis, batch * seq)
+        else:
+            expected = along(b_axis, batch * div) // div * seq + along(t_axis, seq)
         with np.errstate(all="ignore"):
             p0, p1 = pred(self.v0), pred(self.v1)
         return bool(np.all(((self.src == expected) & p0) | (p0 & p1)))
@@ -170,6 +193,13 @@ def _eval_mask_op(call, args, out_shape):
                 return None
             index = np.asarray(idx.v0).astype("int64")
             return x.map(lambda a: np.take(a, index, axis=int(call.attrs.axis)))
+        if op == "relax.gather_nd" and int(call.attrs.batch_dims) == 0:
+            x, idx = args[0].full(_dims(call.args[0])), args[1]
+            if np.any(idx.src >= 0):
+                return None
+            index = np.asarray(idx.v0).astype("int64")
+            where = tuple(index[..., i] for i in range(index.shape[-1]))
+            return x.map(lambda a: a[where])
         if op in _BINARY or op == "relax.where":
             srcs = [np.broadcast_to(a.src, out_shape) for a in args]
             src = np.full(out_shape, -1, "int64")
@@ -230,7 +260,7 @@ class _Propagation:
         self.names = {}
         aligned = [p for p in g.params if (_dims(p) or [])[:2] == [self.batch, self.seq]]
         for p in aligned:
-            self.rows[p] = Rows({(0, 1): "clean"})
+            self.rows[p] = Rows({Layout(0, 1): "clean"})
         src = np.arange(self.batch * self.seq, dtype="int64").reshape(self.batch, self.seq)
         dtype = _dtype(mask)
         self.masks[mask] = MaskValue(src, np.zeros((), dtype), np.ones((), dtype))
@@ -252,8 +282,10 @@ class _Propagation:
             self.stops.append(Stop(var, reason, sources))
 
     def valid(self, layout, shape) -> bool:
-        b_axis, t_axis = layout
-        return (shape is not None and b_axis < len(shape) and shape[b_axis] == self.batch
+        b_axis, t_axis, div = layout
+        if b_axis == t_axis:        # merged: one axis of batch x sequence rows
+            return shape is not None and b_axis < len(shape) and shape[b_axis] == self.batch * self.seq
+        return (shape is not None and b_axis < len(shape) and shape[b_axis] == self.batch * div
                 and (t_axis is None or (t_axis < len(shape) and shape[t_axis] == self.seq)))
 
     def finish(self, var, kinds: dict, states, shape):
@@ -350,13 +382,13 @@ class _Propagation:
         for a, s in zip(args, states):
             if s is not None:
                 off = rank - len(_dims(a) or [])
-                layouts |= {(b + off, None if t is None else t + off) for b, t in s.kinds}
+                layouts |= {lay.shifted(off) for lay in s.kinds}
 
         def kind_of(i, layout):
             s, a = states[i], args[i]
             if s is not None:
                 off = rank - len(_dims(a) or [])
-                k = s.kinds.get((layout[0] - off, None if layout[1] is None else layout[1] - off))
+                k = s.kinds.get(layout.shifted(-off))
                 if k is not None:
                     return k
             return None
@@ -376,8 +408,8 @@ class _Propagation:
             if mv is not None and states[i] is None:
                 for b_axis in range(rank):
                     for t_axis in range(rank):
-                        if b_axis != t_axis and self.valid((b_axis, t_axis), shape):
-                            layouts.add((b_axis, t_axis))
+                        if (b_axis != t_axis or self.seq > 1) and self.valid(Layout(b_axis, t_axis), shape):
+                            layouts.add(Layout(b_axis, t_axis))
         kinds = {}
         for layout in layouts:
             if not self.valid(layout, shape):
@@ -425,18 +457,51 @@ class _Propagation:
             if op == "relax.broadcast_to":
                 return axis + len(shape) - len(in_shape)
             # reshape-like: the axis whose prefix product and size are the same
+            return next((o for o in starts(axis) if shape[o] == in_shape[axis]), -1)
+
+        def starts(axis):
+            """the output axes that start where input ``axis`` starts"""
             prefix = int(np.prod(in_shape[:axis]))
-            for o in range(len(shape)):
-                if int(np.prod(shape[:o])) == prefix and shape[o] == in_shape[axis]:
-                    return o
-            return -1
+            return [o for o in range(len(shape)) if int(np.prod(shape[:o])) == prefix]
+
+        rows = self.batch * self.seq
+
+        def moved(layout):
+            b_axis, t_axis, div = layout
+            reshape = op in ("relax.reshape", "relax.flatten")
+            if reshape and t_axis is not None and div == 1 and (b_axis == t_axis or t_axis == b_axis + 1):
+                for o in starts(b_axis):     # batch and sequence merged into one axis, or split again
+                    if shape[o] == rows and (b_axis != t_axis or in_shape[b_axis] == rows):
+                        return Layout(o, o)
+                    if b_axis == t_axis and shape[o] == self.batch and o + 1 < len(shape) and shape[o + 1] == self.seq:
+                        return Layout(o, o + 1)
+                if b_axis == t_axis:
+                    return None
+            t_new = mapped(t_axis)
+            if reshape and b_axis != t_axis and mapped(b_axis) == -1 and t_new != -1:
+                # the batch axis merged with the (head) axes after it, or split from them again
+                for o in starts(b_axis):
+                    size, was = shape[o], in_shape[b_axis]
+                    if size % self.batch:
+                        continue
+                    if size >= was and size % was == 0:        # merged with the next k axes
+                        merged = [int(np.prod(in_shape[b_axis + 1:b_axis + 1 + k])) for k in range(len(in_shape))]
+                        k = merged.index(size // was) if size // was in merged else None
+                        if k is not None and not (t_axis is not None and b_axis < t_axis <= b_axis + k):
+                            return Layout(o, t_new, div * (size // was))
+                    elif was % size == 0 and div % (was // size) == 0:   # split off the heads
+                        return Layout(o, t_new, div // (was // size))
+                return None
+            if -1 in (mapped(b_axis), t_new):
+                return None
+            return Layout(mapped(b_axis), t_new, div)
 
         kinds = {}
-        for (b_axis, t_axis), kind in s.kinds.items():
-            layout = (mapped(b_axis), mapped(t_axis))
-            if -1 in layout:
+        for layout, kind in s.kinds.items():
+            layout = moved(layout)
+            if layout is None:
                 if kind in _NOT_COMPUTED:
-                    return self.stop(var, f"{op} merges or splits the batch or sequence axis", states)
+                    return self.stop(var, f"{op} splits or mixes the batch or sequence axis", states)
                 continue
             kinds[layout] = kind
         self.finish(var, kinds, states, shape)
@@ -449,7 +514,7 @@ class _Propagation:
                    if len(call.args) > 4 else {})
         kinds = {}
         for layout, kind in s.kinds.items():
-            cut = any(ax is not None and (in_shape[ax] != shape[ax] or strides.get(ax, 1) != 1) for ax in layout)
+            cut = any(in_shape[ax] != shape[ax] or strides.get(ax, 1) != 1 for ax in layout.axes())
             if cut and kind in _NOT_COMPUTED:
                 return self.stop(var, "slice along the batch or sequence axis", states)
             if not cut:
@@ -464,9 +529,9 @@ class _Propagation:
         idx_rank = len(_dims(call.args[1]) or [])
         kinds = {}
         if index is not None:       # an embedding lookup by tokens: the index's layouts
-            kinds.update({(b + axis, None if t is None else t + axis): k for (b, t), k in index.kinds.items()})
+            kinds.update({lay.shifted(axis): k for lay, k in index.kinds.items()})
         const = _constant(call.args[1])
-        for (b_axis, t_axis), kind in (data.kinds.items() if data is not None else []):
+        for (b_axis, t_axis, div), kind in (data.kinds.items() if data is not None else []):
             def moved(ax):
                 return ax if ax is None or ax < axis else ax + idx_rank - 1
             if b_axis == axis or (t_axis == axis and not (const is not None and idx_rank == 0)):
@@ -474,16 +539,16 @@ class _Propagation:
                     return self.stop(var, "gather along the batch or sequence axis", states)
                 continue
             if t_axis == axis:      # one sequence position (a CLS pooler): its batch rows
-                kinds[(moved(b_axis), None)] = kind
+                kinds[Layout(moved(b_axis), None, div)] = kind
                 continue
-            kinds[(moved(b_axis), moved(t_axis))] = kind
+            kinds[Layout(moved(b_axis), moved(t_axis), div)] = kind
         self.finish(var, kinds, states, shape)
 
     def split(self, var, call, states):
         s = states[0]
         axis = int(call.attrs.axis)
         rank = len(_dims(call.args[0]) or [])
-        if any(axis % rank in lay and k in _NOT_COMPUTED for lay, k in s.kinds.items()):
+        if any(axis % rank in lay.axes() and k in _NOT_COMPUTED for lay, k in s.kinds.items()):
             return self.stop(var, "split along the batch or sequence axis", states)
         parts = var.ty.fields if isinstance(var.ty, relax.TupleType) else []
         self.rows[("tuple", var)] = [Rows(dict(s.kinds), s.sources) for _ in parts]
@@ -495,7 +560,7 @@ class _Propagation:
         axes = sorted(a % rank for a in axes)
         kinds = {}
         for layout, kind in s.kinds.items():
-            across = [ax for ax in layout if ax is not None and ax in axes]
+            across = [ax for ax in layout.axes() if ax in axes]
             if across:
                 if kind in _NOT_COMPUTED:
                     return self.stop(var, f"{what} over the {'sequence' if layout[1] in axes else 'batch'} axis "
@@ -503,7 +568,7 @@ class _Propagation:
                 continue          # a zero or clean position: the reference's value
             def moved(ax):
                 return ax if ax is None or keep else ax - sum(1 for a in axes if a < ax)
-            kinds[(moved(layout[0]), moved(layout[1]))] = (
+            kinds[Layout(moved(layout.b), moved(layout.t), layout.div)] = (
                 kind if kind == "dirty" else "dirty" if kind == "masked" else "clean")
         self.finish(var, kinds, states, shape)
 
@@ -511,17 +576,17 @@ class _Propagation:
         s = states[0]
         axis = int(call.attrs.axis) % len(in_shape)
         kinds = {}
-        for (b_axis, t_axis), kind in s.kinds.items():
+        for (b_axis, t_axis, div), kind in s.kinds.items():
             if t_axis == axis:       # over the keys: masked ones get exactly 0
                 if kind == "dirty":
                     return self.stop(var, "softmax over the sequence axis without a mask on the padded keys",
                                      states)
-                kinds[(b_axis, t_axis)] = "zero" if kind == "masked" else "clean"
+                kinds[Layout(b_axis, t_axis, div)] = "zero" if kind == "masked" else "clean"
             elif b_axis == axis:
                 if kind in _NOT_COMPUTED:
                     return self.stop(var, "softmax over the batch axis", states)
             else:
-                kinds[(b_axis, t_axis)] = "dirty" if kind in _NOT_COMPUTED else "clean"
+                kinds[Layout(b_axis, t_axis, div)] = "dirty" if kind in _NOT_COMPUTED else "clean"
         self.finish(var, kinds, states, shape)
 
     def matmul(self, var, args, states, shape):
@@ -541,8 +606,8 @@ class _Propagation:
 
         sides = []
         for s, r, is_a in ((states[0], ra, True), (states[1], rb, False)):
-            sides.append({} if s is None else {(out_axis(b, r, is_a), out_axis(t, r, is_a)): k
-                                                for (b, t), k in s.kinds.items()})
+            sides.append({} if s is None else {Layout(out_axis(b, r, is_a), out_axis(t, r, is_a), div): k
+                                                for (b, t, div), k in s.kinds.items()})
         kinds = {}
         for i, side in enumerate(sides):
             other = sides[1 - i]
@@ -560,8 +625,9 @@ class _Propagation:
                 new = "dirty" if kind in _NOT_COMPUTED else kind if kind == "zero" and i == 0 else "clean"
                 kinds[layout] = new if prev is None else _combine([prev, new]) if "dirty" in (prev, new) else prev
         if var in self.candidates:   # its padded rows are not computed
-            kinds = {lay: ("dirty" if lay == (0, 1) else k) for lay, k in kinds.items()}
-            kinds[(0, 1)] = "dirty"
+            rows = Layout(0, 1) if rank == 3 else Layout(0, 0)
+            kinds = {lay: ("dirty" if lay == rows else k) for lay, k in kinds.items()}
+            kinds[rows] = "dirty"
             self.finish(var, kinds, states, shape)
             if var in self.rows:
                 self.rows[var] = Rows(self.rows[var].kinds, self.rows[var].sources | {var})
@@ -570,15 +636,16 @@ class _Propagation:
 
 
 def _candidates(g: FuncGraph, rows_of):
-    """matmul binding vars whose left operand is ``[batch, seq, K]`` aligned with the mask and
+    """matmul binding vars whose left operand is ``[batch, seq, K]`` (or ``[batch * seq, K]``)
+    aligned with the mask and
     whose right operand PIT takes (static 2-D weight, supported dtype)"""
     out = []
     for b in g.bindings:
         if op_name(b.value) != "relax.matmul":
             continue
         lhs = b.value.args[0]
-        s = rows_of(lhs)
-        if s is None or s.kinds.get((0, 1)) is None or len(_dims(lhs) or []) != 3:
+        s, rank = rows_of(lhs), len(_dims(lhs) or [])
+        if s is None or s.kinds.get({3: Layout(0, 1), 2: Layout(0, 0)}.get(rank)) is None:
             continue
         if unsupported_reason(b.value) is None:
             out.append(b.var)
@@ -695,10 +762,10 @@ class PropagatePadding:
         for out in outs:
             s = flow.state(out)
             if s is not None and s.carries_dirt():
-                axes = sorted({lay for lay, k in s.kinds.items() if k in _NOT_COMPUTED},
+                axes = sorted({lay[:2] for lay, k in s.kinds.items() if k in _NOT_COMPUTED},
                               key=lambda lay: (lay[0], -1 if lay[1] is None else lay[1]))
-                where = ", ".join(f"batch axis {b}" + ("" if t is None else f", sequence axis {t}")
-                                  for b, t in axes)
+                where = "; ".join(f"batch x sequence axis {b}" if b == t else
+                                  f"batch axis {b}" + ("" if t is None else f", sequence axis {t}") for b, t in axes)
                 extra.append({"tensor": onnx_name(out), "source": source, "status": "output",
                               "reason": "outputs at padded positions are not computed (" + where + ")"
                               + ("; this one took a sequence position: its batch rows where that position "
