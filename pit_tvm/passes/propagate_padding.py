@@ -320,7 +320,7 @@ class _Propagation:
             return
         args = list(value.args)
         op = op_name(call)
-        if op is None and isinstance(call.op, tvm.ir.GlobalVar) and len(args) >= 2:
+        if isinstance(call.op, tvm.ir.GlobalVar) and call.op.name_hint.startswith("pit_matmul_"):
             op, args = "relax.matmul", args[:2]     # an annotated matmul (exact: clean rows)
         shape = _dims(var)
         # computed from the mask alone: evaluated
@@ -334,6 +334,8 @@ class _Propagation:
         if op is None or all(s is None for s in states):
             return
         in_shape = _dims(args[0])
+        if in_shape is None and op not in _BINARY and op != "relax.where":
+            return self.stop(var, f"{op} of an operand whose shape is not static", states)
         if states[0] is None and op not in _BINARY and op not in ("relax.where", "relax.take", "relax.matmul"):
             if any(s is not None and s.carries_dirt() for s in states):
                 self.stop(var, f"{op} with a token-aligned operand it does not follow", states)
@@ -715,16 +717,21 @@ class PropagatePadding:
         if dtype == "bfloat16":
             return done([{"tensor": name, "source": source, "status": "stop",
                           "reason": "a bfloat16 mask is not evaluated"}])
-        candidates = set(_candidates(g, _Propagation(g, mask, set()).rows.get))
-        dropped = {}
-        while True:
-            flow = _Propagation(g, mask, candidates)
-            if not flow.stops:
-                break
-            for stop in flow.stops:
-                for var in stop.sources & candidates:
-                    dropped[var] = stop
-                candidates -= stop.sources
+        try:
+            candidates = set(_candidates(g, _Propagation(g, mask, set()).rows.get))
+            dropped = {}
+            while True:
+                flow = _Propagation(g, mask, candidates)
+                if not flow.stops:
+                    break
+                for stop in flow.stops:
+                    for var in stop.sources & candidates:
+                        dropped[var] = stop
+                    candidates -= stop.sources
+        except Exception as err:  # noqa: BLE001 - an IR the analysis does not expect: stay dense
+            warnings.warn(f"padding is not propagated: the analysis failed ({err!r})")
+            return done([{"tensor": name, "source": source, "status": "stop",
+                          "reason": f"the analysis failed ({err!r})"}])
         extra, targets = [], []
         n_pit = sum(1 for _, f in mod.functions_items()
                     if isinstance(f, relax.Function) and f.attrs is not None and PIT_RULE_ATTR in f.attrs)
@@ -760,6 +767,8 @@ class PropagatePadding:
         if isinstance(outputs, relax.Var) and outputs in g.bound and isinstance(g.bound[outputs], relax.Tuple):
             outs = list(g.bound[outputs].fields)
         for out in outs:
+            while out.name not in rev and isinstance(g.bound.get(out), relax.Var):
+                out = g.bound[out]       # (the dataflow block's output var: the tensor it names)
             s = flow.state(out)
             if s is not None and s.carries_dirt():
                 axes = sorted({lay[:2] for lay, k in s.kinds.items() if k in _NOT_COMPUTED},
