@@ -11,7 +11,9 @@ Sources detected on the Relax module imported from ONNX (``R.matmul`` from MatMu
   micro-tile ``(1, K)``.
 * ``padding:<input>``: as ``mask`` when that input is named like ``attention_mask``, ``*_mask``,
   ``seq_len*`` or ``*lengths``. Such inputs are also recorded (module attr ``pit.padding_inputs``)
-  even when no matmul consumes them through a mask.
+  even when no matmul consumes them through a mask (a real export's attention mask only biases
+  the scores: :class:`~pit_tvm.passes.PropagatePadding`, run after this pass, then finds the
+  token-wise matmuls whose padded rows are not needed).
 * ``explicit``: ``sparse={"hidden": (1, 64)}`` or ``sparse=["hidden"]`` names ONNX tensors (resolved
   through the ``pit.onnx_names`` module attr that :func:`~pit_tvm.passes.import_onnx` writes, else
   by Relax var name). The matmuls that read the tensor as left operand (or that produce it) are

@@ -121,6 +121,8 @@ class MaskValue:
     src: np.ndarray
     v0: np.ndarray
     v1: np.ndarray
+    #: padded_where's answers (one bias serves every layer)
+    checked: dict = field(default_factory=dict, compare=False, repr=False)
 
     def full(self, shape):
         return MaskValue(*(np.broadcast_to(a, shape) for a in (self.src, self.v0, self.v1)))
@@ -132,6 +134,12 @@ class MaskValue:
         """whether ``pred`` holds, for every mask, at each element whose ``layout`` position is
         padded: the element reads that very mask entry (and ``pred(v0)``), or ``pred`` holds
         whatever it reads"""
+        key = (layout, tuple(shape), pred.__name__)
+        if key not in self.checked:
+            self.checked[key] = self._padded_where(layout, shape, batch, seq, pred)
+        return self.checked[key]
+
+    def _padded_where(self, layout, shape, batch, seq, pred) -> bool:
         b_axis, t_axis, div = layout
         rank = len(shape)
 
@@ -145,6 +153,10 @@ class MaskValue:
         with np.errstate(all="ignore"):
             p0, p1 = pred(self.v0), pred(self.v1)
         return bool(np.all(((self.src == expected) & p0) | (p0 & p1)))
+
+
+def _truthy(v):
+    return v.astype(bool)
 
 
 def _constant(expr):
@@ -426,7 +438,7 @@ class _Propagation:
                                      "zero" if padded(i, layout, zero) else None)
                 if padded(0, layout, np.logical_not):        # padded positions take the false branch
                     kind = branch(2) or "clean"
-                elif padded(0, layout, lambda v: v.astype(bool)):
+                elif padded(0, layout, _truthy):
                     kind = branch(1) or "clean"
                 elif ks[0] not in _NOT_COMPUTED and branch(1) == branch(2) and branch(1) in ("zero", "masked"):
                     kind = branch(1)     # both branches agree there (e.g. a NaN guard after softmax)
@@ -665,7 +677,7 @@ def find_mask_input(mod: tvm.IRModule, mask=True) -> str:
         if mask not in names:
             raise ValueError(f"padding={mask!r}: no such graph input; the inputs are {sorted(names)}")
         return mask
-    found = [n for n, p in names.items() if PADDING_RE.match(n) and len(_dims(p) or [None]) == 2
+    found = [n for n, p in names.items() if PADDING_RE.match(n) and getattr(p.ty, "ndim", -1) == 2
              and "len" not in n.lower()]
     if len(found) != 1:
         raise ValueError(f"padding=True: {'no' if not found else 'more than one'} rank-2 graph input named "
