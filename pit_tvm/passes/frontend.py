@@ -34,9 +34,20 @@ def sanitize(name: str) -> str:
 
 
 def load_model(model) -> onnx.ModelProto:
+    """``model`` (an ``onnx.ModelProto`` or a path) as a ModelProto; a missing file is a
+    ``FileNotFoundError`` and a file that is not an ONNX model a ``ValueError``, each naming it."""
     if isinstance(model, onnx.ModelProto):
         return model
-    return onnx.load(str(model))
+    path = str(model)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"ONNX model {path!r} not found")
+    try:
+        proto = onnx.load(path)
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends: not a model
+        raise ValueError(f"{path!r} is not an ONNX model (protobuf could not parse it: {err})") from err
+    if not proto.graph.node and not proto.graph.output:
+        raise ValueError(f"{path!r} is not an ONNX model (it parses to an empty graph)")
+    return proto
 
 
 def onnx_value_names(model: onnx.ModelProto) -> list[str]:
