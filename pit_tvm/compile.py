@@ -247,11 +247,11 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
                          "Range over a symbolic dim), and the build needs them: fix the inputs' symbolic dims "
                          "with shapes= (pit-tvm compile --shape NAME=DxD..)") from err
     imported = mod
-    # (passes on the imported module that add sparsity sources, e.g. the attention mask's padding
-    # propagated to the rows it masks, go here: before annotation, which reads them)
     mod = CombineParallelMatmuls()(mod)   # Q, K, V: one GEMM (both builds)
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
-    if padding:   # (after the other sources: a matmul they annotate keeps their kernel)
+    # the attention mask's padding propagated to the token-wise matmuls whose padded rows are not
+    # needed; after the other sources: a matmul they annotate keeps its kernel
+    if padding:
         annotated = PropagatePadding(padding)(annotated)
     notes = annotations_of(annotated)
     try:
