@@ -200,6 +200,19 @@ def _compile(model, **kw):
         return compile_onnx(model, padding="attention_mask", **kw)
 
 
+def _weight_matmuls_left(mod) -> int:
+    """the matmuls of ``main`` on a constant 2-D weight that are not PIT wrappers"""
+    left = []
+
+    def visit(expr):
+        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.matmul"
+                and isinstance(expr.args[1], tvm.ir.GenericConst) and len(expr.args[1].ty.shape) == 2):
+            left.append(expr)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return len(left)
+
+
 def _assert_close_on_real_tokens(model, cm, feeds, rtol=1e-4):
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     real = feeds["attention_mask"].astype(bool)
@@ -343,7 +356,8 @@ def test_transformers_export_on_real_tokens(name):
     cm = _compile(str(path), shapes={"input_ids": [batch, seq], "attention_mask": [batch, seq]})
     padding = [n for n in cm.annotations if n["source"] == "padding:attention_mask"]
     assert [n for n in padding if n["status"] == "stop" or "rows would reach" in n["reason"]] == []
-    assert sum(n["status"] == "pit" for n in padding) >= 4 * 2     # >= 4 per layer, 2 layers
+    assert sum(n["status"] == "pit" for n in padding) >= 3 * 2     # >= 3 per layer, 2 layers
+    assert _weight_matmuls_left(cm.ir) == 0        # every matmul on weights is a PIT matmul
     assert cm.lowered["main"].script().count("R.call_tir(pit_row_index_") == 1
     model = onnx.load(str(path))
     ids = RNG.integers(0, 100, (batch, seq)).astype("int64")
@@ -363,3 +377,30 @@ def test_gpu_fp16_encoder_layer_on_real_tokens():
     assert "pit_kernel" in cm.lowered.script() and "pit_row_index_" in cm.lowered["main"].script()
     for lengths in ((128, 77, 1, 30), (0, 128, 64, 5)):
         _assert_close_on_real_tokens(model, cm, _padded(lengths, dims, "float16"), rtol=2e-2)
+
+
+@pytest.mark.parametrize("axis,propagates", [(-1, True), (1, False)])
+def test_split_and_concat(axis, propagates):
+    """A rotate-half (split, negate, concat of the halves) keeps the tokens apart along the
+    hidden axis; along the sequence axis it mixes them: a stop."""
+    h = HIDDEN
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["q"]),
+             helper.make_node("Split", ["q", "halves"], ["q1", "q2"], axis=axis),
+             helper.make_node("Neg", ["q2"], ["minus_q2"]),
+             helper.make_node("Concat", ["minus_q2", "q1"], ["rotated"], axis=axis),
+             helper.make_node("MatMul", ["rotated", "w2"], ["y"])]
+    half = h // 2 if axis == -1 else 2
+    graph = helper.make_graph(
+        nodes, "rotate_half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [BATCH, 4, h]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [BATCH, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [BATCH, 4, h])],
+        [numpy_helper.from_array(_init((h, h)), "w1"), numpy_helper.from_array(_init((h, h)), "w2"),
+         numpy_helper.from_array(np.array([half, half], "int64"), "halves")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    notes = _decide(model)
+    if propagates:
+        assert [n["status"] for n in notes] == ["pit", "pit", "output"], notes
+    else:
+        assert [n["status"] for n in notes if n["status"] != "dense"] == ["stop"], notes
+        assert "along the batch or sequence axis" in [n for n in notes if n["status"] == "stop"][0]["reason"]

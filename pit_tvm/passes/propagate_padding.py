@@ -75,6 +75,8 @@ _NUMPY_UNARY = {"relax.negative": np.negative, "relax.abs": np.abs, "relax.logic
 _REDUCE = {"relax.sum", "relax.mean", "relax.max", "relax.min", "relax.prod", "relax.variance", "relax.std",
            "relax.argmax", "relax.argmin"}
 _NOT_COMPUTED = ("dirty", "masked")
+#: ops whose result does not depend on their operand's values
+_SHAPE_ONLY = {"relax.shape_of"}
 
 
 def _dims(expr):
@@ -281,7 +283,18 @@ class _Propagation:
 
     # -- helpers
     def state(self, expr):
-        return self.rows.get(expr) if isinstance(expr, relax.Var) else None
+        """the Rows of a tensor var; of a tuple var (its fields') or an inline tuple, their union
+        (so an op reading a tuple of rows that are not computed is a stop)"""
+        if isinstance(expr, relax.Tuple):
+            parts = [self.state(f) for f in expr.fields]
+        elif isinstance(expr, relax.Var) and ("tuple", expr) in self.rows:
+            parts = self.rows[("tuple", expr)]
+        else:
+            return self.rows.get(expr) if isinstance(expr, relax.Var) else None
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return None
+        return Rows({lay: k for p in parts for lay, k in p.kinds.items()}, frozenset().union(*[p.sources for p in parts]))
 
     def mask_value(self, expr):
         if isinstance(expr, relax.Var):
@@ -328,6 +341,9 @@ class _Propagation:
                 if value in table:
                     table[var] = table[value]
             return
+        if isinstance(value, relax.Tuple):     # (a tuple of tensors: its fields, for TupleGetItem)
+            self.rows[("tuple", var)] = [self.state(f) for f in value.fields]
+            return
         if not isinstance(value, relax.Call):
             return
         args = list(value.args)
@@ -343,10 +359,13 @@ class _Propagation:
             if mv is not None:
                 self.masks[var] = mv
         states = [self.state(a) for a in args]
-        if op is None or all(s is None for s in states):
+        if op is None or all(s is None for s in states) or op in _SHAPE_ONLY:
             return
+        if op not in _BINARY and op not in ("relax.where", "relax.take", "relax.matmul") and any(
+                s is not None and s.carries_dirt() for s in states[1:]):
+            return self.stop(var, f"{op} reads rows that are not computed as a parameter", states)
         in_shape = _dims(args[0])
-        if in_shape is None and op not in _BINARY and op != "relax.where":
+        if in_shape is None and op not in _BINARY and op not in ("relax.where", "relax.concat"):
             return self.stop(var, f"{op} of an operand whose shape is not static", states)
         if states[0] is None and op not in _BINARY and op not in ("relax.where", "relax.take", "relax.matmul"):
             if any(s is not None and s.carries_dirt() for s in states):
@@ -370,7 +389,12 @@ class _Propagation:
         if op == "relax.split":
             return self.split(var, call, states)
         if op == "relax.concat":
-            return self.stop(var, "concat (its tuple's fields are not followed)", states)
+            axis = int(call.attrs.axis) % len(shape) if shape is not None else None
+            s = states[0]
+            if axis is None or any(axis in lay.axes() and k in _NOT_COMPUTED for lay, k in s.kinds.items()):
+                return self.stop(var, "concat along the batch or sequence axis", states)
+            return self.finish(var, {lay: ("dirty" if k in _NOT_COMPUTED else "clean")
+                                     for lay, k in s.kinds.items() if axis not in lay.axes()}, states, shape)
         if op in ("relax.nn.layer_norm", "relax.nn.rms_norm", "relax.nn.group_norm"):
             axes = _ints(call.attrs.axes) if hasattr(call.attrs, "axes") else [-1]
             return self.along(var, "normalisation", axes, states, in_shape, shape, keep=True)
