@@ -101,8 +101,7 @@ def _init(shape, scale=0.3):
     return (RNG.standard_normal(shape) * scale).astype("float32")
 
 
-def encoder_layer(mask_kind="additive", tail=None, fill=-1e9, mask_name="attention_mask", dims=(BATCH, SEQ, HIDDEN),
-                  dtype="float32"):
+def encoder_layer(mask_kind="additive", tail=None, fill=-1e9, mask_name="attention_mask", dims=(BATCH, SEQ, HIDDEN)):
     """x[batch, seq, hidden] -> one-head attention (Q, K, V, output projections; the mask as an
     additive bias ``(1 - mask) * fill``, a Where, or not at all) -> residual, LayerNorm -> SiLU
     FFN -> residual; then ``tail``: None, a (masked) mean over the sequence, a cumsum or a
@@ -110,7 +109,7 @@ def encoder_layer(mask_kind="additive", tail=None, fill=-1e9, mask_name="attenti
     mask and-ed with the padding mask in a Where, and the token-wise matmuls on the
     ``[batch * seq, hidden]`` rows (its Conv1D layers)."""
     batch, seq, h = dims
-    elem = TensorProto.FLOAT16 if dtype == "float16" else TensorProto.FLOAT
+    elem = TensorProto.FLOAT
     flat = mask_kind == "causal_where"
 
     def linear(inp, w, out):
@@ -120,10 +119,9 @@ def encoder_layer(mask_kind="additive", tail=None, fill=-1e9, mask_name="attenti
                 helper.make_node("MatMul", [f"{inp}_rows_for_{out}", w], [out + "_rows"]),
                 helper.make_node("Reshape", [out + "_rows", "tokens"], [out])]
 
-    inits = {n: _init((h, h), h ** -0.5).astype(dtype) for n in ("wq", "wk", "wv", "wo", "w1", "w2")}
-    inits.update(bo=_init((h,)).astype(dtype), gamma=(1 + _init((h,), 0.1)).astype(dtype),
-                 beta=_init((h,), 0.1).astype(dtype), scale=np.array(0.25, dtype), one=np.array(1.0, dtype),
-                 fill=np.array(fill, dtype), ax1=np.array([1], "int64"), ax2=np.array([2], "int64"),
+    inits = {n: _init((h, h), h ** -0.5) for n in ("wq", "wk", "wv", "wo", "w1", "w2")}
+    inits.update(bo=_init((h,)), gamma=1 + _init((h,), 0.1), beta=_init((h,), 0.1), scale=np.array(0.25, "float32"),
+                 one=np.array(1.0, "float32"), fill=np.array(fill, "float32"), ax1=np.array([1], "int64"), ax2=np.array([2], "int64"),
                  rows=np.array([-1, h], "int64"), tokens=np.array([batch, seq, h], "int64"),
                  causal=np.tril(np.ones((seq, seq), bool)))
     nodes = [n for w, o in (("wq", "q"), ("wk", "k"), ("wv", "v")) for n in linear("x", w, o)]
@@ -184,9 +182,9 @@ def encoder_layer(mask_kind="additive", tail=None, fill=-1e9, mask_name="attenti
     return model
 
 
-def _padded(lengths=(5, 3, 1), dims=(BATCH, SEQ, HIDDEN), dtype="float32"):
+def _padded(lengths=(5, 3, 1), dims=(BATCH, SEQ, HIDDEN)):
     mask = (np.arange(dims[1])[None] < np.array(lengths)[:, None]).astype("int64")
-    return {"x": _init(dims, 1.0).astype(dtype), "attention_mask": mask}
+    return {"x": _init(dims, 1.0), "attention_mask": mask}
 
 
 def _decide(model):
@@ -213,10 +211,12 @@ def _weight_matmuls_left(mod) -> int:
     return len(left)
 
 
-def _assert_close_on_real_tokens(model, cm, feeds, rtol=1e-4):
+def _assert_close_on_real_tokens(model, cm, feeds, rtol=1e-4, run_feeds=None):
+    """``cm`` on ``run_feeds`` (default ``feeds``) against onnxruntime's ``model`` on ``feeds``, at
+    the real tokens"""
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     real = feeds["attention_mask"].astype(bool)
-    for want, got in zip(ref, cm.run(feeds)):
+    for want, got in zip(ref, cm.run(run_feeds or feeds)):
         if want.ndim == 3:
             want, got = want[real], got[real]
         if want.size == 0:
@@ -368,15 +368,19 @@ def test_transformers_export_on_real_tokens(name):
 
 @pytest.mark.gpu
 def test_gpu_fp16_encoder_layer_on_real_tokens():
-    """On CUDA (fp16: the tensor-core rows kernels) the layer's matmuls list the real tokens and
-    the real tokens match onnxruntime."""
+    """On CUDA (float16: the tensor-core rows kernels) the layer's matmuls list the real tokens,
+    and the real tokens match onnxruntime's float32 model."""
+    from benchmarks.workloads import to_float16
+
     dims = (4, 128, 256)
-    model = encoder_layer(dims=dims, dtype="float16", fill=-1e4)
-    cm = _compile(model, target="cuda")
+    model = encoder_layer(dims=dims, fill=-1e4)
+    cm = _compile(to_float16(model), target="cuda")
     assert sum(n["status"] == "pit" for n in cm.annotations) == 4
     assert "pit_kernel" in cm.lowered.script() and "pit_row_index_" in cm.lowered["main"].script()
     for lengths in ((128, 77, 1, 30), (0, 128, 64, 5)):
-        _assert_close_on_real_tokens(model, cm, _padded(lengths, dims, "float16"), rtol=2e-2)
+        feeds = _padded(lengths, dims)
+        half = dict(feeds, x=feeds["x"].astype("float16"))
+        _assert_close_on_real_tokens(model, cm, feeds, rtol=2e-2, run_feeds=half)
 
 
 @pytest.mark.parametrize("axis,propagates", [(-1, True), (1, False)])
