@@ -260,6 +260,14 @@ def test_any_mask_matches_on_real_tokens(encoder_layers, mask):
     _assert_close_on_real_tokens(model, cm, feeds)
 
 
+@pytest.mark.parametrize("mask_kind", ["additive", "causal_where"])
+def test_batch_as_long_as_the_sequence(mask_kind):
+    """batch == sequence == heads-free scores [b, s, s]: the layouts come from where the tensors
+    come from, not from their sizes, so only the key axis is masked and every matmul is PIT."""
+    notes = _decide(encoder_layer(mask_kind, dims=(4, 4, HIDDEN)))
+    assert [n["status"] for n in notes] == ["pit"] * 6 + ["output"], notes
+
+
 @pytest.mark.parametrize("tail,reason", [
     ("mean", "mean over the sequence axis"),
     ("cumsum", "cumsum over the sequence axis"),

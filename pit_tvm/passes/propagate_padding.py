@@ -617,8 +617,9 @@ class _Propagation:
         for (b_axis, t_axis, div), kind in s.kinds.items():
             if t_axis == axis:       # over the keys: masked ones get exactly 0
                 if kind == "dirty":
-                    return self.stop(var, "softmax over the sequence axis without a mask on the padded keys",
-                                     states)
+                    return self.stop(var, "softmax over the sequence axis without a mask recognised on the "
+                                          "padded keys (a bias <= -1e4 there computed from the mask alone, or a "
+                                          "where on it)", states)
                 kinds[Layout(b_axis, t_axis, div)] = "zero" if kind == "masked" else "clean"
             elif b_axis == axis:
                 if kind in _NOT_COMPUTED:
