@@ -121,7 +121,8 @@ def encoder_layer(mask_kind="additive", tail=None, fill=-1e9, mask_name="attenti
 
     inits = {n: _init((h, h), h ** -0.5) for n in ("wq", "wk", "wv", "wo", "w1", "w2")}
     inits.update(bo=_init((h,)), gamma=1 + _init((h,), 0.1), beta=_init((h,), 0.1), scale=np.array(0.25, "float32"),
-                 one=np.array(1.0, "float32"), fill=np.array(fill, "float32"), ax1=np.array([1], "int64"), ax2=np.array([2], "int64"),
+                 one=np.array(1.0, "float32"), fill=np.array(fill, "float32"), ax1=np.array([1], "int64"),
+                 ax2=np.array([2], "int64"),
                  rows=np.array([-1, h], "int64"), tokens=np.array([batch, seq, h], "int64"),
                  causal=np.tril(np.ones((seq, seq), bool)))
     nodes = [n for w, o in (("wq", "q"), ("wk", "k"), ("wv", "v")) for n in linear("x", w, o)]
@@ -241,8 +242,8 @@ def test_encoder_layer_runs_on_real_tokens(encoder_layers, mask_kind):
     model, cm = encoder_layers[mask_kind]
     pit = [n for n in cm.annotations if n["status"] == "pit"]
     # (Q, K and V of one operand are combined into one matmul; after three reshapes they are not)
-    assert len(pit) == (6 if mask_kind == "causal_where" else 4) and all(n["source"] == "padding:attention_mask" and n["micro_tile"] == [1, HIDDEN]
-                                 for n in pit)
+    assert len(pit) == (6 if mask_kind == "causal_where" else 4)
+    assert all(n["source"] == "padding:attention_mask" and n["micro_tile"] == [1, HIDDEN] for n in pit)
     assert [n["status"] for n in cm.annotations if n["status"] != "pit"] == ["output"]
     assert "not computed" in cm.annotations[-1]["reason"]
     assert cm.lowered["main"].script().count("R.call_tir(pit_row_index_") == 1
@@ -305,7 +306,8 @@ def test_attention_without_a_mask_stops(mask_kind, fill, reason):
     assert "matmul sums over the sequence axis" in stops["ctx"]      # V's rows, weighted by unmasked probs
     # Q and K feed the unmasked softmax, V reaches the context matmul: the attention's inputs stay
     # dense; what the attention output feeds (output projection, FFN) only reaches the output
-    statuses = [n["status"] for n in notes if n["source"] == "padding:attention_mask" and n["status"] in ("pit", "dense")]
+    statuses = [n["status"] for n in notes
+                if n["source"] == "padding:attention_mask" and n["status"] in ("pit", "dense")]
     assert statuses.count("dense") == 3 and statuses.count("pit") == 3
 
 

@@ -271,7 +271,6 @@ class _Propagation:
         self.g, self.mask, self.candidates = g, mask, candidates
         self.batch, self.seq = _dims(mask)
         self.rows, self.masks, self.stops = {}, {}, []
-        self.names = {}
         aligned = [p for p in g.params if (_dims(p) or [])[:2] == [self.batch, self.seq]]
         for p in aligned:
             self.rows[p] = Rows({Layout(0, 1): "clean"})
@@ -294,7 +293,8 @@ class _Propagation:
         parts = [p for p in parts if p is not None]
         if not parts:
             return None
-        return Rows({lay: k for p in parts for lay, k in p.kinds.items()}, frozenset().union(*[p.sources for p in parts]))
+        return Rows({lay: k for p in parts for lay, k in p.kinds.items()},
+                    frozenset().union(*[p.sources for p in parts]))
 
     def mask_value(self, expr):
         if isinstance(expr, relax.Var):
@@ -359,6 +359,8 @@ class _Propagation:
             if mv is not None:
                 self.masks[var] = mv
         states = [self.state(a) for a in args]
+        if op is None and any(s is not None and s.carries_dirt() for s in states):
+            return self.stop(var, f"a call to {call.op} is not known to keep tokens apart", states)
         if op is None or all(s is None for s in states) or op in _SHAPE_ONLY:
             return
         if op not in _BINARY and op not in ("relax.where", "relax.take", "relax.matmul") and any(
@@ -676,8 +678,7 @@ class _Propagation:
 
 def _candidates(g: FuncGraph, rows_of):
     """matmul binding vars whose left operand is ``[batch, seq, K]`` (or ``[batch * seq, K]``)
-    aligned with the mask and
-    whose right operand PIT takes (static 2-D weight, supported dtype)"""
+    aligned with the mask and whose right operand PIT takes (static 2-D weight, supported dtype)"""
     out = []
     for b in g.bindings:
         if op_name(b.value) != "relax.matmul":
@@ -784,7 +785,8 @@ class PropagatePadding:
                 reason = (f"padding propagated from graph input {name!r}: the rows of padded tokens reach only "
                           "token-wise ops and masked attention; rows index built from the mask, shared by the "
                           "matmuls it masks")
-                attrs = {"pit.sparse_operand": "lhs", "pit.micro_tile": list(tile), PIT_RULE_ATTR: rule_for_tile(tile, k),
+                attrs = {"pit.sparse_operand": "lhs", "pit.micro_tile": list(tile),
+                         PIT_RULE_ATTR: rule_for_tile(tile, k),
                          "pit.source": source, "pit.tensor": tensor, "pit.reason": reason, "pit.id": fid,
                          ROW_MASK_ATTR: 1}
                 targets.append((call, f"pit_matmul_{fid}", attrs, mask))
