@@ -179,15 +179,30 @@ def with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
 
 
 def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A float16 copy of ``model``: float32 initializers, graph inputs/outputs and ``Cast(to=FLOAT)``
-    become float16 (integer inputs such as ``attention_mask`` stay as they are)."""
+    """A float16 copy of ``model``: float32 initializers, ``Constant`` / ``ConstantOfShape`` values,
+    graph inputs/outputs and ``Cast(to=FLOAT)`` become float16 (integer inputs such as
+    ``attention_mask`` stay as they are).  Values beyond float16's range are clamped to it (an
+    exported mask's ``finfo(float32).min`` becomes -65504, not -inf, whose product with 0 is NaN)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
+    limit = float(np.finfo(np.float16).max)
+
+    def half(t):
+        arr = np.clip(numpy_helper.to_array(t), -limit, limit).astype(np.float16)
+        return numpy_helper.from_array(arr, t.name)
+
     for i, t in enumerate(g.initializer):
         if t.data_type == TensorProto.FLOAT:
-            arr = numpy_helper.to_array(t).astype(np.float16)
-            g.initializer[i].CopyFrom(numpy_helper.from_array(arr, t.name))
+            g.initializer[i].CopyFrom(half(t))
+    for node in g.node:
+        if node.op_type in ("Constant", "ConstantOfShape"):
+            for a in node.attribute:
+                if a.name == "value" and a.t.data_type == TensorProto.FLOAT:
+                    a.t.CopyFrom(half(a.t))
+                elif a.name in ("value_float", "value_floats"):   # -> a float16 tensor
+                    values = np.array(a.f if a.name == "value_float" else list(a.floats), np.float32)
+                    a.CopyFrom(onnx.helper.make_attribute("value", half(numpy_helper.from_array(values))))
     for vi in list(g.input) + list(g.output) + list(g.value_info):
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
             vi.type.tensor_type.elem_type = TensorProto.FLOAT16

@@ -1,8 +1,9 @@
 """``compile_onnx``: ONNX model -> Relax (names kept) -> PIT passes -> build -> ``CompiledModel``.
 
 Pipeline: :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's transposed weights
-become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` ->
-:class:`~pit_tvm.passes.LowerToPIT` -> :class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
+become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` -> (``padding=``)
+:class:`~pit_tvm.passes.PropagatePadding` -> :class:`~pit_tvm.passes.LowerToPIT` ->
+:class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
 remaining matmuls on the PIT kernels' dense twin: tensor-core tiles on CUDA, the CPU schedule) ->
 :class:`~pit_tvm.passes.ListStripsInProducer` (a strips index in its producer's epilogue) ->
 :class:`~pit_tvm.passes.FuseAttention` (sm_90a: softmax attention in one kernel) -> ``DeadCodeElimination``
@@ -15,6 +16,7 @@ the library's SHA-256), which :func:`pit_tvm.runtime.load` checks and reads.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import warnings
@@ -31,6 +33,7 @@ from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
+from .passes.propagate_padding import PropagatePadding
 from .passes.strips import ListStripsInProducer
 from .errors import UserError
 from .runtime.library import LIBRARY_SUFFIX, METADATA_FORMAT, library_digest
@@ -202,8 +205,75 @@ def static_shapes(proto, shapes) -> dict:
     return out
 
 
+def symbolic_inputs(proto, fixed: dict) -> dict:
+    """``{input name: dims}`` of the graph inputs with a symbolic (``dim_param`` or unnamed) dim
+    that ``fixed`` (the checked ``shapes=``) does not fix"""
+    init = {t.name for t in proto.graph.initializer}
+    out = {}
+    for value in proto.graph.input:
+        dims = _dims(value)
+        if value.name not in init and value.name not in fixed and any(not isinstance(d, int) or d <= 0 for d in dims):
+            out[value.name] = dims
+    return out
+
+
+def tensors_of_data_dependent_shape(mod: tvm.IRModule, limit: int = 5) -> list[str]:
+    """The ONNX names of (up to ``limit``) ``main`` tensors whose shape has a dim the import took
+    from data (a ``Range`` over a computed bound, a reshape to a computed shape), not from the
+    inputs' dims: over symbolic input dims TVM's build may not be able to compute it"""
+    onnx_of = {str(v): str(k) for k, v in (mod.attrs or {}).get(ONNX_NAMES_ATTR, {}).items()}
+    func = mod["main"]
+
+    def dim_vars(ty) -> set[str]:
+        shape = getattr(ty, "shape", None)
+        if not isinstance(shape, relax.ShapeExpr):
+            return set()
+        return {v.name for d in shape.values for v in tvm.tirx.analysis.undefined_vars(d)}
+
+    from_inputs = set().union(*(dim_vars(p.ty) for p in func.params))   # (compared by name)
+    found = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            ty = binding.var.ty
+            if not isinstance(ty, relax.TensorType) or binding.var.name not in onnx_of:
+                continue
+            if ty.shape is None:
+                found.append(onnx_of[binding.var.name])
+            elif dim_vars(ty) - from_inputs:
+                found.append(onnx_of[binding.var.name])
+            if len(found) >= limit:
+                return found
+    return found
+
+
+def symbolic_dims_error(err: Exception, symbolic: dict, tensors=()) -> Exception:
+    """``err`` (the import or build failing over symbolic input dims) with what to do about it:
+    the inputs' symbolic dims, the tensors whose shapes are computed from data, and the fix
+    (``shapes=``).  A ``ValueError`` keeps its type (e.g. the importer's error naming the node)."""
+    text = str(err).strip()
+    first = text.splitlines()[0][:400] if text else type(err).__name__
+    dims = ", ".join(f"{name} {dims}" for name, dims in symbolic.items())
+    example = ", ".join(f"{name!r}: [{', '.join(str(d) if isinstance(d, int) and d > 0 else str(d or '?') for d in dims)}]"
+                        for name, dims in symbolic.items())
+    cli = " ".join(f"--shape {name}={'x'.join(str(d) if isinstance(d, int) and d > 0 else f'<{d or chr(63)}>' for d in dims)}"
+                   for name, dims in symbolic.items())
+    where = f"; the shapes of {list(tensors)} are computed from data" if tensors else ""
+    message = (f"{first}\n(compiling over the symbolic dims of {dims}{where}: TVM cannot type this export's "
+               f"shape arithmetic over symbolic dims. Fix them with shapes={{{example}}} (each name a size, e.g. "
+               f"the padded batch and sequence length you run), or {cli} on the command line; the graph's shape "
+               "arithmetic is then folded before the import)")
+    if isinstance(err, ValueError):
+        try:
+            new = copy.copy(err)   # (its type and attributes, e.g. the node an import error names)
+            new.args = (message,)
+            return new
+        except Exception:  # noqa: BLE001 - an exception type that does not copy: a plain ValueError
+            pass
+    return ValueError(message)
+
+
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
-                 cuda_graph=False, expected_density=None) -> CompiledModel:
+                 cuda_graph=False, expected_density=None, padding=None) -> CompiledModel:
     """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
 
     What is not an ONNX model with outputs (an empty file, other bytes, a directory), and a
@@ -219,24 +289,43 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     (:func:`pit_tvm.target.build`).  ``expected_density``: the fraction of rows the PIT matmuls
     of row sparsity (padding, masks) are expected to list, e.g. the mean of a sample batch's
     attention mask; the CUDA kernels' tile widths are planned for it (default
-    :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`).
+    :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`).  ``padding``: the name of the
+    ``[batch, sequence]`` attention mask input (1 real token, 0 padding), or True for the one
+    input named like it: the token-wise matmuls then run on the real tokens only
+    (:class:`~pit_tvm.passes.PropagatePadding`), and **the outputs at padded positions are not
+    computed** (compare on the real tokens only).  Needs the mask's shape static (``shapes=``).
     """
     proto = read_onnx(model)
     tgt = make_target(target)
     fixed = static_shapes(proto, shapes)
+    symbolic = symbolic_inputs(proto, fixed)   # what an import / build failure may be about
+    # the export's shape arithmetic (Shape -> Gather -> Range / Expand / Reshape chains) as
+    # constants where shapes= makes it static: TVM's importer fails on much of it otherwise
     proto = fold_shape_computations(proto, fixed)
-    mod = import_onnx(proto, shape_dict=fixed or None)
+    try:
+        mod = import_onnx(proto, shape_dict=fixed or None)
+    except Exception as err:
+        if not symbolic:
+            raise
+        raise symbolic_dims_error(err, symbolic) from err
     try:
         mod = relax.transform.FoldConstant()(mod)
     except Exception as err:
         unknown = tensors_of_unknown_shape(mod)
         if not unknown:
+            if symbolic:
+                raise symbolic_dims_error(err, symbolic, tensors_of_data_dependent_shape(mod)) from err
             raise
         raise ValueError(f"the shapes of {unknown} are only known at run time (computed from data, e.g. a "
                          "Range over a symbolic dim), and the build needs them: fix the inputs' symbolic dims "
                          "with shapes= (pit-tvm compile --shape NAME=DxD..)") from err
+    imported = mod
     mod = CombineParallelMatmuls()(mod)   # Q, K, V: one GEMM (both builds)
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
+    # the attention mask's padding propagated to the token-wise matmuls whose padded rows are not
+    # needed; after the other sources: a matmul they annotate keeps its kernel
+    if padding:
+        annotated = PropagatePadding(padding)(annotated)
     notes = annotations_of(annotated)
     try:
         lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(annotated)
@@ -257,7 +346,12 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # one rows index per row mask (LowerToPIT emits the same call for each matmul it masks)
     lowered = relax.transform.EliminateCommonSubexpr()(lowered)
     lowered = DropUnusedPrimFuncs(relax.transform.DeadCodeElimination()(lowered))
-    ex = build(lowered, tgt, cuda_graph=cuda_graph)
+    try:
+        ex = build(lowered, tgt, cuda_graph=cuda_graph)
+    except Exception as err:
+        if not symbolic:
+            raise
+        raise symbolic_dims_error(err, symbolic, tensors_of_data_dependent_shape(imported)) from err
     init = {t.name for t in proto.graph.initializer}
     inputs = [{"name": i.name, "dtype": _onnx_dtype(i), "shape": fixed.get(i.name, _dims(i))}
               for i in proto.graph.input if i.name not in init]

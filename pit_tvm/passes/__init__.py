@@ -1,5 +1,6 @@
 """Relax passes: merge matmuls that share an input (``CombineParallelMatmuls``), find dynamic
-sparsity (``AnnotateDynamicSparsity``) and lower it to PIT kernels (``LowerToPIT``), put the
+sparsity (``AnnotateDynamicSparsity``), run the token-wise matmuls of a padded batch on its real
+tokens (``PropagatePadding``) and lower it to PIT kernels (``LowerToPIT``), put the
 dense matmuls on the PIT kernels' dense twin (``DenseMatmulToPITKernels``), build a strips index in
 the epilogue of the kernel producing its operand (``ListStripsInProducer``), fuse attention on the
 H100 (``FuseAttention``); ``import_onnx`` imports
@@ -10,6 +11,7 @@ _PUBLIC = {
     "AnnotateDynamicSparsity": "pit_tvm.passes.annotate",
     "annotations_of": "pit_tvm.passes.annotate",
     "LowerToPIT": "pit_tvm.passes.lower",
+    "PropagatePadding": "pit_tvm.passes.propagate_padding",
     "DenseMatmulToPITKernels": "pit_tvm.passes.dense",
     "CombineParallelMatmuls": "pit_tvm.passes.combine",
     "FuseAttention": "pit_tvm.passes.attention",

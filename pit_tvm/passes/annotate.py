@@ -11,7 +11,9 @@ Sources detected on the Relax module imported from ONNX (``R.matmul`` from MatMu
   micro-tile ``(1, K)``.
 * ``padding:<input>``: as ``mask`` when that input is named like ``attention_mask``, ``*_mask``,
   ``seq_len*`` or ``*lengths``. Such inputs are also recorded (module attr ``pit.padding_inputs``)
-  even when no matmul consumes them through a mask.
+  even when no matmul consumes them through a mask (a real export's attention mask only biases
+  the scores: :class:`~pit_tvm.passes.PropagatePadding`, run after this pass, then finds the
+  token-wise matmuls whose padded rows are not needed).
 * ``explicit``: ``sparse={"hidden": (1, 64)}`` or ``sparse=["hidden"]`` names ONNX tensors (resolved
   through the ``pit.onnx_names`` module attr that :func:`~pit_tvm.passes.import_onnx` writes, else
   by Relax var name). The matmuls that read the tensor as left operand (or that produce it) are
@@ -121,6 +123,28 @@ def sparse_annotations(sparse) -> dict:
     return out
 
 
+def unsupported_reason(call) -> str | None:
+    """Why PIT cannot take the matmul ``call`` (its right operand, ranks, dtypes), or None."""
+    a, b = call.args
+    aty, bty = a.ty, b.ty
+    if not isinstance(aty, relax.TensorType) or not isinstance(bty, relax.TensorType):
+        return "operands are not tensors of known type"
+    if bty.ndim != 2:
+        return f"B has rank {bty.ndim}; PIT needs a 2-D [K, N] right operand"
+    if bty.shape is None or any(_static_int(d) is None for d in bty.shape.values):
+        return "B's shape is not static; PIT needs a static [K, N] right operand"
+    if aty.ndim < 2:
+        return f"A has rank {aty.ndim}; PIT needs A[..., K] with at least 2 dims"
+    if aty.dtype not in SUPPORTED_DTYPES or bty.dtype != aty.dtype:
+        return f"dtype {aty.dtype} x {bty.dtype} unsupported (PIT kernels: {', '.join(SUPPORTED_DTYPES)})"
+    k_a = _static_int(aty.shape.values[-1]) if aty.shape is not None else None
+    if k_a is None:
+        return "A's reduction dim K is not static"
+    if k_a != _static_int(bty.shape.values[0]):
+        return "A's K does not match B's K"
+    return None
+
+
 @tvm.transform.module_pass(opt_level=0, name="AnnotateDynamicSparsity")
 class AnnotateDynamicSparsity:
     """Module pass: wrap each matmul with a dynamically sparse left operand (see module doc).
@@ -197,24 +221,7 @@ class AnnotateDynamicSparsity:
         return src, rows_only, reason, row_mask
 
     def _unsupported(self, call) -> str | None:
-        a, b = call.args
-        aty, bty = a.ty, b.ty
-        if not isinstance(aty, relax.TensorType) or not isinstance(bty, relax.TensorType):
-            return "operands are not tensors of known type"
-        if bty.ndim != 2:
-            return f"B has rank {bty.ndim}; PIT needs a 2-D [K, N] right operand"
-        if bty.shape is None or any(_static_int(d) is None for d in bty.shape.values):
-            return "B's shape is not static; PIT needs a static [K, N] right operand"
-        if aty.ndim < 2:
-            return f"A has rank {aty.ndim}; PIT needs A[..., K] with at least 2 dims"
-        if aty.dtype not in SUPPORTED_DTYPES or bty.dtype != aty.dtype:
-            return f"dtype {aty.dtype} x {bty.dtype} unsupported (PIT kernels: {', '.join(SUPPORTED_DTYPES)})"
-        k_a = _static_int(aty.shape.values[-1]) if aty.shape is not None else None
-        if k_a is None:
-            return "A's reduction dim K is not static"
-        if k_a != _static_int(bty.shape.values[0]):
-            return "A's K does not match B's K"
-        return None
+        return unsupported_reason(call)
 
     def _explicit_targets(self, g: FuncGraph, var, matmuls):
         """Matmul binding vars whose left operand is ``var`` (through shape ops and relu)."""
@@ -394,5 +401,7 @@ def annotations_of(mod: tvm.IRModule) -> list[dict]:
             if not any(str(name) in s for s in used):
                 out.append({"tensor": str(name), "source": f"padding:{name}", "status": "input",
                             "reason": "graph input looks like a padding mask / sequence lengths; "
-                                      "no matmul reads it through a mask"})
+                                      "no matmul reads it through a mask (an attention mask: compile with "
+                                      f"padding={str(name)!r} to run the token-wise matmuls on its real "
+                                      "tokens only)"})
     return out

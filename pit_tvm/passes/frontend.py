@@ -10,7 +10,11 @@ explicit annotations). If the named import fails for any reason it falls back to
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
 import warnings
 
 import numpy as np
@@ -30,9 +34,20 @@ def sanitize(name: str) -> str:
 
 
 def load_model(model) -> onnx.ModelProto:
+    """``model`` (an ``onnx.ModelProto`` or a path) as a ModelProto; a missing file is a
+    ``FileNotFoundError`` and a file that is not an ONNX model a ``ValueError``, each naming it."""
     if isinstance(model, onnx.ModelProto):
         return model
-    return onnx.load(str(model))
+    path = str(model)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"ONNX model {path!r} not found")
+    try:
+        proto = onnx.load(path)
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends: not a model
+        raise ValueError(f"{path!r} is not an ONNX model (protobuf could not parse it: {err})") from err
+    if not proto.graph.node and not proto.graph.output:
+        raise ValueError(f"{path!r} is not an ONNX model (it parses to an empty graph)")
+    return proto
 
 
 def onnx_value_names(model: onnx.ModelProto) -> list[str]:
@@ -93,91 +108,84 @@ def _named_importer_cls():
     return _NamedImporter
 
 
-#: a node is folded only while its constant inputs hold at most this many elements in all: shape
-#: arithmetic, not weights (a transposed weight stays for TVM's own constant folding)
+#: a folded tensor holds at most this many (4-byte) elements: shape arithmetic and small
+#: constants, not weights (a transposed weight stays for TVM's own constant folding) nor a large
+#: mask expanded to the full sequence
 FOLD_MAX_ELEMENTS = 1 << 16
-#: ops whose value is not a function of their inputs
-_NOT_FOLDABLE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
-                 "Bernoulli", "If", "Loop", "Scan"}
 
 
-def _static_dims(value_info) -> list[int] | None:
-    """a tensor's dims where ONNX knows every one, else None"""
-    tensor = value_info.type.tensor_type
-    if not value_info.type.HasField("tensor_type") or not tensor.HasField("shape"):
-        return None
-    dims = tensor.shape.dim
-    return [int(d.dim_value) for d in dims] if all(d.HasField("dim_value") for d in dims) else None
-
-
-def _folded_values(node, consts: dict, static: dict, opset: int):
-    """``node``'s output values where its inputs are known (:func:`fold_shape_computations`), else None"""
-    inputs = [i for i in node.input if i]
-    if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDABLE:
-        return None
-    if node.op_type == "Shape" and static.get(node.input[0]) is not None:
-        start = next((a.i for a in node.attribute if a.name == "start"), 0)
-        end = next((a.i for a in node.attribute if a.name == "end"), None)
-        return [np.array(static[node.input[0]], dtype=np.int64)[start:end]]
-    if not all(i in consts for i in inputs) or sum(consts[i].size for i in inputs) > FOLD_MAX_ELEMENTS:
-        return None
-    from onnx.reference import ReferenceEvaluator  # noqa: PLC0415
-
-    try:
-        return ReferenceEvaluator(node, opsets={"": opset}).run(None, {i: consts[i] for i in inputs})
-    except Exception:  # noqa: BLE001 - not evaluable here: TVM imports it as it is
-        return None
+@contextlib.contextmanager
+def _native_output_captured():
+    """Collect what native code writes to stdout / stderr (onnxsim's C++ core prints a line per
+    node it leaves unfolded) into the yielded list of lines, instead of the user's terminal."""
+    lines: list[str] = []
+    saved = []
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        try:
+            for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+                stream.flush()
+                saved.append((fd, os.dup(fd)))
+                os.dup2(sink.fileno(), fd)
+        except (OSError, ValueError):  # no real file descriptors (embedded interpreters): leave them
+            pass
+        try:
+            yield lines
+        finally:
+            for fd, copy in saved:
+                os.dup2(copy, fd)
+                os.close(copy)
+            sink.seek(0)
+            lines.extend(sink.read().decode(errors="replace").splitlines())
 
 
 def fold_shape_computations(model, shape_dict=None) -> onnx.ModelProto:
-    """``model`` with its shape arithmetic evaluated: each node whose inputs are constants
-    (initializers, ``Constant`` nodes, the ``Shape`` of a tensor whose shape ONNX shape inference
-    finds static, with ``shape_dict`` fixing inputs' symbolic dims) becomes an initializer.
+    """``model`` with its constant subgraphs evaluated by ``onnxsim`` (constant folding and shape
+    inference only, no graph rewrites): with ``shape_dict`` fixing inputs' symbolic dims, every
+    ``Shape`` of a tensor whose shape is then static and the arithmetic on it (``Gather``,
+    ``Concat``, ``Range``, the causal mask's ``Expand`` shape, T5's relative positions) become
+    initializers.  Tensor names are kept; the model keeps its own (symbolic) input dims.
 
-    Why: TVM's importer gives a ``Range`` whose bounds are not initializers a data-dependent
-    length, so a padding mask built from a sequence-length input (``Range(0, Shape(x)[1]) <
-    seq_len``) and every tensor it broadcasts with lose their shapes, which the build rejects
-    even where every dim is static.  Folded here, the range is a constant."""
-    from onnx import numpy_helper  # noqa: PLC0415
-
+    Why: TVM's importer handles shape arithmetic over symbolic dims only in part: a ``Range`` whose
+    bounds are not constants gets a data-dependent length (so a padding mask built from it, and
+    everything it broadcasts with, loses its shape), ``Expand`` to a computed shape and ``Shape``
+    of a computed shape fail in the importer (OPT / GPT-2 causal masks, T5).  Folded here, they are
+    constants.  A graph onnxsim cannot process is imported as it is, with a warning."""
     model = load_model(model)
+    try:
+        import onnxsim  # noqa: PLC0415 - see pyproject.toml: this function is why it is a dependency
+    except ImportError as err:
+        warnings.warn(f"onnxsim is not installed ({err}): the graph's shape arithmetic is not folded before "
+                      "the import (pip install onnxsim)")
+        return model
+    # weights go to onnxsim as graph inputs without their data: they stay as they are (bit for
+    # bit, a transposed weight for TVM's own folding), and a large model does not go through it
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    g = copy.graph
-    for inp in g.input:
-        if shape_dict and inp.name in shape_dict:
-            for d, v in zip(inp.type.tensor_type.shape.dim, shape_dict[inp.name]):
-                d.Clear()
-                d.dim_value = int(v)
+    weights = [t for t in copy.graph.initializer if np.prod(t.dims) > FOLD_MAX_ELEMENTS]
+    if weights:
+        kept = [t for t in copy.graph.initializer if np.prod(t.dims) <= FOLD_MAX_ELEMENTS]
+        del copy.graph.initializer[:]
+        copy.graph.initializer.extend(kept)
+        declared = {i.name for i in copy.graph.input}
+        copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                                for t in weights if t.name not in declared)
+    fixed = {name: [int(d) for d in dims] for name, dims in (shape_dict or {}).items()}
+    log: list[str] = []
     try:
-        inferred = onnx.shape_inference.infer_shapes(copy).graph
-    except Exception:  # noqa: BLE001 - no inference: only Constant / initializer chains fold
-        inferred = g
-    static = {vi.name: _static_dims(vi) for vi in [*inferred.input, *inferred.value_info, *inferred.output]}
-    opset = next((op.version for op in copy.opset_import if op.domain in ("", "ai.onnx")), 1)
-    # (only initializers small enough to fold are read: a model's weights stay as they are)
-    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer if np.prod(t.dims) <= FOLD_MAX_ELEMENTS}
-    outputs = {o.name for o in g.output}
-    kept, folded = [], {}
-    for node in g.node:
-        # (a graph output stays a node's)
-        values = None if set(node.output) & outputs else _folded_values(node, consts, static, opset)
-        if values is None:
-            kept.append(node)
-            continue
-        for name, value in zip(node.output, values):
-            if name:
-                consts[name] = folded[name] = np.asarray(value)
-    if not folded:
+        with _native_output_captured() as log:
+            folded, _ = onnxsim.simplify(copy, perform_optimization=False, overwrite_input_shapes=fixed or None,
+                                         tensor_size_threshold=f"{FOLD_MAX_ELEMENTS * 4}B")
+    except Exception as err:  # noqa: BLE001 - onnxsim's failure is not the user's: import the graph as given
+        detail = "; ".join(line for line in log if line.strip())[-500:]
+        warnings.warn(f"onnxsim could not fold the graph's shape arithmetic ({type(err).__name__}: {err}"
+                      f"{'; ' + detail if detail else ''}); importing it as exported")
         return model
-    used = {i for node in kept for i in node.input} | outputs
-    del g.node[:]
-    g.node.extend(kept)
-    g.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items() if name in used)
-    # (inputs were given static dims above only for inference: the model keeps its own)
-    del g.input[:]
-    g.input.extend(model.graph.input)
-    return copy
+    # (inputs were given static dims only for the folding: the model keeps its own)
+    del folded.graph.input[:]
+    folded.graph.input.extend(model.graph.input)
+    used = {i for node in folded.graph.node for i in node.input} | {o.name for o in folded.graph.output}
+    folded.graph.initializer.extend(t for t in weights if t.name in used)
+    return folded
 
 
 def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -> tvm.IRModule:
