@@ -71,6 +71,8 @@ def read_onnx(model):
             raise UserError(f"{name}: no such file")
         if not os.path.isfile(name):
             raise UserError(f"{name}: not a file (expected an ONNX model)")
+        if os.path.getsize(name) == 0:
+            raise UserError(f"{name}: an empty file, not an ONNX model")
     else:
         name = "the model"
     try:
@@ -79,8 +81,6 @@ def read_onnx(model):
         raise UserError(f"{name}: not an ONNX model ({type(err).__name__}: {err})") from err
     except OSError as err:
         raise UserError(f"{name}: cannot read: {err}") from err
-    if not hasattr(model, "graph") and os.path.getsize(name) == 0:
-        raise UserError(f"{name}: an empty file, not an ONNX model")
     if not proto.graph.output:
         raise UserError(f"{name}: the ONNX graph has no outputs (nothing to compile); is it an ONNX model?")
     return proto
