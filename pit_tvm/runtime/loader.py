@@ -100,19 +100,23 @@ def check_input_shapes(inputs_meta, args) -> None:
 def host_input(name: str, value, dtype) -> np.ndarray:
     """``value`` as a contiguous numpy array of the input's ``dtype`` (None: as it is).  A cast
     within a kind (float64 -> float32, int32 -> int64) is made; one across kinds (floats to an
-    integer input such as token ids, which would truncate) is a ``TypeError`` naming the input."""
+    integer input such as token ids, which would truncate) is a ``TypeError`` naming the input.
+    A 0-d value stays 0-d (``np.ascontiguousarray`` would make it 1-d, which a scalar input rejects)."""
     arr = np.asarray(value)
     if dtype is not None and arr.dtype != np.dtype(dtype):
         if not np.can_cast(arr.dtype, np.dtype(dtype), casting="same_kind"):
             raise TypeError(f"input {name!r} has dtype {arr.dtype}, the model takes {dtype}")
         arr = arr.astype(dtype)
-    return np.ascontiguousarray(arr)
+    return np.require(arr, requirements="C")
 
 
 def flatten_outputs(out) -> list[np.ndarray]:
-    """A VM result (tensor or nested tuple) as a flat list of numpy arrays."""
+    """A VM result (tensor or nested tuple) as a flat list of numpy arrays.  A shape (a graph
+    output such as ONNX ``Shape``'s, which the VM returns as a shape tuple) is an int64 array."""
     if hasattr(out, "numpy"):
         return [out.numpy()]
+    if isinstance(out, tvm.runtime.ShapeTuple):
+        return [np.array(list(out), dtype=np.int64)]
     res = []
     for item in out:
         res.extend(flatten_outputs(item))
