@@ -127,7 +127,7 @@ def _dropout(bb, inputs, attrs, converted):
     if training is not None:
         if not isinstance(training, tvm.ir.GenericConst):
             raise NotImplementedError("Dropout's training_mode must be a constant (inference only)")
-        if bool(training.data.numpy()):
+        if bool(training.value.numpy()):
             raise NotImplementedError("Dropout in training mode (random masks) is not supported")
     if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
         return converted
@@ -143,6 +143,40 @@ def _constant_of_shape(bb, inputs, attrs, converted):
         raise NotImplementedError("a shape computed at run time (a tensor, not a constant or the Shape of "
                                   "a tensor of static shape) is not supported")
     return converted
+
+
+def _one_hot_depth_as_int(bb, inputs, attrs):
+    """OneHot's ``depth`` may be any numeric type; TVM's converter passes a float one on, which
+    ``relax.op.one_hot`` rejects: a constant depth becomes an int64 constant."""
+    depth = inputs[1]
+    if isinstance(depth, tvm.ir.GenericConst) and "int" not in str(depth.ty.dtype):
+        inputs[1] = relax.const(depth.value.numpy().astype("int64"))
+    return inputs
+
+
+def _pow_exponent_as_base_dtype(bb, inputs, attrs):
+    """Pow of a float base by an exponent of another type (ONNX allows it; Relax's power wants
+    one dtype): the exponent is cast to the base's dtype."""
+    base, exponent = inputs[0], inputs[1]
+    if "float" in str(base.ty.dtype) and str(exponent.ty.dtype) != str(base.ty.dtype):
+        inputs[1] = bb.normalize(relax.op.astype(exponent, base.ty.dtype))
+    return inputs
+
+
+#: dtypes TVM's CPU sort kernel (TopK's) has no case for: the model built and failed at run time
+SORT_UNSUPPORTED_DTYPES = {"int16", "uint16", "uint32", "uint64"}
+
+
+def _top_k_dtype(bb, inputs, attrs):
+    """TopK of a dtype the sort kernel lacks is refused at import, not at run time."""
+    if str(inputs[0].ty.dtype) in SORT_UNSUPPORTED_DTYPES:
+        raise NotImplementedError(f"TopK of {inputs[0].ty.dtype} is not supported (TVM's sort kernel has no "
+                                  f"{inputs[0].ty.dtype} case)")
+    return inputs
+
+
+#: ``{op type: fix(bb, inputs, attrs) -> inputs}`` applied before TVM's converter runs
+PIT_INPUT_FIXES = {"OneHot": _one_hot_depth_as_int, "Pow": _pow_exponent_as_base_dtype, "TopK": _top_k_dtype}
 
 
 def _pow(bb, inputs, attrs, converted):
@@ -167,6 +201,8 @@ def _importer_classes():
 
     class _PitImporter(of.ONNXGraphImporter):
         def _convert_operator(self, op_name, inputs, attrs, opset):
+            if op_name in PIT_INPUT_FIXES:
+                inputs = PIT_INPUT_FIXES[op_name](self.bb, inputs, attrs)
             sym = super()._convert_operator(op_name, inputs, attrs, opset)
             fix = PIT_CONVERTER_FIXES.get(op_name)
             if fix is not None:
@@ -280,7 +316,8 @@ def _import_error(err: Exception, graph, converted: dict, original_names: list) 
         if all(o in converted for o in node.output if o):
             continue
         runtime = [n for n in node.input[1:] if n in graph_inputs]
-        about_constants = re.search(r"constant|dynamic|static|\bShape\b", str(err), re.IGNORECASE)
+        about_constants = re.search(r"constant|dynamic|static|\bShape\b|'Var' object has no attribute", str(err),
+                                    re.IGNORECASE)
         hint = (f"; its input(s) {runtime} are graph inputs, known only at run time (the importer needs "
                 "them constant: make them initializers)" if runtime and about_constants else "")
         return UnsupportedOnnxError(f"ONNX node {original_names[i]!r} ({node.op_type}, output "
