@@ -13,6 +13,7 @@ converters that give wrong answers are fixed up here (:data:`PIT_CONVERTER_FIXES
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import re
 import warnings
@@ -67,7 +68,11 @@ def _layer_norm_with_stats(bb, inputs, attrs, converted):
     """LayerNormalization with its ``Mean`` / ``InvStdDev`` outputs computed (TVM's converter
     returns 0-d zeros for them): both over the normalised axes, kept as size-1 dims, in
     ``stash_type`` (float32 by default); ``Y`` stays TVM's fused ``layer_norm``."""
+    if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
+        return converted
     data = inputs[0]
+    if data.ty.shape is None:
+        raise NotImplementedError("Mean / InvStdDev outputs of an input of unknown rank are not supported")
     ndim = len(data.ty.shape)
     axis = attrs.get("axis", -1)
     axis = axis + ndim if axis < 0 else axis
@@ -146,11 +151,17 @@ def _constant_of_shape(bb, inputs, attrs, converted):
 
 
 def _one_hot_depth_as_int(bb, inputs, attrs):
-    """OneHot's ``depth`` may be any numeric type; TVM's converter passes a float one on, which
-    ``relax.op.one_hot`` rejects: a constant depth becomes an int64 constant."""
+    """OneHot's ``depth`` and ``indices`` may be of any numeric type; TVM's converter passes float
+    ones on, which ``relax.op.one_hot`` rejects: a constant depth becomes an int64 constant and
+    float indices are cast to int64.  A negative ``axis`` other than -1 is made positive (TOPI
+    took it as an index of the input's dims)."""
     depth = inputs[1]
     if isinstance(depth, tvm.ir.GenericConst) and "int" not in str(depth.ty.dtype):
         inputs[1] = relax.const(depth.value.numpy().astype("int64"))
+    if "int" not in str(inputs[0].ty.dtype):  # ONNX allows float indices; Relax's one_hot does not
+        inputs[0] = bb.normalize(relax.op.astype(inputs[0], "int64"))
+    if attrs.get("axis", -1) < -1 and inputs[0].ty.shape is not None:  # TOPI's one_hot reads -1 only
+        attrs["axis"] += len(inputs[0].ty.shape) + 1
     return inputs
 
 
@@ -175,8 +186,55 @@ def _top_k_dtype(bb, inputs, attrs):
     return inputs
 
 
-#: ``{op type: fix(bb, inputs, attrs) -> inputs}`` applied before TVM's converter runs
-PIT_INPUT_FIXES = {"OneHot": _one_hot_depth_as_int, "Pow": _pow_exponent_as_base_dtype, "TopK": _top_k_dtype}
+def _reduce_checks(bb, inputs, attrs, op="Reduce"):
+    """Reductions TVM builds wrong or not at all are refused: over an axis of size 0 (the result
+    was garbage, not the reduction's identity) and ReduceMax / ReduceMin of bool (the build
+    failed)."""
+    data = inputs[0]
+    if op in ("ReduceMax", "ReduceMin") and str(data.ty.dtype) == "bool":
+        raise NotImplementedError(f"{op} of bool tensors is not supported")
+    if data.ty.shape is None:
+        return inputs
+    axes = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+    if isinstance(axes, tvm.ir.GenericConst):
+        axes = [int(a) for a in axes.value.numpy().reshape(-1)]
+    elif axes is None:
+        axes = list(attrs.get("axes", []))
+    else:
+        return inputs  # computed at run time: TVM's converter refuses it
+    if not axes and attrs.get("noop_with_empty_axes", 0):
+        return inputs
+    dims = list(data.ty.shape)
+    reduced = [dims[a] for a in axes] if axes else dims
+    if any(isinstance(d, tvm.tirx.IntImm) and d.value == 0 for d in reduced):
+        raise NotImplementedError(f"{op} over an axis of size 0 is not supported")
+    return inputs
+
+
+def _split_checks(bb, inputs, attrs):
+    """Split with a part of size 0 is refused (the build rejected its split indices)."""
+    split = inputs[1] if len(inputs) > 1 else None
+    sizes = ([int(v) for v in split.value.numpy().reshape(-1)] if isinstance(split, tvm.ir.GenericConst)
+             else list(attrs.get("split", [])))
+    if 0 in sizes:
+        raise NotImplementedError("Split into a part of size 0 is not supported")
+    return inputs
+
+
+def _one_hot_fix(bb, inputs, attrs, converted):
+    """OneHot's output in the dtype of its ``values`` (TVM's took the dtype of the Python
+    numbers it made of them: float64 / int64)."""
+    dtype = str(inputs[2].ty.dtype)
+    return converted if str(converted.ty.dtype) == dtype else relax.op.astype(converted, dtype)
+
+
+#: ``{op type: fix(bb, inputs, attrs) -> inputs}`` applied before TVM's converter runs (it may
+#: set ``attrs``)
+PIT_INPUT_FIXES = {"OneHot": _one_hot_depth_as_int, "Pow": _pow_exponent_as_base_dtype, "TopK": _top_k_dtype,
+                   "Split": _split_checks,
+                   **{op: functools.partial(_reduce_checks, op=op) for op in ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd",
+                                                     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+                                                     "ReduceSumSquare")}}
 
 
 def _pow(bb, inputs, attrs, converted):
@@ -190,7 +248,7 @@ def _pow(bb, inputs, attrs, converted):
 #: gives a wrong answer, pit-tvm rewrites its result (checked by tests/test_onnx_node_cases.py)
 PIT_CONVERTER_FIXES = {"LayerNormalization": _layer_norm_with_stats, "IsInf": _is_inf, "Expand": _expand,
                        "Dropout": _dropout, "ConstantOfShape": _constant_of_shape,
-                       "Pow": _pow}
+                       "Pow": _pow, "OneHot": _one_hot_fix}
 
 
 def _importer_classes():
@@ -304,14 +362,18 @@ def _import_error(err: Exception, graph, converted: dict, original_names: list) 
     inits = {t.name for t in graph.initializer}
     graph_inputs = {i.name for i in graph.input} - inits
     if isinstance(err, tvm.error.OpNotImplemented):  # checked before any node converts
-        unsupported = [(i, n) for i, n in enumerate(graph.node) if n.op_type in str(err) and n.op_type != "Constant"]
+        listed = {op.strip() for op in str(err).rpartition(":")[2].split(",")}
+        unsupported = [(i, n) for i, n in enumerate(graph.node) if n.op_type in listed]
         ops = sorted({n.op_type for _, n in unsupported}) or [_first_line(err)]
         first_i, first = unsupported[0] if unsupported else (None, None)
         where = f"ONNX node {original_names[first_i]!r} ({first.op_type}): " if first is not None else ""
-        return UnsupportedOnnxError(f"{where}TVM's ONNX importer has no converter for {', '.join(ops)} "
-                                    f"(unsupported operators in this model: {ops})",
+        return UnsupportedOnnxError(f"{where}TVM's ONNX importer has no converter for {', '.join(ops)}",
                                     original_names[first_i] if first is not None else None,
                                     first.op_type if first is not None else None)
+    unread = [value.name for value in [*graph.initializer, *graph.input] if value.name not in converted]
+    if unread:  # failed reading the initializers / graph inputs, before any node
+        return UnsupportedOnnxError(f"TVM's ONNX importer cannot read the graph input or initializer {unread[0]!r}: "
+                                    f"{type(err).__name__}: {_first_line(err)}")
     for i, node in enumerate(graph.node):
         if all(o in converted for o in node.output if o):
             continue
@@ -446,6 +508,11 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -
         if op.domain in ("", "ai.onnx"):
             opset = op.version
             break
+    # (TVM's importer reads a dim of size 0 as unknown: such inputs get their static shape, so
+    # the converters see the 0)
+    zero_sized = {i.name: dims for i in copy.graph.input if (dims := _static_dims(i)) is not None and 0 in dims}
+    if zero_sized:
+        shape_dict = {**zero_sized, **(shape_dict or {})}
     pit_importer, named_importer = _importer_classes()
     try:
         imp = named_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
