@@ -78,7 +78,7 @@ def _layer_norm_with_stats(bb, inputs, attrs, converted):
     axis = axis + ndim if axis < 0 else axis
     axes = list(range(axis, ndim))
     stash = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}.get(attrs.get("stash_type", 1), "float32")
-    x = data if data.ty.dtype == stash else bb.normalize(relax.op.astype(data, stash))
+    x = data if str(data.ty.dtype) == stash else bb.normalize(relax.op.astype(data, stash))
     mean = bb.normalize(relax.op.mean(x, axis=axes, keepdims=True))
     centred = bb.normalize(relax.op.subtract(x, mean))
     var = bb.normalize(relax.op.mean(relax.op.multiply(centred, centred), axis=axes, keepdims=True))
@@ -232,9 +232,9 @@ def _one_hot_fix(bb, inputs, attrs, converted):
 #: set ``attrs``)
 PIT_INPUT_FIXES = {"OneHot": _one_hot_depth_as_int, "Pow": _pow_exponent_as_base_dtype, "TopK": _top_k_dtype,
                    "Split": _split_checks,
-                   **{op: functools.partial(_reduce_checks, op=op) for op in ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd",
-                                                     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
-                                                     "ReduceSumSquare")}}
+                   **{op: functools.partial(_reduce_checks, op=op)
+                      for op in ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1",
+                                 "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")}}
 
 
 def _pow(bb, inputs, attrs, converted):
