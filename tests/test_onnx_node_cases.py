@@ -8,7 +8,7 @@ that input made an initializer, as exports have it, and must then match.
 
 CI runs a representative subset (``PER_OP`` supported and ``PER_OP`` unsupported cases per op
 type, plus ``ALWAYS``: about a minute on 2 cores); ``PIT_ONNX_NODE_CASES=all`` runs every case
-(about 2.5 minutes).  Below: the regression tests of issue 32 (scalar inputs, bf16 batched matmul,
+(1.5 to 2.5 minutes).  Below: the regression tests of issue 32 (scalar inputs, bf16 batched matmul,
 LayerNormalization's statistics, import errors).
 """
 from __future__ import annotations
