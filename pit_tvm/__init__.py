@@ -17,6 +17,7 @@ _PUBLIC = {
     "choose_micro_tile": "pit_tvm.tuning.choose",
     "compile_onnx": "pit_tvm.compile",
     "CompiledModel": "pit_tvm.compile",
+    "UnsupportedOnnxError": "pit_tvm.passes.frontend",
 }
 
 

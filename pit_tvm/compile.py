@@ -156,6 +156,18 @@ class CompiledModel:
 
 
 
+def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
+    """Relax ``FoldConstant``; where the folded ``main`` calls a function the module lacks, ``mod``
+    unfolded.  Why: on a ``dynamic_strided_slice`` (a Slice whose bounds are graph inputs) TVM
+    0.27's FoldConstant leaves the binding of the legalised shape function without the function,
+    and the build fails on the missing ``shape_func``."""
+    folded = relax.transform.FoldConstant()(mod)
+    defined = {gv.name_hint for gv in folded.functions}
+    if all(gv.name_hint in defined for gv in relax.analysis.all_global_vars(folded["main"])):
+        return folded
+    return mod
+
+
 def tensors_of_unknown_shape(mod: tvm.IRModule) -> list[str]:
     """The ONNX names of ``main``'s tensors whose shape the import left unknown (rank only)"""
     onnx_of = {str(v): str(k) for k, v in (mod.attrs or {}).get(ONNX_NAMES_ATTR, {}).items()}
@@ -309,7 +321,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
             raise
         raise symbolic_dims_error(err, symbolic) from err
     try:
-        mod = relax.transform.FoldConstant()(mod)
+        mod = fold_constants(mod)
     except Exception as err:
         unknown = tensors_of_unknown_shape(mod)
         if not unknown:

@@ -17,6 +17,7 @@ _PUBLIC = {
     "FuseAttention": "pit_tvm.passes.attention",
     "ListStripsInProducer": "pit_tvm.passes.strips",
     "import_onnx": "pit_tvm.passes.frontend",
+    "UnsupportedOnnxError": "pit_tvm.passes.frontend",
     "ReshapeOutputsAsViews": "pit_tvm.passes.output_views",
 }
 

@@ -5,12 +5,16 @@
 binds each converted node to a variable named after its first ONNX output (sanitised to an
 identifier), and stores the map ``{onnx name: relax var name}`` as the module attribute
 ``"pit.onnx_names"`` (which :class:`~pit_tvm.passes.AnnotateDynamicSparsity` reads to resolve
-explicit annotations). If the named import fails for any reason it falls back to plain
-``from_onnx`` with a warning (names are then ``lv<N>``, graph inputs keep theirs).
+explicit annotations). If the named import fails for any reason it falls back to the import
+without names, with a warning (names are then ``lv<N>``, graph inputs keep theirs).  A node the
+importer cannot convert raises :class:`UnsupportedOnnxError` (node name, op type, reason); the
+converters that give wrong answers are fixed up here (:data:`PIT_CONVERTER_FIXES`).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import io
 import os
 import re
 import sys
@@ -64,10 +68,229 @@ def onnx_value_names(model: onnx.ModelProto) -> list[str]:
     return out
 
 
-def _named_importer_cls():
+class UnsupportedOnnxError(NotImplementedError, ValueError):
+    """An ONNX node that TVM's ONNX importer cannot convert: names the node, its op type and what
+    is unsupported (the importer's own exception is the ``__cause__``).  Both a
+    ``NotImplementedError`` and a ``ValueError`` (a model pit-tvm cannot take)."""
+
+    def __init__(self, message: str, node_name: str | None = None, op_type: str | None = None):
+        super().__init__(message)
+        self.node_name, self.op_type = node_name, op_type
+
+
+def _layer_norm_with_stats(bb, inputs, attrs, converted):
+    """LayerNormalization with its ``Mean`` / ``InvStdDev`` outputs computed (TVM's converter
+    returns 0-d zeros for them): both over the normalised axes, kept as size-1 dims, in
+    ``stash_type`` (float32 by default); ``Y`` stays TVM's fused ``layer_norm``."""
+    if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
+        return converted
+    data = inputs[0]
+    if data.ty.shape is None:
+        raise NotImplementedError("Mean / InvStdDev outputs of an input of unknown rank are not supported")
+    ndim = len(data.ty.shape)
+    axis = attrs.get("axis", -1)
+    axis = axis + ndim if axis < 0 else axis
+    axes = list(range(axis, ndim))
+    stash = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}.get(attrs.get("stash_type", 1), "float32")
+    x = data if str(data.ty.dtype) == stash else bb.normalize(relax.op.astype(data, stash))
+    mean = bb.normalize(relax.op.mean(x, axis=axes, keepdims=True))
+    centred = bb.normalize(relax.op.subtract(x, mean))
+    var = bb.normalize(relax.op.mean(relax.op.multiply(centred, centred), axis=axes, keepdims=True))
+    eps = relax.const(attrs.get("epsilon", 1e-5), stash)
+    inv_std = bb.normalize(relax.op.rsqrt(relax.op.add(var, eps)))
+    return relax.Tuple([converted.fields[0], mean, inv_std])
+
+
+def _is_inf(bb, inputs, attrs, converted):
+    """IsInf honouring ``detect_positive`` / ``detect_negative`` (TVM's converter ignores them)."""
+    x = inputs[0]
+    result = converted
+    zero = relax.const(0, x.ty.dtype)
+    if not attrs.get("detect_positive", 1):
+        result = relax.op.logical_and(result, relax.op.less(x, zero))
+    if not attrs.get("detect_negative", 1):
+        result = relax.op.logical_and(result, relax.op.greater(x, zero))
+    return result
+
+
+def _expand(bb, inputs, attrs, converted):
+    """Expand to a shape known only at run time, with ONNX's two-way broadcast (a 1 in the shape
+    keeps the input's dim; TVM's converter broadcasts to the shape as given, so ``[3, 1]`` expanded
+    by ``[2, 1, 6]`` came out ``[2, 1, 6]``).  Static shapes keep TVM's conversion.  The output
+    dims are expressions of the shape's values (a shape tensor computed in the graph would need
+    a match_cast mid-block, which the fused CPU pipeline's memory planning rejects)."""
+    data, shape = inputs
+    if isinstance(shape, (relax.ShapeExpr, tvm.ir.GenericConst)) or not isinstance(shape.ty, relax.TensorType):
+        return converted
+    shape_ndim, data_ndim = int(shape.ty.shape[0]), len(data.ty.shape)
+    ndim = max(shape_ndim, data_ndim)
+    one = tvm.tirx.IntImm("int64", 1)
+    values = bb.emit(relax.Call(relax.ExternFunc("vm.builtin.tensor_to_shape"), [shape],
+                                ty_args=[relax.ShapeType(ndim=shape_ndim)]))
+    dims = [tvm.tirx.Var(f"expand_{i}", "int64") for i in range(shape_ndim)]
+    bb.match_cast(values, relax.ShapeType(dims))
+    dims = [one] * (ndim - shape_ndim) + dims
+    data_dims = [one] * (ndim - data_ndim) + list(data.ty.shape)
+    target = [d if isinstance(x, tvm.tirx.IntImm) and x.value == 1 else tvm.tirx.Select(d == 1, x, d)
+              for x, d in zip(data_dims, dims)]
+    padded = data
+    if ndim > data_ndim:
+        padded = bb.normalize(relax.op.reshape(data, relax.ShapeExpr(data_dims)))
+    return bb.normalize(relax.op.broadcast_to(padded, relax.ShapeExpr(target)))
+
+
+def _dropout(bb, inputs, attrs, converted):
+    """Dropout at inference: ``output`` is the input and the optional ``mask`` all true (bool;
+    TVM's converter returned a float mask).  Training mode is refused."""
+    training = inputs[2] if len(inputs) > 2 else None
+    if training is not None:
+        if not isinstance(training, tvm.ir.GenericConst):
+            raise NotImplementedError("Dropout's training_mode must be a constant (inference only)")
+        if bool(training.value.numpy()):
+            raise NotImplementedError("Dropout in training mode (random masks) is not supported")
+    if attrs.get("tvm_custom", {}).get("num_outputs", 1) < 2:
+        return converted
+    x = inputs[0]
+    return relax.Tuple([x, relax.op.ones(relax.op.shape_of(x) if x.ty.shape is None else x.ty.shape, "bool")])
+
+
+def _constant_of_shape(bb, inputs, attrs, converted):
+    """ConstantOfShape: refused where its shape is a tensor computed at run time (the build
+    fails on the data-dependent shape)."""
+    shape = inputs[0]
+    if not isinstance(shape, (relax.ShapeExpr, tvm.ir.GenericConst)) and isinstance(shape.ty, relax.TensorType):
+        raise NotImplementedError("a shape computed at run time (a tensor, not a constant or the Shape of "
+                                  "a tensor of static shape) is not supported")
+    return converted
+
+
+def _one_hot_depth_as_int(bb, inputs, attrs):
+    """OneHot's ``depth`` and ``indices`` may be of any numeric type; TVM's converter passes float
+    ones on, which ``relax.op.one_hot`` rejects: a constant depth becomes an int64 constant and
+    float indices are cast to int64.  A negative ``axis`` other than -1 is made positive (TOPI
+    took it as an index of the input's dims)."""
+    depth = inputs[1]
+    if isinstance(depth, tvm.ir.GenericConst) and "int" not in str(depth.ty.dtype):
+        inputs[1] = relax.const(depth.value.numpy().astype("int64"))
+    if "int" not in str(inputs[0].ty.dtype):  # ONNX allows float indices; Relax's one_hot does not
+        inputs[0] = bb.normalize(relax.op.astype(inputs[0], "int64"))
+    if attrs.get("axis", -1) < -1 and inputs[0].ty.shape is not None:  # TOPI's one_hot reads -1 only
+        attrs["axis"] += len(inputs[0].ty.shape) + 1
+    return inputs
+
+
+def _pow_exponent_as_base_dtype(bb, inputs, attrs):
+    """Pow of a float base by an exponent of another type (ONNX allows it; Relax's power wants
+    one dtype): the exponent is cast to the base's dtype."""
+    base, exponent = inputs[0], inputs[1]
+    if "float" in str(base.ty.dtype) and str(exponent.ty.dtype) != str(base.ty.dtype):
+        inputs[1] = bb.normalize(relax.op.astype(exponent, base.ty.dtype))
+    return inputs
+
+
+#: dtypes TVM's CPU sort kernel (TopK's) has no case for: the model built and failed at run time
+SORT_UNSUPPORTED_DTYPES = {"int16", "uint16", "uint32", "uint64"}
+
+
+def _top_k_dtype(bb, inputs, attrs):
+    """TopK of a dtype the sort kernel lacks is refused at import, not at run time."""
+    if str(inputs[0].ty.dtype) in SORT_UNSUPPORTED_DTYPES:
+        raise NotImplementedError(f"TopK of {inputs[0].ty.dtype} is not supported (TVM's sort kernel has no "
+                                  f"{inputs[0].ty.dtype} case)")
+    return inputs
+
+
+def _reduce_checks(bb, inputs, attrs, op="Reduce"):
+    """Reductions TVM builds wrong or not at all are refused: over an axis of size 0 (the result
+    was garbage, not the reduction's identity) and ReduceMax / ReduceMin of bool (the build
+    failed)."""
+    data = inputs[0]
+    if op in ("ReduceMax", "ReduceMin") and str(data.ty.dtype) == "bool":
+        raise NotImplementedError(f"{op} of bool tensors is not supported")
+    if data.ty.shape is None:
+        return inputs
+    axes = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+    if isinstance(axes, tvm.ir.GenericConst):
+        axes = [int(a) for a in axes.value.numpy().reshape(-1)]
+    elif axes is None:
+        axes = list(attrs.get("axes", []))
+    else:
+        return inputs  # computed at run time: TVM's converter refuses it
+    if not axes and attrs.get("noop_with_empty_axes", 0):
+        return inputs
+    dims = list(data.ty.shape)
+    reduced = [dims[a] for a in axes] if axes else dims
+    if any(isinstance(d, tvm.tirx.IntImm) and d.value == 0 for d in reduced):
+        raise NotImplementedError(f"{op} over an axis of size 0 is not supported")
+    return inputs
+
+
+def _split_checks(bb, inputs, attrs):
+    """Split with a part of size 0 is refused (the build rejected its split indices)."""
+    split = inputs[1] if len(inputs) > 1 else None
+    sizes = ([int(v) for v in split.value.numpy().reshape(-1)] if isinstance(split, tvm.ir.GenericConst)
+             else list(attrs.get("split", [])))
+    if 0 in sizes:
+        raise NotImplementedError("Split into a part of size 0 is not supported")
+    return inputs
+
+
+def _one_hot_fix(bb, inputs, attrs, converted):
+    """OneHot's output in the dtype of its ``values`` (TVM's took the dtype of the Python
+    numbers it made of them: float64 / int64)."""
+    dtype = str(inputs[2].ty.dtype)
+    return converted if str(converted.ty.dtype) == dtype else relax.op.astype(converted, dtype)
+
+
+#: ``{op type: fix(bb, inputs, attrs) -> inputs}`` applied before TVM's converter runs (it may
+#: set ``attrs``)
+PIT_INPUT_FIXES = {"OneHot": _one_hot_depth_as_int, "Pow": _pow_exponent_as_base_dtype, "TopK": _top_k_dtype,
+                   "Split": _split_checks,
+                   **{op: functools.partial(_reduce_checks, op=op)
+                      for op in ("ReduceMax", "ReduceMin", "ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1",
+                                 "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")}}
+
+
+def _pow(bb, inputs, attrs, converted):
+    """Pow of integer tensors is refused (Relax's power takes floats only; the build failed)."""
+    if "float" not in str(inputs[0].ty.dtype):
+        raise NotImplementedError(f"Pow of {inputs[0].ty.dtype} tensors is not supported (floats only)")
+    return converted
+
+
+#: ``{op type: fix(bb, inputs, attrs, tvm's conversion) -> conversion}``: where TVM's converter
+#: gives a wrong answer, pit-tvm rewrites its result (checked by tests/test_onnx_node_cases.py)
+PIT_CONVERTER_FIXES = {"LayerNormalization": _layer_norm_with_stats, "IsInf": _is_inf, "Expand": _expand,
+                       "Dropout": _dropout, "ConstantOfShape": _constant_of_shape,
+                       "Pow": _pow, "OneHot": _one_hot_fix}
+
+
+def _has_zero_dim(value) -> bool:
+    shape = getattr(value.ty, "shape", None)
+    return shape is not None and any(isinstance(d, tvm.tirx.IntImm) and d.value == 0 for d in shape)
+
+
+def _importer_classes():
+    """``(_PitImporter, _NamedImporter)``: TVM's ONNX importer with :data:`PIT_CONVERTER_FIXES`
+    applied, and that importer binding each converted node to a var named after its first ONNX
+    output."""
     from tvm.relax.frontend.onnx import onnx_frontend as of  # noqa: PLC0415 - compiler-only
 
-    class _NamedImporter(of.ONNXGraphImporter):
+    class _PitImporter(of.ONNXGraphImporter):
+        def _convert_operator(self, op_name, inputs, attrs, opset):
+            if op_name in PIT_INPUT_FIXES:
+                inputs = PIT_INPUT_FIXES[op_name](self.bb, inputs, attrs)
+            if op_name == "Trilu" and _has_zero_dim(inputs[0]):  # empty: TVM's converter fails on it
+                return inputs[0]
+            sym = super()._convert_operator(op_name, inputs, attrs, opset)
+            fix = PIT_CONVERTER_FIXES.get(op_name)
+            if fix is not None:
+                sym = fix(self.bb, inputs, attrs, sym)
+                if isinstance(sym, relax.Expr):
+                    sym = self.bb.normalize(sym)
+            return sym
+
+    class _NamedImporter(_PitImporter):
         """Binds each converted node to a var named after its first ONNX output."""
 
         pit_outputs: dict = {}
@@ -105,7 +328,98 @@ def _named_importer_cls():
                 self.pit_bound[out] = sym.name  # the converter bound it already (e.g. lv3)
             return sym
 
-    return _NamedImporter
+    return _PitImporter, _NamedImporter
+
+
+#: ONNX element types the llvm build gets wrong or rejects (float8 casts give wrong values,
+#: sub-byte types fail in the runtime's copies): refused by :func:`check_tensor_types`
+UNSUPPORTED_ELEM_TYPE_PREFIXES = ("FLOAT8", "FLOAT4", "INT4", "UINT4", "INT2", "UINT2", "STRING", "COMPLEX")
+
+
+def _unsupported_elem_type(elem_type: int) -> str | None:
+    name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else "?"
+    return name if name.startswith(UNSUPPORTED_ELEM_TYPE_PREFIXES) else None
+
+
+def check_tensor_types(graph) -> None:
+    """Raise :class:`UnsupportedOnnxError` for a graph input / output that is not a tensor
+    (sequence, optional, map) or a tensor, initializer or ``Cast`` / ``CastLike`` target of an
+    element type in :data:`UNSUPPORTED_ELEM_TYPE_PREFIXES`."""
+    for kind, values in (("input", graph.input), ("output", graph.output), ("value", graph.value_info)):
+        for value in values:
+            if not value.type.HasField("tensor_type"):
+                raise UnsupportedOnnxError(f"graph {kind} {value.name!r} is a {value.type.WhichOneof('value')}: "
+                                           "only tensor inputs and outputs are supported")
+            bad = _unsupported_elem_type(value.type.tensor_type.elem_type)
+            if bad:
+                raise UnsupportedOnnxError(f"graph {kind} {value.name!r} has element type {bad}, which pit-tvm "
+                                           "does not support")
+    for init in graph.initializer:
+        bad = _unsupported_elem_type(init.data_type)
+        if bad:
+            raise UnsupportedOnnxError(f"initializer {init.name!r} has element type {bad}, which pit-tvm does not "
+                                       "support")
+    for i, node in enumerate(graph.node):
+        to = next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+        bad = _unsupported_elem_type(to) if to is not None else None
+        if bad:
+            raise UnsupportedOnnxError(f"ONNX node {node.name or f'#{i}'!r} (Cast): a cast to element type {bad} is "
+                                       "not supported", node.name or f"#{i}", node.op_type)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    if isinstance(err, KeyError) and text:
+        text = f"no value for {text}"
+    return text.splitlines()[0][:300] if text else "(the importer's check gave no message)"
+
+
+def _import_error(err: Exception, graph, converted: dict, original_names: list) -> UnsupportedOnnxError:
+    """``err`` (raised inside TVM's importer) as an :class:`UnsupportedOnnxError` naming the node
+    it failed on: the importer converts the nodes in graph order and records each one's outputs,
+    so the failing node is the first whose outputs it has not recorded."""
+    import tvm.error  # noqa: PLC0415
+
+    inits = {t.name for t in graph.initializer}
+    graph_inputs = {i.name for i in graph.input} - inits
+    if isinstance(err, tvm.error.OpNotImplemented):  # checked before any node converts
+        listed = {op.strip() for op in str(err).rpartition(":")[2].split(",")}
+        unsupported = [(i, n) for i, n in enumerate(graph.node) if n.op_type in listed]
+        ops = sorted({n.op_type for _, n in unsupported}) or [_first_line(err)]
+        first_i, first = unsupported[0] if unsupported else (None, None)
+        where = f"ONNX node {original_names[first_i]!r} ({first.op_type}): " if first is not None else ""
+        return UnsupportedOnnxError(f"{where}TVM's ONNX importer has no converter for {', '.join(ops)}",
+                                    original_names[first_i] if first is not None else None,
+                                    first.op_type if first is not None else None)
+    unread = [value.name for value in [*graph.initializer, *graph.input] if value.name not in converted]
+    if unread:  # failed reading the initializers / graph inputs, before any node
+        return UnsupportedOnnxError(f"TVM's ONNX importer cannot read the graph input or initializer {unread[0]!r}: "
+                                    f"{type(err).__name__}: {_first_line(err)}")
+    for i, node in enumerate(graph.node):
+        if all(o in converted for o in node.output if o):
+            continue
+        runtime = [n for n in node.input[1:] if n in graph_inputs]
+        about_constants = re.search(r"constant|dynamic|static|\bShape\b|'Var' object has no attribute", str(err),
+                                    re.IGNORECASE)
+        hint = (f"; its input(s) {runtime} are graph inputs, known only at run time (the importer needs "
+                "them constant: make them initializers)" if runtime and about_constants else "")
+        return UnsupportedOnnxError(f"ONNX node {original_names[i]!r} ({node.op_type}, output "
+                                    f"{node.output[0] if node.output else None!r}) is not supported by TVM's ONNX "
+                                    f"importer: {type(err).__name__}: {_first_line(err)}{hint}",
+                                    original_names[i], node.op_type)
+    return UnsupportedOnnxError(f"TVM's ONNX importer failed after converting every node: "
+                                f"{type(err).__name__}: {_first_line(err)}")
+
+
+def _run_importer(importer, graph, opset, original_names):
+    """``importer.from_onnx(graph, opset)``; an error inside becomes :func:`_import_error`'s (the
+    importer's own progress prints go nowhere: the error says it)."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="(Renaming|Input .* has unknown)")
+            return importer.from_onnx(graph, opset)
+    except Exception as err:  # noqa: BLE001 - any importer failure: one clear error naming the node
+        raise _import_error(err, graph, importer._nodes, original_names) from err
 
 
 #: a folded tensor holds at most this many (4-byte) elements: shape arithmetic and small
@@ -189,14 +503,17 @@ def fold_shape_computations(model, shape_dict=None) -> onnx.ModelProto:
 
 
 def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -> tvm.IRModule:
-    """Import an ONNX model (path or ModelProto) into Relax, keeping ONNX tensor names."""
+    """Import an ONNX model (path or ModelProto) into Relax, keeping ONNX tensor names.
+
+    A node TVM's importer cannot convert raises :class:`UnsupportedOnnxError` naming it."""
     model = load_model(model)
-    from tvm.relax.frontend.onnx import from_onnx  # noqa: PLC0415
+    check_tensor_types(model.graph)
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    outputs = {}
+    outputs, original_names = {}, []
     for i, node in enumerate(copy.graph.node):
+        original_names.append(node.name or f"#{i}")
         node.name = f"pit_node_{i}"
         if node.output and node.output[0]:
             outputs[node.name] = node.output[0]
@@ -205,21 +522,24 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -
         if op.domain in ("", "ai.onnx"):
             opset = op.version
             break
+    # (TVM's importer reads a dim of size 0 as unknown: such inputs get their static shape, so
+    # the converters see the 0)
+    zero_sized = {i.name: dims for i in copy.graph.input if (dims := _static_dims(i)) is not None and 0 in dims}
+    if zero_sized:
+        shape_dict = {**zero_sized, **(shape_dict or {})}
+    pit_importer, named_importer = _importer_classes()
     try:
-        cls = _named_importer_cls()
-        imp = cls(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
+        imp = named_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
         imp.pit_outputs, imp.pit_bound = outputs, {}
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="(Renaming|Input .* has unknown)")
-            mod = imp.from_onnx(copy.graph, opset)
+        mod = _run_importer(imp, copy.graph, opset, original_names)
         names = dict(imp.pit_bound)
         for i_name, var in imp._inputs.items():  # graph inputs (sanitised names)
             if isinstance(var, relax.Var):
                 names[i_name] = var.name
-    except Exception as err:  # noqa: BLE001 - importer internals changed: plain import
-        warnings.warn(f"named ONNX import failed ({err!r}); falling back to from_onnx (names lv<N>)")
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="(Renaming|Input .* has unknown)")
-            mod = from_onnx(model, shape_dict=shape_dict, keep_params_in_input=keep_params_in_input)
+    except Exception as err:  # noqa: BLE001 - maybe the naming hooks (importer internals changed)
+        # the same import without them: it raises UnsupportedOnnxError where the model is the cause
+        plain = pit_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
+        mod = _run_importer(plain, copy.graph, opset, original_names)
+        warnings.warn(f"named ONNX import failed ({err!r}); imported without ONNX names (names lv<N>)")
         names = {p.name: p.name for p in mod["main"].params}
     return mod.with_attr(ONNX_NAMES_ATTR, names)

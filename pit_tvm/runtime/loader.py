@@ -105,7 +105,8 @@ def host_input(name: str, value, dtype) -> np.ndarray:
     within a kind (float64 -> float32, int32 -> int64, bool -> int64) is made; one across kinds
     (floats to an integer input such as token ids, which would truncate; integers or bools to a
     float input, most likely the wrong array) is a ``TypeError`` naming the input, as in
-    onnxruntime."""
+    onnxruntime.  A 0-d value stays 0-d (``np.ascontiguousarray`` would make it 1-d, which a
+    scalar input rejects)."""
     arr = np.asarray(value)
     if dtype is not None and arr.dtype != np.dtype(dtype):
         int_to_float = arr.dtype.kind in "biu" and np.dtype(dtype).kind == "f"
@@ -113,7 +114,7 @@ def host_input(name: str, value, dtype) -> np.ndarray:
             raise TypeError(f"input {name!r} has dtype {arr.dtype}, the model takes {dtype} (cast it "
                             "first if that is meant)")
         arr = arr.astype(dtype)
-    return np.ascontiguousarray(arr)
+    return np.require(arr, requirements="C")
 
 
 #: DLPack's device type of host memory (kDLCPU)
@@ -197,9 +198,12 @@ def host_view(t: tvm.runtime.Tensor) -> np.ndarray:
 
 
 def flatten_outputs(out) -> list[np.ndarray]:
-    """A VM result (tensor or nested tuple) as a flat list of numpy arrays."""
+    """A VM result (tensor or nested tuple) as a flat list of numpy arrays.  A shape (a graph
+    output such as ONNX ``Shape``'s, which the VM returns as a shape tuple) is an int64 array."""
     if hasattr(out, "numpy"):
         return [out.numpy()]
+    if isinstance(out, tvm.runtime.ShapeTuple):
+        return [np.array(list(out), dtype=np.int64)]
     res = []
     for item in out:
         res.extend(flatten_outputs(item))

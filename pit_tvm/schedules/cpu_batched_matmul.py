@@ -25,6 +25,9 @@ from pit_tvm.schedules._dlight import dlight_blocks, is_static
 
 #: batched only: a plain 2-D matmul with a weight is the PIT dense twin's, not this rule's
 MIN_SPATIAL = 3
+#: outputs whose zero-init stays scalar: TVM's bf16 legalisation on llvm (storage as uint16)
+#: rejects a vector store of a broadcast bf16 zero (``dtype mismatch on BufferStore``)
+UNVECTORIZED_DTYPES = {"bfloat16"}
 
 
 class CPUBatchedMatmul(CPUScheduleRule):
@@ -48,7 +51,8 @@ class CPUBatchedMatmul(CPUScheduleRule):
             sch.reorder(*outer, k, j)
             sch.parallel(sch.fuse(*outer))
             init = sch.decompose_reduction(main.block_rv, k)
-            sch.vectorize(sch.get_loops(init)[-1])
+            if str(sch.get(main.block_rv).writes[0].source.dtype) not in UNVECTORIZED_DTYPES:
+                sch.vectorize(sch.get_loops(init)[-1])
             # (j under the reduction loop cannot take TIR's vectorize; its iterations are
             # independent, so LLVM's loop vectoriser takes it)
         except s_tir.ScheduleError:
