@@ -35,8 +35,15 @@ from pit_tvm.target import DEFAULT_CUDA_ARCH, build, device_for, is_gpu, make_ta
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def matmul_workload(k: int, n: int, dtype: str, out_dtype: str) -> tirx.PrimFunc:
-    """The dense TensorIR matmul PIT is derived from (M symbolic)."""
+def matmul_workload(k: int, n: int, dtype: str, out_dtype: str, wide_extents: bool = False) -> tirx.PrimFunc:
+    """The dense TensorIR matmul PIT is derived from (M symbolic).
+
+    ``wide_extents``: K and N as int64 extents, like M.  The CUDA SIMT schedule needs them
+    where its ``pad_einsum`` pads K or N (:func:`pit_tvm.schedules.matmul.gpu_pads_k_or_n`):
+    with int32 K, N the padding predicate meets M's int64 loop and TVM's lowering fails
+    ("mismatched types. int32 vs. int64").  Aligned shapes keep int32 (their CUDA unchanged)."""
+    if wide_extents:
+        k, n = T.int64(k), T.int64(n)
 
     @T.prim_func(s_tir=True)
     def matmul(a: T.handle, b: T.handle, c: T.handle):
@@ -267,7 +274,10 @@ def simt_matmul_func(plan: MatmulPlan, dtype: str, out_dtype: str, target) -> ti
     for the CPU or as a CUDA SIMT kernel (no tensor cores)."""
     k, n = plan.k, plan.n
     mr, mk = plan.micro_tile
-    func = matmul_workload(k, n, dtype, out_dtype)
+    from pit_tvm.schedules.matmul import gpu_pads_k_or_n
+
+    func = matmul_workload(k, n, dtype, out_dtype,
+                           wide_extents=is_gpu(target) and plan.kind == "rows" and gpu_pads_k_or_n(k, n))
     sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
     sch.work_on("matmul")
     m = func.params[0].shape[0]
@@ -297,9 +307,9 @@ def simt_matmul_func(plan: MatmulPlan, dtype: str, out_dtype: str, target) -> ti
 
 def dense_matmul_func(k: int, n: int, dtype: str, out_dtype: str, target) -> tirx.PrimFunc:
     """The dense kernel with the same schedule (the fair baseline and the fallback)."""
-    from pit_tvm.schedules.matmul import schedule_dense_matmul
+    from pit_tvm.schedules.matmul import gpu_pads_k_or_n, schedule_dense_matmul
 
-    func = matmul_workload(k, n, dtype, out_dtype)
+    func = matmul_workload(k, n, dtype, out_dtype, wide_extents=is_gpu(target) and gpu_pads_k_or_n(k, n))
     sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
     sch.work_on("matmul")
     return schedule_dense_matmul(sch, target)
