@@ -611,7 +611,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     tgt = make_target(target)
     _say_if_log_unused(tuning_log, plan, tgt)
     density = planned_density(expected_density)
-    compact = dense_fallback = None
+    compact = dense_fallback = wgmma_tiles = None
     strips = False      # the wgmma tiles kernel's index (and compaction) in one pass over A
     # the wgmma tiles kernels' epilogue: a bias, then a residual (an FFN's fc2 and its skip)
     tiles_fused = (is_gpu(tgt) and plan.kind != "rows" and bias is not None and activation is None
@@ -632,6 +632,10 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             if kernel is not None:
                 plan = tc_plan            # the index is built for the kernel's micro-tile
         if kernel is None and not tensor_core_only:
+            if tc_plan is not None and dtype in ("float16", "bfloat16"):
+                # (any K, N: the tensor-core kernels need them tile-aligned)
+                warnings.warn(f"no tensor-core PIT kernel fits {dtype} K={k} N={n} (tile-aligned K, N "
+                              f"needed): the SIMT kernel runs it, correct but slower", stacklevel=2)
             kernel = simt_matmul_func(plan, dtype, out_dtype, tgt)
         if kernel is None:
             # In a model the dense alternative is dlight's kernel; the SIMT PIT kernel only wins
@@ -663,6 +667,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             epilogue["row_scale_a"] = True
         kernel, few_rows_kernels = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, density), kernel,
                                                      **epilogue)
+    density_threshold = effective_density_threshold(density_threshold, wgmma_tiles is not None)
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
@@ -710,6 +715,17 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                                            [3 + len(epilogue_args)], relax.TensorType([m, n], out_dtype)))
     c = _from_rows(bb, c, lead, n)
     return c if in_kernel else emit_epilogue(bb, c, bias, activation, row_scale, residual)
+
+
+def effective_density_threshold(density_threshold, dense_kernel_takes_full_index: bool):
+    """The density threshold the index applies: ``density_threshold`` only where a dense kernel
+    runs a full index (the wgmma tiles kernels on sm_90a: TMA loads, or a dense kernel in
+    place), else None.  Elsewhere (whole rows on every target, the CPU, the mma.sync and SIMT
+    tiles kernels) the kernel gathers through the index whatever it lists, so listing every
+    micro-tile would only compute the zero ones, and would make a NaN / Inf in B reach C through
+    them (0 * NaN) above the threshold only: off, a skipped micro-tile contributes exactly 0 at
+    every density (docs/guide/semantics.md)."""
+    return density_threshold if dense_kernel_takes_full_index else None
 
 
 def _wgmma_rows(kernel) -> bool:
