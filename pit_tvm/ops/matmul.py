@@ -39,9 +39,9 @@ def matmul_workload(k: int, n: int, dtype: str, out_dtype: str, wide_extents: bo
     """The dense TensorIR matmul PIT is derived from (M symbolic).
 
     ``wide_extents``: K and N as int64 extents, like M.  The CUDA SIMT schedule needs them
-    where its ``pad_einsum`` pads K or N (:func:`pit_tvm.schedules.matmul.gpu_pads_k_or_n`):
-    with int32 K, N the padding predicate meets M's int64 loop and TVM's lowering fails
-    ("mismatched types. int32 vs. int64").  Aligned shapes keep int32 (their CUDA unchanged)."""
+    where its ``pad_einsum`` pads K (or some N, :func:`_with_extents_that_lower`): with int32
+    K, N the padding predicate meets M's int64 loop and TVM's lowering fails ("mismatched
+    types. int32 vs. int64").  Other shapes keep int32 (their CUDA unchanged)."""
     if wide_extents:
         k, n = T.int64(k), T.int64(n)
 
@@ -272,12 +272,16 @@ def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, targ
 def simt_matmul_func(plan: MatmulPlan, dtype: str, out_dtype: str, target) -> tirx.PrimFunc:
     """The PIT kernel derived from :func:`matmul_workload` by ``sread``/``swrite``, scheduled
     for the CPU or as a CUDA SIMT kernel (no tensor cores)."""
+    if not (is_gpu(target) and plan.kind == "rows"):
+        return _simt_matmul_func(plan, dtype, out_dtype, target, wide_extents=False)
+    return _with_extents_that_lower(
+        lambda wide: _simt_matmul_func(plan, dtype, out_dtype, target, wide_extents=wide), plan.k, plan.n, target)
+
+
+def _simt_matmul_func(plan: MatmulPlan, dtype: str, out_dtype: str, target, wide_extents: bool):
     k, n = plan.k, plan.n
     mr, mk = plan.micro_tile
-    from pit_tvm.schedules.matmul import gpu_pads_k_or_n
-
-    func = matmul_workload(k, n, dtype, out_dtype,
-                           wide_extents=is_gpu(target) and plan.kind == "rows" and gpu_pads_k_or_n(k, n))
+    func = matmul_workload(k, n, dtype, out_dtype, wide_extents=wide_extents)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
     sch.work_on("matmul")
     m = func.params[0].shape[0]
@@ -307,12 +311,44 @@ def simt_matmul_func(plan: MatmulPlan, dtype: str, out_dtype: str, target) -> ti
 
 def dense_matmul_func(k: int, n: int, dtype: str, out_dtype: str, target) -> tirx.PrimFunc:
     """The dense kernel with the same schedule (the fair baseline and the fallback)."""
-    from pit_tvm.schedules.matmul import gpu_pads_k_or_n, schedule_dense_matmul
+    from pit_tvm.schedules.matmul import schedule_dense_matmul
 
-    func = matmul_workload(k, n, dtype, out_dtype, wide_extents=is_gpu(target) and gpu_pads_k_or_n(k, n))
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
-    sch.work_on("matmul")
-    return schedule_dense_matmul(sch, target)
+    def make(wide):
+        func = matmul_workload(k, n, dtype, out_dtype, wide_extents=wide)
+        sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
+        sch.work_on("matmul")
+        return schedule_dense_matmul(sch, target)
+
+    return _with_extents_that_lower(make, k, n, target) if is_gpu(target) else make(False)
+
+
+def _with_extents_that_lower(make, k: int, n: int, target) -> tirx.PrimFunc:
+    """``make(wide_extents)`` (the CUDA SIMT rows / dense kernel): int32 K, N where they lower,
+    else int64 ones (:func:`matmul_workload`).  Padding K always needs int64; padding N alone
+    does for some N only (1, 30, 63, 65 do, 100, 130, 160 do not), so there the int32 kernel
+    is lowered first, and the kernels that built before keep their code."""
+    from pit_tvm.schedules.matmul import GPU_BK, gpu_pads_k_or_n
+
+    if not gpu_pads_k_or_n(k, n):
+        return make(False)
+    if k % GPU_BK == 0:
+        func = make(False)
+        if _lowers(func, target):
+            return func
+    return make(True)
+
+
+def _lowers(func: tirx.PrimFunc, target) -> bool:
+    """Whether TVM's TIR pipeline for ``target`` lowers ``func`` (what :func:`build` runs
+    before code generation); False on the int32 / int64 mismatch of a padded extent."""
+    target = make_target(target)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    mod = tvm.tirx.transform.BindTarget(target.with_host(tvm.target.Target("llvm")))(mod)
+    try:
+        tvm.tirx.get_default_tir_pipeline(target)[0](mod)
+    except TypeError:
+        return False
+    return True
 
 
 def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_threshold,
