@@ -177,3 +177,29 @@ def test_cuda_sm90a_nan_in_b(micro_tile):
         with np.errstate(invalid="ignore"):
             want = a.astype(np.float64) @ b.astype(np.float64)
         np.testing.assert_array_equal(np.isnan(op(a, b).astype(np.float64)), np.isnan(want))
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not installed")
+def test_compile_onnx_unaligned_fp16_builds():
+    """A model's matmuls of tile-unaligned K, N (fp16, the default cuda target): the PIT
+    lowering and the tensor-core dense kernels do not take them, TVM's kernels do (warned)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pit_tvm.compile import compile_onnx
+
+    rng = np.random.default_rng(0)
+    weights = {"w1": rng.standard_normal((100, 72)).astype("float16"),
+               "w2": rng.standard_normal((72, 30)).astype("float16")}
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hidden"]),
+         helper.make_node("MatMul", ["hidden", "w2"], ["y"])], "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 100])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 30])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    with pytest.warns(UserWarning, match="stays dense"):
+        cm = compile_onnx(model, "cuda", shapes={"x": [13, 100]})
+    assert check_cuda_compiles(cm.executable, archs=("sm_90a",)) >= 1

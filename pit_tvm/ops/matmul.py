@@ -562,6 +562,11 @@ def sparse_matmul(k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_
     (:mod:`pit_tvm.schedules.tensorcore` for rows, with a split-K path for few rows;
     :mod:`pit_tvm.schedules.tensorcore_tiles` for tiles, thin ones as their 16-row cover);
     ``tuning_log`` picks the tuned config of the tensor-core kernel (``pit-tvm tune``).
+    Any K, N build: where no tensor-core tile fits, the SIMT kernel runs fp16/bf16 (a warning
+    says so).  A micro-tile the index skips (all zero) contributes exactly 0 to C whatever B
+    holds (NaN / Inf in B's rows there do not reach C, as they would in numpy's ``a @ b``), on
+    both sides of ``density_threshold``, except for the wgmma tiles kernels (``cuda``, micro-tiles
+    along K), whose dense fallback above it multiplies every micro-tile (docs/guide/semantics.md).
     """
     return SparseMatmul(k, n, dtype, micro_tile, target, out_dtype, density_threshold, tuning_log)
 
