@@ -69,18 +69,24 @@ def test_cuda_dense_baseline_unaligned_compiles():
     assert check_cuda_compiles(op.executable, archs=("sm_80",)) >= 1
 
 
+#: (K, N, micro-tile): K and N unaligned (partial last micro-tiles along K), N alone
+UNALIGNED_CASES = [(ODD_K, ODD_N, (1, ODD_K)), (ODD_K, ODD_N, (32, 64)), (ODD_K, ODD_N, (1, 64)),
+                   (ODD_K, ODD_N, (16, 1)), (128, 30, (1, 128)), (128, 30, (32, 64))]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("micro_tile", [(1, ODD_K), (32, 64), (1, 64), (16, 1)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("k,n,micro_tile", UNALIGNED_CASES,
+                         ids=[f"k{k}_n{n}_{t[0]}x{t[1]}" for k, n, t in UNALIGNED_CASES])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("target", CUDA_TARGETS)
-def test_cuda_unaligned_shapes_match_numpy(target, dtype, micro_tile):
+def test_cuda_unaligned_shapes_match_numpy(target, dtype, k, n, micro_tile):
     rng = np.random.default_rng(11)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        op = pit_tvm.sparse_matmul(ODD_K, ODD_N, dtype, micro_tile=micro_tile, target=target)
-    b = rng.standard_normal((ODD_K, ODD_N)).astype(np_dtype(dtype))
+        op = pit_tvm.sparse_matmul(k, n, dtype, micro_tile=micro_tile, target=target)
+    b = rng.standard_normal((k, n)).astype(np_dtype(dtype))
     for m, density in ((1, 1.0), (77, 0.5), (300, 0.95), (129, 0.0)):
-        a, _ = tile_sparse(m, ODD_K, micro_tile, density, dtype, rng)
+        a, _ = tile_sparse(m, k, micro_tile, density, dtype, rng)
         np.testing.assert_allclose(op(a, b).astype(np.float32), reference(a, b, dtype),
                                    rtol=TOL[dtype], atol=TOL[dtype] * 8)
 
