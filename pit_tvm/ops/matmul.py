@@ -325,8 +325,8 @@ def dense_matmul_func(k: int, n: int, dtype: str, out_dtype: str, target) -> tir
 def _with_extents_that_lower(make, k: int, n: int, target) -> tirx.PrimFunc:
     """``make(wide_extents)`` (the CUDA SIMT rows / dense kernel): int32 K, N where they lower,
     else int64 ones (:func:`matmul_workload`).  Padding K always needs int64; padding N alone
-    does for some N only (1, 30, 63, 65 do, 100, 130, 160 do not), so there the int32 kernel
-    is lowered first, and the kernels that built before keep their code."""
+    only for some N (N = 1, 30, 63, 65 need it; 100, 130, 160 do not), so there the int32
+    kernel is lowered first, and the kernels that built before keep their code."""
     from pit_tvm.schedules.matmul import GPU_BK, gpu_pads_k_or_n
 
     if not gpu_pads_k_or_n(k, n):

@@ -193,8 +193,8 @@ def _gpu_rows_tile_n(n: int) -> tuple[int, int]:
 
 
 def gpu_pads_k_or_n(k: int, n: int) -> bool:
-    """Whether the CUDA SIMT rows schedule pads K or N to its tiles (the workload then takes
-    int64 K, N: :func:`pit_tvm.ops.matmul.matmul_workload`'s ``wide_extents``)."""
+    """Whether the CUDA SIMT rows schedule pads K or N to its tiles (where the workload may
+    need int64 K, N: :func:`pit_tvm.ops.matmul.matmul_workload`'s ``wide_extents``)."""
     return k % GPU_BK != 0 or n % _gpu_rows_tile_n(n)[1] != 0
 
 
