@@ -40,8 +40,15 @@ from pit_tvm.runtime.loader import DLPACK_CPU, dlpack_to_tvm, host_view, numpy_d
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def matmul_workload(k: int, n: int, dtype: str, out_dtype: str) -> tirx.PrimFunc:
-    """The dense TensorIR matmul PIT is derived from (M symbolic)."""
+def matmul_workload(k: int, n: int, dtype: str, out_dtype: str, wide_extents: bool = False) -> tirx.PrimFunc:
+    """The dense TensorIR matmul PIT is derived from (M symbolic).
+
+    ``wide_extents``: K and N as int64 extents, like M.  The CUDA SIMT schedule needs them
+    where its ``pad_einsum`` pads K (or some N, :func:`_with_extents_that_lower`): with int32
+    K, N the padding predicate meets M's int64 loop and TVM's lowering fails ("mismatched
+    types. int32 vs. int64").  Other shapes keep int32 (their CUDA unchanged)."""
+    if wide_extents:
+        k, n = T.int64(k), T.int64(n)
 
     @T.prim_func(s_tir=True)
     def matmul(a: T.handle, b: T.handle, c: T.handle):
@@ -273,9 +280,16 @@ def pit_matmul_func(k: int, n: int, dtype: str, out_dtype: str, micro_tile, targ
 def simt_matmul_func(plan: MatmulPlan, dtype: str, out_dtype: str, target) -> tirx.PrimFunc:
     """The PIT kernel derived from :func:`matmul_workload` by ``sread``/``swrite``, scheduled
     for the CPU or as a CUDA SIMT kernel (no tensor cores)."""
+    if not (is_gpu(target) and plan.kind == "rows"):
+        return _simt_matmul_func(plan, dtype, out_dtype, target, wide_extents=False)
+    return _with_extents_that_lower(
+        lambda wide: _simt_matmul_func(plan, dtype, out_dtype, target, wide_extents=wide), plan.k, plan.n, target)
+
+
+def _simt_matmul_func(plan: MatmulPlan, dtype: str, out_dtype: str, target, wide_extents: bool):
     k, n = plan.k, plan.n
     mr, mk = plan.micro_tile
-    func = matmul_workload(k, n, dtype, out_dtype)
+    func = matmul_workload(k, n, dtype, out_dtype, wide_extents=wide_extents)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
     sch.work_on("matmul")
     m = func.params[0].shape[0]
@@ -307,10 +321,42 @@ def dense_matmul_func(k: int, n: int, dtype: str, out_dtype: str, target) -> tir
     """The dense kernel with the same schedule (the fair baseline and the fallback)."""
     from pit_tvm.schedules.matmul import schedule_dense_matmul
 
-    func = matmul_workload(k, n, dtype, out_dtype)
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
-    sch.work_on("matmul")
-    return schedule_dense_matmul(sch, target)
+    def make(wide):
+        func = matmul_workload(k, n, dtype, out_dtype, wide_extents=wide)
+        sch = tvm.s_tir.Schedule(tvm.IRModule({"matmul": func}))
+        sch.work_on("matmul")
+        return schedule_dense_matmul(sch, target)
+
+    return _with_extents_that_lower(make, k, n, target) if is_gpu(target) else make(False)
+
+
+def _with_extents_that_lower(make, k: int, n: int, target) -> tirx.PrimFunc:
+    """``make(wide_extents)`` (the CUDA SIMT rows / dense kernel): int32 K, N where they lower,
+    else int64 ones (:func:`matmul_workload`).  Padding K always needs int64; padding N alone
+    only for some N (N = 1, 30, 63, 65 need it; 100, 130, 160 do not), so there the int32
+    kernel is lowered first, and the kernels that built before keep their code."""
+    from pit_tvm.schedules.matmul import GPU_BK, gpu_pads_k_or_n
+
+    if not gpu_pads_k_or_n(k, n):
+        return make(False)
+    if k % GPU_BK == 0:
+        func = make(False)
+        if _lowers(func, target):
+            return func
+    return make(True)
+
+
+def _lowers(func: tirx.PrimFunc, target) -> bool:
+    """Whether TVM's TIR pipeline for ``target`` lowers ``func`` (what :func:`build` runs
+    before code generation); False on the int32 / int64 mismatch of a padded extent."""
+    target = make_target(target)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    mod = tvm.tirx.transform.BindTarget(target.with_host(tvm.target.Target("llvm")))(mod)
+    try:
+        tvm.tirx.get_default_tir_pipeline(target)[0](mod)
+    except TypeError:
+        return False
+    return True
 
 
 def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_threshold,
@@ -606,6 +652,12 @@ def sparse_matmul(k, n, dtype="float16", micro_tile=(1, 64), target="llvm", out_
     of ``float32``, ``float16``, ``bfloat16``, ``micro_tile`` a pair of ints or ``"RxC"``;
     ``target`` ``"llvm"``, ``"cuda"``, ``"cuda:sm_XY"`` or a dict / Target of those kinds.
     Anything else is a TypeError or ValueError naming the argument, before any build.
+
+    Any K, N build: where no tensor-core tile fits, the SIMT kernel runs fp16/bf16 (a warning
+    says so).  A micro-tile the index skips (all zero) contributes exactly 0 to C whatever B
+    holds (NaN / Inf in B's rows there do not reach C, as they would in numpy's ``a @ b``), on
+    both sides of ``density_threshold``, except for the wgmma tiles kernels (``cuda``, micro-tiles
+    along K), whose dense fallback above it multiplies every micro-tile (docs/guide/semantics.md).
     """
     return SparseMatmul(k, n, dtype, micro_tile, target, out_dtype, density_threshold, tuning_log)
 
@@ -691,7 +743,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     tgt = make_target(target)
     _say_if_log_unused(tuning_log, plan, tgt)
     density = planned_density(expected_density)
-    compact = dense_fallback = None
+    compact = dense_fallback = wgmma_tiles = None
     strips = False      # the wgmma tiles kernel's index (and compaction) in one pass over A
     # the wgmma tiles kernels' epilogue: a bias, then a residual (an FFN's fc2 and its skip)
     tiles_fused = (is_gpu(tgt) and plan.kind != "rows" and bias is not None and activation is None
@@ -712,6 +764,10 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             if kernel is not None:
                 plan = tc_plan            # the index is built for the kernel's micro-tile
         if kernel is None and not tensor_core_only:
+            if tc_plan is not None and dtype in ("float16", "bfloat16"):
+                # (any K, N: the tensor-core kernels need them tile-aligned)
+                warnings.warn(f"no tensor-core PIT kernel fits {dtype} K={k} N={n} (tile-aligned K, N "
+                              f"needed): the SIMT kernel runs it, correct but slower", stacklevel=2)
             kernel = simt_matmul_func(plan, dtype, out_dtype, tgt)
         if kernel is None:
             # In a model the dense alternative is dlight's kernel; the SIMT PIT kernel only wins
@@ -743,6 +799,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             epilogue["row_scale_a"] = True
         kernel, few_rows_kernels = _wgmma_rows_tiers(k, n, dtype, out_dtype, _rows_hint(m, density), kernel,
                                                      **epilogue)
+    density_threshold = effective_density_threshold(density_threshold, wgmma_tiles is not None)
     mr, mc = plan.index_micro_tile
     groups, capacity = plan.index_sizes(m)
     tag = f"{mr}x{plan.micro_tile[1]}_k{k}_n{n}_{dtype}"
@@ -790,6 +847,17 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                                            [3 + len(epilogue_args)], relax.TensorType([m, n], out_dtype)))
     c = _from_rows(bb, c, lead, n)
     return c if in_kernel else emit_epilogue(bb, c, bias, activation, row_scale, residual)
+
+
+def effective_density_threshold(density_threshold, dense_kernel_takes_full_index: bool):
+    """The density threshold the index applies: ``density_threshold`` only where a dense kernel
+    runs a full index (the wgmma tiles kernels on sm_90a: TMA loads, or a dense kernel in
+    place), else None.  Elsewhere (whole rows on every target, the CPU, the mma.sync and SIMT
+    tiles kernels) the kernel gathers through the index whatever it lists, so listing every
+    micro-tile would only compute the zero ones, and would make a NaN / Inf in B reach C through
+    them (0 * NaN) above the threshold only: off, a skipped micro-tile contributes exactly 0 at
+    every density (docs/guide/semantics.md)."""
+    return density_threshold if dense_kernel_takes_full_index else None
 
 
 def _wgmma_rows(kernel) -> bool:

@@ -28,6 +28,8 @@ global->shared load; SWrite stores straight from registers; CTAs past the count 
 """
 from __future__ import annotations
 
+import math
+
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_producers
 
 from pit_tvm.schedules.sparse_access import guard_compact_loop, lower_pit
@@ -36,6 +38,7 @@ from pit_tvm.target import is_gpu
 CPU_BN = 64           # columns per parallel task
 CPU_BM = 4            # compact rows per tile (rows kind): 4 x 64 fp32 accumulators fit AVX-512 registers
 CPU_BK = 16           # compact k positions per step (tiles kind, per micro-tile column)
+CPU_GATHER_LANES = 64  # widest vector of the rows kind's K-wide gather (four AVX-512 fp32 vectors)
 
 GPU_BM, GPU_BN, GPU_BK = 64, 64, 16
 INDEX_OFFSETS = "pit_offsets"   # the index buffers ops/matmul.py declares: PitIndex.create("pit", ...)
@@ -75,12 +78,20 @@ def _pad_rows_to_tile(sch, mm, rows: int, gather=None):
     Why: a row split of a symbolic M guards each row (``i < m``), and that guard keeps TVM
     from compacting a tile's buffers: the accumulator stayed an ``[m, BN]`` buffer per
     parallel task, the gathered rows ``[m, K]`` (1024^3 fp32 on 2 cores: ~40 GFLOP/s, ~70-90
-    with the tile's accumulator in registers)."""
-    sch.pad_einsum(mm, [rows, 1, 1])
+    with the tile's accumulator in registers).  For the same reason N is padded to whole
+    :data:`CPU_BN` tiles where they do not divide it, B read in place (zero past N): a guarded
+    last column tile kept the accumulator ``[m, N]`` (1024 x 1024 x 1000: 1.45 s -> 0.29 s;
+    N = 80: 117 -> 17 ms)."""
+    n = int(sch.get(mm).iter_vars[1].dom.extent)
+    sch.pad_einsum(mm, [rows, CPU_BN if n % CPU_BN else 1, 1])
     for consumer in sch.get_consumers(mm):
         if sch.get(consumer).name_hint.endswith("_pad"):
             sch.compute_inline(consumer)
-    padded_a = [p for p in sch.get_producers(mm) if sch.get(p).name_hint.endswith("_pad")]
+    padded = [p for p in sch.get_producers(mm) if sch.get(p).name_hint.endswith("_pad")]
+    padded_b = [p for p in padded if sch.get(p).name_hint.startswith("B")]
+    padded_a = [p for p in padded if not sch.get(p).name_hint.startswith("B")]
+    for block in padded_b:      # (N padded: B read in place, zero past N)
+        sch.compute_inline(block)
     if gather is None:
         for block in padded_a:
             sch.compute_inline(block)
@@ -104,7 +115,7 @@ def _cpu_rows(sch, plan):
     if plan is not None:
         sch.compute_at(gather, io)
         sch.set_scope(gather, 0, "local")
-        sch.vectorize(sch.get_loops(gather)[-1])
+        _vectorize_in_chunks(sch, sch.get_loops(gather)[-1], plan.k)
         sch.set_scope(cast, 0, "local")
         sch.reverse_compute_at(sch.get_sblock("C_swrite"), jo)
         sch.vectorize(sch.get_loops(sch.get_sblock("C_swrite"))[-1])
@@ -115,6 +126,24 @@ def _cpu_rows(sch, plan):
     init = sch.decompose_reduction(mm, k)
     sch.vectorize(sch.get_loops(init)[-1])
     return _finish(sch, gpu=False)
+
+
+def gather_lanes(k: int) -> int:
+    """Vector lanes of the CPU rows kind's K-wide gather: the largest power of two dividing K,
+    at most :data:`CPU_GATHER_LANES` (1 for an odd K: a scalar loop)."""
+    return math.gcd(k, CPU_GATHER_LANES)
+
+
+def _vectorize_in_chunks(sch, loop, k: int):
+    """Vectorise the K loop of a gather in chunks of :func:`gather_lanes` lanes.  Why: one
+    K-lane vector makes LLVM's build time grow with K (about a minute at K = 11008) and fails
+    past it (K = 32768: ``lanes < 32768``; 40000: scalable vector indices; 65537: a crash)."""
+    lanes = gather_lanes(k)
+    if lanes == 1:
+        return
+    if lanes < k:
+        _, loop = sch.split(loop, [None, lanes])
+    sch.vectorize(loop)
 
 
 def _cpu_tiles(sch, plan):
@@ -164,14 +193,25 @@ def _gpu_fetch(sch, mm, index, ko, tx):
     return blk
 
 
+def _gpu_rows_tile_n(n: int) -> tuple[int, int]:
+    """(threads along N, CTA tile width) of the SIMT rows schedule: narrow N gets a narrower
+    CTA tile (padding N far past itself trips buffer compaction)."""
+    tx = min(GPU_TX, -(-n // 4))
+    return tx, tx * (GPU_BN // GPU_TX)
+
+
+def gpu_pads_k_or_n(k: int, n: int) -> bool:
+    """Whether the CUDA SIMT rows schedule pads K or N to its tiles (where the workload may
+    need int64 K, N: :func:`pit_tvm.ops.matmul.matmul_workload`'s ``wide_extents``)."""
+    return k % GPU_BK != 0 or n % _gpu_rows_tile_n(n)[1] != 0
+
+
 def _gpu_rows(sch, plan):
     """dlight-style SIMT matmul over padded compact positions; SRead in the shared fetch,
     SWrite from registers."""
     mm = sch.get_sblock("matmul")
-    # Narrow N gets a narrower CTA tile (padding N far past itself trips buffer compaction).
     n = int(sch.get(mm).iter_vars[1].dom.extent)
-    tx = min(GPU_TX, -(-n // 4))
-    bn = tx * (GPU_BN // GPU_TX)
+    tx, bn = _gpu_rows_tile_n(n)
     # Pad M (symbolic) to the tile: no predicate in the main loop, constant-size tiles.
     sch.pad_einsum(mm, [GPU_BM, bn, GPU_BK])
     i, j, k = sch.get_loops(mm)
