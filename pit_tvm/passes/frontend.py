@@ -502,6 +502,15 @@ def fold_shape_computations(model, shape_dict=None) -> onnx.ModelProto:
     return folded
 
 
+def _static_dims(value_info) -> list[int] | None:
+    """a tensor's dims where ONNX knows every one, else None"""
+    tensor = value_info.type.tensor_type
+    if not value_info.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return None
+    dims = tensor.shape.dim
+    return [int(d.dim_value) for d in dims] if all(d.HasField("dim_value") for d in dims) else None
+
+
 def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into Relax, keeping ONNX tensor names.
 
