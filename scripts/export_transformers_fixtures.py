@@ -16,6 +16,7 @@ Needs torch, transformers, onnx, onnxscript (not needed by the tests or CI, whic
 committed files)::
 
     python scripts/export_transformers_fixtures.py [--arch bert gpt2 ...] [--out DIR]
+    python scripts/export_transformers_fixtures.py --arch gpt2 --opset 14 --no-dynamo --suffix _opset14
     python scripts/export_transformers_fixtures.py --full-size --arch minilm --out /tmp/big   # real dims
 """
 from __future__ import annotations
@@ -149,13 +150,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=pathlib.Path, default=OUT)
     p.add_argument("--opset", type=int, default=17, help="the TorchScript exporter's opset (14-17)")
     p.add_argument("--no-dynamo", action="store_true", help="only the TorchScript exporter")
+    p.add_argument("--suffix", default="", help="appended to the TorchScript exports' names (e.g. _opset14)")
     p.add_argument("--full-size", action="store_true", help="the published models' dimensions (large files)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     for arch in args.arch:
         module = build(arch, args.full_size)
-        exporters = [("", lambda m, f: export_torchscript(m, f, args.opset))]
+        exporters = [(args.suffix, lambda m, f: export_torchscript(m, f, args.opset))]
         if not args.no_dynamo:
             exporters.append(("_dynamo", export_dynamo))
         for suffix, export in exporters:

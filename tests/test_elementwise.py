@@ -104,3 +104,11 @@ def test_reads_through_a_vec_multiple_modulo_are_vectorised():
     odd = legalized_cuda_module(
         lambda x: relax.op.reshape(relax.op.permute_dims(x, [0, 2, 1, 3]), (2, 24, 18)), (2, 3, 24, 6))[1]
     assert VectorizedElementwise().apply(odd, CUDA, False) is None       # v % 6 wraps inside a vector
+
+
+def test_a_scalar_read_is_broadcast():
+    """A 0-d operand (a folded exponent or scale) has no last dim to check: the kernel is
+    vectorised with the scalar broadcast (the rule's alignment check indexed it, IndexError)."""
+    _, prim = legalized_cuda_module(lambda x, s: relax.op.multiply(x, s), (8, 64), ())
+    sch = VectorizedElementwise().apply(prim, CUDA, False)
+    assert sch is not None and "T.vectorized" in sch.mod["main"].script()

@@ -34,6 +34,8 @@ def _reads_vectorise_aligned(block, inner) -> bool:
     reads that use ``inner`` elsewhere (transposes) or not at all are loaded lane by lane."""
     analyzer = sym.Analyzer()
     for region in block.reads:
+        if not region.region:
+            continue                       # a 0-d buffer (a scalar, e.g. T5's Pow exponent): broadcast
         if any(not isinstance(r.extent, tirx.IntImm) or int(r.extent) != 1 for r in region.region):
             return False
         last = region.region[-1].min
