@@ -1,0 +1,275 @@
+"""Real `transformers` exports: PIT (padding propagated) vs the same build without PIT vs PyTorch.
+
+    python benchmarks/real_models.py --device cuda   # GPU box: fp16, batch 32 x 128, lengths in [16, 128]
+    python benchmarks/real_models.py --device cpu    # this machine: fp32 MiniLM, 16 x 128, lengths in [8, 128]
+
+Each model is built from its architecture's config with random weights (seeded; no weights are
+downloaded), exported by ``torch.onnx.export`` (TorchScript exporter, opset 17) and compiled with
+``compile_onnx(..., shapes=)`` for the padded batch:
+
+* ``tvm_pit``: ``padding="attention_mask"`` -- the token-wise matmuls list the real tokens only
+  (``PropagatePadding``), plus the automatic annotations;
+* ``tvm_pit_off``: ``auto=False`` and no ``padding=``: the same dense kernels, no PIT.
+
+On cuda the model is exported in fp16 from the GPU (its mask constants are fp16's), both TVM builds
+are CUDA graphs (``cuda_graph=True``), and the peers are the ``transformers`` model itself (SDPA
+attention) eager, ``torch.compile`` and ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), on the
+padded batch. On cpu the peer is onnxruntime (CPUExecutionProvider) on the fp32 export.
+
+Every output is checked against the fp32 PyTorch model on the real (non-padded) tokens:
+``max_rel_err`` = max|out - ref| / max|ref| over those positions. Timings: median ms of ``--repeat``
+calls, inputs on the device, synchronised per call (``pit_tvm.timing.median_ms``).
+Writes ``docs/results/real_models_<device>.json`` / ``.png`` (under ``$OUT`` when set).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import environment, print_table, write_results  # noqa: E402
+
+# Architectures by their published configs (hidden, layers, heads, intermediate); random weights.
+ARCHITECTURES = {
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "minilm-l6": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+}
+DEFAULTS = {
+    "cuda": dict(models="bert-base,minilm-l6", dtype="float16", batch=32, seq=128, min_len=16, repeat=50, warmup=5),
+    "cpu": dict(models="minilm-l6", dtype="float32", batch=16, seq=128, min_len=8, repeat=5, warmup=1),
+}
+TOLERANCE = {"float32": 1e-4, "float16": 5e-3}
+TABLE = ["model", "method", "dtype", "median_ms", "speedup_vs_pit_off", "speedup_vs_best_peer",
+         "pit_matmuls", "max_rel_err", "correct"]
+
+
+def build_model(arch: str, seed: int):
+    """The ``transformers`` BertModel of ``arch``'s config with seeded random weights (eval mode)."""
+    import torch  # noqa: PLC0415
+    from transformers import BertConfig, BertModel  # noqa: PLC0415
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=30522, max_position_embeddings=512, attn_implementation="sdpa",
+                     **ARCHITECTURES[arch])
+    return BertModel(cfg, add_pooling_layer=False).eval()
+
+
+def padded_batch(batch: int, seq: int, min_len: int, seed: int) -> dict:
+    """``input_ids`` and a right-padded ``attention_mask`` of lengths uniform in [min_len, seq]."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(min_len, seq + 1, size=batch)
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = rng.integers(1, 30000, size=(batch, seq)).astype(np.int64) * mask
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def export(model, inputs: dict, path: str, device: str):
+    import torch  # noqa: PLC0415
+
+    args = tuple(torch.from_numpy(inputs[n]).to(device) for n in ("input_ids", "attention_mask"))
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+            "last_hidden_state": {0: "batch", 1: "sequence"}}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, path, input_names=["input_ids", "attention_mask"],
+                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
+                          dynamo=False)
+
+
+def errors(out, ref, valid) -> dict:
+    out = np.asarray(out, np.float32)[valid]
+    ref = np.asarray(ref, np.float32)[valid]
+    return {"max_abs_err": float(np.abs(out - ref).max()),
+            "max_rel_err": float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))}
+
+
+class _TorchCuda:
+    def sync(self):
+        import torch  # noqa: PLC0415
+
+        torch.cuda.synchronize()
+
+
+class _Host:
+    def sync(self):
+        pass
+
+
+def tvm_method(path, inputs, target, cfg, pit: bool):
+    """Compile the export with or without PIT; returns ``(ms, output, extra)``."""
+    import tvm  # noqa: PLC0415
+
+    from pit_tvm.compile import compile_onnx  # noqa: PLC0415
+    from pit_tvm.timing import median_ms  # noqa: PLC0415
+
+    shapes = {n: list(v.shape) for n, v in inputs.items()}
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kw = dict(padding="attention_mask") if pit else dict(auto=False)
+        cm = compile_onnx(path, target, shapes=shapes, cuda_graph=target == "cuda", **kw)
+    compile_s = time.perf_counter() - t0
+    dev = cm.device
+    args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev) for i in cm.inputs]
+    main = cm._machine()["main"]
+
+    def call():
+        return main(*args)
+
+    out = call()
+    out = (out[0] if not hasattr(out, "numpy") else out).numpy()
+    ms = median_ms(call, dev, cfg.repeat, cfg.warmup)
+    statuses = [a.get("status") for a in cm.annotations]
+    return ms, out, {"compile_s": compile_s, "pit_matmuls": statuses.count("pit"),
+                     "warnings": sorted({str(w.message)[:300] for w in caught})[:5]}
+
+
+def torch_method(model, inputs, cfg, mode: str):
+    """The ``transformers`` model on the padded batch: ``eager``, ``compile`` or ``reduce-overhead``."""
+    import torch  # noqa: PLC0415
+
+    from pit_tvm.timing import median_ms  # noqa: PLC0415
+
+    ids = torch.from_numpy(inputs["input_ids"]).cuda()
+    mask = torch.from_numpy(inputs["attention_mask"]).cuda()
+    fwd = model
+    if mode == "compile":
+        fwd = torch.compile(model)
+    elif mode == "reduce-overhead":
+        fwd = torch.compile(model, mode="reduce-overhead")
+
+    @torch.no_grad()
+    def call():
+        return fwd(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    out = call().float().cpu().numpy()
+    return median_ms(call, _TorchCuda(), cfg.repeat, cfg.warmup), out, {}
+
+
+def onnxruntime_method(path, inputs, cfg):
+    import onnxruntime as ort  # noqa: PLC0415
+
+    from pit_tvm.timing import median_ms  # noqa: PLC0415
+
+    opts = ort.SessionOptions()
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    out = sess.run(None, inputs)[0]
+    return median_ms(lambda: sess.run(None, inputs), _Host(), cfg.repeat, cfg.warmup), out, {}
+
+
+def run_model(arch: str, cfg, tmp: str) -> list[dict]:
+    import torch  # noqa: PLC0415
+
+    inputs = padded_batch(cfg.batch, cfg.seq, cfg.min_len, cfg.seed)
+    valid = inputs["attention_mask"].astype(bool)
+    model = build_model(arch, cfg.seed)
+    with torch.no_grad():
+        ref = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).last_hidden_state.numpy()
+    rows, device = [], cfg.device
+    path = os.path.join(tmp, f"{arch}.onnx")
+    if device == "cuda":
+        model = model.half().cuda()
+        export(model, inputs, path, "cuda")
+    else:
+        export(model, inputs, path, "cpu")
+    shape = f"{cfg.batch}x{cfg.seq}, lengths [{cfg.min_len}, {cfg.seq}], real tokens {valid.mean():.3f}"
+
+    def record(method, fn, dtype=cfg.dtype):
+        t = time.perf_counter()
+        row = {"model": arch, "method": method, "dtype": dtype, "shape": shape, "median_ms": None,
+               "speedup_vs_pit_off": None, "speedup_vs_best_peer": None, "pit_matmuls": None,
+               "max_rel_err": None, "correct": None, "error": None}
+        try:
+            ms, out, extra = fn()
+            err = errors(out, ref, valid)
+            row.update(median_ms=ms, **err, correct=bool(err["max_rel_err"] <= TOLERANCE[dtype]), **extra)
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            row.update(error=f"{type(e).__name__}: {e}"[:2000], traceback=traceback.format_exc()[-3000:])
+        row["wall_s"] = time.perf_counter() - t
+        rows.append(row)
+        print(f"[{arch}] {method}: " + (f"{row['median_ms']:.3f} ms, rel err {row['max_rel_err']:.2e}"
+                                         if row["error"] is None else row["error"].splitlines()[0][:300])
+              + f" ({row['wall_s']:.1f}s)", flush=True)
+
+    target = "cuda" if device == "cuda" else "llvm"
+    record("tvm_pit", lambda: tvm_method(path, inputs, target, cfg, pit=True))
+    record("tvm_pit_off", lambda: tvm_method(path, inputs, target, cfg, pit=False))
+    if device == "cuda":
+        for mode in ("eager", "compile", "reduce-overhead"):
+            record(f"torch_{mode}", lambda mode=mode: torch_method(model, inputs, cfg, mode))
+    else:
+        record("onnxruntime", lambda: onnxruntime_method(path, inputs, cfg), "float32")
+    base = next((r["median_ms"] for r in rows if r["method"] == "tvm_pit_off" and r["median_ms"]), None)
+    peers = [r["median_ms"] for r in rows if not r["method"].startswith("tvm") and r["median_ms"]]
+    for r in rows:
+        if r["median_ms"]:
+            r["speedup_vs_pit_off"] = base / r["median_ms"] if base else None
+            r["speedup_vs_best_peer"] = min(peers) / r["median_ms"] if peers else None
+    return rows
+
+
+def plot(ax, rows):
+    rs = [r for r in rows if r.get("median_ms")]
+    colors = ["tab:gray" if r["method"] == "tvm_pit_off" else "tab:green" if r["method"] == "tvm_pit"
+              else "tab:blue" for r in rs]
+    bars = ax.bar(range(len(rs)), [r["median_ms"] for r in rs], color=colors)
+    for b, r in zip(bars, rs):
+        ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{r['median_ms']:.2f}", ha="center",
+                va="bottom", fontsize=7)
+    ax.set_xticks(range(len(rs)))
+    ax.set_xticklabels([f"{r['model']}\n{r['method']}" for r in rs], fontsize=6)
+    ax.set_ylabel("median ms per batch (lower is better)")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--models", help=f"comma list of {', '.join(ARCHITECTURES)}")
+    for k in ("batch", "seq", "min_len", "repeat", "warmup"):
+        p.add_argument("--" + k.replace("_", "-"), type=int, dest=k)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", help="results name (default real_models_<device>)")
+    args = p.parse_args(argv)
+    for k, v in DEFAULTS[args.device].items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
+    return args
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    t0 = time.perf_counter()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in [m.strip() for m in cfg.models.split(",") if m.strip()]:
+            rows.extend(run_model(arch, cfg, tmp))
+    if cfg.device == "cuda":
+        import torch  # noqa: PLC0415
+
+        name = torch.cuda.get_device_name(0)
+    else:
+        import platform  # noqa: PLC0415
+
+        name = f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}"
+    env = environment(name)
+    env["config"] = vars(cfg)
+    env["command"] = "python benchmarks/real_models.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    env["total_wall_s"] = time.perf_counter() - t0
+    print()
+    print_table(rows, TABLE)
+    paths = write_results(cfg.name or f"real_models_{cfg.device}", env, rows, plot)
+    print("written:", *paths)
+    wrong = [f"{r['model']}/{r['method']}" for r in rows if r.get("correct") is False]
+    if wrong:
+        raise SystemExit(f"outputs differ from the reference beyond tolerance: {', '.join(wrong)}")
+
+
+if __name__ == "__main__":
+    main()
