@@ -1,7 +1,10 @@
 """One tuning task on 1 GPU and on N GPUs of this box, through TVM's RPC tracker.
 
-    python3 benchmarks/tune_rpc.py                 # 1 vs 2 GPUs, wgmma rows kernel 4096x4096 fp16, 64 trials
+    python3 benchmarks/tune_rpc.py                 # 1 vs 2 GPUs, mma.sync rows kernel 4096x4096 fp16, 64 trials
     python3 benchmarks/tune_rpc.py --gpus 1 2 4 --trials 128
+
+The default space is the mma.sync rows schedule's (``--target cuda:sm_90``: a few hundred
+configs); the wgmma rows kernel's (``--target cuda``) has 16, fewer than a useful trial count.
 
 Every configuration runs the same task with the same seed and trial count in a fresh
 database, on a tracker and one RPC server per GPU that :class:`pit_tvm.tuning.rpc.LocalCluster`
@@ -23,8 +26,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from benchmarks.common import RESULTS_DIR, environment, print_table  # noqa: E402
+from common import RESULTS_DIR, environment, print_table  # noqa: E402
 
 
 def _records(db_dir):
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--dtype", default="float16")
-    p.add_argument("--target", default="cuda", help="cuda (wgmma, sm_90a) | cuda:sm_90 | cuda:sm_80")
+    p.add_argument("--target", default="cuda:sm_90", help="cuda:sm_90 (mma.sync, default) | cuda (wgmma) | cuda:sm_80")
     p.add_argument("--micro-tile", default=None, metavar="RxC", help="default: whole rows")
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--trials-per-iter", type=int, default=32)

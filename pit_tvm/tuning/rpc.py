@@ -275,15 +275,22 @@ class LocalCluster:
 
         if threading.current_thread() is threading.main_thread():
             self._old_sigterm = signal.signal(signal.SIGTERM, _raise_exit)
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self._restore_sigterm()
+            raise
 
     def __exit__(self, *exc) -> None:
         try:
             self.stop()
         finally:
-            if self._old_sigterm is not None:
-                signal.signal(signal.SIGTERM, self._old_sigterm)
-                self._old_sigterm = None
+            self._restore_sigterm()
+
+    def _restore_sigterm(self) -> None:
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
 
 
 def _raise_exit(signum, _frame):
