@@ -97,6 +97,7 @@ class _KillServerOnFirstBatch(ms.runner.PyRunner):
             while time.monotonic() < deadline and not self.both_busy:
                 self.both_busy = session.summary()["queue_info"].get(KEY, {}).get("free", 2) == 0
                 time.sleep(0.01)
+            time.sleep(0.3)       # into the sessions (each times 400 runs after a 32 MiB flush)
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.killed_at = len(runner_inputs)
         return futures
@@ -147,12 +148,13 @@ def _tune_all(root: Path, out: dict) -> None:
 
         # a server killed while its sessions run: resume the --rpc database
         out["before_kill"] = _records(out["rpc_db"])
-        inner = rpc_runner(cluster.host, cluster.port, KEY, number=1, repeat=2, session_timeout=30)
+        inner = rpc_runner(cluster.host, cluster.port, KEY, number=20, repeat=20, session_timeout=60)
         killer = _KillServerOnFirstBatch(inner, cluster.procs[2], (cluster.host, cluster.port))
         tune_matmul(K, N, "float16", "llvm", trials=6, work_dir=root / "rpc", m=M, trials_per_iter=3,
                     runner=killer, progress=False)
         inner.shutdown()
-        out["killed_at"], out["both_busy"], out["retried"] = killer.killed_at, killer.both_busy, inner.retried
+        out["killed_at"], out["both_busy"] = killer.killed_at, killer.both_busy
+        out["retried"], out["retry_errors"] = inner.retried, inner.errors
         out["after_kill"] = _records(out["rpc_db"])
         out["servers_after_kill"] = tracker_servers(cluster.host, cluster.port, KEY)
 
@@ -218,7 +220,7 @@ def test_rpc_arguments_are_the_local_runners_valid_index(runs):
 def test_server_killed_mid_run_the_run_goes_on(runs):
     before, after = runs["before_kill"], runs["after_kill"]
     assert runs["killed_at"] is not None and runs["both_busy"]
-    assert runs["retried"] >= 1                           # the killed server's session, measured again
+    assert runs["retried"] >= 1, runs["retry_errors"]     # the killed server's session, measured again
     assert after[:len(before)] == before                 # nothing already in the database is lost
     new = after[len(before):]
     assert new and sum(_measured(x) for x in new) >= 3    # measured on the surviving server
@@ -293,3 +295,30 @@ def test_ctrl_c_stops_the_cluster():
     while time.monotonic() < deadline and _alive(group):
         time.sleep(0.2)
     assert _alive(group) == []
+
+
+@pytest.mark.gpu
+def test_gpu_every_space_tunes_through_local_gpu_servers(tmp_path):
+    """On the GPU box: the wgmma rows / tiles kernels and the mma.sync rows / tiles schedules,
+    each tuned for a few trials through one server per GPU (at most 2): measured records whose
+    best config replays, and no server left.  (All in one test: MetaSchedule's loggers.)"""
+    from pit_tvm.tuning.rpc import _cuda_device_count
+    from pit_tvm.tuning.tune import best_record
+
+    if _cuda_device_count() == 0:
+        pytest.skip("no CUDA device")
+    before = _children()
+    cases = [("cuda", (1, None)), ("cuda", (32, 64)), ("cuda:sm_90", (1, None)), ("cuda:sm_90", (32, 64))]
+    with LocalCluster(min(2, _cuda_device_count()), gpus=True, key="pit-gpu-test") as cluster:
+        runner = rpc_runner(cluster.host, cluster.port, cluster.key, session_timeout=120)
+        try:
+            for target, micro_tile in cases:
+                path = tune_matmul(512, 256, "float16", target, trials=4, trials_per_iter=4, population_size=16,
+                                   micro_tile=micro_tile, work_dir=tmp_path, runner=runner, progress=False)
+                lines = _records(path)
+                assert sum(_measured(x) for x in lines) >= 2, (target, micro_tile, lines[:2])
+                best = best_record(path, 512, 256, "float16", target, micro_tile=micro_tile)
+                assert best is not None and 0 < best.run_secs < 1e-2, (target, micro_tile)
+        finally:
+            runner.shutdown()
+    assert _children() - before == set()

@@ -100,6 +100,7 @@ class RetryingRunner(ms.runner.PyRunner):
         self.inner = inner
         self.retries = int(retries)
         self.retried = 0
+        self.errors: list[str] = []     # the last line of each error that was measured again
 
     def run(self, runner_inputs):
         return [_RetryFuture(self, inp, fut) for inp, fut in zip(runner_inputs, self.inner.run(runner_inputs))]
@@ -123,10 +124,11 @@ class _RetryFuture(ms.runner.PyRunnerFuture):
     def result(self):
         res = self.future.result()
         tries = 0
-        while (res.error_msg is not None and "Timeout" not in str(res.error_msg)
+        while (res.error_msg is not None and not str(res.error_msg).startswith("RPCRunner: Timeout")
                and tries < self.runner.retries):
             tries += 1
             self.runner.retried += 1
+            self.runner.errors.append(str(res.error_msg).strip().splitlines()[-1][:300])
             res = self.runner.inner.run([self.runner_input])[0].result()
         return res
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -379,9 +380,21 @@ def _strategy(population_size: int, trials_per_iter: int):
         eps_greedy=0.05)
 
 
+def _detach_unnamed_log_handlers() -> None:
+    """MetaSchedule's ``create_loggers`` lists its logger's handlers by name and fails on an
+    unnamed one, which pytest attaches to every non-propagating logger (as that logger is after
+    a first tune): a second tune in one test process failed.  Detach them; the ``dictConfig``
+    that follows replaces that logger's handlers anyway."""
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in list(logger.handlers):
+        if handler.get_name() is None:
+            logger.removeHandler(handler)
+
+
 def _search(workload, tgt, db_dir, trials, trials_per_iter, builder, runner, database, space,
             strategy, cores, seed, progress, servers) -> None:
     """``ms.tune_tir`` with the XGBoost cost model and the progress bar"""
+    _detach_unnamed_log_handlers()
     bar = _progress_bar(total=int(trials), desc=f"tune {db_dir.name}", unit="trial",
                         disable=not progress)
     callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_Progress(bar, servers)]
