@@ -11,6 +11,7 @@ an error inside the launcher and a Ctrl-C of a process holding a cluster.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -103,6 +104,21 @@ class _KillServerOnFirstBatch(ms.runner.PyRunner):
         return futures
 
 
+def _remote_and_local_arguments(cluster) -> dict:
+    """{workload: [(the RPC runner's arguments on a server, the local runner's)] per
+    repetition}, as numpy; the session is released on return"""
+    session = rpc.connect_tracker(cluster.host, cluster.port).request(KEY, session_timeout=60)
+    rows = ms.arg_info.ArgInfo.from_prim_func(S.tuning_workload(K, N, "float16", "float16", M))
+    tiles = ms.arg_info.ArgInfo.from_prim_func(S.tiles_tuning_workload(256, N, (16, 32), "float16", "float16", M))
+    out = {}
+    for name, info in (("rows", rows), ("tiles", tiles)):
+        info = [a.as_json() for a in info]
+        remote = rpc_alloc_pit_arguments(session, session.cpu(0), info, 2, density=0.5)
+        local = alloc_pit_arguments(tvm.cpu(0), info, 2, density=0.5)
+        out[name] = [([a.numpy() for a in r], [a.numpy() for a in loc]) for r, loc in zip(remote, local)]
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every tune of this module (MetaSchedule's loggers are set up per process): --rpc through
@@ -134,17 +150,12 @@ def _tune_all(root: Path, out: dict) -> None:
         out["rpc_db"] = root / "rpc" / "cpu" / f"cpu_matmul_k{K}_n{N}_float16"
         out["rpc_lines"] = _records(out["rpc_db"])
 
-        # the arguments the RPC runner allocates on a server, against the local runner's
-        session = rpc.connect_tracker(cluster.host, cluster.port).request(KEY, session_timeout=60)
-        rows = ms.arg_info.ArgInfo.from_prim_func(S.tuning_workload(K, N, "float16", "float16", M))
-        tiles = ms.arg_info.ArgInfo.from_prim_func(S.tiles_tuning_workload(256, N, (16, 32), "float16", "float16", M))
-        out["args"] = {}
-        for name, info in (("rows", rows), ("tiles", tiles)):
-            info = [a.as_json() for a in info]
-            remote = rpc_alloc_pit_arguments(session, session.cpu(0), info, 2, density=0.5)
-            local = alloc_pit_arguments(tvm.cpu(0), info, 2, density=0.5)
-            out["args"][name] = [([a.numpy() for a in r], [a.numpy() for a in loc]) for r, loc in zip(remote, local)]
-        del session
+        out["args"] = _remote_and_local_arguments(cluster)
+        gc.collect()              # the session is closed: both servers free again
+        tracker = rpc.connect_tracker(cluster.host, cluster.port)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and tracker.summary()["queue_info"][KEY]["free"] < 2:
+            time.sleep(0.1)
 
         # a server killed while its sessions run: resume the --rpc database
         out["before_kill"] = _records(out["rpc_db"])
