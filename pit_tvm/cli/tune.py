@@ -36,7 +36,8 @@ def register(subparsers) -> None:
                    help="micro-tiles along K: the fraction of each strip's micro-tiles the measured index "
                         "lists (default 0.5)")
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
-    p.add_argument("--target", default="cuda", help="cuda | cuda:sm_80 (default cuda = sm_90a)")
+    p.add_argument("--target", default="cuda", help="cuda | cuda:sm_90 | cuda:sm_80 (default cuda = sm_90a); llvm: a small CPU space, "
+                        "to try --rpc / --servers without a GPU")
     p.add_argument("--trials", type=int, default=512, help="measured candidates (default 512)")
     p.add_argument("--trials-per-iter", type=int, default=32,
                    help="candidates per MetaSchedule iteration (default 32)")
