@@ -38,6 +38,20 @@ def export_shared(mod) -> str:
 _ARGS_CACHE: dict = {}
 
 
+def _index_host_arrays(infos, rep: int, density: float):
+    """the index ``(offsets, ids)`` of repetition ``rep`` (numpy int32) for the PIT workload whose
+    arguments are ``infos``, and the random generator that drew it: rows workload (one group of
+    M ids) lists every row; tiles workload lists ``density`` of each strip's micro-tiles"""
+    import numpy as np
+
+    m = int(infos[0][2][0])
+    strips = int(infos[2][2][0]) - 1
+    rng = np.random.default_rng(rep)
+    if strips == 1 and int(infos[3][2][0]) == m:
+        return rng, (np.array([0, m], "int32"), np.arange(m, dtype="int32"))
+    return rng, _tiles_index(rng, strips, int(infos[3][2][0]) // strips, density)
+
+
 def alloc_pit_arguments(device, args_info, alloc_repeat, density: float = 0.5):
     """``LocalRunner`` ``f_alloc_argument`` for the PIT workloads: random A/B/bias, C
     uninitialised, and a *valid* index (MetaSchedule's default random int32 fill would index
@@ -54,15 +68,9 @@ def alloc_pit_arguments(device, args_info, alloc_repeat, density: float = 0.5):
     if key in _ARGS_CACHE:
         return _ARGS_CACHE[key]
     _ARGS_CACHE.clear()          # a new task: free the previous task's tensors
-    m = int(infos[0][2][0])
-    strips = int(infos[2][2][0]) - 1
     out = []
     for rep in range(alloc_repeat):
-        rng = np.random.default_rng(rep)
-        if strips == 1 and int(infos[3][2][0]) == m:
-            offsets, ids = np.array([0, m], "int32"), np.arange(m, dtype="int32")
-        else:
-            offsets, ids = _tiles_index(rng, strips, int(infos[3][2][0]) // strips, density)
+        rng, (offsets, ids) = _index_host_arrays(infos, rep, density)
         args = []
         for i, (_, dtype, shape) in enumerate(infos):
             shape = [int(s) for s in shape]
@@ -86,6 +94,51 @@ def alloc_pit_arguments(device, args_info, alloc_repeat, density: float = 0.5):
     return out
 
 
+def rpc_alloc_pit_arguments(session, device, args_info, alloc_repeat, density: float = 0.5):
+    """``RPCRunner`` ``f_alloc_argument``: :func:`alloc_pit_arguments` on an RPC server's
+    device.  A, B (and a bias) are filled on the server (``random_fill_for_measure``, nothing
+    sent), the index is drawn here exactly as the local runner draws it and sent (offsets and
+    ids: a few KiB), C is left uninitialised.  Runs in the runner's worker process, once per
+    candidate: every candidate takes a fresh session, so nothing is cached."""
+    import tvm
+    from tvm.s_tir.meta_schedule.utils import get_global_func_on_rpc_session
+
+    fill = get_global_func_on_rpc_session(
+        session, "tvm.contrib.random.random_fill_for_measure",
+        "the RPC server's TVM runtime has no random fill (build TVM with USE_RANDOM=ON)")
+    infos = [tuple(a) for a in args_info]
+    out = []
+    for rep in range(alloc_repeat):
+        _, (offsets, ids) = _index_host_arrays(infos, rep, density)
+        args = []
+        for i, (_, dtype, shape) in enumerate(infos):
+            shape = [int(s) for s in shape]
+            if i in (2, 3):
+                args.append(tvm.runtime.tensor(offsets if i == 2 else ids, device))
+                continue
+            arg = tvm.runtime.empty(shape, dtype, device)
+            if i != len(infos) - 1:
+                try:
+                    fill(arg)
+                except Exception:  # noqa: BLE001 - a dtype the server's fill does not take: send data
+                    arg.copyfrom(_random_host(shape, dtype, rep))
+            args.append(arg)
+        out.append(args)
+    return out
+
+
+def _random_host(shape, dtype: str, seed: int):
+    """standard-normal host data of ``dtype`` (bfloat16 through ml_dtypes)"""
+    import numpy as np
+
+    host = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return host.astype(ml_dtypes.bfloat16)
+    return host.astype(dtype)
+
+
 def _tiles_index(rng, strips: int, tiles_per_strip: int, density: float):
     """a ``group="row"`` tiles index listing ``round(density * tiles_per_strip)`` (at least 1)
     random columns of every strip, ascending; unused tail -1"""
@@ -101,14 +154,56 @@ def _tiles_index(rng, strips: int, tiles_per_strip: int, density: float):
 
 #: bytes a flush copies (read + write): well over the H100's 50 MB L2
 _FLUSH_BYTES = 1 << 27
+#: on a CPU (the llvm target): over a core's L2 and its share of L3
+_FLUSH_BYTES_CPU = 1 << 25
+#: the global function ``time_evaluator`` calls before every timed run
+FLUSH_FUNC = "pit.flush_l2"
 _FLUSH: dict = {}
 
 
-def _flush_l2(*_args) -> None:
-    """``time_evaluator`` ``f_preproc``: evict the L2 cache by a device-to-device copy of
-    :data:`_FLUSH_BYTES` (queued on the stream before the timed run's start event)"""
+def _flush_l2(*args) -> None:
+    """``time_evaluator`` ``f_preproc``: evict the cache by a device-to-device copy of
+    :data:`_FLUSH_BYTES` (CPU: :data:`_FLUSH_BYTES_CPU`) on the device of the kernel's first
+    argument (queued on the stream before the timed run's start event).  The buffers are
+    allocated at the first call in a process: in the local runner's worker, or on an RPC
+    server (where ``time_evaluator`` runs and looks this function up by name)."""
+    device = args[0].device
+    if _FLUSH.get("device") != str(device):
+        size = _FLUSH_BYTES_CPU if device.dlpack_device_type() == 1 else _FLUSH_BYTES
+        _FLUSH["buffers"] = None      # free the previous device's buffers first
+        _FLUSH["buffers"] = tuple(_empty_bytes(size, device) for _ in range(2))
+        _FLUSH["device"] = str(device)
     dst, src = _FLUSH["buffers"]
     dst.copyfrom(src)
+
+
+def _empty_bytes(size: int, device):
+    import tvm
+
+    return tvm.runtime.empty((size,), "uint8", device)
+
+
+def register_server_functions() -> None:
+    """Register what the PIT runners call by name on the side that times the kernels
+    (:data:`FLUSH_FUNC`): in the local runner's worker, and as the ``server_init_callback``
+    of the RPC servers :mod:`pit_tvm.tuning.rpc_server` starts."""
+    import tvm_ffi
+
+    tvm_ffi.register_global_func(FLUSH_FUNC, _flush_l2, override=True)
+
+
+def _time_cold(rt_mod, device, evaluator_config, repeated_args):
+    """``number x repeat`` timed runs of one call each, every one after :data:`FLUSH_FUNC`"""
+    import itertools
+
+    evaluator = rt_mod.time_evaluator(rt_mod.entry_name, device, number=1,
+                                      repeat=evaluator_config.number * evaluator_config.repeat,
+                                      min_repeat_ms=0, f_preproc=FLUSH_FUNC)
+    costs = []
+    for args in repeated_args:
+        device.sync()
+        costs.append(evaluator(*args).results)
+    return [float(c) for c in itertools.chain.from_iterable(costs)]
 
 
 def run_evaluator_cold_l2(rt_mod, device, evaluator_config, repeated_args):
@@ -117,20 +212,19 @@ def run_evaluator_cold_l2(rt_mod, device, evaluator_config, repeated_args):
     the compaction writes it) between two GEMMs, so B and A are cold when the PIT kernel
     starts; timed back to back, a tile shape that re-reads B more often looks faster than it
     is (H100, mma.sync tiles, 32x1 micro-tiles: a config 5 % ahead warm was 12 % behind in the op)."""
-    import itertools
+    register_server_functions()
+    return _time_cold(rt_mod, device, evaluator_config, repeated_args)
 
-    import tvm
-    import tvm_ffi
 
-    if _FLUSH.get("device") != str(device):
-        _FLUSH["buffers"] = tuple(tvm.runtime.empty((_FLUSH_BYTES,), "uint8", device) for _ in range(2))
-        _FLUSH["device"] = str(device)
-        tvm_ffi.register_global_func("pit.flush_l2", _flush_l2, override=True)
-    evaluator = rt_mod.time_evaluator(rt_mod.entry_name, device, number=1,
-                                      repeat=evaluator_config.number * evaluator_config.repeat,
-                                      min_repeat_ms=0, f_preproc="pit.flush_l2")
-    costs = []
-    for args in repeated_args:
-        device.sync()
-        costs.append(evaluator(*args).results)
-    return [float(c) for c in itertools.chain.from_iterable(costs)]
+def rpc_run_evaluator_cold_l2(session, rt_mod, device, evaluator_config, repeated_args):
+    """``RPCRunner`` ``f_run_evaluator``: :func:`run_evaluator_cold_l2` on the RPC server.
+    ``time_evaluator`` runs there and calls :data:`FLUSH_FUNC` there, so the server must have
+    registered it (servers started by ``python -m pit_tvm.tuning.rpc_server`` do)."""
+    try:
+        session.get_function(FLUSH_FUNC)
+    except Exception as err:  # noqa: BLE001 - tvm raises a plain error for a missing function
+        raise RuntimeError(
+            f"the RPC server has no {FLUSH_FUNC} (the cold-L2 timing): start the servers with "
+            "`python -m pit_tvm.tuning.rpc_server --tracker HOST:PORT --key KEY`, not "
+            "`python -m tvm.exec.rpc_server`") from err
+    return _time_cold(rt_mod, device, evaluator_config, repeated_args)

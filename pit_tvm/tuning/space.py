@@ -636,3 +636,30 @@ class PitBuilder(ms.builder.PyBuilder):
         prepared = [ms.builder.BuilderInput(prepare_candidate(b.mod), b.target, b.params)
                     for b in build_inputs]
         return self.inner.build(prepared)
+
+
+# --------------------------------------------------------------------------------------
+# CPU (llvm): a small space of the rows workload, to tune through RPC servers without a GPU
+# --------------------------------------------------------------------------------------
+#: the ``kernel`` name of the CPU space (:func:`cpu_space_generator`)
+CPU_KERNEL = "cpu"
+
+
+def cpu_space(sch: s_tir.Schedule) -> s_tir.Schedule:
+    """The rows workload (:func:`tuning_workload`, which builds as is on llvm) with its
+    ``matmul`` block's N and K loops tiled by sampled factors, the N tile innermost.  Two
+    perfect-tile decisions (mutated by ``MutateTileSize``): a space of a few dozen kernels
+    for a small shape, which is what tuning on CPU RPC servers (tests, trying the setup
+    without a GPU) needs; builds for llvm do not read its logs."""
+    mm = sch.get_sblock("matmul")
+    p, j, kk = sch.get_loops(mm)[-3:]
+    jo, ji = sch.split(j, sch.sample_perfect_tile(j, n=2, max_innermost_factor=64))
+    ko, ki = sch.split(kk, sch.sample_perfect_tile(kk, n=2, max_innermost_factor=64))
+    sch.reorder(p, jo, ko, ki, ji)
+    return sch
+
+
+def cpu_space_generator() -> ms.space_generator.ScheduleFn:
+    """The ``space=`` of ``ms.tune_tir`` for :data:`CPU_KERNEL`"""
+    return ms.space_generator.ScheduleFn(cpu_space, sch_rules=[], postprocs=[],
+                                         mutator_probs={ms.mutator.MutateTileSize(): 1.0})

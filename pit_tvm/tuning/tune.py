@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -172,9 +173,10 @@ def kernel_micro_tile(kernel: str | None, k: int, n: int, micro_tile) -> tuple[i
 
 
 def _leaf(k: int, n: int, dtype: str, kernel: str = "mma.sync", micro_tile=None) -> str:
-    """``[wgmma_]matmul[_{mr}x{mk}]_k{k}_n{n}_{dtype}``: the kernel's micro-tile for the tiles kinds"""
+    """``[wgmma_|cpu_]matmul[_{mr}x{mk}]_k{k}_n{n}_{dtype}``: the kernel's micro-tile for the tiles kinds"""
     tiles = "" if micro_tile is None else f"_{int(micro_tile[0])}x{int(micro_tile[1])}"
-    return ("wgmma_" if kernel.startswith("wgmma") else "") + f"{OP}{tiles}_k{int(k)}_n{int(n)}_{dtype}"
+    prefix = "wgmma_" if kernel.startswith("wgmma") else "cpu_" if kernel == _space.CPU_KERNEL else ""
+    return prefix + f"{OP}{tiles}_k{int(k)}_n{int(n)}_{dtype}"
 
 
 def log_dir(k: int, n: int, dtype: str = "float16", work_dir=None, gpu: str | None = None,
@@ -243,11 +245,12 @@ def _progress_bar(**kw):
 class _Progress(ms.measure_callback.PyMeasureCallback):
     """tqdm bar advanced by the measured candidates of each MetaSchedule iteration."""
 
-    def __init__(self, bar) -> None:
+    def __init__(self, bar, servers=None) -> None:
         super().__init__()
         self.bar = bar
         self.best = math.inf
         self.failed = 0
+        self.servers = servers      # () -> str: the servers in use (RPC), or None
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         for b, r in zip(builder_results, runner_results):
@@ -261,6 +264,11 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         post = {"failed": self.failed}
         if self.best < math.inf:
             post["best_us"] = f"{self.best * 1e6:.1f}"
+        if self.servers is not None:
+            try:
+                post["servers"] = self.servers()
+            except Exception as err:  # noqa: BLE001 - the bar never stops the search
+                post["servers"] = f"? ({type(err).__name__})"
         self.bar.set_postfix(post)
         self.bar.update(len(measure_candidates))
 
@@ -278,7 +286,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
                 out_dtype: str | None = None, density: float = TILES_TUNE_DENSITY,
                 trials_per_iter: int = 32, population_size: int = 128, seed: int = 1,
                 builder=None, runner=None, number: int = 5, repeat: int = 3,
-                progress: bool = True) -> Path:
+                progress: bool = True, servers=None) -> Path:
     """Tune the tensor-core PIT kernel of ``C[M, n] = A[M, k] @ B[k, n]`` for ``micro_tile``
     (``(1, None)``: whole rows; ``(mr, mk)`` with ``mk < k``: micro-tiles along K) with
     MetaSchedule + XGBoost; return the database directory.
@@ -290,8 +298,13 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     listed).  Every candidate is timed ``number x repeat`` times, each run after an L2 flush
     (:func:`~pit_tvm.tuning._worker.run_evaluator_cold_l2`: in the op the index kernels run
     between two GEMMs).  ``builder``/``runner`` override the LocalBuilder/LocalRunner (an
-    ``RPCRunner``, or a fake runner in tests).  Re-running with the same directory resumes:
-    measured records seed the evolutionary search.
+    ``RPCRunner``: :func:`pit_tvm.tuning.rpc.rpc_runner`, or a fake runner in tests);
+    ``servers`` (``() -> str``) puts the servers in use on the progress bar.  Re-running with
+    the same directory resumes: measured records seed the evolutionary search.
+
+    ``target="llvm"`` tunes the rows workload on the CPU in a small space
+    (:func:`pit_tvm.tuning.space.cpu_space`, into ``<work_dir>/cpu/cpu_matmul_k{K}_n{N}_{dtype}/``):
+    tuning through CPU RPC servers, without a GPU; CPU builds do not read its logs.
     """
     if dtype not in IN_DTYPES:
         raise ValueError(f"the tensor-core kernel takes {IN_DTYPES}, got {dtype!r}")
@@ -303,8 +316,14 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     if not 0.0 < float(density) < 1.0:
         raise ValueError(f"density must be in (0, 1) (a full index runs the dense kernel), got {density}")
     tgt = make_target(target)
+    if tgt.kind.name == "llvm":
+        return _tune_cpu(k, n, dtype, tgt, trials, work_dir, micro_tile, m=m, out_dtype=out_dtype,
+                         trials_per_iter=trials_per_iter, population_size=population_size, seed=seed,
+                         builder=builder, runner=runner, number=number, repeat=repeat,
+                         progress=progress, servers=servers)
     if tgt.kind.name != "cuda":
-        raise ValueError(f"tune_matmul tunes the CUDA tensor-core kernel, got target {tgt}")
+        raise ValueError(f"tune_matmul tunes the CUDA tensor-core kernel (or, on llvm, the CPU rows "
+                         f"workload), got target {tgt}")
     arch = _space._arch_of(tgt)
     out_dtype = out_dtype or dtype
     kernel = tuned_kernel(k, n, dtype, tgt, out_dtype, micro_tile)
@@ -342,7 +361,16 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
             f_alloc_argument=functools.partial(alloc_pit_arguments, density=float(density)),
             f_run_evaluator=run_evaluator_cold_l2)
     database = ms.database.JSONDatabase(work_dir=str(db_dir))
-    strategy = ms.search_strategy.EvolutionarySearch(
+    strategy = _strategy(population_size, trials_per_iter)
+
+    _measure_planned(workload, _space.KNOBSETS[kernel], arch, tgt, builder, runner, database)
+    _search(workload, tgt, db_dir, trials, trials_per_iter, builder, runner, database,
+            _space.space_generator(arch, kernel), strategy, cores, seed, progress, servers)
+    return db_dir
+
+
+def _strategy(population_size: int, trials_per_iter: int):
+    return ms.search_strategy.EvolutionarySearch(
         population_size=population_size,
         init_measured_ratio=0.2,
         init_min_unmeasured=min(population_size, max(16, trials_per_iter)),
@@ -351,10 +379,25 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
         genetic_max_fail_count=10,
         eps_greedy=0.05)
 
-    _measure_planned(workload, _space.KNOBSETS[kernel], arch, tgt, builder, runner, database)
+
+def _detach_unnamed_log_handlers() -> None:
+    """MetaSchedule's ``create_loggers`` lists its logger's handlers by name and fails on an
+    unnamed one, which pytest attaches to every non-propagating logger (as that logger is after
+    a first tune): a second tune in one test process failed.  Detach them; the ``dictConfig``
+    that follows replaces that logger's handlers anyway."""
+    logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in list(logger.handlers):
+        if handler.get_name() is None:
+            logger.removeHandler(handler)
+
+
+def _search(workload, tgt, db_dir, trials, trials_per_iter, builder, runner, database, space,
+            strategy, cores, seed, progress, servers) -> None:
+    """``ms.tune_tir`` with the XGBoost cost model and the progress bar"""
+    _detach_unnamed_log_handlers()
     bar = _progress_bar(total=int(trials), desc=f"tune {db_dir.name}", unit="trial",
                         disable=not progress)
-    callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_Progress(bar)]
+    callbacks = list(ms.measure_callback.MeasureCallback.create("default")) + [_Progress(bar, servers)]
     try:
         ms.tune_tir(
             mod=tvm.IRModule({"main": workload}),
@@ -367,13 +410,38 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
             database=database,
             cost_model="xgb",
             measure_callbacks=callbacks,
-            space=_space.space_generator(arch, kernel),
+            space=space,
             strategy=strategy,
             num_tuning_cores=cores,
             seed=int(seed),
         )
     finally:
         bar.close()
+
+
+def _tune_cpu(k, n, dtype, tgt, trials, work_dir, micro_tile, *, m, out_dtype, trials_per_iter,
+              population_size, seed, builder, runner, number, repeat, progress, servers) -> Path:
+    """:func:`tune_matmul` on llvm: the rows workload in :func:`pit_tvm.tuning.space.cpu_space`"""
+    if not is_rows(k, micro_tile):
+        raise NotImplementedError(f"on llvm only whole-row micro-tiles are tunable, got {micro_tile}")
+    workload = _space.tuning_workload(int(k), int(n), dtype, out_dtype or dtype, m)
+    db_dir = log_dir(k, n, dtype, work_dir, gpu=_space.CPU_KERNEL, kernel=_space.CPU_KERNEL)
+    db_dir.mkdir(parents=True, exist_ok=True)
+    _ensure_worker_path()
+    cores = os.cpu_count() or 1
+    if builder is None:
+        builder = ms.builder.LocalBuilder(max_workers=cores, timeout_sec=600, f_build=build_module,
+                                          f_export=export_shared)
+    if runner is None:
+        runner = ms.runner.LocalRunner(
+            timeout_sec=120,
+            evaluator_config=ms.runner.EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=0,
+                                                       enable_cpu_cache_flush=False),
+            f_alloc_argument=alloc_pit_arguments, f_run_evaluator=run_evaluator_cold_l2)
+    database = ms.database.JSONDatabase(work_dir=str(db_dir))
+    _search(workload, tgt, db_dir, trials, trials_per_iter, builder, runner, database,
+            _space.cpu_space_generator(), _strategy(population_size, trials_per_iter), cores, seed,
+            progress, servers)
     return db_dir
 
 
@@ -401,7 +469,8 @@ def _measure_planned(workload, knobset, arch, target, builder, runner, database)
     if built.error_msg is not None:
         warnings.warn(f"the planned config {planned} did not build: {built.error_msg[-300:]}", stacklevel=3)
         return
-    (result,) = [f.result() for f in runner.run([ms.runner.RunnerInput(built.artifact_path, "cuda", args_info)])]
+    (result,) = [f.result() for f in runner.run([ms.runner.RunnerInput(built.artifact_path, target.kind.name,
+                                                                       args_info)])]
     if result.error_msg is not None or not result.run_secs:
         warnings.warn(f"the planned config {planned} did not run: {str(result.error_msg)[-300:]}", stacklevel=3)
         return
