@@ -12,7 +12,8 @@ generated kernel's name and buffer signature whose body is ``T.evaluate(0)``.  T
   them as free variables (``map_free_vars=True``), which still requires equal ``name_hint``\\ s
   (every Relax variable inside is bound by the function, so nothing else is left free);
 * a stub is compared with the generated PrimFunc's signature (parameter count, each one's dtype,
-  rank and static dims; a symbolic dim of the stub matches any dim); a PrimFunc written out in full is compared whole.
+  rank and static dims; a symbolic dim or a bare ``T.handle`` of the stub matches anything);
+  a PrimFunc written out in full is compared whole.
 """
 from __future__ import annotations
 
@@ -32,14 +33,27 @@ def _dims(param) -> list:
     return [int(d) if isinstance(d, tirx.IntImm) else None for d in param.shape]
 
 
+def _is_buffer(param) -> bool:
+    """``param`` is a buffer (a bare ``T.handle`` never matched to a buffer is not)"""
+    try:
+        param.dtype
+    except AttributeError:
+        return False
+    return True
+
+
 def assert_signature_matches(name: str, kernel: tirx.PrimFunc, stub: tirx.PrimFunc) -> None:
     """``kernel`` takes as many parameters as ``stub``, each of its dtype and rank, with its
     static dims; a symbolic dim of the stub stands for any dim (the kernels' symbolic dims are
-    index arithmetic on the row count, which their own tests cover)."""
+    index arithmetic on the row count, which their own tests cover), and so does a bare
+    ``T.handle`` of the stub for any parameter."""
     assert len(kernel.params) == len(stub.params), \
         f"kernel {name}: {len(kernel.params)} parameters, expected {len(stub.params)}"
     for i, (got, want) in enumerate(zip(kernel.params, stub.params)):
-        assert str(got.dtype) == str(want.dtype), f"kernel {name} parameter {i}: {got.dtype} != {want.dtype}"
+        if not _is_buffer(want):
+            continue
+        assert _is_buffer(got) and str(got.dtype) == str(want.dtype), \
+            f"kernel {name} parameter {i}: {got} is not a {want.dtype} buffer"
         g, w = _dims(got), _dims(want)
         assert len(g) == len(w) and all(b is None or a == b for a, b in zip(g, w)), \
             f"kernel {name} parameter {i}: shape {list(got.shape)} != expected {list(want.shape)}"
