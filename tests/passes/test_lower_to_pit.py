@@ -20,7 +20,8 @@ class Annotated:
     wrapper ``pit_matmul_0`` (micro-tile 32 x 1, the K:SRead rule)."""
 
     @R.function(private=True)
-    def pit_matmul_0(a: R.Tensor((64, 32), "float32"), b: R.Tensor((32, 16), "float32")) -> R.Tensor((64, 16), "float32"):
+    def pit_matmul_0(a: R.Tensor((64, 32), "float32"),
+                     b: R.Tensor((32, 16), "float32")) -> R.Tensor((64, 16), "float32"):
         R.func_attr({"pit.id": 0, "pit.micro_tile": [32, 1], "pit.reason": "relu", "pit.rule": "K:SRead",
                      "pit.source": "relu", "pit.sparse_operand": "lhs", "pit.tensor": "r"})
         gv: R.Tensor((64, 16), "float32") = R.matmul(a, b)
