@@ -6,7 +6,7 @@ PrimFuncs of hundreds of lines, impractical to write out by hand and covered by 
 numeric tests.  Their ``Expected`` modules write such a kernel as a *stub*: a PrimFunc with the
 generated kernel's name and buffer signature whose body is ``T.evaluate(0)``.  Then:
 
-* both modules hold the same function names;
+* both modules hold the same function names and the same module attrs;
 * every Relax function is compared with ``tvm.ir.assert_structural_equal``.  Calls name their
   callee by ``GlobalVar``; two modules' GlobalVars are different objects, so the comparison maps
   them as free variables (``map_free_vars=True``), which still requires equal ``name_hint``\\ s
@@ -23,9 +23,10 @@ from tvm import relax, tirx
 
 def is_stub(func) -> bool:
     """``func`` is a PrimFunc whose body is ``T.evaluate(0)``."""
-    body = func.body
-    return (isinstance(func, tirx.PrimFunc) and isinstance(body, tirx.Evaluate)
-            and isinstance(body.value, tirx.IntImm) and int(body.value) == 0)
+    if not isinstance(func, tirx.PrimFunc) or not isinstance(func.body, tirx.Evaluate):
+        return False
+    value = func.body.value
+    return isinstance(value, tirx.IntImm) and int(value) == 0
 
 
 def _dims(param) -> list:
@@ -65,6 +66,7 @@ def assert_ir_equal(after: tvm.IRModule, expected: tvm.IRModule) -> None:
     got = {gv.name_hint: f for gv, f in after.functions_items()}
     want = {gv.name_hint: f for gv, f in expected.functions_items()}
     assert sorted(got) == sorted(want), f"functions {sorted(got)} != expected {sorted(want)}"
+    tvm.ir.assert_structural_equal(after.attrs, expected.attrs)
     for name, exp in want.items():
         act = got[name]
         assert type(act) is type(exp), f"{name}: {type(act).__name__} != expected {type(exp).__name__}"
