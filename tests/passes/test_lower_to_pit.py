@@ -4,6 +4,7 @@ dense.  The generated index and kernel PrimFuncs are stubs in ``Expected``
 (:mod:`_ir_compare`); their numerics are tests/test_matmul.py's."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 from tvm.script import ir as I
@@ -122,3 +123,81 @@ def test_module_without_wrappers_is_left_alone():
 
     after = LowerToPIT("llvm")(Plain)
     tvm.ir.assert_structural_equal(after, Plain)
+
+
+@I.ir_module
+class MaskedWithEpilogue:
+    """A padding-masked matmul (wrapper with the row mask as third argument, whole-row
+    micro-tile) followed by a bias + ReLU chain."""
+
+    @R.function(private=True)
+    def pit_matmul_0(a: R.Tensor((2, 8, 32), "float32"), b: R.Tensor((32, 16), "float32"),
+                     row_mask: R.Tensor((2, 8, 1), "float32")) -> R.Tensor((2, 8, 16), "float32"):
+        R.func_attr({"pit.id": 0, "pit.micro_tile": [1, 32], "pit.reason": "mask", "pit.row_mask_arg": 1,
+                     "pit.rule": "M:SRead+SWrite", "pit.source": "padding:attention_mask",
+                     "pit.sparse_operand": "lhs", "pit.tensor": "h"})
+        gv = R.matmul(a, b)
+        return gv
+
+    @R.function
+    def main(x: R.Tensor((2, 8, 32), "float32"), attention_mask: R.Tensor((2, 8, 1), "float32"),
+             w: R.Tensor((32, 16), "float32"), b: R.Tensor((16,), "float32")) -> R.Tensor((2, 8, 16), "float32"):
+        cls = MaskedWithEpilogue
+        with R.dataflow():
+            h = R.multiply(x, attention_mask)
+            y = cls.pit_matmul_0(h, w, attention_mask)
+            z = R.add(y, b)
+            r = R.nn.relu(z)
+            R.output(r)
+        return r
+
+
+@I.ir_module
+class MaskedLowered:
+    """The rows index is built from the mask (one value per row), not from h; the PIT kernel
+    runs on h's rows; on the CPU the chain stays Relax ops after it."""
+
+    @T.prim_func(private=True)
+    def pit_row_index_float32(mask_h: T.handle, offsets: T.Buffer((2,), "int32"), ids_h: T.handle):
+        m = T.int64()
+        mask = T.match_buffer(mask_h, (m, 1), "float32")
+        ids = T.match_buffer(ids_h, (m,), "int32")
+        T.evaluate(0)
+
+    @T.prim_func(private=True)
+    def pit_kernel_1x32_k32_n16_float32(a_h: T.handle, w: T.Buffer((32, 16), "float32"),
+                                        offsets: T.Buffer((2,), "int32"), ids_h: T.handle, c_h: T.handle):
+        m, n_ids = T.int64(), T.int64()
+        a = T.match_buffer(a_h, (m, 32), "float32")
+        ids = T.match_buffer(ids_h, (n_ids,), "int32")
+        c = T.match_buffer(c_h, (m, 16), "float32")
+        T.evaluate(0)
+
+    @R.function
+    def main(x: R.Tensor((2, 8, 32), "float32"), attention_mask: R.Tensor((2, 8, 1), "float32"),
+             w: R.Tensor((32, 16), "float32"), b: R.Tensor((16,), "float32")) -> R.Tensor((2, 8, 16), "float32"):
+        cls = MaskedLowered
+        with R.dataflow():
+            h = R.multiply(x, attention_mask)
+            rows = R.reshape(h, R.shape([16, 32]))
+            row_mask = R.reshape(attention_mask, R.shape([16, 1]))
+            index = R.call_tir(cls.pit_row_index_float32, (row_mask,),
+                               out_ty=[R.Tensor((2,), "int32"), R.Tensor((16,), "int32")])
+            offsets = index[0]
+            ids = index[1]
+            c = R.call_tir(cls.pit_kernel_1x32_k32_n16_float32, (rows, w, offsets, ids),
+                           out_ty=R.Tensor((16, 16), "float32"))
+            y = R.reshape(c, R.shape([2, 8, 16]))
+            z = R.add(y, b)
+            r1 = R.nn.relu(z)
+            r = r1
+            R.output(r)
+        return r
+
+
+def test_row_mask_builds_the_index_and_the_chain_follows_the_kernel():
+    """LowerToPIT lowers the matmul at its own binding and again with its epilogue chain; the
+    first is dead code, which DeadCodeElimination (run after it in compile_onnx) removes."""
+    bind = tvm.relax.transform.BindParams("main", {"b": np.linspace(-1, 1, 16).astype("float32")})
+    after = tvm.relax.transform.DeadCodeElimination()(LowerToPIT("llvm")(bind(MaskedWithEpilogue)))
+    assert_ir_equal(after, bind(MaskedLowered))
