@@ -49,8 +49,12 @@ import functools
 from tvm import tirx
 from tvm.script import tirx as T
 
+from pit_tvm.schedules.hopper.config import WGMMA_ARCH
+from pit_tvm.schedules.hopper.config import TARGET as _TARGET
+from pit_tvm.schedules.hopper.lowering import lower_tirx
+from pit_tvm.schedules.hopper.smem import PTX_TYPE as _PTX_TYPE
+from pit_tvm.schedules.hopper.smem import SWIZZLE_128B as _SWIZZLE_128B
 from pit_tvm.schedules.limits import IN_DTYPES, max_smem_bytes
-from pit_tvm.schedules.wgmma import _PTX_TYPE, _SWIZZLE_128B, _TARGET, WGMMA_ARCH, lower_tirx
 
 __all__ = ["MASKED_KEY", "attention_applies", "fused_attention_func"]
 

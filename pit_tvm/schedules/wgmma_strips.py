@@ -60,7 +60,10 @@ from tvm.script import tirx as T
 
 from pit_tvm.index._tile_kernels import (STATE_DTYPE, lanes_below, nz_bits, state_add, state_completes,
                                          state_listed, warp_ballot)
-from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx, strip_closer, strip_state_words
+from pit_tvm.schedules.hopper.config import BLOCK_M
+from pit_tvm.schedules.hopper.config import TARGET as _TARGET
+from pit_tvm.schedules.hopper.lowering import lower_tirx
+from pit_tvm.schedules.hopper.strips import strip_closer, strip_state_words
 
 __all__ = ["LIST_ATTR", "STATE_DTYPE", "strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
 
