@@ -18,6 +18,7 @@ WGMMA_ARCH = "sm_90a"
 BLOCK_M = 128          # 2 warpgroups x wgmma M=64
 BLOCK_K = 64           # one 128-byte swizzle atom of fp16/bf16 along K
 THREADS = 256          # the two consumer warpgroups
+CONSUMER_WARPGROUPS = THREADS // 128
 #: dynamic shared memory per block of the target arch
 MAX_SMEM_BYTES = max_smem_bytes(WGMMA_ARCH)
 #: the target the Hopper kernels are lowered for

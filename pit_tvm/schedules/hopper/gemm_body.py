@@ -39,10 +39,11 @@ from pit_tvm.index._tile_kernels import (STATE_DTYPE, lanes_below, state_add, st
 from pit_tvm.index.tiles import column_of_id, strip_micro_tile, strip_positions
 from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, STORE_READY_BARRIER, exit_thread,
                                                named_barrier_arrive, named_barrier_sync)
-from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, LOADER_THREADS, STORE_BATCH, STORER_THREADS,
-                                             THREADS, BCopyLayout, c_row_pitch, c_stage_elems)
+from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, CONSUMER_WARPGROUPS, LOADER_THREADS, STORE_BATCH,
+                                             STORER_THREADS, THREADS, BCopyLayout, c_row_pitch, c_stage_elems)
 from pit_tvm.schedules.hopper.epilogue import gelu_erf
 from pit_tvm.schedules.hopper.planner import SMS, needs_compaction, residual_spills_ws, tiles_ws_applies
+from pit_tvm.schedules.hopper.ring import MbarrierRing
 from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, TMA_LOAD_2D, swizzle_64b,
                                            swizzle_128b, tma_map_encoder)
 from pit_tvm.schedules.hopper.strips import strip_closer, strip_state_words
@@ -106,6 +107,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     # see ``tiles_loader``
     TX_BYTES = ((A_TILE if mode == "dense" or ws_tiles else 0) + B_TILE) * dtype_bytes(in_dtype)
     FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" or ws_tiles else 0)
+    ring = MbarrierRing(STAGES)       # ws: the loader warpgroup fills it, the consumers drain it
     A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
     loader_b_copy = BCopyLayout(BN, BK, True, LOADER_THREADS)
     strips = strips_mk > 0
@@ -423,20 +425,19 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                 a_row[j] = row_id(IDS, bm * BM + a_chunk(lane, LOADER_THREADS, j)[0], m)
         for kt in T.serial(KT):
             s = kt % STAGES
-            if kt >= STAGES:
-                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
+            ring.acquire(bars, s, kt)
             if lane == 0:
-                T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]), T.uint32(TX_BYTES))
+                ring.expect_tx(bars, s, TX_BYTES)
                 if mode == "dense" or ws_tiles:
                     T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
-                                        bars.ptr_to([s]))
+                                        ring.full(bars, s))
                 for atom in T.unroll(BN // 64):
                     T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                        T.address_of(map_b), bn * BN + atom * 64, kt * BK, bars.ptr_to([s]))
+                                        T.address_of(map_b), bn * BN + atom * 64, kt * BK, ring.full(bars, s))
             if mode == "rows":
                 sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
             if mode == "rows" or ws_tiles:
-                T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
+                ring.arrive_on_copies(bars, s)
 
     lb_rows = loader_b_copy.rows
 
@@ -475,15 +476,13 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                 b_row_id[i] = column_of_id(b_entry(b_row_next[0], lane, i), kt * BK + loader_b_copy.row(lane, i),
                                            mk)
             b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK + b_id_row(lane))
-            if kt >= STAGES:
-                T.cuda.mbarrier_wait(bars.ptr_to([STAGES + s]), (kt // STAGES + 1) % 2)
+            ring.acquire(bars, s, kt)
             if lane == 0:
-                T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([s]),
-                                                           T.uint32(A_TILE * dtype_bytes(in_dtype)))
+                ring.expect_tx(bars, s, A_TILE * dtype_bytes(in_dtype))
                 T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), a_col[0], bm * BM,
-                                    bars.ptr_to([s]))
+                                    ring.full(bars, s))
             sread_b(kt, lane, loader_b_copy, bn, bm, OFF, B, smem, b_row_id)
-            T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([s]))
+            ring.arrive_on_copies(bars, s)
 
     @T.macro
     def ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars):
@@ -491,15 +490,13 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         and release the slot of K tile q - 1 once that one's wgmma retired"""
         for q in T.serial(k_tiles(OFF, bm)):
             slot = q % STAGES
-            T.cuda.mbarrier_wait(bars.ptr_to([slot]), (q // STAGES) % 2)
+            ring.wait_full(bars, slot, q)
             if mode != "dense":
                 # (A's rows, the tiles kind's B rows, came by cp.async, the generic proxy; wgmma
                 # reads through the async one)
                 T.ptx["fence.proxy.async.shared::cta"]()
             wgmma_step(slot, acc, desc_a, desc_b)
-            if q > 0:
-                if tid % 128 == 0:
-                    T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + (q - 1) % STAGES]), T.uint32(1))
+            ring.release(bars, q, tid)
 
     @T.macro
     def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
@@ -514,9 +511,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                 # full[s] waits for one arrival and the slot's TMA bytes (rows: and each loader
                 # thread's cp.async), empty[s] for both consumer warpgroups
                 if tid == 0:
-                    for s in T.unroll(STAGES):
-                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(FULL_ARRIVALS))
-                        T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(2))
+                    ring.init(bars, FULL_ARRIVALS, CONSUMER_WARPGROUPS)
                 T.evaluate(consumer_sync())
                 if tid >= THREADS:
                     if tiles:
