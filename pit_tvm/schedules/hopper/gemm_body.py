@@ -41,7 +41,7 @@ from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, STORE_READY_BA
                                                named_barrier_arrive, named_barrier_sync)
 from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, CONSUMER_WARPGROUPS, LOADER_THREADS, STORE_BATCH,
                                              STORER_THREADS, THREADS, BCopyLayout, c_row_pitch, c_stage_elems)
-from pit_tvm.schedules.hopper.epilogue import gelu_erf
+from pit_tvm.schedules.hopper.epilogue import Epilogue
 from pit_tvm.schedules.hopper.planner import SMS, needs_compaction, residual_spills_ws, tiles_ws_applies
 from pit_tvm.schedules.hopper.ring import MbarrierRing
 from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, TMA_LOAD_2D, swizzle_64b,
@@ -138,36 +138,11 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     B_LBO, B_SBO = BK * 128 // 16, 1024 // 16
     zero_out = tirx.const(0, out_dtype)
 
-    def activation(v):
-        if act == "relu":
-            return T.max(v, T.float32(0))
-        if act == "gelu":
-            return gelu_erf(v)
-        return v
-
-    def epilogue(v, bias_buf, col, scale):
-        """fp32 accumulator -> (A's row scale,) bias, activation, row scale (``scale``: the
-        row's, fp32) -> output dtype"""
-        if row_scale_a and scale is not None:   # (a zero row's product: zero, whatever its scale)
-            v = v * scale
-        if has_bias:
-            v = v + T.Cast("float32", bias_buf[col])
-        v = activation(v)
-        return T.Cast(out_dtype, v * scale if row_scale else v)
-
-    def plus_residual(v, res_regs, j, e):
-        """the skip connection (chunk j's element e, loaded ahead), added in the output dtype
-        (as the graph's own add)"""
-        return v + res_regs[j * C_VEC + e] if residual else v
-
-    # epilogue(0) is zero but for a bias (unless a masking row scale zeroes it) or a row scale
-    # that is not the index's mask: the store warpgroup computes it only then (the SWrite's
-    # branches take the same cases: a bias's value staged once, a row scale's per element)
-    unlisted_nonzero = (has_bias and not row_scale) or (row_scale and not row_scale_masks)
-
-    def unlisted(bias_buf, rs_buf, row, col):
-        """the value of a row of A that the index does not list (a zero row): epilogue(0)"""
-        return epilogue(T.float32(0), bias_buf, col, T.Cast("float32", rs_buf[row]) if row_scale else None)
+    ep = Epilogue(out_dtype, has_bias, act, row_scale, row_scale_a, row_scale_masks, residual)
+    epilogue, plus_residual, unlisted = ep.apply, ep.plus_residual, ep.unlisted
+    # the store warpgroup computes epilogue(0) only where it is not zero (the SWrite's branches
+    # take the same cases: a bias's value staged once, a row scale's per element)
+    unlisted_nonzero = ep.unlisted_nonzero
 
     def row_of(ids_buf, p):
         return ids_buf[p] if mode == "rows" else p
