@@ -34,19 +34,18 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.index._tile_kernels import (STATE_DTYPE, lanes_below, state_add, state_completes, state_listed,
-                                         warp_ballot)
+from pit_tvm.index._tile_kernels import STATE_DTYPE
 from pit_tvm.index.tiles import column_of_id, strip_micro_tile, strip_positions
 from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, STORE_READY_BARRIER, exit_thread,
                                                named_barrier_arrive, named_barrier_sync)
 from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, CONSUMER_WARPGROUPS, LOADER_THREADS, STORE_BATCH,
-                                             STORER_THREADS, THREADS, BCopyLayout, c_row_pitch, c_stage_elems)
+                                             STORER_THREADS, THREADS, BCopyLayout, c_row_pitch)
 from pit_tvm.schedules.hopper.epilogue import Epilogue
-from pit_tvm.schedules.hopper.planner import SMS, needs_compaction, residual_spills_ws, tiles_ws_applies
+from pit_tvm.schedules.hopper.planner import SMS, residual_spills_ws, tiles_ws_applies
 from pit_tvm.schedules.hopper.ring import MbarrierRing
 from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, TMA_LOAD_2D, swizzle_64b,
                                            swizzle_128b, tma_map_encoder)
-from pit_tvm.schedules.hopper.strips import strip_closer, strip_state_words
+from pit_tvm.schedules.hopper.strips import TileStripLister, strip_state_words
 from pit_tvm.schedules.limits import dtype_bytes
 
 
@@ -111,23 +110,16 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
     loader_b_copy = BCopyLayout(BN, BK, True, LOADER_THREADS)
     strips = strips_mk > 0
-    # strips: the listing's scratch (int32 words) after the staged C tile: a flag per micro-tile
-    # of the CTA's columns, the tile column of each output slot, each warp's listed count, and
-    # (base, last) of the CTA's atomic add
-    S_NMT = BN // strips_mk if strips else 0         # micro-tiles per CTA
-    S_MKT = N // strips_mk if strips else 0          # micro-tiles per strip of C
-    S_COMPACT = strips and needs_compaction(strips_mk, out_dtype)
-    S_LISTED = (c_stage_elems(BN, out_dtype) * dtype_bytes(out_dtype) + 3) // 4
-    S_SRC = S_LISTED + S_NMT
-    S_WARPS = S_SRC + BN
-    S_INFO = S_WARPS + THREADS // 32
-    # the listing's per-thread values (one int32 local array): whether its micro-tile is listed,
-    # its rank in its warp and in the CTA, the CTA's listed count, the CTA's base in the strip,
-    # whether the CTA completes the strip, an output slot's tile column
-    MINE, WARP_RANK, RANK, LISTED, BASE, LAST, SLOT_COL = range(7)
+    # strips: the listing of C's non-zero micro-tiles in the epilogue (``list_tile`` before the
+    # SWrite, ``place_tile`` after it), its scratch after the staged C tile
+    lister = TileStripLister(BN, N, out_dtype, strips_mk) if strips else None
+    S_NMT = lister.S_NMT if strips else 0            # micro-tiles per CTA
+    S_MKT = lister.S_MKT if strips else 0            # micro-tiles per strip of C
+    S_COMPACT = strips and lister.S_COMPACT
+    S_LISTED = lister.S_LISTED if strips else 0      # (int32 words) the flags of the CTA's micro-tiles
     if strips:
-        smem_elems = max(smem_elems, (S_INFO + 2) * 2)
-        close_strip = strip_closer(strips_mk, S_COMPACT, out_dtype)
+        smem_elems = max(smem_elems, lister.smem_bytes // 2)
+        list_tile, place_tile = lister.list_tile, lister.place_tile
     t = PTX_TYPE[in_dtype]
     wgmma = f"wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{t}.{t}"
     # descriptor offsets are in 16-byte units: A (K-major, 128B swizzle): 8-row groups 1024 B
@@ -297,78 +289,6 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         """SRead of K tile kt into ring slot kt % STAGES (cp.async, not yet committed)"""
         sread_a(kt, tid, THREADS, bm, count, OFF, A, smem, a_row, a_col)
         sread_b(kt, tid, b_copy, bn, bm, OFF, B, smem, b_row_id)
-
-    @T.macro
-    def list_tile(bn, bm, tid, m, smem, ST, orw, ballot, sloc, old):
-        """strips, first half (before the SWrite, which then hides the atomic's latency): the
-        micro-tiles of this CTA's columns that a row of C makes non-zero, each one's rank among
-        them (a warp ballot, then the warps' counts), their output slots' tile columns, and the
-        atomic add that places them in the strip"""
-        # the staged tile's 16-byte chunks as the SWrite reads them (chunk tid % (BN / 8) of rows
-        # tid / (BN / 8) + (2048 / BN) j), OR-ed over this thread's rows of C without their sign
-        # bits: half h of word e is non-zero where column 8 chunk + 2 e + h is in one of them
-        for e in T.unroll(4):
-            orw[e] = T.uint32(0)
-        for j in T.unroll(C_CHUNKS):
-            for e in T.unroll(4):
-                # (rows past M masked, not skipped: the four loads stay one 16-byte load)
-                orw[e] = T.bitwise_or(orw[e], T.bitwise_and(
-                    smem.view("uint32")[((tid + THREADS * j) // C_ROW_CHUNKS * C_ROW
-                                         + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC) // 2 + e],
-                    T.if_then_else(bm * BM + (tid + THREADS * j) // C_ROW_CHUNKS < m, T.uint32(0xFFFFFFFF),
-                                   T.uint32(0))))
-        for e in T.unroll(4):
-            for h in T.unroll(2):
-                if T.bitwise_and(T.shift_right(orw[e], T.uint32(16 * h)), T.uint32(0x7FFF)) != T.uint32(0):
-                    smem.view("int32")[S_LISTED + (tid % C_ROW_CHUNKS * C_VEC + 2 * e + h) // strips_mk] = 1  # (all write 1)
-        T.cuda.cta_sync()
-        sloc[MINE] = 0
-        if tid < S_NMT:
-            sloc[MINE] = smem.view("int32")[S_LISTED + tid]
-        ballot[0] = warp_ballot(sloc[MINE] != 0)
-        sloc[WARP_RANK] = lanes_below(ballot[0], tid % 32)
-        if tid % 32 == 0:
-            smem.view("int32")[S_WARPS + tid // 32] = T.Cast("int32", T.popcount(ballot[0]))
-        T.cuda.cta_sync()
-        sloc[RANK] = sloc[WARP_RANK]
-        sloc[LISTED] = 0
-        for i in T.unroll(THREADS // 32):
-            sloc[LISTED] = sloc[LISTED] + smem.view("int32")[S_WARPS + i]
-            if i < tid // 32:
-                sloc[RANK] = sloc[RANK] + smem.view("int32")[S_WARPS + i]
-        if S_COMPACT:
-            if sloc[MINE] != 0:
-                for e in T.unroll(strips_mk):
-                    smem.view("int32")[S_SRC + sloc[RANK] * strips_mk + e] = tid * strips_mk + e
-        if tid == 0:
-            old[0] = T.cuda.atomic_add(T.address_of(ST[bm]), state_add(sloc[LISTED], 1))
-
-    @T.macro
-    def place_tile(bn, bm, tid, m, p0, smem, ST, CNT, SIDS, AC, sloc, old):
-        """strips, second half: the listed micro-tiles' ids at the CTA's base in the strip's list,
-        (compacting) their columns of the staged C tile into Ac at the same positions, a warp
-        per row; the strip's last CTA writes its count, Ac's zeros up to the next 16-byte chunk,
-        and a zero state"""
-        if tid == 0:
-            smem.view("int32")[S_INFO] = state_listed(old[0])
-            smem.view("int32")[S_INFO + 1] = state_completes(old[0], N // BN)
-        T.cuda.cta_sync()
-        sloc[BASE] = smem.view("int32")[S_INFO]
-        sloc[LAST] = smem.view("int32")[S_INFO + 1]
-        if sloc[MINE] != 0:
-            SIDS[bm * S_MKT + sloc[BASE] + sloc[RANK]] = bn * S_NMT + tid
-        if S_COMPACT:
-            # output slot l + 32 t of rows w + 8 rr (warp w, lane l): every row's load of a slot
-            # issued together
-            for t in T.serial((sloc[LISTED] * strips_mk + 31) // 32):
-                if tid % 32 + 32 * t < sloc[LISTED] * strips_mk:
-                    sloc[SLOT_COL] = smem.view("int32")[S_SRC + tid % 32 + 32 * t]
-                    for rr in T.unroll(BM // (THREADS // 32)):
-                        if p0 + tid // 32 + 8 * rr < m:
-                            AC[p0 + tid // 32 + 8 * rr, sloc[BASE] * strips_mk + tid % 32 + 32 * t] = \
-                                smem.view(out_dtype)[(tid // 32 + 8 * rr) * C_ROW + sloc[SLOT_COL]]
-        if sloc[LAST] != 0:
-            close_strip(tid, bm, m, sloc[BASE] + sloc[LISTED], AC, CNT, ST)
 
     @T.macro
     def wgmma_step(slot, acc, desc_a, desc_b):
@@ -695,7 +615,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         desc_b = T.alloc_local([1], "uint64")
         orw = T.alloc_local([4], "uint32")                  # strips: this thread's chunks of C, OR-ed
         ballot = T.alloc_local([1], "uint32")
-        sloc = T.alloc_local([7], "int32")                  # strips: MINE ... SLOT_COL
+        sloc = T.alloc_local([TileStripLister.SLOTS], "int32")   # strips: the listing's values
         old = T.alloc_local([1], STATE_DTYPE)               # strips: the atomic add's old state
         bars = T.alloc_buffer([2 * STAGES if ws else 1], "uint64", scope="shared", align=8)  # ws: full, empty
         # few-rows tier, the store warpgroup: two batches of row ids, a chunk's values, a row's residual
