@@ -2,11 +2,10 @@
 ("rows" / "dense" / "tiles"), epilogue and loop (all-threads or warp-specialized), with the
 PrimFunc signature of its variant.
 
-Why one closure of ~700 lines (over the ~600 a module may take): the rows, dense, tiles, dense
-fallback and few-rows tier kernels share the tile's K loop, fragment staging and SWrite
-statement for statement, and their generated CUDA is pinned byte for byte
-(benchmarks/sweeps/cuda_fingerprint.py).  The pieces that do not depend on the variant live in
-the sibling modules (config, smem, barriers, ring, epilogue, strips).
+Why one closure for five kernels: the rows, dense, tiles, dense fallback and few-rows tier
+kernels share the tile's K loop, fragment staging and SWrite statement for statement (their
+generated CUDA is pinned byte for byte by benchmarks/sweeps/cuda_fingerprint.py).  The pieces
+live in the sibling modules: config, smem, barriers, ring, loaders, epilogue, strips.
 
 One CTA = 2 consumer warpgroups (256 threads) computes a 128 x BN tile of compacted rows::
 
@@ -31,19 +30,22 @@ cp.async of K tile kt + STAGES - 2 while K tile kt computes, a CTA barrier a K t
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from tvm import tirx
 from tvm.script import tirx as T
 
 from pit_tvm.index._tile_kernels import STATE_DTYPE
-from pit_tvm.index.tiles import column_of_id, strip_micro_tile, strip_positions
+from pit_tvm.index.tiles import strip_micro_tile, strip_positions
 from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, STORE_READY_BARRIER, exit_thread,
                                                named_barrier_arrive, named_barrier_sync)
 from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, CONSUMER_WARPGROUPS, LOADER_THREADS, STORE_BATCH,
                                              STORER_THREADS, THREADS, BCopyLayout, c_row_pitch)
 from pit_tvm.schedules.hopper.epilogue import Epilogue
+from pit_tvm.schedules.hopper.loaders import GEMM_LOADER_NAMES, gemm_loaders
 from pit_tvm.schedules.hopper.planner import SMS, residual_spills_ws, tiles_ws_applies
 from pit_tvm.schedules.hopper.ring import MbarrierRing
-from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, TMA_LOAD_2D, swizzle_64b,
+from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, swizzle_64b,
                                            swizzle_128b, tma_map_encoder)
 from pit_tvm.schedules.hopper.strips import TileStripLister, strip_state_words
 from pit_tvm.schedules.limits import dtype_bytes
@@ -239,56 +241,12 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                                                       T.Cast("uint32", T.if_then_else(valid, 16, 0)))
         return T.ptx["cp.async.cg.shared.global"](dst, src, 16)
 
-    @T.macro
-    def index_ahead(kt, tid, m, bm, OFF, IDS, a_col, b_row_id, a_col_next, b_row_next):
-        """tiles: K tile kt's A columns and B rows from the index entries loaded the iteration
-        before, and the next tile's loaded now; called before any cp.async of the iteration (each
-        one orders memory, so a load after one would wait for it)"""
-        if tiles:
-            for j in T.unroll(A_CHUNKS):
-                qa = kt * BK + (tid + THREADS * j) % A_ROW_CHUNKS * 8
-                if gather_a:
-                    a_col[j] = column_of_id(a_col_next[j], qa, mk)
-                    a_col_next[j] = micro_tile_id(OFF, IDS, m, bm, qa + BK)
-                else:
-                    a_col[j] = qa   # (a compacted A holds position q in column q)
-            for i in T.unroll(B_ROWS):
-                qb = kt * BK + b_kr(tid, i)
-                b_row_id[i] = column_of_id(b_row_next[i], qb, mk)
-                b_row_next[i] = micro_tile_id(OFF, IDS, m, bm, qb + BK)
+    loaders = gemm_loaders(SimpleNamespace(**{name: value for name, value in locals().items()
+                                              if name in GEMM_LOADER_NAMES}))
+    index_ahead, sread = loaders.index_ahead, loaders.sread
+    tma_loader, tiles_loader = loaders.tma_loader, loaders.tiles_loader
+    lb_rows = loader_b_copy.rows                  # ws tiles: rows of B a loader thread copies
 
-    @T.macro
-    def sread_a(kt, t, copiers, bm, count, OFF, A, smem, a_row, a_col):
-        """SRead of A's K tile kt into ring slot kt % STAGES by thread t of ``copiers`` (all
-        threads, or a warp-specialized kernel's loader warpgroup): its chunks of rows ``a_row``"""
-        for j in T.unroll(BM * BK // 8 // copiers):
-            r, ch = a_chunk(t, copiers, j)
-            # (a compacted A, like rows / dense, holds K position q in column q)
-            T.evaluate(copy16(
-                smem.ptr_to([kt % STAGES * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
-                A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
-                a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
-
-    @T.macro
-    def sread_b(kt, t, layout, bn, bm, OFF, B, smem, b_row_id):
-        """SRead of B's K tile kt into ring slot kt % STAGES by thread t of ``layout``'s copiers:
-        MN-major 64-column atoms, 128-byte swizzle (chunk ^ (k % 8))"""
-        for i in T.unroll(layout.rows):
-            for h in T.unroll(layout.groups):
-                kr = layout.row(t, i)
-                gch = layout.chunk(t, i, h)
-                # tiles: B's row column(q) for the strip's compact position q
-                T.evaluate(copy16(
-                    smem.ptr_to([B_BASE + kt % STAGES * B_TILE + (gch // 8) * (BK * 64) + kr * 64
-                                 + swizzle_128b(gch % 8, kr) * 8]),
-                    B.ptr_to([b_row_of(b_row_id, i, kt * BK + kr), bn * BN + gch * 8]),
-                    b_valid(OFF, bm, kt * BK + kr)))
-
-    @T.macro
-    def sread(kt, tid, bn, bm, count, OFF, A, B, smem, a_row, a_col, b_row_id):
-        """SRead of K tile kt into ring slot kt % STAGES (cp.async, not yet committed)"""
-        sread_a(kt, tid, THREADS, bm, count, OFF, A, smem, a_row, a_col)
-        sread_b(kt, tid, b_copy, bn, bm, OFF, B, smem, b_row_id)
 
     @T.macro
     def wgmma_step(slot, acc, desc_a, desc_b):
@@ -304,80 +262,6 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         T.ptx.wgmma.commit_group.sync.aligned()
         T.ptx.wgmma.wait_group.sync.aligned(1)
 
-    @T.macro
-    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col):
-        """ws: the loader warpgroup's K loop.  Once the consumers released ring slot kt % STAGES
-        (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
-        and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
-        writes the 128-byte swizzle the wgmma descriptors read (it follows the shared-memory
-        address) and zeros past M.  Rows: every loader thread copies 8 chunks of A's listed
-        rows by cp.async (``sread_a``), arriving on ``full`` when they land.  The tiles kernel
-        on a full index (see ``tiles_loader``) runs this loop as the dense kernel, each loader
-        thread arriving on ``full`` at once (the slot's arrival count is the tiles loop's)."""
-        lane = tid - THREADS
-        if mode == "rows":
-            for j in T.unroll(A_LOADER_CHUNKS):
-                a_row[j] = row_id(IDS, bm * BM + a_chunk(lane, LOADER_THREADS, j)[0], m)
-        for kt in T.serial(KT):
-            s = kt % STAGES
-            ring.acquire(bars, s, kt)
-            if lane == 0:
-                ring.expect_tx(bars, s, TX_BYTES)
-                if mode == "dense" or ws_tiles:
-                    T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
-                                        ring.full(bars, s))
-                for atom in T.unroll(BN // 64):
-                    T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                        T.address_of(map_b), bn * BN + atom * 64, kt * BK, ring.full(bars, s))
-            if mode == "rows":
-                sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
-            if mode == "rows" or ws_tiles:
-                ring.arrive_on_copies(bars, s)
-
-    lb_rows = loader_b_copy.rows
-
-    def b_id_row(lane):
-        """ws tiles: the K tile row whose index entry loader thread ``lane`` loads.  B's copy
-        layout gives a loader warp 16 rows, ``2w + h + 8i`` (16 lanes a row: ``h = lane / 16``),
-        and lane ``h + 2i`` holds row ``2w + h + 8i``'s entry: one load a thread a K tile, not
-        ``lb_rows``, then a shuffle per row."""
-        return lane // 32 * 2 + lane % 2 + 8 * (lane // 2 % 8)
-
-    def b_entry(entry, lane, i):
-        """ws tiles: the index entry of loader thread ``lane``'s i-th row of B, from the lane
-        that loaded it"""
-        return T.call_extern("int32", "__shfl_sync", T.uint32(0xFFFFFFFF), entry, lane % 32 // 16 + 2 * i, 32)
-
-    @T.macro
-    def tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, a_col, b_row_id, a_col_next, b_row_next):
-        """ws tiles: the loader warpgroup's K loop over the strip's listed K tiles.  Once the
-        consumers released slot kt % STAGES, thread 0 loads A's 128 x 64 box by TMA at the
-        column of K position kt * 64's micro-tile (for the empty strip's one K tile, a column
-        of its all-zero rows), and every loader thread copies 16 chunks of B's listed rows by
-        cp.async (16 lanes a row, zero-filled past the list) and arrives on the slot's ``full``
-        mbarrier when they land.  Each thread loads one index entry a K tile, one tile ahead,
-        and takes its 8 rows' entries by shuffles (``b_id_row``).  (A full index, the dense
-        fallback or a dense pattern, runs ``tma_loader`` instead: A's and B's K tile kt by TMA,
-        K position q = column q for both operands.  Tested per K tile inside this loop, it ran
-        8192^3 ~4 % slower than the dense fallback kernel on the H100.)"""
-        lane = tid - THREADS
-        a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, 0)
-        b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, b_id_row(lane))
-        for kt in T.serial(k_tiles(OFF, bm)):
-            s = kt % STAGES
-            a_col[0] = column_of_id(a_col_next[0], kt * BK, mk)
-            a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK)
-            for i in T.unroll(lb_rows):
-                b_row_id[i] = column_of_id(b_entry(b_row_next[0], lane, i), kt * BK + loader_b_copy.row(lane, i),
-                                           mk)
-            b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, kt * BK + BK + b_id_row(lane))
-            ring.acquire(bars, s, kt)
-            if lane == 0:
-                ring.expect_tx(bars, s, A_TILE * dtype_bytes(in_dtype))
-                T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), a_col[0], bm * BM,
-                                    ring.full(bars, s))
-            sread_b(kt, lane, loader_b_copy, bn, bm, OFF, B, smem, b_row_id)
-            ring.arrive_on_copies(bars, s)
 
     @T.macro
     def ws_k_loop(tid, bm, OFF, smem, acc, desc_a, desc_b, bars):
