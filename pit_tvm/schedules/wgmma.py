@@ -9,8 +9,8 @@ from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, DENSE_ATTR, LOADE
                                              WGMMA_ARCH, BCopyLayout, WgmmaConfig)
 from pit_tvm.schedules.hopper.config import TARGET as _TARGET  # noqa: F401
 from pit_tvm.schedules.hopper.epilogue import gelu_erf  # noqa: F401
-from pit_tvm.schedules.hopper.gemm import (dense_kernel_args, index_is_full, wgmma_dense_fallback_func,
-                                           wgmma_row_gather_func, wgmma_tiles_gather_func)
+from pit_tvm.schedules.hopper.rows import dense_kernel_args, wgmma_row_gather_func
+from pit_tvm.schedules.hopper.tiles import index_is_full, wgmma_dense_fallback_func, wgmma_tiles_gather_func
 from pit_tvm.schedules.hopper.lowering import lower_tirx
 from pit_tvm.schedules.hopper.planner import (FEW_ROWS_STAGES, MAX_STAGES, SMS, TILE_SPEED,  # noqa: F401
                                               needs_compaction, residual_spills_ws, tiles_ws_applies, wgmma_applies,

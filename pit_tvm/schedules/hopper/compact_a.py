@@ -21,7 +21,7 @@ def wgmma_compact_a_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.Pri
     """SRead of A for thin micro-tiles, as a kernel of its own: ``Ac[128g + i, q] =
     A[128g + i, column(q)]`` for the strip's compact positions ``q < cnt_g * mk``, zeros up to
     the next multiple of 64 (the tiles kernel's K tile); columns past that are not written.
-    Parameters ``(a, offsets, ids, ac)``, index as for :func:`wgmma_tiles_gather_func`."""
+    Parameters ``(a, offsets, ids, ac)``, index as for :func:`.tiles.wgmma_tiles_gather_func`."""
     K, MK = int(k), int(mk)
     MKT = K // MK
     ROWS = 8                              # rows per CTA: a thread reads one column for 8 rows

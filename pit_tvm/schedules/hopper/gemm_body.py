@@ -61,14 +61,14 @@ def index_is_full(offsets, m, tiles_per_strip: int):
 def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
                 full_mk=0, row_scale=False, row_scale_masks=False, residual=False, rows_above=0, rows_upto=0,
                 row_scale_a=False, strips_mk=0):
-    """The kernel body for ``mode`` "rows" / "dense" (see :mod:`.gemm`) or "tiles"
-    (:func:`.gemm.wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
+    """The kernel body for ``mode`` "rows" / "dense" (see :mod:`.rows`) or "tiles"
+    (:func:`.tiles.wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
-    runs only when it lists every one (:func:`.gemm.wgmma_dense_fallback_func`).  Rows: ``rows_above``
+    runs only when it lists every one (:func:`.tiles.wgmma_dense_fallback_func`).  Rows: ``rows_above``
     runs only when the index lists more rows than that, ``rows_upto`` only when it lists at
     most that many, on a persistent grid (:func:`.planner.wgmma_few_rows_tiers`).  ``strips_mk`` (dense):
     the epilogue also builds the strips index of C for ``(128, strips_mk)`` micro-tiles (see
-    :func:`.gemm.wgmma_row_gather_func`)."""
+    :func:`.rows.wgmma_row_gather_func`)."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK

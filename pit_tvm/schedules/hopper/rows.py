@@ -1,9 +1,8 @@
-"""Entry points of the Hopper wgmma GEMMs (sm_90a): the rows kind (whole rows listed by an
-index), the dense GEMM (a model's dense layers), the tiles kind (micro-tiles along K, covered by
-128-row strips) and the tiles kind's dense fallback.  Each checks its arguments, builds the
-kernel body of :mod:`.gemm_body` for its variant and lowers it (:func:`.lowering.lower_tirx`).
+"""The rows kind and the dense GEMM on the H100 (sm_90a): whole rows of A listed by an index
+(dense: every row), one 128 x block_n tile of C a CTA, the rows' few-rows tiers on persistent
+CTAs.  Checks the arguments, builds the body of :mod:`.gemm_body` and lowers it.
 
-Rows workload (dense: no ``offsets`` / ``ids``, ``ids[p] = p``, ``count = M``)::
+Workload (dense: no ``offsets`` / ``ids``, ``ids[p] = p``, ``count = M``)::
 
     wgmma_row_gather(A[M, K], B[K, N], offsets: int32[2], ids: int32[M], [bias: N,] C[M, N])
     count = offsets[1]                 # read on the device only
@@ -11,9 +10,9 @@ Rows workload (dense: no ``offsets`` / ``ids``, ``ids[p] = p``, ``count = M``)::
     C[ids[p], :] = epilogue(0)                  for count <= p < M
 
 The unlisted rows are zeroed by the CTA whose p-tile holds them, so there is no separate
-zero-fill launch.  Tiles: the CTA of strip g reads the strip's listed K positions of A's rows
-``128g..`` (or of a compacted copy of A, :mod:`.compact_a`) and B's matching rows, and stores
-rows ``128g..`` of C directly.
+zero-fill launch.  Tiles: 128 x block_n (two consumer warpgroups of m64), 64-deep K tiles in a
+``stages``-deep ring; warp-specialized (a TMA / cp.async loader warpgroup) but for the few-rows
+tiers, 32-deep K tiles and an fp32 residual.
 """
 from __future__ import annotations
 
@@ -21,16 +20,13 @@ import functools
 
 from tvm import tirx
 
-from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, DENSE_ATTR, MAX_SMEM_BYTES, ROWS_ATTR, TARGET,
-                                             WGMMA_ARCH, WgmmaConfig)
-from pit_tvm.schedules.hopper.gemm_body import gemm_kernel, index_is_full
+from pit_tvm.schedules.hopper.config import BLOCK_K, DENSE_ATTR, MAX_SMEM_BYTES, ROWS_ATTR, TARGET, WgmmaConfig
+from pit_tvm.schedules.hopper.gemm_body import gemm_kernel
 from pit_tvm.schedules.hopper.lowering import lower_tirx
-from pit_tvm.schedules.hopper.planner import (needs_compaction, wgmma_config, wgmma_tiles_applies,
-                                              wgmma_tiles_config)
+from pit_tvm.schedules.hopper.planner import wgmma_config
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES, dtype_bytes
 
-__all__ = ["wgmma_row_gather_func", "dense_kernel_args", "wgmma_tiles_gather_func", "wgmma_dense_fallback_func",
-           "index_is_full"]
+__all__ = ["wgmma_row_gather_func", "dense_kernel_args"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -46,7 +42,7 @@ def wgmma_row_gather_func(k: int, n: int, in_dtype: str = "float16", out_dtype: 
     of the input dtype, multiplying row i: a padding mask).  ``row_scale_masks``: the row scale
     is zero on every row the index skips (it is the mask the index was built from), so those
     rows are stored as zeros.  Raises ValueError when the shape or dtypes do not fit (see
-    :func:`wgmma_applies`).  ``residual`` (with a bias only): a ``[M, N]`` parameter of the
+    :func:`.planner.wgmma_applies`).  ``residual`` (with a bias only): a ``[M, N]`` parameter of the
     output dtype added last, in the output dtype (a transformer's skip connection).
     ``row_scale_a`` (with a bias): the row-scale parameter ``s`` multiplies A's rows, before
     the bias (``A`` is given unscaled: ``act(s * (a @ b) + bias)`` for ``act((s * a) @ b +
@@ -116,62 +112,3 @@ def dense_kernel_args(func) -> dict | None:
     config = WgmmaConfig(args.pop("block_n"), args.pop("stages"), args.pop("block_k"))
     flags = ("bias", "relu", "gelu", "row_scale", "residual", "row_scale_a")
     return dict(args, **{f: bool(args[f]) for f in flags}, config=config, dense=True)
-
-@functools.lru_cache(maxsize=64)
-def wgmma_tiles_gather_func(k: int, n: int, mk: int, in_dtype: str = "float16",
-                            out_dtype: str = "float16", config: WgmmaConfig | None = None,
-                            bias: bool = False, residual: bool = False) -> tirx.PrimFunc:
-    """The lowered wgmma PIT matmul for micro-tiles ``(128, mk)`` along K (the "tiles" kind).
-
-    Parameters ``(a, b, offsets, ids, c)`` with the index of
-    :func:`pit_tvm.index.tile_index_func` for ``(128, mk)``, ``group="row"``: strip ``g``
-    (rows ``128g .. 128g+127``) lists its non-zero micro-tile columns in
-    ``ids[offsets[g]:offsets[g+1]]``.  CTA ``(n tile, g)`` runs ``ceil(cnt_g * mk / 64)`` K
-    tiles (read on the device): A's rows ``128g..`` at the strip's compact K positions and
-    B's rows at the same K columns (16-byte cp.async, zero-filled past the count), wgmma as
-    in the rows kernel, and stores every row of C (a strip with nothing listed stores zeros).
-    When :func:`needs_compaction`, ``a`` must be the output of :func:`.compact_a.wgmma_compact_a_func`
-    (K position q of strip g in column q), otherwise A itself.  Epilogue (:func:`_tiles_epilogue`):
-    ``bias`` (a ``[N]`` parameter after ``ids``), then ``residual`` (a ``[M, N]`` parameter of
-    the output dtype, added last): ``c = a @ b + bias + residual``, every row.
-
-    A full index (:func:`index_is_full`): with ``config.tiles_ws`` the kernel computes the
-    dense product itself; otherwise it stores nothing and :func:`wgmma_dense_fallback_func`
-    runs after it."""
-    _tiles_epilogue(bias, residual)
-    config = config or wgmma_tiles_config(n, mk, out_dtype=out_dtype, residual=residual)
-    if (not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n
-            or config.block_k != BLOCK_K):
-        raise ValueError(f"wgmma tiles need K % {BLOCK_K} == 0, K % mk == 0 (mk < K), N % block_n == 0, "
-                         f"block_k {BLOCK_K} and fp16/bf16 in, got K={k}, mk={mk}, N={n}, {config}, "
-                         f"{in_dtype} -> {out_dtype}")
-    func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), None, "tiles", config, mk=int(mk),
-                        a_compact=needs_compaction(mk, in_dtype), residual=bool(residual))
-    return lower_tirx(func, TARGET)
-
-
-def _tiles_epilogue(bias: bool, residual: bool) -> None:
-    """The tiles kind's epilogues: none, a bias, or a bias then a residual (an FFN's second
-    matmul and its skip connection); ValueError otherwise."""
-    if residual and not bias:
-        raise ValueError("residual comes with a bias (the kernel variants that take it)")
-
-
-@functools.lru_cache(maxsize=64)
-def wgmma_dense_fallback_func(k: int, n: int, mk: int, in_dtype: str = "float16",
-                              out_dtype: str = "float16", config: WgmmaConfig | None = None,
-                              bias: bool = False, residual: bool = False) -> tirx.PrimFunc:
-    """The dense kernel of the tiles kind's dense fallback, ``(a, b, offsets[, bias[, residual]],
-    c)``: ``c = a @ b (+ bias + residual)`` when the ``(128, mk)`` tiles index lists every
-    micro-tile (:func:`index_is_full`), else it loads and stores nothing.  Called in place on
-    the tiles kernel's output, which skips its work exactly when this one runs: a full index
-    through the tiles kernel (and, for thin micro-tiles, the A compaction) cost up to twice the
-    dense kernel on the H100."""
-    _tiles_epilogue(bias, residual)
-    config = config or wgmma_config(n)
-    if not wgmma_tiles_applies(k, n, (BLOCK_M, mk), in_dtype, out_dtype, WGMMA_ARCH) or n % config.block_n:
-        raise ValueError(f"no wgmma tiles kind for K={k}, mk={mk}, N={n}, {config}, {in_dtype} -> {out_dtype}")
-    func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), None, "dense", config, full_mk=int(mk),
-                        residual=bool(residual))
-    return lower_tirx(func, TARGET)
-
