@@ -48,6 +48,7 @@ from pit_tvm.schedules.hopper.ring import MbarrierRing
 from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, swizzle_64b,
                                            swizzle_128b, tma_map_encoder)
 from pit_tvm.schedules.hopper.strips import TileStripLister, strip_state_words
+from pit_tvm.schedules.hopper.tiers import UnlistedRowStorer
 from pit_tvm.schedules.limits import dtype_bytes
 
 
@@ -426,44 +427,9 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         if strips:
             place_tile(bn, bm, tid, m, p0, smem, ST, CNT, SIDS, AC, sloc, old)
 
-    ROW_CHUNKS = N // C_VEC                                  # 16-byte chunks of a row of C
-    STORE_CHUNKS = (ROW_CHUNKS + STORER_THREADS - 1) // STORER_THREADS   # of a row, per store thread
-
-    @T.macro
-    def store_unlisted(cta, lane, m, OFF, IDS, BIAS, RS, RES, C, z_id, z_val, z_res):
-        """a few-rows tier's store warpgroup (``lane`` = tid - THREADS): C's rows past the listed
-        rows' tiles, p >= P = 128 ceil(count / 128), all unlisted: ``C[ids[p]] = epilogue(0)``
-        (+ the residual), once the CTA's K loop is done.  CTA c takes p = P + c + SMS i, a row at
-        a time, 16-byte chunks lane + 128 h of it; the ids of STORE_BATCH rows at a time."""
-        pz = (count_of(OFF, m) + BM - 1) // BM * BM
-        mine = (T.max(m - pz - cta, 0) + SMS - 1) // SMS       # this CTA's rows
-        if mine > 0:           # (no ids to read where C has no rows here, M = 0 included)
-            for j in T.unroll(STORE_BATCH):
-                z_id[STORE_BATCH + j] = IDS[T.min(pz + cta + SMS * j, m - 1)]
-        for b in T.serial((mine + STORE_BATCH - 1) // STORE_BATCH):
-            for j in T.unroll(STORE_BATCH):
-                z_id[j] = z_id[STORE_BATCH + j]
-                z_id[STORE_BATCH + j] = IDS[T.min(pz + cta + SMS * (STORE_BATCH * (b + 1) + j), m - 1)]
-            for j in T.unroll(STORE_BATCH):
-                if STORE_BATCH * b + j < mine:
-                    if residual:       # (the row's chunks loaded before its first store)
-                        for h in T.unroll(STORE_CHUNKS):
-                            if lane + STORER_THREADS * h < ROW_CHUNKS:
-                                for e in T.vectorized(C_VEC):
-                                    z_res[h * C_VEC + e] = RES[T.Cast("int64", z_id[j]),
-                                                               (lane + STORER_THREADS * h) * C_VEC + e]
-                    for h in T.unroll(STORE_CHUNKS):
-                        if lane + STORER_THREADS * h < ROW_CHUNKS:
-                            if unlisted_nonzero:
-                                for e in T.unroll(C_VEC):
-                                    z_val[e] = plus_residual(unlisted(
-                                        BIAS, RS, T.Cast("int64", z_id[j]),
-                                        (lane + STORER_THREADS * h) * C_VEC + e), z_res, h, e)
-                                for e in T.vectorized(C_VEC):
-                                    C[T.Cast("int64", z_id[j]), (lane + STORER_THREADS * h) * C_VEC + e] = z_val[e]
-                            else:      # no bias, or a row scale that is zero wherever the index skips a row
-                                for e in T.vectorized(C_VEC):
-                                    C[T.Cast("int64", z_id[j]), (lane + STORER_THREADS * h) * C_VEC + e] = zero_out
+    # a few-rows tier's store warpgroup: C's rows past the listed rows' tiles
+    unlisted_rows = UnlistedRowStorer(ep, N, count_of)
+    store_unlisted, STORE_CHUNKS = unlisted_rows.store_unlisted, unlisted_rows.STORE_CHUNKS
 
     @T.macro
     def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b):

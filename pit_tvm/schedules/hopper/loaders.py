@@ -24,7 +24,11 @@ from pit_tvm.schedules.limits import dtype_bytes
 #: what the loaders take from the kernel's plan (:func:`.gemm_body.gemm_kernel`): tile shapes
 #: (``A_TILE = BM x BK``, ``B_TILE = BK x BN`` elements a slot, B's ring at ``B_BASE``), the
 #: copy layouts, the ring, and the index helpers of the kernel's mode
-GEMM_LOADER_NAMES = ('A_CHUNKS', 'A_LOADER_CHUNKS', 'A_ROW_CHUNKS', 'A_TILE', 'BK', 'BM', 'BN', 'B_BASE', 'B_ROWS', 'B_TILE', 'KT', 'STAGES', 'TX_BYTES', 'a_chunk', 'a_col_of', 'a_swizzled', 'a_valid', 'b_copy', 'b_kr', 'b_row_of', 'b_valid', 'copy16', 'gather_a', 'in_dtype', 'k_tiles', 'loader_b_copy', 'micro_tile_id', 'mk', 'mode', 'ring', 'row_id', 'tiles', 'ws_tiles')
+GEMM_LOADER_NAMES = ('A_CHUNKS', 'A_LOADER_CHUNKS', 'A_ROW_CHUNKS', 'A_TILE', 'BK', 'BM', 'BN', 'B_BASE', 'B_ROWS',
+                     'B_TILE', 'KT', 'STAGES', 'TX_BYTES', 'a_chunk', 'a_col_of', 'a_swizzled',
+                     'a_valid', 'b_copy', 'b_kr', 'b_row_of', 'b_valid', 'copy16', 'gather_a',
+                     'in_dtype', 'k_tiles', 'loader_b_copy', 'micro_tile_id', 'mk', 'mode', 'ring',
+                     'row_id', 'tiles', 'ws_tiles')
 
 
 def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:

@@ -125,7 +125,8 @@ def wgmma_tiles_applies(k: int, n: int, micro_tile, in_dtype: str, out_dtype: st
 
 
 def needs_compaction(mk: int, in_dtype: str) -> bool:
-    """Micro-tiles narrower than one 16-byte copy are gathered by :func:`pit_tvm.schedules.hopper.compact_a.wgmma_compact_a_func`
-    first (a 2-byte gather inside the GEMM would be a load per element on its critical path)."""
+    """Micro-tiles narrower than one 16-byte copy are gathered by
+    :func:`.compact_a.wgmma_compact_a_func` first (a 2-byte gather inside the GEMM would be a
+    load per element on its critical path)."""
     return mk * 2 % 16 != 0
 

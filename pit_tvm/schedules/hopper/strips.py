@@ -95,7 +95,8 @@ class TileStripLister:
             for e in T.unroll(4):
                 for h in T.unroll(2):
                     if T.bitwise_and(T.shift_right(orw[e], T.uint32(16 * h)), T.uint32(0x7FFF)) != T.uint32(0):
-                        smem.view("int32")[S_LISTED + (tid % C_ROW_CHUNKS * C_VEC + 2 * e + h) // strips_mk] = 1  # (all write 1)
+                        # (all write 1)
+                        smem.view("int32")[S_LISTED + (tid % C_ROW_CHUNKS * C_VEC + 2 * e + h) // strips_mk] = 1
             T.cuda.cta_sync()
             sloc[MINE] = 0
             if tid < S_NMT:
