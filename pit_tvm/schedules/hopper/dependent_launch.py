@@ -1,5 +1,5 @@
 """Programmatic dependent launch (PDL) for the kernels written in TIRx (the wgmma GEMMs, the
-strips index, fused attention), applied by :func:`pit_tvm.schedules.hopper.lowering.lower_tirx` on
+strips index, fused attention), applied by :func:`.lowering.lower_tirx` on
 sm_90 and later.
 
 Why: a model is a chain of kernels on one stream, and each launch waits for the kernel before
@@ -19,16 +19,7 @@ ahead of any memory access.  Every kernel launched this way waits before touchin
 kernel launched without it starts only after the one before it has completed, so every kernel
 still sees the writes of all kernels before it on the stream.
 
-H100, 2026-11-24: a Relax function of 48 dense wgmma GEMMs in a chain over 4,096 rows (``python3
-benchmarks/_pdl_probe.py``, two runs, one with the wait ahead of the trigger): K = N = 768
-13.4-14.0 -> 12.5-12.9 us a GEMM, 768 -> 3072 -> 768 pairs 35.9-36.7 -> 34.4-35.8 us, outputs
-bit-identical; again after the probe was mended (it had built both chains with PDL since the
-launch tag moved into ``lower_tirx``): 13.1-13.7 -> 12.7-13.1 and 36.4-36.7 -> 34.7 us.
-``python3 benchmarks/models.py --ffn-tiles ""``, two rounds in one session: BERT PIT / PIT-off 1.472 / 1.761 and 1.473 / 1.758
-ms -> 1.389 / 1.674 and 1.433 / 1.657 ms; the FFN 0.308 / 0.389 -> 0.308 / 0.389 and 0.309 /
-0.392 -> 0.308 / 0.388 ms.  Also tried in those rounds: every sm_90 kernel of a build launched
-so, dlight's too (a TIR pass after TVM's host / device split), took PIT-off BERT to 1.726 and
-1.719 ms (PIT 1.409, 1.414): the TIRx kernels only.
+Measured gains (chains of wgmma GEMMs, BERT): docs/design/hopper_kernels.md.
 """
 from __future__ import annotations
 

@@ -45,8 +45,8 @@ from pit_tvm.schedules.hopper.epilogue import Epilogue
 from pit_tvm.schedules.hopper.loaders import GEMM_LOADER_NAMES, gemm_loaders
 from pit_tvm.schedules.hopper.planner import SMS, residual_spills_ws, tiles_ws_applies
 from pit_tvm.schedules.hopper.ring import MbarrierRing
-from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, swizzle_64b,
-                                           swizzle_128b, tma_map_encoder)
+from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, k_major_strides, mn_major_strides,
+                                           swizzle_64b, swizzle_128b, tma_map_encoder)
 from pit_tvm.schedules.hopper.strips import TileStripLister, strip_state_words
 from pit_tvm.schedules.hopper.tiers import UnlistedRowStorer
 from pit_tvm.schedules.limits import dtype_bytes
@@ -128,9 +128,9 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     # descriptor offsets are in 16-byte units: A (K-major, 128B swizzle): 8-row groups 1024 B
     # apart (LBO unused); B (MN-major, 128B swizzle): 64-column atoms BK * 128 B apart (LBO),
     # 8-row groups 1024 B apart (SBO)
-    A_LBO, A_SBO = 1, 8 * BK * 2 // 16
+    A_LBO, A_SBO = k_major_strides(BK)
     A_SWIZZLE = SWIZZLE_128B if BK == 64 else SWIZZLE_64B
-    B_LBO, B_SBO = BK * 128 // 16, 1024 // 16
+    B_LBO, B_SBO = mn_major_strides(BK)
     zero_out = tirx.const(0, out_dtype)
 
     ep = Epilogue(out_dtype, has_bias, act, row_scale, row_scale_a, row_scale_masks, residual)

@@ -45,3 +45,16 @@ def tma_map_encoder(dtype: str):
                                  l2_promotion=TMA_L2_PROMOTION_128B, oob_fill=0, force_cu_dtype=-1)
 
     return encode_tma_map
+
+
+def k_major_strides(row_elems: int) -> tuple[int, int]:
+    """wgmma descriptor (LBO, SBO) in 16-byte units of a K-major 2-byte operand whose swizzled
+    rows hold ``row_elems`` elements: 8-row groups ``8 * row bytes`` apart (SBO); LBO unused"""
+    return 1, 8 * row_elems * 2 // 16
+
+
+def mn_major_strides(k_rows: int) -> tuple[int, int]:
+    """wgmma descriptor (LBO, SBO) in 16-byte units of an MN-major 2-byte operand of ``k_rows``
+    rows in 64-column atoms, 128-byte swizzle: atoms ``k_rows * 128`` B apart (LBO), 8-row
+    groups 1024 B apart (SBO)"""
+    return k_rows * 128 // 16, 1024 // 16
