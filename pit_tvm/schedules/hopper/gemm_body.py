@@ -30,7 +30,9 @@ cp.async of K tile kt + STAGES - 2 while K tile kt computes, a CTA barrier a K t
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from types import SimpleNamespace
+from typing import Any
 
 from tvm import tirx
 from tvm.script import tirx as T
@@ -50,6 +52,55 @@ from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, 
 from pit_tvm.schedules.hopper.strips import TileStripLister, strip_state_words
 from pit_tvm.schedules.hopper.tiers import UnlistedRowStorer
 from pit_tvm.schedules.limits import dtype_bytes
+
+
+class _Unpacked:
+    def unpacked(self):
+        """the fields, to unpack in a ``T.macro`` (as meta values: no buffer is renamed)"""
+        return tuple(T.meta_var(getattr(self, f.name)) for f in fields(self))
+
+
+@dataclass(frozen=True)
+class TileOperands(_Unpacked):
+    """A GEMM tile's global buffers (those its variant does not take go unused): A, B, the
+    index (``OFF``: offsets, ``IDS``: ids), the epilogue's bias, row scale and residual, C, and
+    a strips listing's state, counts, strip ids and compacted C"""
+
+    A: Any
+    B: Any
+    OFF: Any
+    IDS: Any
+    BIAS: Any
+    RS: Any
+    RES: Any
+    C: Any
+    ST: Any
+    CNT: Any
+    SIDS: Any
+    AC: Any
+
+
+@dataclass(frozen=True)
+class TileRegisters(_Unpacked):
+    """A GEMM thread's registers (local arrays): the accumulators; the A rows it copies and C
+    rows it stores; its fragment rows' scales; its residual chunks; the tiles kind's A columns
+    and B rows of this K tile and the next; the wgmma descriptors; a strips listing's values"""
+
+    acc: Any
+    a_row: Any
+    c_row: Any
+    rs_val: Any
+    res_v: Any
+    a_col: Any
+    b_row_id: Any
+    a_col_next: Any
+    b_row_next: Any
+    desc_a: Any
+    desc_b: Any
+    orw: Any
+    ballot: Any
+    sloc: Any
+    old: Any
 
 
 def index_is_full(offsets, m, tiles_per_strip: int):
@@ -279,10 +330,12 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
             ring.release(bars, q, tid)
 
     @T.macro
-    def tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-             a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-             bars, map_a, map_b):
-        """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite"""
+    def tile(bn, bm, tid, m, io, smem, regs, bars, map_a, map_b):
+        """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite (``io``: the
+        kernel's buffers, ``regs``: this thread's registers, ``bars``: the ring's mbarriers)"""
+        A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC = io.unpacked()
+        acc, a_row, c_row, rs_val, res_v, a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, orw, ballot, \
+            sloc, old = regs.unpacked()
         count = count_of(OFF, m)
         p0 = bm * BM
         if runs(OFF, m, p0 < count):
@@ -472,6 +525,9 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         z_id = T.alloc_local([2 * STORE_BATCH if persistent else 1], "int32")
         z_val = T.alloc_local([C_VEC], out_dtype)
         z_res = T.alloc_local([STORE_CHUNKS * C_VEC if persistent and residual else 1], out_dtype)
+        io = T.meta_var(TileOperands(A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC))
+        regs = T.meta_var(TileRegisters(acc, a_row, c_row, rs_val, res_v, a_col, b_row_id, a_col_next, b_row_next,
+                                        desc_a, desc_b, orw, ballot, sloc, old))
         m = T.Cast("int32", M)
         if persistent:
             # few rows on SMS CTAs: CTA c computes and stores tile c where the listed rows' tiles
@@ -489,14 +545,9 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                     T.evaluate(named_barrier_sync(STORE_READY_BARRIER, THREADS + STORER_THREADS))
                     store_unlisted(cta, tid - THREADS, m, OFF, IDS, BIAS, RS, RES, C, z_id, z_val, z_res)
                 T.evaluate(exit_thread())
-            tile(cta % (N // BN), cta // (N // BN),
-                 tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v, a_col,
-                 b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                 bars, map_a, map_b)
+            tile(cta % (N // BN), cta // (N // BN), tid, m, io, smem, regs, bars, map_a, map_b)
         else:
-            tile(bn, bm, tid, m, A, B, OFF, IDS, BIAS, RS, RES, C, smem, acc, a_row, c_row, rs_val, res_v,
-                 a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, ST, CNT, SIDS, AC, orw, ballot, sloc, old,
-                 bars, map_a, map_b)
+            tile(bn, bm, tid, m, io, smem, regs, bars, map_a, map_b)
 
     encode_tma_map = tma_map_encoder(in_dtype)
 
