@@ -30,9 +30,7 @@ cp.async of K tile kt + STAGES - 2 while K tile kt computes, a CTA barrier a K t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from types import SimpleNamespace
-from typing import Any
 
 from tvm import tirx
 from tvm.script import tirx as T
@@ -45,6 +43,7 @@ from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, CONSUMER_WARPGROU
                                              STORER_THREADS, THREADS, BCopyLayout, c_row_pitch)
 from pit_tvm.schedules.hopper.epilogue import Epilogue
 from pit_tvm.schedules.hopper.loaders import GEMM_LOADER_NAMES, gemm_loaders
+from pit_tvm.schedules.hopper.operands import TileOperands, TileRegisters
 from pit_tvm.schedules.hopper.planner import SMS, residual_spills_ws, tiles_ws_applies
 from pit_tvm.schedules.hopper.ring import MbarrierRing
 from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, k_major_strides, mn_major_strides,
@@ -52,55 +51,6 @@ from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, 
 from pit_tvm.schedules.hopper.strips import TileStripLister, strip_state_words
 from pit_tvm.schedules.hopper.tiers import UnlistedRowStorer
 from pit_tvm.schedules.limits import dtype_bytes
-
-
-class _Unpacked:
-    def unpacked(self):
-        """the fields, to unpack in a ``T.macro`` (as meta values: no buffer is renamed)"""
-        return tuple(T.meta_var(getattr(self, f.name)) for f in fields(self))
-
-
-@dataclass(frozen=True)
-class TileOperands(_Unpacked):
-    """A GEMM tile's global buffers (those its variant does not take go unused): A, B, the
-    index (``OFF``: offsets, ``IDS``: ids), the epilogue's bias, row scale and residual, C, and
-    a strips listing's state, counts, strip ids and compacted C"""
-
-    A: Any
-    B: Any
-    OFF: Any
-    IDS: Any
-    BIAS: Any
-    RS: Any
-    RES: Any
-    C: Any
-    ST: Any
-    CNT: Any
-    SIDS: Any
-    AC: Any
-
-
-@dataclass(frozen=True)
-class TileRegisters(_Unpacked):
-    """A GEMM thread's registers (local arrays): the accumulators; the A rows it copies and C
-    rows it stores; its fragment rows' scales; its residual chunks; the tiles kind's A columns
-    and B rows of this K tile and the next; the wgmma descriptors; a strips listing's values"""
-
-    acc: Any
-    a_row: Any
-    c_row: Any
-    rs_val: Any
-    res_v: Any
-    a_col: Any
-    b_row_id: Any
-    a_col_next: Any
-    b_row_next: Any
-    desc_a: Any
-    desc_b: Any
-    orw: Any
-    ballot: Any
-    sloc: Any
-    old: Any
 
 
 def index_is_full(offsets, m, tiles_per_strip: int):
