@@ -108,9 +108,8 @@ def wgmma_few_rows_tiers(n: int, config: WgmmaConfig, out_dtype: str = "float16"
         if above is not None and few_rows >= above[0]:
             continue        # (one strip's tiles fill a wave at both widths)
         if rows_hint is not None and rows_hint > (few_rows if above else 2 * few_rows):
-            # (a deeper ring alone measured no gain in BERT's N=768 layers, 562 against 569 us,
-            # for ~100 us of no-op launches; benchmarks/_without_few_rows_tier.py
-            # benchmarks/_model_kernels.py bert --pit)
+            # (the expected rows are the many-rows kernel's: a tier would only add its no-op
+            # launch, which cost more than its deeper ring gained in BERT's layers)
             break
         tiers.append((few_rows, few))
     return tiers
