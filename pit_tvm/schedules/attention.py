@@ -49,8 +49,10 @@ import functools
 from tvm import tirx
 from tvm.script import tirx as T
 
+from pit_tvm.schedules.hopper.config import TARGET, WGMMA_ARCH
+from pit_tvm.schedules.hopper.lowering import lower_tirx
+from pit_tvm.schedules.hopper.smem import PTX_TYPE, SWIZZLE_128B, k_major_strides, mn_major_strides
 from pit_tvm.schedules.limits import IN_DTYPES, max_smem_bytes
-from pit_tvm.schedules.wgmma import _PTX_TYPE, _SWIZZLE_128B, _TARGET, WGMMA_ARCH, lower_tirx
 
 __all__ = ["MASKED_KEY", "attention_applies", "fused_attention_func"]
 
@@ -121,13 +123,13 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     V_OFF = K_OFF + S * D
     P_OFF = V_OFF + S * D         # P: S / 64 column tiles of [128 rows x 64 keys]
     O_ROW = D + 8                 # staged O pitch (16 bytes of padding against bank conflicts)
-    t = _PTX_TYPE[dtype]
+    t = PTX_TYPE[dtype]
     wgmma_s = f"wgmma.mma_async.sync.aligned.m64n{S}k16.f32.{t}.{t}"
     wgmma_o = f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{t}.{t}"
     # descriptors (16-byte units): K-major rows of 128 B, 8-row groups 1024 B apart (Q, K, P);
     # V is B in MN-major: one 64-column atom, 8-row groups along K 1024 B apart
-    KM_LBO, KM_SBO = 1, 1024 // 16
-    V_LBO, V_SBO = S * 128 // 16, 1024 // 16
+    KM_LBO, KM_SBO = k_major_strides(64)      # 128-byte rows
+    V_LBO, V_SBO = mn_major_strides(S)
     neg_inf = tirx.const(-3.0e38, "float32")
 
     def scaled(value, rs_buf, b, r):
@@ -188,9 +190,9 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         T.cuda.cta_sync()
         # S_acc = Q K^T: this warpgroup's 64 queries against all S keys
         T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([Q_OFF + wg * 64 * D]),
-                                              KM_LBO, KM_SBO, _SWIZZLE_128B)
+                                              KM_LBO, KM_SBO, SWIZZLE_128B)
         T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([K_OFF]),
-                                              KM_LBO, KM_SBO, _SWIZZLE_128B)
+                                              KM_LBO, KM_SBO, SWIZZLE_128B)
         T.ptx.wgmma.fence.sync.aligned()
         for kk in T.unroll(D // 16):
             T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
@@ -226,9 +228,9 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         T.cuda.cta_sync()
         # O_acc = P V
         T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([P_OFF + wg * 64 * 64]),
-                                              KM_LBO, KM_SBO, _SWIZZLE_128B)
+                                              KM_LBO, KM_SBO, SWIZZLE_128B)
         T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([V_OFF]),
-                                              V_LBO, V_SBO, _SWIZZLE_128B)
+                                              V_LBO, V_SBO, SWIZZLE_128B)
         T.ptx.wgmma.fence.sync.aligned()
         for kk in T.unroll(S // 16):
             T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
@@ -268,4 +270,4 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
             body(T.match_buffer(q, in_shapes[0], dtype), T.match_buffer(k, in_shapes[1], dtype),
                  T.match_buffer(v, in_shapes[2], dtype), T.match_buffer(mask, (MB, 1, 1, S), mask_dtype),
                  None, T.match_buffer(o, out_shape, dtype))
-    return lower_tirx(kernel, _TARGET)
+    return lower_tirx(kernel, TARGET)

@@ -1,5 +1,6 @@
 """Tensor-core facts shared by the mma.sync (:mod:`.tensorcore`) and wgmma (:mod:`.wgmma`)
-kernels: the dtypes they take, element sizes and shared memory per block.
+kernels: the dtypes they take, element sizes, and the device facts by arch (shared memory per
+block, SM count).
 
 A module of its own so that the wgmma path does not import :mod:`.tensorcore`, whose
 ``tvm.s_tir.tensor_intrin`` import parses every TVM tensor intrinsic (about 14 s on a CPU
@@ -15,6 +16,17 @@ IN_DTYPES = ("float16", "bfloat16")
 OUT_DTYPES = ("float16", "bfloat16", "float32")
 #: dynamic shared memory per block: H100 allows 227 KiB, A100 163 KiB.
 MAX_SMEM_BYTES = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
+
+
+#: SMs of the arch's data-center part (H100 SXM, A100): a grid's CTAs past a multiple of it start
+#: a new wave; the few-rows tiers launch this many persistent CTAs
+SM_COUNT = {"sm_90": 132, "sm_80": 108}
+
+
+def sm_count(arch: str) -> int:
+    """SMs of ``arch``'s data-center part (``sm_90a`` is an sm_90): the kernels are built ahead
+    of the device, so the wave size is the target's, not a queried device's."""
+    return SM_COUNT["sm_90" if arch_number(arch) >= 90 else "sm_80"]
 
 
 def max_smem_bytes(arch: str) -> int:

@@ -5,7 +5,7 @@ compacted A that the wgmma tiles kernel reads.
 
 Why: the index kernels of :mod:`pit_tvm.index` take a flag kernel, a list kernel and their
 launch gap (33-37 us for 4096 x 4096 fp16 on the H100), and thin micro-tiles then need
-:func:`pit_tvm.schedules.wgmma.wgmma_compact_a_func`, which reads A a second time (the OPT
+:func:`pit_tvm.schedules.hopper.compact_a.wgmma_compact_a_func`, which reads A a second time (the OPT
 FFN's 4096 x 8192 hidden: flags 30.2 us, list 4.9 us, compaction 41.1 us).  Here the CTA that
 flags a block of A also places its listed micro-tiles, and writes their columns while the block
 is in shared memory:
@@ -60,7 +60,9 @@ from tvm.script import tirx as T
 
 from pit_tvm.index._tile_kernels import (STATE_DTYPE, lanes_below, nz_bits, state_add, state_completes,
                                          state_listed, warp_ballot)
-from pit_tvm.schedules.wgmma import _TARGET, BLOCK_M, lower_tirx, strip_closer, strip_state_words
+from pit_tvm.schedules.hopper.config import BLOCK_M, TARGET
+from pit_tvm.schedules.hopper.lowering import lower_tirx
+from pit_tvm.schedules.hopper.strips import strip_closer, strip_state_words
 
 __all__ = ["LIST_ATTR", "STATE_DTYPE", "strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
 
@@ -229,7 +231,7 @@ def strip_list_func(k: int, mk: int, in_dtype: str = "float16") -> tirx.PrimFunc
                  T.match_buffer(counts, (strip_state_words(M),), "int32"),
                  T.match_buffer(strip_ids, (strip_state_words(M) * MKT,), "int32"), None)
 
-    return lower_tirx(kernel, _TARGET).with_attr(LIST_ATTR, {"k": K, "mk": MK, "dtype": in_dtype})
+    return lower_tirx(kernel, TARGET).with_attr(LIST_ATTR, {"k": K, "mk": MK, "dtype": in_dtype})
 
 
 #: entries of a strip's ids one CTA of :func:`strip_pack_func` writes
@@ -313,4 +315,4 @@ def strip_pack_func(k: int, mk: int, density_threshold: float | None = None) -> 
                 if tid == 0:
                     OFF[n] = sums[1]
 
-    return lower_tirx(kernel, _TARGET)
+    return lower_tirx(kernel, TARGET)
