@@ -73,6 +73,18 @@ def padded_batch(batch: int, seq: int, min_len: int, seed: int) -> dict:
 def export(model, inputs: dict, path: str, device: str):
     import torch  # noqa: PLC0415
 
+    class LastHiddenState(torch.nn.Module):
+        """``(input_ids, attention_mask) -> last_hidden_state`` by keyword (transformers 5 takes
+        other arguments positionally)"""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    model = LastHiddenState(model).eval()
     args = tuple(torch.from_numpy(inputs[n]).to(device) for n in ("input_ids", "attention_mask"))
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
             "last_hidden_state": {0: "batch", 1: "sequence"}}
