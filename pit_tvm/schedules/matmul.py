@@ -4,13 +4,15 @@ One code path serves both: the dense schedule is the PIT schedule with no gather
 stages, so "PIT vs dense" compares equal schedule quality. The stages SRead/SWrite inserted
 (``A_sread``, ``B_sread``, ``C_zero``, ``C_swrite``) are placed with ordinary primitives:
 
-CPU (llvm): rows kind -- the compact-position loop is serial and guarded, the N tiles run in
-parallel, the gathered rows are staged in a local buffer per position tile::
+CPU (llvm): rows kind (and the dense twin, without the index) -- one parallel region over the
+N panels; each task packs its panel of B, then walks the compact positions (guarded), the
+gathered rows staged in a local buffer per position tile::
 
-    for io in M/BM (guarded: skip past count)       # BM compact rows
-      A_sread[BM, K] <- A[ids[io*BM:...], :]         # gather (SRead), local
-      parallel jo in N/BN:
-        acc[BM, BN] = A_sread @ B[:, jo]             # vectorised over BN
+    parallel jo in N/BN:
+      B_panel[K, BN] <- B[:, jo]                     # packed contiguously (zero past N)
+      for io in M/BM (guarded: skip past count)     # BM compact rows
+        A_sread[BM, K] <- A[ids[io*BM:...], :]       # gather (SRead), local
+        acc[BM, BN] = A_sread @ B_panel              # registers, vectorised over BN
         C[ids[...], jo] = cast(acc)                  # scatter (SWrite)
 
 tiles kind -- strips of ``mr`` rows run in parallel; each strip walks only its non-zero k-tiles::
