@@ -1,9 +1,12 @@
 """PIT matmul vs the dense TVM kernel (same schedule) vs numpy on the CPU.
 
-    python benchmarks/cpu_matmul.py [--size 1024] [--repeat 5]
+    python benchmarks/cpu_matmul.py [--size 1024] [--repeat 5] [--dense-sizes 1024,2048,4096] [--threads N]
 
 Median of repeated runs, all in one process; PIT time includes the index built every call.
-Writes docs/results/cpu_matmul.json and .png (or under $OUT).
+The dense sweep compares the dense TVM kernel with numpy (OpenBLAS) at M=K=N for each of
+``--dense-sizes``, calls interleaved (this box is shared), and records which OpenBLAS kernel
+numpy runs (threadpoolctl, where installed). ``--threads N`` runs both on N threads.
+Writes docs/results/cpu_matmul.json and .png (or under $OUT; ``--name`` for another name).
 """
 from __future__ import annotations
 
@@ -11,10 +14,66 @@ import argparse
 import os
 import sys
 
-import numpy as np
+
+def _set_threads_and_blas_env(argv):
+    """Before numpy loads OpenBLAS: unset OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (set on some
+    machines, they pick another kernel than the CPU's own and slow numpy) and, with
+    ``--threads N``, fix both libraries' thread counts."""
+    for var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+        os.environ.pop(var, None)
+    if "--threads" in argv:
+        n = argv[argv.index("--threads") + 1]
+        os.environ["TVM_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = n
+
+
+_set_threads_and_blas_env(sys.argv)
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import environment, print_table, tile_sparse, write_results  # noqa: E402
+
+
+def blas_info() -> list:
+    """numpy's BLAS as threadpoolctl sees it (library, kernel architecture, threads)."""
+    try:
+        import threadpoolctl  # noqa: PLC0415
+    except ImportError:
+        return [{"threadpoolctl": "not installed"}]
+    return [{k: v for k, v in info.items() if k in ("internal_api", "version", "architecture", "num_threads")}
+            for info in threadpoolctl.threadpool_info() if info.get("user_api") == "blas"]
+
+
+def dense_sweep(sizes, repeat: int, rng) -> list[dict]:
+    """Dense TVM kernel vs numpy at M=K=N in ``sizes``, calls interleaved, medians."""
+    import statistics  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    import tvm  # noqa: PLC0415
+
+    from pit_tvm.ops.matmul import DenseMatmul  # noqa: PLC0415
+
+    rows = []
+    for n in sizes:
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        b = rng.standard_normal((n, n)).astype(np.float32)
+        dense = DenseMatmul(n, n, "float32", "llvm")
+        a_t, b_t = tvm.runtime.tensor(a), tvm.runtime.tensor(b)
+        c_t = tvm.runtime.empty((n, n), "float32")
+        dense(a_t, b_t, c_t)
+        np.testing.assert_allclose(c_t.numpy(), a @ b, rtol=1e-3, atol=1e-2 * np.sqrt(n))
+        times = {"tvm": [], "numpy": []}
+        for _ in range(repeat):
+            for name, fn in (("tvm", lambda: dense(a_t, b_t, c_t)), ("numpy", lambda: a @ b)):
+                start = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - start) * 1e3)
+        t_tvm, t_np = statistics.median(times["tvm"]), statistics.median(times["numpy"])
+        rows.append({"kind": "dense", "size": n, "dense_tvm_ms": t_tvm, "numpy_ms": t_np,
+                     "tvm_gflops": 2 * n**3 / t_tvm / 1e6, "numpy_gflops": 2 * n**3 / t_np / 1e6,
+                     "tvm_over_numpy": t_tvm / t_np})
+        print_table(rows[-1:], list(rows[-1]))
+    return rows
 
 
 def main(argv=None):
@@ -29,6 +88,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--dense-sizes", default="1024,2048,4096", help="M=K=N of the dense sweep (comma list, '' for none)")
+    p.add_argument("--threads", type=int, help="threads of TVM and OpenBLAS (default: theirs)")
+    p.add_argument("--name", default="cpu_matmul", help="results name")
     args = p.parse_args(argv)
     n = args.size
     dev = tvm.cpu()
@@ -61,11 +123,17 @@ def main(argv=None):
         ax.set_yscale("log")
         ax.legend()
 
+    dense_rows = dense_sweep([int(x) for x in args.dense_sizes.split(",") if x.strip()], args.repeat, rng)
     env = environment(f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}")
     env["shape"] = f"M=K=N={n} float32"
+    env["blas"] = blas_info()
+    env["threads"] = args.threads or "default"
+    env["command"] = "python benchmarks/cpu_matmul.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print("\nall rows:")
     print_table(rows, list(rows[0]))
-    print("written:", *write_results("cpu_matmul", env, rows, plot))
+    if dense_rows:
+        print_table(dense_rows, list(dense_rows[0]))
+    print("written:", *write_results(args.name, env, rows + dense_rows, plot))
 
 
 if __name__ == "__main__":

@@ -109,20 +109,24 @@ def mark_shape_funcs_noalias(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
 
 def cpu_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     """TVM 0.27's CPU Relax pipeline, erf first rewritten to its fast form
-    (:func:`~pit_tvm.passes.fast_erf.ErfToFastErf`), with :class:`~pit_tvm.schedules.
-    cpu_batched_matmul.CPUBatchedMatmul` and :class:`~pit_tvm.schedules.cpu_elementwise.
-    CPUElementwise` applied after legalization (TVM's pipeline schedules nothing there), then
-    :func:`mark_shape_funcs_noalias`."""
+    (:func:`~pit_tvm.passes.fast_erf.ErfToFastErf`), after legalization exp as vectorisable
+    arithmetic (:func:`~pit_tvm.passes.vector_exp.ExpToVectorExp`) and :class:`~pit_tvm.schedules.
+    cpu_batched_matmul.CPUBatchedMatmul`, :class:`~pit_tvm.schedules.cpu_row_reduction.
+    CPURowReduction` and :class:`~pit_tvm.schedules.cpu_elementwise.CPUElementwise` applied
+    (TVM's pipeline schedules nothing there), then :func:`mark_shape_funcs_noalias`."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu  # noqa: PLC0415
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
     from pit_tvm.schedules.cpu_batched_matmul import CPUBatchedMatmul  # noqa: PLC0415
     from pit_tvm.passes.fast_erf import ErfToFastErf  # noqa: PLC0415
     from pit_tvm.schedules.cpu_elementwise import CPUElementwise  # noqa: PLC0415
+    from pit_tvm.schedules.cpu_row_reduction import CPURowReduction  # noqa: PLC0415
     from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
+    from pit_tvm.passes.vector_exp import ExpToVectorExp  # noqa: PLC0415
 
     passes = ([ErfToFastErf] + cpu.library_dispatch_passes(tgt) + cpu.legalize_passes(tgt)
-              + [dl.ApplyDefaultSchedule(CPUBatchedMatmul(), CPUElementwise()), ReshapeOutputsAsViews]
+              + [ExpToVectorExp, dl.ApplyDefaultSchedule(CPUBatchedMatmul(), CPURowReduction(), CPUElementwise()),
+                 ReshapeOutputsAsViews]
               + cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt) + [mark_shape_funcs_noalias])
     return tvm.transform.Sequential(passes, name="pit_cpu_pipeline")
 

@@ -4,13 +4,15 @@ One code path serves both: the dense schedule is the PIT schedule with no gather
 stages, so "PIT vs dense" compares equal schedule quality. The stages SRead/SWrite inserted
 (``A_sread``, ``B_sread``, ``C_zero``, ``C_swrite``) are placed with ordinary primitives:
 
-CPU (llvm): rows kind -- the compact-position loop is serial and guarded, the N tiles run in
-parallel, the gathered rows are staged in a local buffer per position tile::
+CPU (llvm): rows kind (and the dense twin, without the index) -- one parallel region over the
+N panels; each task packs its panel of B, then walks the compact positions (guarded), the
+gathered rows staged in a local buffer per position tile::
 
-    for io in M/BM (guarded: skip past count)       # BM compact rows
-      A_sread[BM, K] <- A[ids[io*BM:...], :]         # gather (SRead), local
-      parallel jo in N/BN:
-        acc[BM, BN] = A_sread @ B[:, jo]             # vectorised over BN
+    parallel jo in N/BN:
+      B_panel[K, BN] <- B[:, jo]                     # packed contiguously (zero past N)
+      for io in M/BM (guarded: skip past count)     # BM compact rows
+        A_sread[BM, K] <- A[ids[io*BM:...], :]       # gather (SRead), local
+        acc[BM, BN] = A_sread @ B_panel              # registers, vectorised over BN
         C[ids[...], jo] = cast(acc)                  # scatter (SWrite)
 
 tiles kind -- strips of ``mr`` rows run in parallel; each strip walks only its non-zero k-tiles::
@@ -73,15 +75,16 @@ def schedule_dense_matmul(sch, target):
 # ---------------------------------------------------------------- CPU
 def _pad_rows_to_tile(sch, mm, rows: int, gather=None):
     """Pad the matmul's M (symbolic) to whole ``rows``-row tiles; the padded accumulator is
-    consumed directly.  The padded A is read in place (inlined) or, with a ``gather`` block
-    (SRead), is that gather (it is inlined into the padding) and is returned to be staged.
+    consumed directly.  The padded A (with a ``gather`` block (SRead): that gather, inlined into
+    the padding) is returned to be staged per row tile.
     Why: a row split of a symbolic M guards each row (``i < m``), and that guard keeps TVM
     from compacting a tile's buffers: the accumulator stayed an ``[m, BN]`` buffer per
     parallel task, the gathered rows ``[m, K]`` (1024^3 fp32 on 2 cores: ~40 GFLOP/s, ~70-90
     with the tile's accumulator in registers).  For the same reason N is padded to whole
-    :data:`CPU_BN` tiles where they do not divide it, B read in place (zero past N): a guarded
-    last column tile kept the accumulator ``[m, N]`` (1024 x 1024 x 1000: 1.45 s -> 0.29 s;
-    N = 80: 117 -> 17 ms)."""
+    :data:`CPU_BN` tiles where they do not divide it (zero past N): a guarded last column tile
+    kept the accumulator ``[m, N]`` (1024 x 1024 x 1000: 1.45 s -> 0.29 s; N = 80: 117 -> 17
+    ms).  Returns ``(padded A block, padded B block or None)``: the padded B is left to be
+    packed per column panel (:func:`_cpu_rows`)."""
     n = int(sch.get(mm).iter_vars[1].dom.extent)
     sch.pad_einsum(mm, [rows, CPU_BN if n % CPU_BN else 1, 1])
     for consumer in sch.get_consumers(mm):
@@ -90,34 +93,41 @@ def _pad_rows_to_tile(sch, mm, rows: int, gather=None):
     padded = [p for p in sch.get_producers(mm) if sch.get(p).name_hint.endswith("_pad")]
     padded_b = [p for p in padded if sch.get(p).name_hint.startswith("B")]
     padded_a = [p for p in padded if not sch.get(p).name_hint.startswith("B")]
-    for block in padded_b:      # (N padded: B read in place, zero past N)
-        sch.compute_inline(block)
-    if gather is None:
-        for block in padded_a:
-            sch.compute_inline(block)
-        return None
-    sch.compute_inline(gather)
+    b_pad = padded_b[0] if padded_b else None
+    if gather is not None:
+        sch.compute_inline(gather)
     (staged,) = padded_a
-    return staged
+    return staged, b_pad
 
 
 def _cpu_rows(sch, plan):
+    """One parallel region over the :data:`CPU_BN`-column panels of B: each task packs its
+    panel ``[K, BN]`` contiguously (the padded B where N is padded), then walks every
+    :data:`CPU_BM`-row tile (for PIT: the listed rows, gathered per tile) with a ``[BM, BN]``
+    register accumulator.  Why: a parallel loop inside the row loop started M/BM parallel
+    regions per call, each ending in a barrier (2048 x 384 x 384 fp32 on 2 busy cores: 3x
+    numpy's time); the packed panel is read with unit stride and stays in L2."""
     mm = sch.get_sblock("matmul")
-    gather = _pad_rows_to_tile(sch, mm, CPU_BM, sch.get_sblock("A_sread") if plan is not None else None)
+    a_tile, b_pad = _pad_rows_to_tile(sch, mm, CPU_BM, sch.get_sblock("A_sread") if plan is not None else None)
     i, j, k = sch.get_loops(mm)
     io, ii = sch.split(i, [None, CPU_BM])
     jo, ji = sch.split(j, [None, CPU_BN])
-    sch.reorder(io, jo, k, ii, ji)
+    sch.reorder(jo, io, k, ii, ji)
     sch.parallel(jo)
     sch.vectorize(ji)
+    panel = b_pad if b_pad is not None else sch.cache_read(mm, 1, "global")
+    sch.compute_at(panel, jo)
+    sch.vectorize(sch.get_loops(panel)[-1])
     cast = sch.get_sblock("cast")
-    sch.reverse_compute_at(cast, jo)
+    sch.reverse_compute_at(cast, io)
+    # the row tile [BM, K] staged unguarded (rows past M: zero) -- read in place, the inner
+    # loop guarded every A element on its row
+    sch.compute_at(a_tile, io)
+    sch.set_scope(a_tile, 0, "local")
+    _vectorize_in_chunks(sch, sch.get_loops(a_tile)[-1], int(sch.get(mm).iter_vars[2].dom.extent))
     if plan is not None:
-        sch.compute_at(gather, io)
-        sch.set_scope(gather, 0, "local")
-        _vectorize_in_chunks(sch, sch.get_loops(gather)[-1], plan.k)
         sch.set_scope(cast, 0, "local")
-        sch.reverse_compute_at(sch.get_sblock("C_swrite"), jo)
+        sch.reverse_compute_at(sch.get_sblock("C_swrite"), io)
         sch.vectorize(sch.get_loops(sch.get_sblock("C_swrite"))[-1])
         guard_compact_loop(sch, io, CPU_BM, INDEX_OFFSETS, plan.micro_tile[0])
     sch.vectorize(sch.get_loops(cast)[-1])
