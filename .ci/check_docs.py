@@ -20,13 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 150
 # user pages that branches in flight add (remove each once it is on main)
-PENDING_PAGES = [
-    "docs/guide/compiling_models.md",
-    "docs/guide/padding.md",
-    "docs/guide/onnx_ops.md",
-    "docs/guide/semantics.md",
-    "docs/guide/tuning.md",
-]
+PENDING_PAGES: list[str] = []
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~)")
 
