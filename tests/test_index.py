@@ -369,7 +369,7 @@ def test_bad_arguments():
         tile_index_func(64, (1, -8), "row", "float32", "llvm")
     with pytest.raises(ValueError, match="micro_tile"):
         tile_index_func(64, (4,), "row", "float32", "llvm")
-    with pytest.raises(ValueError, match="micro_tile"):
+    with pytest.raises(TypeError, match="micro_tile"):     # a float side is not truncated
         tile_index_func(64, (1.5, 8), "row", "float32", "llvm")
     with pytest.raises(ValueError, match="larger"):
         tile_index_func(64, (1, 65), "row", "float32", "llvm")

@@ -27,6 +27,7 @@ from tvm.script import tirx as T
 from tvm.sym.analyzer import Analyzer
 
 from pit_tvm.target import build, device_for, is_gpu, make_target
+from pit_tvm._args import micro_tile_pair
 from pit_tvm.runtime.loader import dlpack_to_tvm
 
 from ._kernels import make_pipeline, num_chunks, schedule_cpu, schedule_cuda
@@ -88,16 +89,7 @@ def _check_pos_int(name, v):
 
 
 def _check_micro_tile(micro_tile, cols=None):
-    try:
-        mt = tuple(micro_tile)
-    except TypeError:
-        raise ValueError(f"micro_tile must be a pair (rows, cols), got {micro_tile!r}") from None
-    if len(mt) != 2:
-        raise ValueError(f"micro_tile must be a pair (rows, cols), got {micro_tile!r}")
-    for v in mt:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or int(v) <= 0:
-            raise ValueError(f"micro_tile entries must be positive ints, got {micro_tile!r}")
-    mr, mc = int(mt[0]), int(mt[1])
+    mr, mc = micro_tile_pair(micro_tile)
     if cols is not None and mc > cols:
         raise ValueError(f"micro_tile columns {mc} larger than the tensor's {cols} columns")
     return mr, mc
