@@ -121,10 +121,12 @@ def _mask_cast(m):
 
 def _wrap_ids(ids):
     """negative token ids wrapped: a bool only in registers"""
-    return relax.op.where(relax.op.less(ids, relax.const(0, "int64")), relax.op.add(ids, relax.const(100, "int64")), ids)
+    wrapped = relax.op.add(ids, relax.const(100, "int64"))
+    return relax.op.where(relax.op.less(ids, relax.const(0, "int64")), wrapped, ids)
 
 
 def _bool_unit_dim_to_half(m):
+    """a ``[2, 16, 1]`` bool mask as ``[2, 16]`` fp16 (T5's mask read)"""
     return relax.op.reshape(relax.op.astype(m, "float16"), (2, 16))
 
 
@@ -132,14 +134,15 @@ def test_declines_bool_vectors():
     """TVM's CUDA codegen types a bool x4 access ``ushort4`` (8 bytes for 4, at 4-byte offsets:
     cudaErrorMisalignedAddress, and writes past the end): a bool output or a bool read walking
     the vector is declined; a bool kept in registers is not a memory access"""
-    assert VectorizedElementwise().apply(legalized_cuda_module(_mask_cast, (2, 16), dtype="int64")[1], CUDA, False) is None
+    cast = legalized_cuda_module(_mask_cast, (2, 16), dtype="int64")
+    assert VectorizedElementwise().apply(cast[1], CUDA, False) is None
     to_half = legalized_cuda_module(lambda m: relax.op.astype(m, "float16"), (2, 16), dtype="bool")[1]
     assert VectorizedElementwise().apply(to_half, CUDA, False) is None
     # T5's mask: a [.., S, 1] bool read at [.., v, 0] is contiguous, loaded as a vector too
     unit_last = legalized_cuda_module(_bool_unit_dim_to_half, (2, 16, 1), dtype="bool")[1]
     assert VectorizedElementwise().apply(unit_last, CUDA, False) is None
     assert VectorizedElementwise().apply(legalized_cuda_module(_wrap_ids, (2, 16), dtype="int64")[1], CUDA, False)
-    source = "\n".join(cuda_sources(build_with_cuda_rules(legalized_cuda_module(_mask_cast, (2, 16), dtype="int64")[0])))
+    source = "\n".join(cuda_sources(build_with_cuda_rules(cast[0])))
     assert "ushort4" not in source and "bool" in source
 
 
@@ -163,12 +166,14 @@ def test_gpu_bool_and_outer_dim_kernels_match_numpy():
     """the kernels the rule now declines or checks run and are right (misaligned address before)"""
     dev = tvm.cuda(0)
     mask = (np.arange(32).reshape(2, 16) % 3 == 0).astype("int64")
-    vm = relax.VirtualMachine(build_with_cuda_rules(legalized_cuda_module(_mask_cast, (2, 16), dtype="int64")[0]), dev)
-    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(mask, dev)).numpy(), mask.astype(bool))
+
+    def run(fn, shape, dtype, x):
+        vm = relax.VirtualMachine(build_with_cuda_rules(legalized_cuda_module(fn, shape, dtype=dtype)[0]), dev)
+        return vm["main"](tvm.runtime.tensor(x, dev)).numpy()
+
+    np.testing.assert_array_equal(run(_mask_cast, (2, 16), "int64", mask), mask.astype(bool))
     bools = mask.astype(bool).reshape(2, 16, 1)
-    vm = relax.VirtualMachine(build_with_cuda_rules(legalized_cuda_module(_bool_unit_dim_to_half, (2, 16, 1), dtype="bool")[0]), dev)
-    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(bools, dev)).numpy(), mask.astype("float16"))
+    np.testing.assert_array_equal(run(_bool_unit_dim_to_half, (2, 16, 1), "bool", bools), mask.astype("float16"))
     x = np.random.default_rng(0).standard_normal((8, 68, 1)).astype("float16")
     for begin in (1, 4):
-        vm = relax.VirtualMachine(build_with_cuda_rules(legalized_cuda_module(_outer_dim_slice(begin), (8, 68, 1))[0]), dev)
-        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x, dev)).numpy(), x[:, begin:begin + 64, 0])
+        np.testing.assert_array_equal(run(_outer_dim_slice(begin), (8, 68, 1), "float16", x), x[:, begin:begin + 64, 0])

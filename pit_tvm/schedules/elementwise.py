@@ -17,7 +17,8 @@ broadcast inputs stay scalar; a transposed input is gathered lane by lane.  Kern
 load or store ``bool`` vectors are declined: TVM's CUDA codegen types a ``bool`` x4 access
 ``ushort4``, an 8-byte access to 4 bytes at 4-byte offsets (``cudaErrorMisalignedAddress``, and
 it writes past the output: the dynamo exports' ``attention_mask`` cast to bool, T5's mask).
-Anything else returns None (``Fallback`` then applies).  Registered in :func:`pit_tvm.target.cuda_schedule_rules` ahead of ``Fallback``.
+Anything else returns None (``Fallback`` then applies).  Registered in
+:func:`pit_tvm.target.cuda_schedule_rules` ahead of ``Fallback``.
 """
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def _reads_vectorise_aligned(block, inner) -> bool:
         if coef == 0:
             continue
         shape = region.source.shape
-        if (coef != 1 or not _has_vector_type(region.source.dtype) or not isinstance(shape[-1], tirx.IntImm) or int(shape[-1]) % VEC
+        if (coef != 1 or not _has_vector_type(region.source.dtype)
+                or not isinstance(shape[-1], tirx.IntImm) or int(shape[-1]) % VEC
                 or not analyzer.can_prove(tirx.floormod(base, VEC) == 0)):
             return False
     return True
