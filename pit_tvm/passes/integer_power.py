@@ -14,6 +14,8 @@ exponents, tensor exponents) keeps ``R.power``.
 """
 from __future__ import annotations
 
+import math
+
 import tvm
 import tvm_ffi
 from tvm import relax
@@ -31,7 +33,7 @@ def integer_exponent(call: relax.Call) -> int | None:
         return None
     base, exponent = call.args
     value = scalar_constant(exponent)
-    if value is None or value != int(value) or abs(value) > MAX_EXPONENT:
+    if value is None or not math.isfinite(value) or value != int(value) or abs(value) > MAX_EXPONENT:
         return None
     dtype = str(getattr(base.ty, "dtype", ""))
     if not dtype.startswith(("float", "bfloat")):
