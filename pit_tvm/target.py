@@ -80,14 +80,18 @@ def cuda_schedule_rules() -> list:
 
 def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     """TVM 0.27's CUDA Relax pipeline with :func:`cuda_schedule_rules` as its dlight stage, and
-    reshapes into model outputs made views (:func:`~pit_tvm.passes.output_views.ReshapeOutputsAsViews`)."""
+    reshapes into model outputs made views (:func:`~pit_tvm.passes.output_views.ReshapeOutputsAsViews`).
+    Small integer powers become multiplies first (:func:`~pit_tvm.passes.integer_power.
+    IntegerPowerToMultiply`): CUDA code is compiled with ``--use_fast_math``, whose ``powf`` is
+    NaN for a negative base."""
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
+    from pit_tvm.passes.integer_power import IntegerPowerToMultiply  # noqa: PLC0415
     from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
 
     legalize = [p for p in cuda.legalize_passes(tgt) if p.info.name != "ApplyDefaultSchedule"]
-    passes = (cuda.library_dispatch_passes(tgt) + legalize
+    passes = ([IntegerPowerToMultiply] + cuda.library_dispatch_passes(tgt) + legalize
               + [dl.ApplyDefaultSchedule(*cuda_schedule_rules()), ReshapeOutputsAsViews]
               + cuda.dataflow_lower_passes(tgt) + cuda.finalize_passes(tgt))
     return tvm.transform.Sequential(passes, name="pit_cuda_pipeline")

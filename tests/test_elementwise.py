@@ -112,3 +112,68 @@ def test_a_scalar_read_is_broadcast():
     _, prim = legalized_cuda_module(lambda x, s: relax.op.multiply(x, s), (8, 64), ())
     sch = VectorizedElementwise().apply(prim, CUDA, False)
     assert sch is not None and "T.vectorized" in sch.mod["main"].script()
+
+
+def _mask_cast(m):
+    """the dynamo exports' ``attention_mask`` (int64) cast to bool"""
+    return relax.op.astype(m, "bool")
+
+
+def _wrap_ids(ids):
+    """negative token ids wrapped: a bool only in registers"""
+    wrapped = relax.op.add(ids, relax.const(100, "int64"))
+    return relax.op.where(relax.op.less(ids, relax.const(0, "int64")), wrapped, ids)
+
+
+def _bool_unit_dim_to_half(m):
+    """a ``[2, 16, 1]`` bool mask as ``[2, 16]`` fp16 (T5's mask read)"""
+    return relax.op.reshape(relax.op.astype(m, "float16"), (2, 16))
+
+
+def test_declines_bool_vectors():
+    """TVM's CUDA codegen types a bool x4 access ``ushort4`` (8 bytes for 4, at 4-byte offsets:
+    cudaErrorMisalignedAddress, and writes past the end): a bool output or a bool read walking
+    the vector is declined; a bool kept in registers is not a memory access"""
+    cast = legalized_cuda_module(_mask_cast, (2, 16), dtype="int64")
+    assert VectorizedElementwise().apply(cast[1], CUDA, False) is None
+    to_half = legalized_cuda_module(lambda m: relax.op.astype(m, "float16"), (2, 16), dtype="bool")[1]
+    assert VectorizedElementwise().apply(to_half, CUDA, False) is None
+    # T5's mask: a [.., S, 1] bool read at [.., v, 0] is contiguous, loaded as a vector too
+    unit_last = legalized_cuda_module(_bool_unit_dim_to_half, (2, 16, 1), dtype="bool")[1]
+    assert VectorizedElementwise().apply(unit_last, CUDA, False) is None
+    assert VectorizedElementwise().apply(legalized_cuda_module(_wrap_ids, (2, 16), dtype="int64")[1], CUDA, False)
+    source = "\n".join(cuda_sources(build_with_cuda_rules(cast[0])))
+    assert "ushort4" not in source and "bool" in source
+
+
+def _outer_dim_slice(begin):
+    """``x[:, begin:begin + 64, 0]`` of an ``[8, 68, 1]`` tensor: the vector axis walks dim 1"""
+    return lambda x: relax.op.reshape(relax.op.strided_slice(x, axes=[1], begin=[begin], end=[begin + 64]), (8, 64))
+
+
+def test_reads_walking_an_outer_dim_are_checked():
+    """a read whose last dim is a unit dim and whose vector axis walks the one before it is
+    contiguous in memory, and TVM may load it as a vector (it did T5's ``[.., S, 1]`` bool mask):
+    its start is checked as a last-dim read's is"""
+    shifted = legalized_cuda_module(_outer_dim_slice(1), (8, 68, 1))[1]
+    assert VectorizedElementwise().apply(shifted, CUDA, False) is None
+    aligned = legalized_cuda_module(_outer_dim_slice(4), (8, 68, 1))[1]
+    assert VectorizedElementwise().apply(aligned, CUDA, False) is not None
+
+
+@pytest.mark.gpu
+def test_gpu_bool_and_outer_dim_kernels_match_numpy():
+    """the kernels the rule now declines or checks run and are right (misaligned address before)"""
+    dev = tvm.cuda(0)
+    mask = (np.arange(32).reshape(2, 16) % 3 == 0).astype("int64")
+
+    def run(fn, shape, dtype, x):
+        vm = relax.VirtualMachine(build_with_cuda_rules(legalized_cuda_module(fn, shape, dtype=dtype)[0]), dev)
+        return vm["main"](tvm.runtime.tensor(x, dev)).numpy()
+
+    np.testing.assert_array_equal(run(_mask_cast, (2, 16), "int64", mask), mask.astype(bool))
+    bools = mask.astype(bool).reshape(2, 16, 1)
+    np.testing.assert_array_equal(run(_bool_unit_dim_to_half, (2, 16, 1), "bool", bools), mask.astype("float16"))
+    x = np.random.default_rng(0).standard_normal((8, 68, 1)).astype("float16")
+    for begin in (1, 4):
+        np.testing.assert_array_equal(run(_outer_dim_slice(begin), (8, 68, 1), "float16", x), x[:, begin:begin + 64, 0])

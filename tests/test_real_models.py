@@ -159,3 +159,18 @@ def test_export_in_float16_on_cuda_matches_onnxruntime(name):
     got = model.run(feeds)[0]
     assert got.dtype == np.float16
     assert real_token_error(got, onnxruntime_output(name, feeds), feeds["attention_mask"]) <= 5e-3
+
+
+def test_float16_cuda_build_has_no_fast_math_pow_nor_bool_vectors():
+    """T5's fp16 encoder built for CUDA (no GPU needed): its RMS norm's ``x ** 2`` is a product
+    (``--use_fast_math``'s ``powf`` is NaN for x < 0; GPT-2's / ALBERT's gelu_new ``x ** 3`` made
+    them NaN everywhere) and its bool mask is not read as ``ushort4`` vectors (an 8-byte access
+    to 4 bools: cudaErrorMisalignedAddress, as the dynamo exports' mask cast was)"""
+    from pit_tvm.nvcc import cuda_sources  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = compile_onnx(to_float16(onnx.load(str(fixture("t5_encoder")))), "cuda", shapes=SHAPES, auto=False)
+    kernels = "\n".join(src[src.index("__global__"):] for src in cuda_sources(model.executable))  # no headers
+    assert "pow(" not in kernels and "(ushort4*)" not in kernels
+    assert "bool*" in kernels        # the mask is still read, by scalar loads

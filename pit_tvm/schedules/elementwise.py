@@ -13,12 +13,17 @@ innermost extent is a multiple of ``VEC``::
 
 Inputs read along the same axis become vector loads, so each such read must start on a ``VEC``
 boundary (``A[..., w*64 + v]``: yes; a slice ``A[..., v + 1]``: no, the rule declines);
-broadcast inputs stay scalar; a transposed input is gathered lane by lane.  Anything else
-returns None (``Fallback`` then applies).  Registered in :func:`pit_tvm.target.cuda_schedule_rules` ahead of ``Fallback``.
+broadcast inputs stay scalar; a transposed input is gathered lane by lane.  Kernels that would
+load or store ``bool`` vectors are declined: TVM's CUDA codegen types a ``bool`` x4 access
+``ushort4``, an 8-byte access to 4 bytes at 4-byte offsets (``cudaErrorMisalignedAddress``, and
+it writes past the output: the dynamo exports' ``attention_mask`` cast to bool, T5's mask).
+Anything else returns None (``Fallback`` then applies).  Registered in
+:func:`pit_tvm.target.cuda_schedule_rules` ahead of ``Fallback``.
 """
 from __future__ import annotations
 
-from tvm import sym, tirx
+import tvm
+from tvm import DataType, sym, tirx
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
 from pit_tvm.schedules._dlight import dlight_blocks, is_static
@@ -26,6 +31,13 @@ from pit_tvm.schedules._dlight import dlight_blocks, is_static
 #: elements per thread (half4 / float4: types the CUDA codegen has for every operation)
 VEC = 4
 THREADS = 256
+
+
+def _has_vector_type(dtype) -> bool:
+    """Whether CUDA code can load / store ``VEC`` lanes of ``dtype`` as one correctly sized
+    vector: not ``bool`` (TVM prints a ``bool`` x4 access as ``ushort4``, twice its size) nor a
+    sub-byte type."""
+    return str(dtype) != "bool" and DataType(str(dtype)).bits % 8 == 0
 
 
 def _reads_vectorise_aligned(block, inner) -> bool:
@@ -49,8 +61,44 @@ def _reads_vectorise_aligned(block, inner) -> bool:
         if coef == 0:
             continue
         shape = region.source.shape
-        if (coef != 1 or not isinstance(shape[-1], tirx.IntImm) or int(shape[-1]) % VEC
+        if (coef != 1 or not _has_vector_type(region.source.dtype)
+                or not isinstance(shape[-1], tirx.IntImm) or int(shape[-1]) % VEC
                 or not analyzer.can_prove(tirx.floormod(base, VEC) == 0)):
+            return False
+    return True
+
+
+def _flat_reads_vectorise_aligned(block, inner, extent: int) -> bool:
+    """The same question asked of each read's flattened (row-major) offset, with ``inner`` a
+    vector's ``VEC * k + lane``: a read whose offset walks ``lane`` with stride 1 is loaded as a
+    vector even where ``inner`` indexes an outer dim (``A[.., v, 0]`` of a ``[.., S, 1]``
+    buffer: T5's bool mask), so its start must be ``VEC``-aligned and its dtype have a vector
+    type; an offset that the analyzer cannot write as linear in ``lane`` is declined."""
+    analyzer = sym.Analyzer()
+    for iv in block.iter_vars:
+        if not iv.var.same_as(inner):
+            analyzer.bind(iv.var, iv.dom)
+    dtype = str(inner.ty.dtype)
+    k, lane = tirx.Var("k", dtype), tirx.Var("lane", dtype)
+    analyzer.bind(k, tvm.ir.Range(0, extent // VEC))
+    analyzer.bind(lane, tvm.ir.Range(0, VEC))
+    analyzer.bind(inner, k * VEC + lane)     # simplify() substitutes it
+    for region in block.reads:
+        shape = region.source.shape
+        if not region.region:
+            continue                       # a 0-d buffer: broadcast
+        if not is_static(shape):
+            return False
+        offset, stride = tirx.const(0, dtype), 1
+        for dim, r in zip(reversed(shape), reversed(region.region)):
+            index = r.min if str(r.min.ty.dtype) == dtype else tirx.Cast(dtype, r.min)
+            offset, stride = offset + index * stride, stride * int(dim)
+        offset = analyzer.simplify(offset)
+        coef_base = sym.detect_linear_equation(offset, [lane])
+        if len(coef_base) != 2 or not isinstance(coef_base[0], tirx.IntImm):
+            return False
+        if int(coef_base[0]) == 1 and (not _has_vector_type(region.source.dtype)
+                                       or not analyzer.can_prove(tirx.floormod(coef_base[1], VEC) == 0)):
             return False
     return True
 
@@ -66,7 +114,7 @@ class VectorizedElementwise(GPUScheduleRule):
         if not info.is_injective() or not is_static(info.dom()):
             return None
         block = sch.get(info.block_rv)
-        if len(block.writes) != 1:
+        if len(block.writes) != 1 or not _has_vector_type(block.writes[0].source.dtype):
             return None
         region = block.writes[0].region
         iters = [iv.var for iv in block.iter_vars]
@@ -74,7 +122,9 @@ class VectorizedElementwise(GPUScheduleRule):
                 isinstance(r.min, tirx.Var) and r.min.same_as(v) and int(r.extent) == 1
                 for r, v in zip(region, iters)):
             return None
-        if int(info.dom()[-1]) % VEC or not _reads_vectorise_aligned(block, iters[-1]):
+        extent = int(info.dom()[-1])
+        if (extent % VEC or not _reads_vectorise_aligned(block, iters[-1])
+                or not _flat_reads_vectorise_aligned(block, iters[-1], extent)):
             return None
         loops = sch.get_loops(info.block_rv)
         if len(loops) != len(iters):
