@@ -48,7 +48,7 @@ import warnings
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import environment, print_table, write_results  # noqa: E402
+from common import environment, print_table, time_compiled, write_results  # noqa: E402
 from workloads import (bert_encoder, bert_inputs, opt_ffn, opt_ffn_inputs, to_float16,  # noqa: E402
                        with_outputs)
 
@@ -308,10 +308,7 @@ class _TorchDevice:
 
 
 def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None, on_compiled=None):
-    import tvm  # noqa: PLC0415
-
     from pit_tvm.compile import compile_onnx  # noqa: PLC0415
-    from pit_tvm.timing import median_ms  # noqa: PLC0415
 
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
@@ -323,17 +320,7 @@ def _tvm_method(wl, cfg, target, auto, model_t, inputs_t, sparse=None, on_compil
     compile_s = time.perf_counter() - t0
     if on_compiled is not None:
         on_compiled(cm)
-    dev = cm.device
-    args = [tvm.runtime.tensor(np.ascontiguousarray(inputs_t[i["name"]], dtype=i["dtype"]), dev)
-            for i in cm.inputs]
-    main = cm._machine()["main"]
-
-    def call():
-        return main(*args)
-
-    out = call()
-    out = (out[0] if not hasattr(out, "numpy") else out).numpy()
-    ms = median_ms(call, dev, cfg.repeat, cfg.warmup)
+    ms, out = time_compiled(cm, inputs_t, cfg.repeat, cfg.warmup)
     extra = {"compile_s": compile_s,
              "pit_matmuls": sum(a.get("status") == "pit" for a in cm.annotations),
              "expected_density": wl.get("expected_density") if auto else None,

@@ -34,7 +34,7 @@ import warnings
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import environment, print_table, write_results  # noqa: E402
+from common import environment, print_table, time_compiled, write_results  # noqa: E402
 
 # Architectures by their published configs (hidden, layers, heads, intermediate); random weights.
 ARCHITECTURES = {
@@ -112,10 +112,7 @@ class _Host:
 
 def tvm_method(path, inputs, target, cfg, pit: bool):
     """Compile the export with or without PIT; returns ``(ms, output, extra)``."""
-    import tvm  # noqa: PLC0415
-
     from pit_tvm.compile import compile_onnx  # noqa: PLC0415
-    from pit_tvm.timing import median_ms  # noqa: PLC0415
 
     shapes = {n: list(v.shape) for n, v in inputs.items()}
     t0 = time.perf_counter()
@@ -124,16 +121,7 @@ def tvm_method(path, inputs, target, cfg, pit: bool):
         kw = dict(padding="attention_mask") if pit else dict(auto=False)
         cm = compile_onnx(path, target, shapes=shapes, cuda_graph=target == "cuda", **kw)
     compile_s = time.perf_counter() - t0
-    dev = cm.device
-    args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev) for i in cm.inputs]
-    main = cm._machine()["main"]
-
-    def call():
-        return main(*args)
-
-    out = call()
-    out = (out[0] if not hasattr(out, "numpy") else out).numpy()
-    ms = median_ms(call, dev, cfg.repeat, cfg.warmup)
+    ms, out = time_compiled(cm, inputs, cfg.repeat, cfg.warmup)
     statuses = [a.get("status") for a in cm.annotations]
     return ms, out, {"compile_s": compile_s, "pit_matmuls": statuses.count("pit"),
                      "warnings": sorted({str(w.message)[:300] for w in caught})[:5]}
