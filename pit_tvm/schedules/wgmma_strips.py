@@ -35,17 +35,8 @@ count passes a zero constant, which the kernel leaves zero (so runs of one compi
 not overlap on two streams); a symbolic row count zeroes one per call (``R.zeros``).  CUDA only
 (the CPU build has neither the wgmma tiles kernel nor the compaction).
 
-How close it runs to one read of A (H100, 4096 x 4096 fp16, device time after writing 256 MiB,
-which leaves L2 full of dirty lines, 2026-11-24, ``python3 benchmarks/_strips_variants.py`` at
-d982630, a trial script since removed): a minimal Triton kernel that only reads A (``benchmarks/peers/read_once.py``) takes 16.8 us in
-that state; this kernel with mk = 64 takes 12.5 / 16.5 / 17.8 us at 50 / 90 / 99 % of 32x64
-micro-tiles empty (a non-zero in rows 0..31 saves the other rows' loads), with mk = 1 (compacting)
-35.2 / 26.4 / 22.5 us.  In the op the CSR pack adds 1.9-2.5 us and a launch (``python3
-benchmarks/_tiles_op_kernels.py 32x64``).  Three variants measured no faster in the same run:
-reading all 128 rows at once (mk = 64: 17.7 / 17.8 / 17.9 us); no atomic add for a CTA that lists
-nothing (timed only: such a strip is never closed; within 0.5 us); the compacted columns stored as
-(row, slot) pairs 256 at a time instead of a thread per output slot walking the rows (mk = 1:
-46.1 / 31.5 / 22.7 us).
+What it costs against one read of A, and the variants that measured no faster:
+``docs/design/hopper_kernels.md`` ("The strips index: measured").
 
 Where A is the output of a dense wgmma kernel (an FFN's fc2 reading fc1's ReLU output), that
 kernel builds the same outputs in its epilogue instead (``wgmma_row_gather_func(strips_mk=)``,
