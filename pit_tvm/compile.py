@@ -59,33 +59,6 @@ def export_path(path) -> str:
     return path
 
 
-def read_onnx(model):
-    """``load_model`` with a clear ``UserError`` for what is not an ONNX model: a missing file, a
-    directory, bytes that are not an ONNX protobuf, a graph without outputs (an empty file parses
-    as an empty model)."""
-    from google.protobuf.message import DecodeError  # noqa: PLC0415
-
-    if not hasattr(model, "graph"):
-        name = os.fspath(model)
-        if not os.path.exists(name):
-            raise UserError(f"{name}: no such file")
-        if not os.path.isfile(name):
-            raise UserError(f"{name}: not a file (expected an ONNX model)")
-        if os.path.getsize(name) == 0:
-            raise UserError(f"{name}: an empty file, not an ONNX model")
-    else:
-        name = "the model"
-    try:
-        proto = load_model(model)
-    except (DecodeError, UnicodeDecodeError, ValueError) as err:
-        raise UserError(f"{name}: not an ONNX model ({type(err).__name__}: {err})") from err
-    except OSError as err:
-        raise UserError(f"{name}: cannot read: {err}") from err
-    if not proto.graph.output:
-        raise UserError(f"{name}: the ONNX graph has no outputs (nothing to compile); is it an ONNX model?")
-    return proto
-
-
 def _dims(value_info) -> list:
     dims = []
     for d in value_info.type.tensor_type.shape.dim:
@@ -307,7 +280,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     (:class:`~pit_tvm.passes.PropagatePadding`), and **the outputs at padded positions are not
     computed** (compare on the real tokens only).  Needs the mask's shape static (``shapes=``).
     """
-    proto = read_onnx(model)
+    proto = load_model(model)
     tgt = make_target(target)
     fixed = static_shapes(proto, shapes)
     symbolic = symbolic_inputs(proto, fixed)   # what an import / build failure may be about

@@ -38,19 +38,29 @@ def sanitize(name: str) -> str:
 
 
 def load_model(model) -> onnx.ModelProto:
-    """``model`` (an ``onnx.ModelProto`` or a path) as a ModelProto; a missing file is a
-    ``FileNotFoundError`` and a file that is not an ONNX model a ``ValueError``, each naming it."""
+    """``model`` (an ``onnx.ModelProto`` or a path) as a ModelProto with outputs; what is not one
+    (a missing file, a directory, an empty file, bytes that are not an ONNX protobuf, a graph
+    without outputs) is a :class:`~pit_tvm.errors.UserError` naming it."""
+    from pit_tvm.errors import UserError  # noqa: PLC0415
+
     if isinstance(model, onnx.ModelProto):
-        return model
-    path = str(model)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"ONNX model {path!r} not found")
-    try:
-        proto = onnx.load(path)
-    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends: not a model
-        raise ValueError(f"{path!r} is not an ONNX model (protobuf could not parse it: {err})") from err
-    if not proto.graph.node and not proto.graph.output:
-        raise ValueError(f"{path!r} is not an ONNX model (it parses to an empty graph)")
+        name, proto = "the model", model
+    else:
+        name = os.fspath(model)
+        if not os.path.exists(name):
+            raise UserError(f"{name}: no such file")
+        if not os.path.isfile(name):
+            raise UserError(f"{name}: not a file (expected an ONNX model)")
+        if os.path.getsize(name) == 0:
+            raise UserError(f"{name}: an empty file, not an ONNX model")
+        try:
+            proto = onnx.load(name)
+        except OSError as err:
+            raise UserError(f"{name}: cannot read: {err}") from err
+        except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and friends: not a model
+            raise UserError(f"{name}: not an ONNX model ({type(err).__name__}: {err})") from err
+    if not proto.graph.output:
+        raise UserError(f"{name}: the ONNX graph has no outputs (nothing to compile); is it an ONNX model?")
     return proto
 
 
