@@ -27,7 +27,7 @@ from tvm.script import tirx as T
 from tvm.sym.analyzer import Analyzer
 
 from pit_tvm.target import build, device_for, is_gpu, make_target
-from pit_tvm._args import micro_tile_pair
+from pit_tvm._args import dtype_name, micro_tile_pair
 from pit_tvm.runtime.loader import dlpack_to_tvm
 
 from ._kernels import make_pipeline, num_chunks, schedule_cpu, schedule_cuda
@@ -102,19 +102,10 @@ def _check_group(group):
 
 
 def _check_dtype(dtype):
-    dtype = _dtype_name(dtype)
+    dtype = dtype_name(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {dtype!r}: expected one of {SUPPORTED_DTYPES}")
     return dtype
-
-
-def _dtype_name(dtype) -> str:
-    if isinstance(dtype, str):
-        return dtype
-    try:
-        return np.dtype(dtype).name
-    except TypeError:
-        return str(dtype)
 
 
 def _strategy(target, emulate_gpu=False):
@@ -386,7 +377,7 @@ class IndexBuilder:
                 x = tvm.runtime.tensor(x.numpy(), self.device)
             return dlpack_to_tvm(x, buf.name)   # a strided or misaligned view: a compact copy
         arr = np.asarray(x)
-        have = _dtype_name(arr.dtype)
+        have = dtype_name(arr.dtype)
         if have != want:
             raise ValueError(f"input {buf.name!r}: dtype {have} given, {want} expected")
         return tvm.runtime.tensor(np.ascontiguousarray(arr), self.device)
@@ -454,7 +445,7 @@ def build_tile_index(data, micro_tile, group="row", target="llvm"):
         shape, dtype = tuple(data.shape), str(data.dtype)
     else:
         data = np.asarray(data)
-        shape, dtype = data.shape, _dtype_name(data.dtype)
+        shape, dtype = data.shape, dtype_name(data.dtype)
     if len(shape) != 2:
         raise ValueError(f"data must be 2-D [rows, cols], got shape {tuple(shape)}")
     rows, cols = int(shape[0]), int(shape[1])

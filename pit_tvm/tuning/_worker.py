@@ -81,13 +81,7 @@ def alloc_pit_arguments(device, args_info, alloc_repeat, density: float = 0.5):
                 host = offsets if i == 2 else ids
             else:
                 scale = 1.0 / math.sqrt(shape[0]) if i == 1 else 1.0
-                host = rng.standard_normal(shape, dtype=np.float32) * scale
-                if dtype == "bfloat16":
-                    import ml_dtypes
-
-                    host = host.astype(ml_dtypes.bfloat16)
-                else:
-                    host = host.astype(dtype)
+                host = _host_as(rng.standard_normal(shape, dtype=np.float32) * scale, dtype)
             args.append(tvm.runtime.tensor(host, device))
         out.append(args)
     _ARGS_CACHE[key] = out
@@ -131,7 +125,11 @@ def _random_host(shape, dtype: str, seed: int):
     """standard-normal host data of ``dtype`` (bfloat16 through ml_dtypes)"""
     import numpy as np
 
-    host = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    return _host_as(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32), dtype)
+
+
+def _host_as(host, dtype: str):
+    """``host`` (numpy) cast to ``dtype`` (bfloat16 through ml_dtypes)"""
     if dtype == "bfloat16":
         import ml_dtypes
 
