@@ -333,3 +333,36 @@ def test_gpu_every_space_tunes_through_local_gpu_servers(tmp_path):
         finally:
             runner.shutdown()
     assert _children() - before == set()
+
+
+_SESSION_PROBE = '''
+import multiprocessing, os, sys
+import tvm_ffi
+from pit_tvm.tuning._worker import FLUSH_FUNC
+from pit_tvm.tuning.rpc_server import init_server_process
+
+
+def probe(queue):
+    queue.put((os.getppid(), tvm_ffi.get_global_func(FLUSH_FUNC, allow_missing=True) is not None))
+
+
+if __name__ == "__main__":
+    init_server_process()
+    queue = multiprocessing.Queue()
+    proc = multiprocessing.Process(target=probe, args=(queue,))
+    proc.start()
+    parent, registered = queue.get(timeout=60)
+    proc.join()
+    print(multiprocessing.get_start_method(), parent != os.getpid(), registered)
+'''
+
+
+def test_sessions_start_from_a_fork_server_that_registered_the_flush(tmp_path):
+    """a session process (TVM's server starts one per connection with ``multiprocessing``) is
+    not a fork of the accepting process, which may hold CUDA state, and has the flush function"""
+    script = tmp_path / "session_probe.py"
+    script.write_text(_SESSION_PROBE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["forkserver", "True", "True"]

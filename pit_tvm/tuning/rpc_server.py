@@ -7,6 +7,9 @@ flush that ``time_evaluator`` runs before every timed call).  Start one per GPU,
 ``CUDA_VISIBLE_DEVICES=i``; ``pit-tvm tune --gpus N`` does so itself.  Needs ``pit_tvm`` (and
 TVM) importable: the environment, ``PYTHONPATH`` included, is what the server's sessions see.
 Imports only TVM and the light worker module, so a server starts in a few seconds.
+
+Each RPC session runs in a process started from a fork server (:func:`init_server_process`)
+rather than forked from the server itself: a CUDA context does not survive ``fork``.
 """
 from __future__ import annotations
 
@@ -37,17 +40,36 @@ def parse_tracker(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: imported by the sessions' fork server before it forks a session: registers the flush function
+SESSION_PRELOAD = "pit_tvm.tuning._session_init"
+
+
+def init_server_process() -> None:
+    """``server_init_callback`` of the RPC server, run in the process that accepts sessions:
+    sessions start from a ``forkserver`` that has imported :data:`SESSION_PRELOAD`, so each
+    one is a fresh process that has the PIT functions registered and no inherited CUDA state
+    (TVM forks each session from the accepting process by default; on GPU servers every call
+    then failed with ``cudaErrorInitializationError``)."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    from pit_tvm.tuning._worker import register_server_functions
+
+    register_server_functions()
+    multiprocessing.set_start_method("forkserver", force=True)
+    multiprocessing.set_forkserver_preload([SESSION_PRELOAD])
+    multiprocessing.forkserver.ensure_running()   # before the tracker lists the server
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from tvm import rpc  # noqa: PLC0415
-
-    from pit_tvm.tuning._worker import register_server_functions  # noqa: PLC0415
 
     if not args.silent:
         logging.basicConfig(level=logging.INFO)
     server = rpc.Server(args.host, args.port, args.port_end, key=args.key,
                         tracker_addr=parse_tracker(args.tracker), custom_addr=args.custom_addr,
-                        silent=args.silent, server_init_callback=register_server_functions)
+                        silent=args.silent, server_init_callback=init_server_process)
     print(f"pit rpc server: port {server.port}, key {args.key!r}, tracker {args.tracker}", flush=True)
     server.proc.join()
     return 0
