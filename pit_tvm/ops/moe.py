@@ -57,8 +57,8 @@ class MoESpec:
     dropped): HF Switch's expert capacity, counted per sequence (the second-to-last axis of
     ``x``; all tokens of a 2-D ``x``): an expert keeps its first ``capacity`` assignments in
     token order.  ``dropped_token``: what a dropped assignment contributes: ``"zero"`` (HF
-    transformers >= 4.5x, whose experts ``index_add_`` only the routed tokens) or
-    ``"input_scaled"`` (older HF: ``router_prob * x``).  Ties in the top-k go to the lower
+    transformers 5.x, whose experts ``index_add_`` only the routed tokens) or
+    ``"input_scaled"`` (HF transformers 4.x: ``router_prob * x``).  Ties in the top-k go to the lower
     expert id.
     """
 
