@@ -366,3 +366,37 @@ def test_gpu_capacity_index_and_skewed_routing():
         o, a, kept = (t.numpy() for t in b(ids))
         ro, ra, rk = reference_expert_capacity_index(ids, 64, 100)
         assert np.array_equal(o, ro) and np.array_equal(a, ra) and np.array_equal(kept, rk)
+
+
+def test_emit_moe_in_a_relax_function():
+    """emit_moe as the importer calls it: 2-D x with a symbolic token count and a 4-D x with
+    static dims in one function (capacity per sequence: one sequence for the 2-D x, x's
+    second-to-last axis for the 4-D one), weights as constants-like parameters."""
+    from tvm import relax, tirx
+
+    from pit_tvm.ops.moe import emit_moe
+
+    spec, d, f, _ = CONFIGS[2]
+    E = spec.num_experts
+    ntok = tirx.Var("ntok", "int64")
+    x2 = relax.Var("x2", relax.TensorType([ntok, d], "float32"))
+    r2 = relax.Var("r2", relax.TensorType([ntok, E], "float32"))
+    x4 = relax.Var("x4", relax.TensorType([2, 3, 5, d], "float32"))
+    r4 = relax.Var("r4", relax.TensorType([30, E], "float32"))          # router as [T, E]
+    w1 = relax.Var("w1", relax.TensorType([E, d, f], "float32"))
+    w2 = relax.Var("w2", relax.TensorType([E, f, d], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x2, r2, x4, r4, w1, w2]):
+        with bb.dataflow():
+            y2 = emit_moe(bb, x2, r2, w1, w2, spec, target="llvm")
+            y4 = emit_moe(bb, x4, r4, w1, w2, spec, target="llvm")
+            out = bb.emit_output(relax.Tuple([y2, y4]))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(build(bb.get(), "llvm"), tvm.cpu())
+    rng = np.random.default_rng(4)
+    layer = make_layer(spec, d, f, (), rng)
+    a2, a4 = rng.standard_normal((11, d)).astype(np.float32), rng.standard_normal((2, 3, 5, d)).astype(np.float32)
+    q2, q4 = make_router(spec, (11,), "one_expert", rng), make_router(spec, (30,), "one_expert", rng)
+    got2, got4 = vm["main"](*[tvm.runtime.tensor(a) for a in (a2, q2, a4, q4, layer["w1"], layer["w2"])])
+    np.testing.assert_allclose(got2.numpy(), reference_moe(a2, q2, spec=spec, **layer), rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(got4.numpy(), reference_moe(a4, q4, spec=spec, **layer), rtol=2e-4, atol=2e-4)

@@ -373,8 +373,12 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
     ntok = tirx.const(1, "int64")
     for s in lead:
         ntok = ntok * (s if str(s.ty.dtype) == "int64" else tirx.Cast("int64", s))
-    seq = lead[-1] if len(lead) >= 2 else ntok
-    seq = seq if str(seq.ty.dtype) == "int64" else tirx.Cast("int64", seq)
+    # the capacity counts per sequence: x's second-to-last axis (a 2-D x is one sequence)
+    batch, seq = tirx.const(1, "int64"), ntok
+    if len(lead) >= 2:
+        for s in lead[:-1]:
+            batch = batch * (s if str(s.ty.dtype) == "int64" else tirx.Cast("int64", s))
+        seq = lead[-1] if str(lead[-1].ty.dtype) == "int64" else tirx.Cast("int64", lead[-1])
     x2 = bb.emit(relax.op.reshape(x, [ntok, d])) if len(lead) != 1 else x
     r2 = bb.emit(relax.op.reshape(router, [ntok, E])) if len(r_shape) != 2 else router
 
@@ -394,7 +398,7 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
         kept = None
     else:
         index_gv = _add_once(bb, expert_capacity_index_func(E, k, spec.capacity, target))
-        ids3 = bb.emit(relax.op.reshape(expert_ids, [ntok // seq, seq, k]))
+        ids3 = bb.emit(relax.op.reshape(expert_ids, [batch, seq, k]))
         index = bb.emit(relax.call_tir(index_gv, [ids3], index_ty + [relax.TensorType([positions], "int32")]))
         kept = bb.emit(relax.TupleGetItem(index, 2))
     offsets, assignments = (bb.emit(relax.TupleGetItem(index, i)) for i in (0, 1))
