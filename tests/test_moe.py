@@ -192,6 +192,24 @@ def test_moe_matches_reference(config, batch, seq, pattern, seed):
     np.testing.assert_allclose(y, reference_moe(x, router, spec=spec, **layer), rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("config,dtype", [(5, "bfloat16"), (4, "float16")], ids=["geglu-bf16", "silu-probs-fp16"])
+def test_moe_half_precision_cpu(config, dtype):
+    """fp16 / bf16 tensors (router included) on llvm against the fp32 reference of the same
+    rounded inputs (fp32 accumulation; H and Y rounded to the dtype)."""
+    spec, d, f, optional = CONFIGS[config]
+    rng = np.random.default_rng(config)
+    lead = (2, 13)
+    layer = {k: v.astype(np_dtype(dtype)) for k, v in make_layer(spec, d, f, optional, rng).items()}
+    x = rng.standard_normal(lead + (d,)).astype(np_dtype(dtype))
+    router = make_router(spec, lead, "random", rng).astype(np_dtype(dtype))
+    y = _op(spec, d, f, dtype)(x, router, **layer)
+    assert y.dtype == np_dtype(dtype)
+    ref = reference_moe(x.astype(np.float32), router.astype(np.float32), spec=spec,
+                        **{k: v.astype(np.float32) for k, v in layer.items()})
+    tol = 2e-2 if dtype == "float16" else 8e-2
+    np.testing.assert_allclose(y.astype(np.float32), ref, rtol=tol, atol=tol)
+
+
 def test_moe_capacity_drops_as_hf_switch():
     """Top-1 with capacity 3, every token to expert 1: per sequence the first three tokens go
     through the expert, the others output 0 (``zero``) or ``p * x`` (``input_scaled``)."""

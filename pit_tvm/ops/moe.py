@@ -381,6 +381,10 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
         seq = lead[-1] if str(lead[-1].ty.dtype) == "int64" else tirx.Cast("int64", lead[-1])
     x2 = bb.emit(relax.op.reshape(x, [ntok, d])) if len(lead) != 1 else x
     r2 = bb.emit(relax.op.reshape(router, [ntok, E])) if len(r_shape) != 2 else router
+    if r_dtype == "bfloat16":
+        # (a bf16 router read inside the routing kernel met the CPU pipeline's exp rewrite
+        # (ExpToVectorExp) and bf16 legalisation badly: weights of 0; [T, E] in fp32 is cheap)
+        r2, r_dtype = bb.emit(relax.op.astype(r2, "float32")), "float32"
 
     from pit_tvm.index import expert_capacity_index_func, expert_index_func
     from pit_tvm.schedules.moe_routing import combine_func, routing_func

@@ -145,13 +145,16 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
     BN = min(CPU_BN, -(-N // 8) * 8)
     NBLK = -(-N // BN)
     gather = mode == "gather"
+    # (bf16 on llvm is legalised to integer ops with Let bindings that TIR's vectoriser
+    # rejects: serial loops there, LLVM's own vectoriser takes what it can)
+    VEC = T.serial if "bfloat16" in (dtype, out_dtype) else T.vectorized
     find_tile = _find_tile(E, BM)
     listed = _listed(E)
 
     @T.macro
     def tile_body(A, ASG, W, BIAS, WT, O, info, src, acc, n0, width, guarded):
         for r in T.unroll(BM):
-            for j in T.vectorized(width):
+            for j in VEC(width):
                 acc[r * width + j] = T.float32(0)
         for kk in range(K):
             for r in T.unroll(BM):
@@ -161,7 +164,7 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                             acc[r * width + j] = acc[r * width + j] + T.Cast("float32", A[src[r], kk]) * T.Cast(
                                 "float32", W[info[0], kk, n0 + j])
                 else:
-                    for j in T.vectorized(width):
+                    for j in VEC(width):
                         acc[r * width + j] = acc[r * width + j] + T.Cast("float32", A[src[r], kk]) * T.Cast(
                             "float32", W[info[0], kk, n0 + j])
         for r in T.unroll(BM):
@@ -178,7 +181,7 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                                     mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, ASG[info[1] + r],
                                     activation, out_dtype, bias)
                 else:
-                    for j in T.vectorized(width):
+                    for j in VEC(width):
                         if gather:
                             O[info[1] + r, n0 + j] = _epilogue_value(
                                 mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, 0, activation, out_dtype,
