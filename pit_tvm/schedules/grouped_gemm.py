@@ -348,7 +348,8 @@ def _cuda_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                             else:
                                 As[((ty * TS + tx) % 4) * 4 + i, (ty * TS + tx) // 4] = T.float32(0)
                         for i in range(4):
-                            if k0 * BK + (ty * TS + tx) // 16 < K and (bid % NBLK) * BN + ((ty * TS + tx) % 16) * 4 + i < N:
+                            if (k0 * BK + (ty * TS + tx) // 16 < K
+                                    and (bid % NBLK) * BN + ((ty * TS + tx) % 16) * 4 + i < N):
                                 Bs[(ty * TS + tx) // 16, ((ty * TS + tx) % 16) * 4 + i] = T.Cast(
                                     "float32", W[T.max(info[0], T.int64(0)), k0 * BK + (ty * TS + tx) // 16,
                                                  (bid % NBLK) * BN + ((ty * TS + tx) % 16) * 4 + i])
