@@ -192,10 +192,10 @@ def test_moe_matches_reference(config, batch, seq, pattern, seed):
     np.testing.assert_allclose(y, reference_moe(x, router, spec=spec, **layer), rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("config,dtype", [(5, "bfloat16"), (4, "float16")], ids=["geglu-bf16", "silu-probs-fp16"])
+@pytest.mark.parametrize("config,dtype", [(5, "bfloat16")], ids=["geglu-bf16"])
 def test_moe_half_precision_cpu(config, dtype):
-    """fp16 / bf16 tensors (router included) on llvm against the fp32 reference of the same
-    rounded inputs (fp32 accumulation; H and Y rounded to the dtype)."""
+    """bf16 tensors (router included) on llvm against the fp32 reference of the same rounded
+    inputs (fp32 accumulation; H and Y rounded to the dtype); fp16 runs in the GPU tests."""
     spec, d, f, optional = CONFIGS[config]
     rng = np.random.default_rng(config)
     lead = (2, 13)
