@@ -335,34 +335,23 @@ def test_gpu_every_space_tunes_through_local_gpu_servers(tmp_path):
     assert _children() - before == set()
 
 
-_SESSION_PROBE = '''
-import multiprocessing, os, sys
-import tvm_ffi
-from pit_tvm.tuning._worker import FLUSH_FUNC
-from pit_tvm.tuning.rpc_server import init_server_process
+def test_sessions_are_spawned_and_register_the_flush(monkeypatch):
+    """each session runs in a spawned process (a fork of a process that imported TVM has a
+    broken CUDA context) whose entry point registers the flush function before serving"""
+    import multiprocessing
 
+    import tvm_ffi
+    from tvm.rpc import server
 
-def probe(queue):
-    queue.put((os.getppid(), tvm_ffi.get_global_func(FLUSH_FUNC, allow_missing=True) is not None))
+    from pit_tvm.tuning import _session_init, rpc_server
+    from pit_tvm.tuning._worker import FLUSH_FUNC
 
-
-if __name__ == "__main__":
-    init_server_process()
-    queue = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=probe, args=(queue,))
-    proc.start()
-    parent, registered = queue.get(timeout=60)
-    proc.join()
-    print(multiprocessing.get_start_method(), parent != os.getpid(), registered)
-'''
-
-
-def test_sessions_start_from_a_fork_server_that_registered_the_flush(tmp_path):
-    """a session process (TVM's server starts one per connection with ``multiprocessing``) is
-    not a fork of the accepting process, which may hold CUDA state, and has the flush function"""
-    script = tmp_path / "session_probe.py"
-    script.write_text(_SESSION_PROBE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["forkserver", "True", "True"]
+    served = []
+    monkeypatch.setattr(server, "_serve_loop", lambda *args: served.append(args))
+    monkeypatch.setattr(multiprocessing, "set_start_method", lambda method, force=False: served.append(method))
+    rpc_server.init_server_process()
+    assert served == ["spawn"] and server._serve_loop is _session_init.serve_session
+    monkeypatch.setattr(server, "_serve_loop", lambda *args: served.append(args))
+    _session_init.serve_session("sock", None, "work")
+    assert served[-1] == ("sock", None, "work")
+    assert tvm_ffi.get_global_func(FLUSH_FUNC, allow_missing=True) is not None

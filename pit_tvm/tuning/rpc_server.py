@@ -8,8 +8,8 @@ flush that ``time_evaluator`` runs before every timed call).  Start one per GPU,
 TVM) importable: the environment, ``PYTHONPATH`` included, is what the server's sessions see.
 Imports only TVM and the light worker module, so a server starts in a few seconds.
 
-Each RPC session runs in a process started from a fork server (:func:`init_server_process`)
-rather than forked from the server itself: a CUDA context does not survive ``fork``.
+Each RPC session runs in a spawned process (:func:`init_server_process`), not one forked from
+the server: a CUDA context does not survive ``fork``.
 """
 from __future__ import annotations
 
@@ -40,25 +40,23 @@ def parse_tracker(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-#: imported by the sessions' fork server before it forks a session: registers the flush function
-SESSION_PRELOAD = "pit_tvm.tuning._session_init"
-
-
 def init_server_process() -> None:
     """``server_init_callback`` of the RPC server, run in the process that accepts sessions:
-    sessions start from a ``forkserver`` that has imported :data:`SESSION_PRELOAD`, so each
-    one is a fresh process that has the PIT functions registered and no inherited CUDA state
-    (TVM forks each session from the accepting process by default; on GPU servers every call
-    then failed with ``cudaErrorInitializationError``)."""
+    each session is a spawned process (not forked) that runs
+    :func:`pit_tvm.tuning._session_init.serve_session`.  Why: importing TVM initialises CUDA
+    where the CUDA runtime is present, so a session forked from the accepting process (TVM's
+    default) fails every CUDA call with ``cudaErrorInitializationError``; a spawned one starts
+    clean but must register the PIT functions itself."""
     import multiprocessing
-    import multiprocessing.forkserver
 
+    from tvm.rpc import server
+
+    from pit_tvm.tuning._session_init import serve_session
     from pit_tvm.tuning._worker import register_server_functions
 
     register_server_functions()
-    multiprocessing.set_start_method("forkserver", force=True)
-    multiprocessing.set_forkserver_preload([SESSION_PRELOAD])
-    multiprocessing.forkserver.ensure_running()   # before the tracker lists the server
+    multiprocessing.set_start_method("spawn", force=True)
+    server._serve_loop = serve_session     # what ``server._serving`` starts per session
 
 
 def main(argv=None) -> int:
