@@ -51,6 +51,11 @@ def sm_version(target) -> int:
     return arch_number(tgt.attrs.get("arch", "")) if tgt.kind.name == "cuda" else -1
 
 
+def cuda_arch(target) -> str:
+    """The CUDA target's arch (``"sm_90a"``), :data:`DEFAULT_CUDA_ARCH` where it names none."""
+    return str(make_target(target).attrs.get("arch", DEFAULT_CUDA_ARCH))
+
+
 def is_gpu(target) -> bool:
     return make_target(target).kind.name == "cuda"
 

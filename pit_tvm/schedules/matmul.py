@@ -43,7 +43,7 @@ CPU_BK = 16           # compact k positions per step (tiles kind, per micro-tile
 CPU_GATHER_LANES = 64  # widest vector of the rows kind's K-wide gather (four AVX-512 fp32 vectors)
 
 GPU_BM, GPU_BN, GPU_BK = 64, 64, 16
-INDEX_OFFSETS = "pit_offsets"   # the index buffers ops/matmul.py declares: PitIndex.create("pit", ...)
+INDEX_OFFSETS = "pit_offsets"   # the index buffers ops/matmul/derived.py declares: PitIndex.create("pit", ...)
 GPU_TY, GPU_TX = 16, 16   # threads; each computes (BM/TY) x (BN/TX) outputs
 
 
