@@ -67,7 +67,7 @@ from tvm.script import tirx as T
 
 import tvm.s_tir.tensor_intrin.cuda as _cuda_intrin  # noqa: F401  (registers fill/store)
 from pit_tvm.schedules.limits import (  # noqa: F401  (re-exported: tensorcore_tiles, tuning)
-    IN_DTYPES, MAX_SMEM_BYTES, OUT_DTYPES, dtype_bytes, max_smem_bytes)
+    IN_DTYPES, MAX_SMEM_BYTES, OUT_DTYPES, dtype_bytes, max_smem_bytes, sm_count)
 from tvm.s_tir.tensor_intrin.cuda import (
     MMA_fill_16x16_f32_INTRIN,
     MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE,
@@ -100,8 +100,6 @@ COUNT_GT_ATTR = "pit.run_if_count_gt"
 COUNT_LE_ATTR = "pit.run_if_count_le"
 #: (split_k, split_rows) of a row-gather workload built with the split-K path
 SPLIT_ATTR = "pit.split_k_rows"
-#: SMs the split-K heuristic fills (the H100 SXM has 132)
-SPLIT_TARGET_SMS = 132
 #: shallowest K slice the split-K path cuts: a shallower slice saves less latency than the fp32
 #: partials' round trip and the sum kernel cost (BERT-base's 768-deep layers ran slower split)
 SPLIT_MIN_SLICE_K = 1024
@@ -761,7 +759,7 @@ def split_config(config: TensorCoreConfig, k: int, n: int, in_dtype: str = "floa
 
 
 def split_plan(k: int, n: int, config: TensorCoreConfig, in_dtype: str = "float16",
-               arch: str = "sm_90", sms: int = SPLIT_TARGET_SMS) -> tuple[int, int]:
+               arch: str = "sm_90", sms: int | None = None) -> tuple[int, int]:
     """``(split_k, split_rows)`` of the split-K path for a (K, N) problem and ``config``, or
     ``(1, 0)`` when splitting does not fit.
 
@@ -770,9 +768,12 @@ def split_plan(k: int, n: int, config: TensorCoreConfig, in_dtype: str = "float1
     one per SM) the kernel is latency bound: on the H100 at 4096^3, 41 rows took as long as
     410.  Below ``split_rows`` rows (the full-K grid fills at most one CTA per SM) the K axis
     is cut into ``split_k`` slices, so the grid has up to ~4 CTAs per SM, and a small kernel
-    sums the fp32 partials.  The split kernel's tiles are :func:`split_config`'s.
+    sums the fp32 partials.  The split kernel's tiles are :func:`split_config`'s.  ``sms``: the
+    SMs the grid fills, by default the target arch's (:func:`pit_tvm.schedules.limits.sm_count`:
+    132 for sm_90, 108 for sm_80).
     """
     c = split_config(config, k, n, in_dtype, arch)
+    sms = sm_count(arch) if sms is None else sms
     n_tiles = n // c.block_n
     if n_tiles <= 0:
         return 1, 0
