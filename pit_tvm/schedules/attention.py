@@ -40,7 +40,7 @@ are read when every key of (b, h) is masked: the softmax then spreads over them 
 on the device, per call, from the mask the kernel already takes: no index, no host sync.
 (H100, BERT-base's 32 x 128 tokens with 58.6 % real: 17.2 against 19.6 us unpadded; each CTA
 waits on its loads before it computes, so 41 % fewer reads save 12 %:
-``benchmarks/_attention_padding.py``.)
+``benchmarks/sweeps/attention_padding.py``.)
 """
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ __all__ = ["LIST_ATTR", "STATE_DTYPE", "strips_apply", "compacts", "strip_list_f
 
 #: A's columns per CTA: 128 rows x 64 = 16 KiB of fp16.  (256 columns per CTA, all 16 loads of
 #: a thread issued first and a warp-shuffle rank, measured slower on the H100 at 4096 x 4096:
-#: mk=64 22.4 against 21.2 us, mk=1 31.6-43.0 against 25.3-38.7 us; benchmarks/_strips_probe.py)
+#: mk=64 22.4 against 21.2 us, mk=1 31.6-43.0 against 25.3-38.7 us; benchmarks/sweeps/strips_probe.py)
 COLS = 64
 THREADS = 256
 VEC = 8                   # elements per 16-byte load
