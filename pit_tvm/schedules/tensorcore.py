@@ -34,14 +34,12 @@ The PIT part (:func:`schedule_row_gather_matmul`):
 * Split-K path for few rows (workload built with ``split_k > 1``; :func:`split_plan` picks
   ``split_k`` and ``split_rows``): with ``count <= split_rows`` the full-K grid would hold at
   most one CTA per SM, each running K / block_k dependent mma steps with one warp per
-  scheduler (on the H100, 41 rows took as long as 410: 0.14 ms at 4096^3).  Then a second
+  scheduler (latency bound: few rows take as long as ten times as many).  Then a second
   matmul kernel over (K slice -> blockIdx.z, p tile, N tile) with :func:`split_config`'s
   64-deep, 4-stage tiles writes fp32 partials to a device workspace, and a small kernel sums
   them, applies the epilogue and scatters.  Which path runs is decided per CTA on the device
   (``count > split_rows`` / ``<=``, see :func:`add_early_exit`); the other path's CTAs exit
-  at once.  H100, 4096^3 fp16, 90/95/99 % zero rows, whole PrimFunc: 181/168/137 us ->
-  103/66/51 us (``benchmarks/gpu_tc_probe.py --sparsity 0.9 0.95 0.99 --split-k both
-  --configs 128x128x32w64x64s3``).
+  at once (measured: docs/design/measurements.md#tensor-core-kernels).
 
 The same tiles also serve a plain dense matmul (:func:`dense_matmul_func`,
 :func:`schedule_dense_matmul`): a model's dense fp16/bf16 layers on CUDA use it
@@ -677,8 +675,8 @@ def dense_matmul_func(k: int, n: int, in_dtype: str = "float16",
                       out_dtype: str = "float16", bias: bool = False, relu: bool = False) -> tirx.PrimFunc:
     """``C[M, n] = A[M, k] @ B[k, n] (+ bias[n]) (relu)`` (fp32 accumulation, M symbolic): the
     dense matmul that :func:`schedule_dense_matmul` puts on the same tensor-core tiles as the
-    PIT kernels, so a model's dense layers do not fall back to dlight's SIMT kernel (~80 TF/s
-    on the H100). Parameters ``(a, b, [bias,] c)``; the optional bias / ReLU run in the
+    PIT kernels, so a model's dense layers do not fall back to dlight's SIMT kernel.
+    Parameters ``(a, b, [bias,] c)``; the optional bias / ReLU run in the
     epilogue, in fp32, as in :func:`row_gather_matmul_func`."""
     _check_dtypes(in_dtype, out_dtype)
     K, N = int(k), int(n)
@@ -748,8 +746,8 @@ def schedule_dense_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
 def split_config(config: TensorCoreConfig, k: int, n: int, in_dtype: str = "float16",
                  arch: str = "sm_90") -> TensorCoreConfig:
     """The tile config of the split-K path: ``config`` with a 64-deep, 4-stage K pipeline
-    when that fits (on the H100 it halved the time of a CTA's K loop at 90-99 % sparsity,
-    while costing ~6 % at 0 %, where the full-K kernel with ``config`` runs), else ``config``."""
+    when that fits (it halves a CTA's K loop at high sparsity, where the split path runs:
+    docs/design/measurements.md#tensor-core-kernels), else ``config``."""
     deep = TensorCoreConfig(**{**config.as_dict(), "block_k": 64, "stages": 4})
     try:
         check_config(k, n, in_dtype, deep, max_smem_bytes(arch))
