@@ -421,7 +421,7 @@ def test_emit_moe_in_a_relax_function():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("target", ["cuda", "cuda:sm_80"], ids=["sm90a-kernel-of-choice", "generic"])
+@pytest.mark.parametrize("target", ["cuda", "cuda:sm_90"], ids=["sm90a-kernel-of-choice", "generic"])
 @pytest.mark.parametrize("mode", ["gather", "scatter"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_gpu_grouped_gemm_contract(target, mode, dtype):
