@@ -94,3 +94,29 @@ def test_rule_takes_rows_of_whole_vectors(axis_len, scheduled):
         if scheduled:
             script = sch.mod.script()
             assert "T.parallel" in script and f"T.vectorized(T.int64({VEC}))" in script
+
+
+def test_exp_beside_bf16_buffers_keeps_libm_exp_and_is_right():
+    """a PrimFunc that loads bf16 keeps libm's exp (TVM's bf16 legalisation broke the
+    polynomial's Let bindings: every result was inf); one without bf16 gets the polynomial"""
+    import ml_dtypes
+    from tvm.script import tirx as T
+
+    from pit_tvm.passes.vector_exp import ExpToVectorExp
+
+    def exp_of(dtype):
+        @T.prim_func(s_tir=True)
+        def f(x: T.Buffer((64,), dtype), y: T.Buffer((64,), "float32")):
+            for i in range(64):
+                with T.sblock("e"):
+                    vi = T.axis.remap("S", [i])
+                    y[vi] = T.exp(T.Cast("float32", x[vi]))
+        return f
+
+    for dtype, np_dtype, rewritten in (("bfloat16", ml_dtypes.bfloat16, False), ("float16", np.float16, True)):
+        mod = ExpToVectorExp(tvm.IRModule({"main": exp_of(dtype)}))
+        assert ("exp_x" in mod["main"].script()) == rewritten
+        x = np.linspace(-30, 30, 64).astype(np_dtype)
+        y = tvm.runtime.tensor(np.zeros(64, "float32"))
+        tvm.compile(mod, target="llvm")["main"](tvm.runtime.tensor(x), y)
+        np.testing.assert_allclose(y.numpy(), np.exp(x.astype(np.float32)), rtol=1e-5)
