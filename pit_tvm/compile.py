@@ -33,6 +33,7 @@ from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
+from .passes.moe_import import lower_moe_layers
 from .passes.propagate_padding import PropagatePadding
 from .passes.strips import ListStripsInProducer
 from .errors import UserError
@@ -286,9 +287,12 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     symbolic = symbolic_inputs(proto, fixed)   # what an import / build failure may be about
     # the export's shape arithmetic (Shape -> Gather -> Range / Expand / Reshape chains) as
     # constants where shapes= makes it static: TVM's importer fails on much of it otherwise
+    # MoE layers (HF Switch's expert chains, the dense-masked form, com.microsoft.MoE) as one
+    # routed-expert op each; before the folding, which would rewrite the chains it reads
+    proto, moe_notes = lower_moe_layers(proto, tgt)
     proto = fold_shape_computations(proto, fixed)
     try:
-        mod = import_onnx(proto, shape_dict=fixed or None)
+        mod = import_onnx(proto, shape_dict=fixed or None, target=tgt)
     except Exception as err:
         if not symbolic:
             raise
@@ -311,7 +315,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # needed; after the other sources: a matmul they annotate keeps its kernel
     if padding:
         annotated = PropagatePadding(padding)(annotated)
-    notes = annotations_of(annotated)
+    notes = annotations_of(annotated) + moe_notes
     try:
         lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(annotated)
     except Exception as err:  # the op layer (pit_tvm.ops.matmul) is not importable
