@@ -786,14 +786,13 @@ def _check_layer(g: _Graph, layer: MoELayer):
 
 
 def _reference(reference_moe, x, router, layer: MoELayer, spec):
-    """``reference_moe`` over the layer's capacity groups (fp64), flattened to ``[T, d]``."""
+    """``reference_moe`` (fp64) with the capacity counted per group of tokens, as ``[T, d]``."""
     d = x.shape[-1]
-    xs = np.split(x.reshape(-1, d).astype(np.float64), layer.capacity_groups)
-    rs = np.split(router.reshape(-1, router.shape[-1]).astype(np.float64), layer.capacity_groups)
     f64 = (lambda a: None if a is None else a.astype(np.float64))
-    return np.concatenate([reference_moe(xg, rg, f64(layer.w1), f64(layer.w2), spec, b1=f64(layer.b1),
-                                         b2=f64(layer.b2), w3=f64(layer.w3), b3=f64(layer.b3))
-                           for xg, rg in zip(xs, rs)])
+    xg = x.reshape(layer.capacity_groups, -1, d) if layer.capacity_groups > 1 else x.reshape(-1, d)
+    y = reference_moe(xg.astype(np.float64), router.reshape(-1, router.shape[-1]).astype(np.float64), f64(layer.w1),
+                      f64(layer.w2), spec, b1=f64(layer.b1), b2=f64(layer.b2), w3=f64(layer.w3), b3=f64(layer.b3))
+    return y.reshape(-1, d)
 
 
 def _op_refuses(g: _Graph, layer: MoELayer, target):
@@ -989,9 +988,9 @@ def _topological(nodes):
 
 
 def convert_pit_moe(bb, inputs, attrs, target):
-    """The ``PitMoE`` node as :func:`pit_tvm.ops.moe.emit_moe` (capacity groups: one call per
-    group of tokens, e.g. per sequence as HF Switch counts its capacity); the output keeps the
-    token tensor's shape."""
+    """The ``PitMoE`` node as :func:`pit_tvm.ops.moe.emit_moe` (a capacity counted per group of
+    tokens, per sequence as HF Switch counts it, as ``[groups, T / groups, d]``); the output in
+    the shape of the token tensor, or ``[T, d]`` where the ONNX layer's output is 2-D."""
     from tvm import relax  # noqa: PLC0415
 
     from ..ops.moe import MoESpec, emit_moe  # noqa: PLC0415
@@ -1010,20 +1009,10 @@ def convert_pit_moe(bb, inputs, attrs, target):
     shape = list(x.ty.shape.values)
     d = shape[-1]
     n_experts = int(attrs["num_experts"])
-    x2 = bb.normalize(relax.op.reshape(x, [-1, d])) if len(shape) != 2 else x
-    r2 = bb.normalize(relax.op.reshape(router, [-1, n_experts])) if len(router.ty.shape.values) != 2 else router
     groups = int(attrs.get("capacity_groups", 1))
-    if groups > 1:
-        xs = bb.normalize(relax.op.split(x2, groups, axis=0))
-        rs = bb.normalize(relax.op.split(r2, groups, axis=0))
-        parts = [bb.emit(emit_moe(bb, bb.emit(relax.TupleGetItem(xs, i)), bb.emit(relax.TupleGetItem(rs, i)),
-                                  w1, w2, spec, target=target, **opt)) for i in range(groups)]
-        y = relax.op.concat(parts, axis=0)
-    else:
-        y = emit_moe(bb, x2, r2, w1, w2, spec, target=target, **opt)
-    y = bb.normalize(y)
+    # (emit_moe counts a capacity per sequence: x's second-to-last axis)
+    xg = bb.normalize(relax.op.reshape(x, [groups, -1, d] if groups > 1 else [-1, d]))
+    r2 = bb.normalize(relax.op.reshape(router, [-1, n_experts]))
+    y = bb.normalize(emit_moe(bb, xg, r2, w1, w2, spec, target=target, **opt))
     out_ndim = int(attrs.get("out_ndim", 0)) or len(shape)
-    want = [-1, d] if out_ndim == 2 else shape
-    if out_ndim != len(y.ty.shape.values) or (out_ndim != 2 and list(y.ty.shape.values) != shape):
-        y = bb.normalize(relax.op.reshape(y, want))
-    return y
+    return bb.normalize(relax.op.reshape(y, [-1, d] if out_ndim == 2 else shape))
