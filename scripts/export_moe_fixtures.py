@@ -12,6 +12,8 @@
 - ``switch_v4_capacity.onnx``: the same model with the transformers 4.x sparse MLP (boolean-mask
   read / write: ``NonZero`` -> ``GatherND`` / ``ScatterND``; a dropped token keeps its input,
   scaled by its router probability).
+- ``switch_traced_loop.onnx``: transformers' own loop, as the tracer unrolls it (the example
+  routes to every expert): the importer must refuse it (it fails when fewer experts are hit).
 - ``dense_equal.onnx`` / ``dense_onehot.onnx``: the dense-masked form built with ``onnx.helper``
   (every expert on every token, ``Equal`` / ``OneHot`` masks of the router's top-k, a ``Sum``).
 - ``ms_moe_*.onnx``: onnxruntime's ``com.microsoft.MoE`` (relu top-2 with biases on a 3-D input;
@@ -42,7 +44,12 @@ D, F, E = 16, 32, 4
 # ------------------------------------------------------------------------------------------ HF
 
 
-def _switch(capacity: int, v4: bool):
+_ORIGINALS: dict = {}
+
+
+def _switch(capacity: int, loop: str):
+    """The tiny Switch encoder, its experts' loop ``"static"`` (every expert), ``"v4"``
+    (transformers 4.x's sparse MLP) or ``"traced"`` (transformers' own loop over the experts hit)"""
     import torch  # noqa: PLC0415
     import transformers as tf  # noqa: PLC0415
     from transformers.models.switch_transformers import modeling_switch_transformers as sw  # noqa: PLC0415
@@ -74,17 +81,18 @@ def _switch(capacity: int, v4: bool):
             next_states[token_indices] = self.experts[f"expert_{e}"](hidden_states[token_indices]).to(next_states.dtype)
         return router_probs * next_states
 
-    sw.SwitchTransformersExperts.forward = static_experts
-    if v4:
-        sw.SwitchTransformersSparseMLP.forward = v4_sparse_mlp
+    originals = _ORIGINALS.setdefault("forward", (sw.SwitchTransformersExperts.forward,
+                                                  sw.SwitchTransformersSparseMLP.forward))
+    sw.SwitchTransformersExperts.forward = originals[0] if loop == "traced" else static_experts
+    sw.SwitchTransformersSparseMLP.forward = v4_sparse_mlp if loop == "v4" else originals[1]
     return model
 
 
 
-def export_switch(name: str, capacity: int, v4: bool, out: pathlib.Path):
+def export_switch(name: str, capacity: int, loop: str, out: pathlib.Path):
     import torch  # noqa: PLC0415
 
-    model = _switch(capacity, v4)
+    model = _switch(capacity, loop)
 
     class Wrapper(torch.nn.Module):
         def __init__(self, m):
@@ -182,9 +190,10 @@ def main(argv=None) -> int:
                                   activation_beta=1.0, swiglu_limit=7.0),
                    "ms_moe_swiglu_limit", args.out, [tokens, D])
     if not args.no_hf:
-        export_switch("switch_encoder", 64, False, args.out)
-        export_switch("switch_encoder_capacity", 2, False, args.out)
-        export_switch("switch_v4_capacity", 2, True, args.out)
+        export_switch("switch_encoder", 64, "static", args.out)
+        export_switch("switch_encoder_capacity", 2, "static", args.out)
+        export_switch("switch_v4_capacity", 2, "v4", args.out)
+        export_switch("switch_traced_loop", 64, "traced", args.out)
     for path in sorted(args.out.iterdir()):
         print(f"{path.name}: {path.stat().st_size // 1024} KiB")
     return 0

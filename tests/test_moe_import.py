@@ -276,3 +276,17 @@ def test_fixture_in_float16_on_cuda_matches_onnxruntime(name):
     got = model.run({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feeds.items()})[0]
     assert got.dtype == np.float16
     assert relative_error(got, onnxruntime_output(fixture(name), feeds)) <= 2e-2
+
+
+def test_export_of_the_traced_expert_loop_is_refused():
+    """transformers' own expert loop (over the experts the traced example hit) exports chains for
+    those experts only, a graph wrong for other inputs: not lowered (a warning names the node),
+    the graph left as exported"""
+    model = onnx.load(str(fixture("switch_traced_loop")))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lowered, records = lower_moe_layers(model)
+    warned = moe_warnings(caught)
+    assert len(warned) == 1 and "not recognised" in warned[0] and "/wi/MatMul'" in warned[0]
+    assert [r["status"] for r in records] == ["dense"]
+    assert lowered is model

@@ -434,6 +434,9 @@ def _recognise_group(g: _Graph, experts, weight_dtype):
             groups = int(rshape[0])
         elif not (axis in (0, -2) and len(rshape) == 2):
             return f"capacity CumSum over axis {axis} of {router!r} {rshape} not understood"
+    lead = rshape[:-1]
+    if capacity is not None and all(isinstance(v, int) for v in lead) and capacity >= int(np.prod(lead)) // groups:
+        capacity, groups = None, 1   # no expert can receive more tokens than its capacity: none dropped
     w1 = np.stack([e.w1 for e in experts]).astype(weight_dtype)
     w2 = np.stack([e.w2 for e in experts]).astype(weight_dtype)
     b1 = None if experts[0].b1 is None else np.stack([e.b1 for e in experts]).astype(weight_dtype)
@@ -751,7 +754,9 @@ def _check_layer(g: _Graph, layer: MoELayer):
         [g.consts[t] for t in needed if t in g.consts])
     model = helper.make_model(graph, opset_imports=list(g.model.opset_import), ir_version=g.model.ir_version)
     try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.log_severity_level = 4   # (a failure is reported by the warning, not on stderr)
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # noqa: BLE001
         return f"onnxruntime cannot run the layer's subgraph ({type(err).__name__}: {str(err)[:200]})"
     rng = np.random.default_rng(0)
@@ -763,7 +768,10 @@ def _check_layer(g: _Graph, layer: MoELayer):
         try:
             y, router = session.run(None, {layer.x: x})
         except Exception as err:  # noqa: BLE001
-            return f"onnxruntime failed on the layer's subgraph ({type(err).__name__}: {str(err)[:200]})"
+            hint = ("; it runs on random tokens but not when every token goes to one expert: the export's "
+                    "expert loop depends on the input it was traced with (e.g. transformers' loop over the "
+                    "experts hit, `expert_hit`): export with a loop over every expert" if runs else "")
+            return f"onnxruntime failed on the layer's subgraph ({type(err).__name__}: {str(err)[:160]}){hint}"
         runs.append((x, router, y))
     candidates = [dict(layer.spec)]
     if layer.spec["top_k"] > 1 and layer.spec["routing"] == "softmax_topk":
