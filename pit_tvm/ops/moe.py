@@ -57,8 +57,8 @@ class MoESpec:
     dropped): HF Switch's expert capacity, counted per sequence (the second-to-last axis of
     ``x``; all tokens of a 2-D ``x``): an expert keeps its first ``capacity`` assignments in
     token order.  ``dropped_token``: what a dropped assignment contributes: ``"zero"`` (HF
-    transformers >= 4.5x, whose experts ``index_add_`` only the routed tokens) or
-    ``"input_scaled"`` (older HF: ``router_prob * x``).  Ties in the top-k go to the lower
+    transformers 5.x, whose experts ``index_add_`` only the routed tokens) or
+    ``"input_scaled"`` (HF transformers 4.x: ``router_prob * x``).  Ties in the top-k go to the lower
     expert id.
     """
 
@@ -208,7 +208,7 @@ def _np_activation(v, activation):
     if activation == "gelu":
         from math import erf
 
-        return 0.5 * v * (1.0 + np.vectorize(erf)(v / math.sqrt(2.0)))
+        return 0.5 * v * (1.0 + np.vectorize(erf, otypes=[np.float64])(v / math.sqrt(2.0)))
     if activation == "silu":
         return v / (1.0 + np.exp(-v))
     raise ValueError(f"unknown activation {activation!r}")
@@ -252,24 +252,46 @@ def reference_moe(x, router, w1, w2, spec: MoESpec, b1=None, b2=None, w3=None, b
                 for j in range(k):
                     kept[t, j] = seen[ids[t, j]] < spec.capacity
                     seen[ids[t, j]] += 1
-    f64 = [None if a is None else np.asarray(a, dtype=np.float64) for a in (w1, w2, b1, b2, w3, b3)]
-    w1, w2, b1, b2, w3, b3 = f64
+    w1, w2, b1, b2, w3, b3 = (None if a is None else np.asarray(a, dtype=np.float64)
+                              for a in (w1, w2, b1, b2, w3, b3))
     y = np.zeros_like(x2)
     act = GATED.get(spec.activation, spec.activation)
-    for t in range(ntok):
-        for j in range(k):
-            w = weights[t, j]
-            if not kept[t, j]:
-                if spec.dropped_token == "input_scaled":
-                    y[t] += w * x2[t]
-                continue
-            e = ids[t, j]
-            h = x2[t] @ w1[e] + (0 if b1 is None else b1[e])
-            h = _np_activation(h, act)
-            if spec.gated:
-                h = h * (x2[t] @ w3[e] + (0 if b3 is None else b3[e]))
-            y[t] += w * (h @ w2[e] + (0 if b2 is None else b2[e]))
+    for e in range(spec.num_experts):          # each expert once, over all its rows
+        t, j = np.nonzero((ids == e) & kept)
+        if len(t) == 0:
+            continue
+        h = x2[t] @ w1[e] + (0 if b1 is None else b1[e])
+        h = _np_activation(h, act)
+        if spec.gated:
+            h = h * (x2[t] @ w3[e] + (0 if b3 is None else b3[e]))
+        np.add.at(y, t, weights[t, j][:, None] * (h @ w2[e] + (0 if b2 is None else b2[e])))
+    if spec.dropped_token == "input_scaled":
+        t, j = np.nonzero(~kept)
+        np.add.at(y, t, weights[t, j][:, None] * x2[t])
     return y.reshape(shape)
+
+
+def reference_grouped_gemm(mode, a, assignments, offsets, w, *, top_k, bias=None, route_weight=None,
+                           activation=None) -> np.ndarray:
+    """Numpy (fp64) reference of the grouped GEMM contract (:func:`grouped_gemm_func`): ``H[P, N]``
+    (``"gather"``) or ``Y[P, N]`` (``"scatter"``), the rows no position lists zero."""
+    a = np.asarray(a, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    offsets, assignments = np.asarray(offsets), np.asarray(assignments)
+    positions, n = len(assignments), w.shape[2]
+    out = np.zeros((positions, n))
+    for e in range(w.shape[0]):
+        p = np.arange(offsets[e], offsets[e + 1])
+        if len(p) == 0:
+            continue
+        asg = assignments[p]
+        rows = a[asg // top_k] if mode == "gather" else a[p]
+        v = rows @ w[e] + (0 if bias is None else np.asarray(bias, np.float64)[e])
+        if mode == "gather":
+            out[p] = _np_activation(v, activation)
+        else:
+            out[asg] = np.asarray(route_weight, np.float64)[asg][:, None] * v
+    return out
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -351,10 +373,18 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
     ntok = tirx.const(1, "int64")
     for s in lead:
         ntok = ntok * (s if str(s.ty.dtype) == "int64" else tirx.Cast("int64", s))
-    seq = lead[-1] if len(lead) >= 2 else ntok
-    seq = seq if str(seq.ty.dtype) == "int64" else tirx.Cast("int64", seq)
+    # the capacity counts per sequence: x's second-to-last axis (a 2-D x is one sequence)
+    batch, seq = tirx.const(1, "int64"), ntok
+    if len(lead) >= 2:
+        for s in lead[:-1]:
+            batch = batch * (s if str(s.ty.dtype) == "int64" else tirx.Cast("int64", s))
+        seq = lead[-1] if str(lead[-1].ty.dtype) == "int64" else tirx.Cast("int64", lead[-1])
     x2 = bb.emit(relax.op.reshape(x, [ntok, d])) if len(lead) != 1 else x
     r2 = bb.emit(relax.op.reshape(router, [ntok, E])) if len(r_shape) != 2 else router
+    if r_dtype == "bfloat16":
+        # (a bf16 router read inside the routing kernel met the CPU pipeline's exp rewrite
+        # (ExpToVectorExp) and bf16 legalisation badly: weights of 0; [T, E] in fp32 is cheap)
+        r2, r_dtype = bb.emit(relax.op.astype(r2, "float32")), "float32"
 
     from pit_tvm.index import expert_capacity_index_func, expert_index_func
     from pit_tvm.schedules.moe_routing import combine_func, routing_func
@@ -372,7 +402,7 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
         kept = None
     else:
         index_gv = _add_once(bb, expert_capacity_index_func(E, k, spec.capacity, target))
-        ids3 = bb.emit(relax.op.reshape(expert_ids, [ntok // seq, seq, k]))
+        ids3 = bb.emit(relax.op.reshape(expert_ids, [batch, seq, k]))
         index = bb.emit(relax.call_tir(index_gv, [ids3], index_ty + [relax.TensorType([positions], "int32")]))
         kept = bb.emit(relax.TupleGetItem(index, 2))
     offsets, assignments = (bb.emit(relax.TupleGetItem(index, i)) for i in (0, 1))
@@ -430,9 +460,9 @@ class MoEFFN:
         self.device = device_for(self.target)
         self._mains = {}        # which optional tensors are given -> the VM function
 
-    def _build(self, optional: tuple):
-        """The VM function for the given optional tensors (b1, b2, w3, b3 present or not):
-        ``main(x[B, S, d], router[B, S, E], w1, w2, ...)`` of :func:`emit_moe`."""
+    def module(self, optional=(False, False, False, False)) -> tvm.IRModule:
+        """The Relax module of the layer for the optional tensors ``(b1, b2, w3, b3)`` given or
+        not: ``main(x[B, S, d], router[B, S, E], w1, w2, ...)`` of :func:`emit_moe`."""
         from tvm import relax
 
         E, d, f = self.spec.num_experts, self.d, self.f
@@ -452,8 +482,16 @@ class MoEFFN:
                 y = emit_moe(bb, *params, self.spec, target=self.target, **extra)
                 out = bb.emit_output(y)
             bb.emit_func_output(out)
-        executable = build(bb.get(), self.target)
-        return relax.VirtualMachine(executable, self.device)["main"]
+        return bb.get()
+
+    def executable(self, optional=(False, False, False, False)):
+        """The layer built for ``self.target`` (:meth:`module`); on CUDA it needs no GPU."""
+        return build(self.module(tuple(bool(v) for v in optional)), self.target)
+
+    def _build(self, optional: tuple):
+        from tvm import relax
+
+        return relax.VirtualMachine(self.executable(optional), self.device)["main"]
 
     def _tensor(self, value, name, dtype):
         if value is None:

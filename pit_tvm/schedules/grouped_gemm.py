@@ -145,13 +145,16 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
     BN = min(CPU_BN, -(-N // 8) * 8)
     NBLK = -(-N // BN)
     gather = mode == "gather"
+    # (bf16 on llvm is legalised to integer ops with Let bindings that TIR's vectoriser
+    # rejects: serial loops there, LLVM's own vectoriser takes what it can)
+    VEC = T.serial if "bfloat16" in (dtype, out_dtype) else T.vectorized
     find_tile = _find_tile(E, BM)
     listed = _listed(E)
 
     @T.macro
     def tile_body(A, ASG, W, BIAS, WT, O, info, src, acc, n0, width, guarded):
         for r in T.unroll(BM):
-            for j in T.vectorized(width):
+            for j in VEC(width):
                 acc[r * width + j] = T.float32(0)
         for kk in range(K):
             for r in T.unroll(BM):
@@ -161,7 +164,7 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                             acc[r * width + j] = acc[r * width + j] + T.Cast("float32", A[src[r], kk]) * T.Cast(
                                 "float32", W[info[0], kk, n0 + j])
                 else:
-                    for j in T.vectorized(width):
+                    for j in VEC(width):
                         acc[r * width + j] = acc[r * width + j] + T.Cast("float32", A[src[r], kk]) * T.Cast(
                             "float32", W[info[0], kk, n0 + j])
         for r in T.unroll(BM):
@@ -178,7 +181,7 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                                     mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, ASG[info[1] + r],
                                     activation, out_dtype, bias)
                 else:
-                    for j in T.vectorized(width):
+                    for j in VEC(width):
                         if gather:
                             O[info[1] + r, n0 + j] = _epilogue_value(
                                 mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, 0, activation, out_dtype,
@@ -203,9 +206,10 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                     if st[0] == 0:
                         for j in range(N):
                             O[p, j] = T.Cast(out_dtype, T.float32(0))
+        # column panel outermost: a core's consecutive tasks reuse one panel of W from cache
         for task in T.parallel(((P + (BM - 1)) // BM + E) * NBLK):
             info = T.alloc_buffer((4,), "int64", scope="local")
-            find_tile(OFF, task // NBLK, info)
+            find_tile(OFF, task % ((P + (BM - 1)) // BM + E), info)
             if info[0] >= 0:
                 src = T.alloc_buffer((BM,), "int64", scope="local")
                 acc = T.alloc_buffer((BM * BN,), "float32", scope="local")
@@ -214,10 +218,12 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                         src[r] = T.Cast("int64", ASG[T.min(info[1] + r, info[2] - 1)]) // TK
                     else:
                         src[r] = T.min(info[1] + r, info[2] - 1)
-                if (task % NBLK) * BN + BN <= N:
-                    tile_body(A, ASG, W, BIAS, WT, O, info, src, acc, (task % NBLK) * BN, BN, False)
+                if (task // ((P + (BM - 1)) // BM + E)) * BN + BN <= N:
+                    tile_body(A, ASG, W, BIAS, WT, O, info, src, acc, (task // ((P + (BM - 1)) // BM + E)) * BN,
+                              BN, False)
                 else:
-                    tile_body(A, ASG, W, BIAS, WT, O, info, src, acc, (task % NBLK) * BN, BN, True)
+                    tile_body(A, ASG, W, BIAS, WT, O, info, src, acc, (task // ((P + (BM - 1)) // BM + E)) * BN,
+                              BN, True)
 
     return _signature(mode, K, N, E, TK, dtype, out_dtype, bias, body)
 
@@ -355,13 +361,13 @@ def _cuda_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                     for i in range(RM):
                         for j in range(RN):
                             if info[1] + ty + TS * i < info[2] and (bid % NBLK) * BN + tx + TS * j < N:
-                                    if gather:
-                                        O[info[1] + ty + TS * i, (bid % NBLK) * BN + tx + TS * j] = _epilogue_value(
-                                            mode, acc[i * RN + j], BIAS, WT, info[0], (bid % NBLK) * BN + tx + TS * j,
-                                            0, activation, out_dtype, bias)
-                                    else:
-                                        O[ASG[info[1] + ty + TS * i], (bid % NBLK) * BN + tx + TS * j] = _epilogue_value(
-                                            mode, acc[i * RN + j], BIAS, WT, info[0], (bid % NBLK) * BN + tx + TS * j,
-                                            ASG[info[1] + ty + TS * i], activation, out_dtype, bias)
+                                if gather:
+                                    O[info[1] + ty + TS * i, (bid % NBLK) * BN + tx + TS * j] = _epilogue_value(
+                                        mode, acc[i * RN + j], BIAS, WT, info[0], (bid % NBLK) * BN + tx + TS * j,
+                                        0, activation, out_dtype, bias)
+                                else:
+                                    O[ASG[info[1] + ty + TS * i], (bid % NBLK) * BN + tx + TS * j] = _epilogue_value(
+                                        mode, acc[i * RN + j], BIAS, WT, info[0], (bid % NBLK) * BN + tx + TS * j,
+                                        ASG[info[1] + ty + TS * i], activation, out_dtype, bias)
 
     return _signature(mode, K, N, E, TK, dtype, out_dtype, bias, body)

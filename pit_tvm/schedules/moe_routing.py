@@ -114,8 +114,8 @@ def routing_func(num_experts: int, top_k: int, routing: str, normalize: bool, ro
 
 def combine_func(top_k: int, d: int, dtype: str, out_dtype: str, input_scaled: bool, target) -> tirx.PrimFunc:
     """PrimFunc ``(Y[T*k, d], [x[T, d], kept[T*k], route_weight[T*k]], y[T, d])``: the sum of each
-    token's k rows of ``Y`` in fp32, in ``j`` order; with ``input_scaled`` (HF Switch before
-    transformers 4.5x: a token dropped by capacity passes through scaled by its routing weight)
+    token's k rows of ``Y`` in fp32, in ``j`` order; with ``input_scaled`` (HF Switch in
+    transformers 4.x: a token dropped by capacity passes through scaled by its routing weight)
     plus ``route_weight * x[t]`` for every assignment whose ``kept`` is 0."""
     TK, D = int(top_k), int(d)
     gpu = is_gpu(make_target(target))
