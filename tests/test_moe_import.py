@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pit_tvm.compile import compile_onnx
 from pit_tvm.errors import UserError
+from pit_tvm.passes.frontend import UnsupportedOnnxError
 from pit_tvm.passes.moe_import import MoEImportWarning, dense_moe_nodes, lower_moe_layers
 
 ort = pytest.importorskip("onnxruntime")
@@ -245,6 +246,31 @@ def _ms_moe(k=2, router_columns=E, fc1_shape=(E, F, D), fc2_shape=(E, D, F), **a
              helper.make_node("MoE", ["x", "router_logits", "fc1", "", "fc2"], ["y"], name="bad_moe",
                               domain="com.microsoft", k=k, **attrs)]
     return _graph_model(nodes, inits)
+
+
+def test_contrib_gelu_is_expanded_with_its_tanh_form():
+    """com.microsoft.MoE's gelu is onnxruntime's tanh approximation, not the op's exact erf gelu:
+    expanded into plain ONNX (a warning says why) that onnxruntime agrees with"""
+    model = _ms_moe(activation_type="gelu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lowered, records = lower_moe_layers(model)
+    warned = moe_warnings(caught)
+    assert len(warned) == 1 and "'bad_moe'" in warned[0] and "tanh" in warned[0]
+    assert [r["status"] for r in records] == ["dense"]
+    assert not any(n.domain for n in lowered.graph.node)
+    x = np.random.default_rng(8).standard_normal((12, D)).astype(np.float32)
+    assert relative_error(onnxruntime_output(lowered, {"x": x}), onnxruntime_output(model, {"x": x})) <= 1e-5
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    (dict(use_sparse_mixer=1), UnsupportedOnnxError, r"'bad_moe'.*use_sparse_mixer=1"),
+    (dict(activation_type="relu2"), UnsupportedOnnxError, r"'bad_moe'.*activation_type 'relu2' is not supported"),
+])
+def test_unsupported_contrib_variant_is_a_clear_error(kw, error, message):
+    """what neither the op nor the dense expansion computes is refused, naming the node"""
+    with pytest.raises(error, match=message):
+        lower_moe_layers(_ms_moe(**kw))
 
 
 @pytest.mark.parametrize("kw, message", [

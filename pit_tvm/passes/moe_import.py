@@ -503,6 +503,7 @@ def _ms_moe_layer(g: _Graph, node):
     """A :class:`MoELayer` for a ``com.microsoft.MoE`` node, a reason (recognised but not
     supported by the op: expanded dense) or raises for a node that cannot be valid."""
     from ..errors import UserError  # noqa: PLC0415
+    from .frontend import UnsupportedOnnxError  # noqa: PLC0415
 
     label = g.label(node)
     ins = list(node.input) + [""] * (8 - len(node.input))
@@ -514,7 +515,8 @@ def _ms_moe_layer(g: _Graph, node):
             raise UserError(f"com.microsoft.MoE node {label!r}: input {n} is missing")
     for n in names[2:]:
         if ins[names.index(n)] and values[n] is None:
-            return f"{n} {ins[names.index(n)]!r} is not a constant (weights must be initializers)"
+            raise UnsupportedOnnxError(f"com.microsoft.MoE node {label!r}: {n} {ins[names.index(n)]!r} is not a "
+                                       "constant (the weights must be initializers)", label, "MoE")
     act = g.attr(node, "activation_type", b"relu")
     act = act.decode() if isinstance(act, bytes) else str(act)
     k = int(g.attr(node, "k", 1))
@@ -542,9 +544,17 @@ def _ms_moe_layer(g: _Graph, node):
     b1t, b2t = values["fc1_experts_bias"], values["fc2_experts_bias"]
     w3t, b3t = values["fc3_experts_weights"], values["fc3_experts_bias"]
     if int(g.attr(node, "use_sparse_mixer", 0)):
-        return "use_sparse_mixer=1 (Phi-MoE's sparse mixer routing)"
+        raise UnsupportedOnnxError(f"com.microsoft.MoE node {label!r}: use_sparse_mixer=1 (Phi-MoE's sparse mixer "
+                                   "routing) is not supported", label, "MoE")
     if act not in ("relu", "gelu", "silu", "identity", "swiglu"):
-        return f"activation_type {act!r}"
+        raise UnsupportedOnnxError(f"com.microsoft.MoE node {label!r}: activation_type {act!r} is not supported "
+                                   "(relu, gelu, silu, identity, swiglu)", label, "MoE")
+    if w3t is not None and not gated:
+        raise UserError(f"com.microsoft.MoE node {label!r}: fc3_experts_weights given with activation_type "
+                        f"{act!r} (only swiglu takes them)")
+    if act == "gelu":
+        return ("activation_type 'gelu' (onnxruntime's is the tanh approximation; the op's gelu is the exact "
+                "erf form)")
     w1 = np.ascontiguousarray(np.transpose(w1t, (0, 2, 1)))   # [E, d, f*fusion]
     w2 = np.ascontiguousarray(np.transpose(w2t, (0, 2, 1)))   # [E, f, d]
     b1 = b1t
@@ -572,8 +582,6 @@ def _ms_moe_layer(g: _Graph, node):
             b3 = (np.zeros((n_experts, f), w1.dtype) if b3 is None else b3) + np.asarray(beta, w1.dtype)
         w1, w3 = np.ascontiguousarray(w1), np.ascontiguousarray(w3)
         act = "swiglu"
-    elif w3t is not None:
-        return "fc3_experts_weights with a non-gated activation"
     spec = {"num_experts": n_experts, "top_k": k, "routing": "softmax_topk",
             "normalize_routing_weights": bool(g.attr(node, "normalize_routing_weights", 0)),
             "router_input": "logits", "activation": act, "capacity": None, "dropped_token": "zero"}
@@ -591,7 +599,8 @@ def dense_moe_nodes(prefix, x, router, out, *, num_experts, top_k, normalize, ac
     the op's layout (``w1 [E, d, f]``, ``w2 [E, f, d]``); ``router [T, E]`` logits; routing
     ``softmax_topk`` (softmax, top-k, optional renormalisation) or ``topk_softmax``.  Gated
     activations ``swiglu``: ``min(g, limit) * sigmoid(alpha * min(g, limit)) * (clip(l) + beta)``
-    (``com.microsoft.MoE``'s form).  The fallback of a contrib op the op does not support, and
+    (``com.microsoft.MoE``'s form); ``gelu`` is the erf form, ``gelu_tanh`` the tanh approximation
+    (``com.microsoft.MoE``'s).  The fallback of a contrib op the op does not support, and
     the builder of the dense-masked fixtures."""
     nodes, inits = [], []
 
@@ -643,6 +652,14 @@ def dense_moe_nodes(prefix, x, router, out, *, num_experts, top_k, normalize, ac
             s2 = node("Div", [h, const(f"sqrt2_{e}", np.array(np.sqrt(2.0), dtype))], f"gd{e}")
             er = node("Add", [node("Erf", [s2], f"erf{e}"), const(f"one{e}", np.array(1.0, dtype))], f"ge{e}")
             h = node("Mul", [node("Mul", [h, er], f"gm{e}"), const(f"half{e}", np.array(0.5, dtype))], f"act{e}")
+        elif activation == "gelu_tanh":   # 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+            cube = node("Mul", [node("Mul", [h, h], f"sq{e}"), h], f"cube{e}")
+            inner = node("Add", [h, node("Mul", [cube, const(f"c3_{e}", np.array(0.044715, dtype))], f"c3x{e}")],
+                         f"inner{e}")
+            th = node("Tanh", [node("Mul", [inner, const(f"s2pi{e}", np.array(np.sqrt(2 / np.pi), dtype))],
+                                    f"targ{e}")], f"tanh{e}")
+            er = node("Add", [th, const(f"one{e}", np.array(1.0, dtype))], f"ge{e}")
+            h = node("Mul", [node("Mul", [h, er], f"gm{e}"), const(f"half{e}", np.array(0.5, dtype))], f"act{e}")
         elif activation == "swiglu":
             lin = node("MatMul", [x, const(f"w3_{e}", w3[e])], f"fc3_{e}")
             if b3 is not None:
@@ -656,8 +673,8 @@ def dense_moe_nodes(prefix, x, router, out, *, num_experts, top_k, normalize, ac
             sg = node("Sigmoid", [node("Mul", [h, const(f"alpha{e}", np.array(alpha, dtype))], f"ah{e}")], f"sg{e}")
             h = node("Mul", [node("Mul", [h, sg], f"glu{e}"), lin], f"act{e}")
         elif activation != "identity":
-            raise ValueError(f"dense_moe_nodes: activation {activation!r} is not one of relu, silu, gelu, swiglu, "
-                             "identity")
+            raise ValueError(f"dense_moe_nodes: activation {activation!r} is not one of relu, silu, gelu, "
+                             "gelu_tanh, swiglu, identity")
         y = node("MatMul", [h, const(f"w2_{e}", w2[e])], f"fc2_{e}")
         if b2 is not None:
             y = node("Add", [y, const(f"b2_{e}", b2[e])], f"fc2b_{e}")
@@ -667,22 +684,13 @@ def dense_moe_nodes(prefix, x, router, out, *, num_experts, top_k, normalize, ac
 
 
 def _expand_ms_moe(g: _Graph, node, nodes_out: list, inits_out: list):
-    """The contrib node as :func:`dense_moe_nodes` (flattening a 3-D input): its exact CPU
-    semantics in plain ONNX."""
-    label = g.label(node)
+    """The contrib node (checked by :func:`_ms_moe_layer`) as :func:`dense_moe_nodes`
+    (flattening a 3-D input): its CPU kernel's semantics in plain ONNX."""
     ins = list(node.input) + [""] * (8 - len(node.input))
     get = (lambda i: g.const(ins[i]) if ins[i] else None)
-    w1t, b1t, w2t, b2t, w3t, b3t = get(2), get(3), get(4), get(5), get(6), get(7)
-    for name, v, i in (("fc1", w1t, 2), ("fc2", w2t, 4)):
-        if v is None:
-            raise NotImplementedError(f"com.microsoft.MoE node {label!r}: {name} weights {ins[i]!r} are not constants")
+    w1t, b1t, w2t, b2t, w3t, b3t = get(2), get(3), get(4), get(5), get(6), get(7)   # (constants: checked)
     act = g.attr(node, "activation_type", b"relu")
-    act = act.decode() if isinstance(act, bytes) else str(act)
-    if act not in ("relu", "gelu", "silu", "identity", "swiglu"):
-        raise NotImplementedError(f"com.microsoft.MoE node {label!r}: activation_type {act!r} is not supported "
-                                  "(relu, gelu, silu, identity, swiglu)")
-    if int(g.attr(node, "use_sparse_mixer", 0)):
-        raise NotImplementedError(f"com.microsoft.MoE node {label!r}: use_sparse_mixer=1 is not supported")
+    act = act.decode() if isinstance(act, bytes) else str(act)   # (checked by _ms_moe_layer)
     n_experts, d, f = w2t.shape
     w1 = np.transpose(w1t, (0, 2, 1))
     w2 = np.transpose(w2t, (0, 2, 1))
@@ -702,9 +710,10 @@ def _expand_ms_moe(g: _Graph, node, nodes_out: list, inits_out: list):
     x2 = f"{prefix}x2"
     nodes_out.append(helper.make_node("Reshape", [ins[0], f"{prefix}flat"], [x2], name=x2))
     inits_out.append(numpy_helper.from_array(np.array([-1, d], np.int64), f"{prefix}flat"))
-    y2 = f"{prefix}y2"
+    y2 = f"{prefix}sum_out"
     nodes, inits = dense_moe_nodes(prefix, x2, ins[1], y2, num_experts=n_experts, top_k=int(g.attr(node, "k", 1)),
-                                   normalize=bool(g.attr(node, "normalize_routing_weights", 0)), activation=act,
+                                   normalize=bool(g.attr(node, "normalize_routing_weights", 0)),
+                                   activation="gelu_tanh" if act == "gelu" else act,
                                    w1=np.ascontiguousarray(w1), w2=np.ascontiguousarray(w2), b1=b1, b2=b2t,
                                    w3=None if w3 is None else np.ascontiguousarray(w3), b3=b3,
                                    alpha=float(g.attr(node, "activation_alpha", 1.0)),
