@@ -1,7 +1,7 @@
 """Write the small ONNX MoE fixtures of ``tests/test_moe_import.py`` to ``tests/data/moe/``.
 
 - ``switch_encoder.onnx`` / ``switch_encoder_capacity.onnx``: HF ``SwitchTransformersEncoderModel``
-  (tiny config: d_model 16, d_ff 32, 4 experts, one sparse layer, random seeded weights) exported
+  (tiny config: d_model 16, d_ff 32, 4 experts, two sparse layers / one, random seeded weights) exported
   by the TorchScript exporter (``dynamo=False``, opset 17) at ``input_ids [2, 8]``; the second
   with ``expert_capacity=2`` so that tokens are dropped (per sequence, as HF counts).  HF's expert
   loop runs over the experts hit by the traced input (``expert_hit = ...nonzero()``), which the
@@ -47,7 +47,7 @@ D, F, E = 16, 32, 4
 _ORIGINALS: dict = {}
 
 
-def _switch(capacity: int, loop: str):
+def _switch(capacity: int, loop: str, layers: int = 1):
     """The tiny Switch encoder, its experts' loop ``"static"`` (every expert), ``"v4"``
     (transformers 4.x's sparse MLP) or ``"traced"`` (transformers' own loop over the experts hit)"""
     import torch  # noqa: PLC0415
@@ -55,8 +55,8 @@ def _switch(capacity: int, loop: str):
     from transformers.models.switch_transformers import modeling_switch_transformers as sw  # noqa: PLC0415
 
     torch.manual_seed(0)
-    config = tf.SwitchTransformersConfig(vocab_size=VOCAB, d_model=D, d_kv=8, d_ff=F, num_layers=1,
-                                         num_sparse_encoder_layers=1, num_heads=2, num_experts=E,
+    config = tf.SwitchTransformersConfig(vocab_size=VOCAB, d_model=D, d_kv=8, d_ff=F, num_layers=layers,
+                                         num_sparse_encoder_layers=layers, num_heads=2, num_experts=E,
                                          expert_capacity=capacity, relative_attention_num_buckets=8,
                                          relative_attention_max_distance=16)
     model = tf.SwitchTransformersEncoderModel(config).eval()
@@ -89,10 +89,10 @@ def _switch(capacity: int, loop: str):
 
 
 
-def export_switch(name: str, capacity: int, loop: str, out: pathlib.Path):
+def export_switch(name: str, capacity: int, loop: str, out: pathlib.Path, layers: int = 1):
     import torch  # noqa: PLC0415
 
-    model = _switch(capacity, loop)
+    model = _switch(capacity, loop, layers)
 
     class Wrapper(torch.nn.Module):
         def __init__(self, m):
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
                                   activation_beta=1.0, swiglu_limit=7.0),
                    "ms_moe_swiglu_limit", args.out, [tokens, D])
     if not args.no_hf:
-        export_switch("switch_encoder", 64, "static", args.out)
+        export_switch("switch_encoder", 64, "static", args.out, layers=2)
         export_switch("switch_encoder_capacity", 2, "static", args.out)
         export_switch("switch_v4_capacity", 2, "v4", args.out)
         export_switch("switch_traced_loop", 64, "traced", args.out)

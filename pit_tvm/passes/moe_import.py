@@ -272,7 +272,16 @@ def _expert_groups(g: _Graph):
             if e is not None:
                 key = (e.source, e.sparse, e.w1.shape, e.activation, e.b1 is None, e.b2 is None)
                 groups[key].append(e)
-    return [v for v in groups.values() if len(v) >= 2]
+    return [v for v in groups.values() if len(v) >= 2 and _looks_routed(g, v)]
+
+
+def _looks_routed(g: _Graph, experts) -> bool:
+    """Whether a group of FFN chains over one tensor looks like a mixture of experts: each reads
+    a gather of the tokens (form a), or each output is scaled (``Mul``) by a weight of its own
+    (form b).  Parallel FFN branches simply added are not (and are not warned about)."""
+    if all(e.sparse for e in experts):
+        return True
+    return all(any(c.op_type == "Mul" for c in g.consumers.get(e.out, [])) for e in experts)
 
 
 # ---------------------------------------------------------------------------------------------
