@@ -178,22 +178,26 @@ def _compile_with_warnings(model, **kw):
     return compiled_model, moe_warnings(caught)
 
 
+def _lowered_with_warnings(model):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lowered, records = lower_moe_layers(model)
+    return lowered, records, moe_warnings(caught)
+
+
 def test_layer_that_is_not_the_moe_its_parts_read_stays_dense():
     """a dense-masked layer whose expert 2 is scaled twice reads as an MoE by structure; the
-    numerical check refuses it: it stays dense, with a warning naming the expert's node, and
-    the model is still correct"""
+    numerical check refuses it: the graph stays as it is, with a warning naming the expert's
+    node"""
     model = _dense_model(scale_expert=2)
-    compiled_model, warned = _compile_with_warnings(model)
+    lowered, records, warned = _lowered_with_warnings(model)
     assert len(warned) == 1 and "'m/fc1_0'" in warned[0] and "does not match" in warned[0]
-    (note,) = moe_notes(compiled_model)
-    assert note["status"] == "dense"
-    x = np.random.default_rng(3).standard_normal((12, D)).astype(np.float32)
-    assert relative_error(compiled_model.run({"x": x})[0], onnxruntime_output(model, {"x": x})) <= 1e-5
+    assert [r["status"] for r in records] == ["dense"] and lowered is model
 
 
 def test_soft_mixture_without_top_k_is_not_recognised():
     """every expert weighted by its softmax probability (no top-k: not a routed MoE): a warning
-    names the node, the layer stays dense and correct"""
+    names the node, the graph stays as it is"""
     rng = np.random.default_rng(4)
     w = lambda *s: (rng.standard_normal(s) * 0.4).astype(np.float32)  # noqa: E731
     inits = [numpy_helper.from_array(w(D, E), "router_weight")]
@@ -211,10 +215,9 @@ def test_soft_mixture_without_top_k_is_not_recognised():
         terms.append(f"t{e}")
     nodes.append(helper.make_node("Sum", terms, ["y"], name="combine"))
     model = _graph_model(nodes, inits)
-    compiled_model, warned = _compile_with_warnings(model)
+    lowered, records, warned = _lowered_with_warnings(model)
     assert len(warned) == 1 and "'expert0_fc1'" in warned[0] and "no TopK / ArgMax" in warned[0]
-    x = np.random.default_rng(5).standard_normal((12, D)).astype(np.float32)
-    assert relative_error(compiled_model.run({"x": x})[0], onnxruntime_output(model, {"x": x})) <= 1e-5
+    assert [r["status"] for r in records] == ["dense"] and lowered is model
 
 
 def test_layer_the_op_refuses_stays_dense():
@@ -259,10 +262,7 @@ def test_contrib_gelu_is_expanded_with_its_tanh_form():
     """com.microsoft.MoE's gelu is onnxruntime's tanh approximation, not the op's exact erf gelu:
     expanded into plain ONNX (a warning says why) that onnxruntime agrees with"""
     model = _ms_moe(activation_type="gelu")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        lowered, records = lower_moe_layers(model)
-    warned = moe_warnings(caught)
+    lowered, records, warned = _lowered_with_warnings(model)
     assert len(warned) == 1 and "'bad_moe'" in warned[0] and "tanh" in warned[0]
     assert [r["status"] for r in records] == ["dense"]
     assert not any(n.domain for n in lowered.graph.node)
@@ -316,10 +316,7 @@ def test_export_of_the_traced_expert_loop_is_refused():
     those experts only, a graph wrong for other inputs: not lowered (a warning names the node),
     the graph left as exported"""
     model = onnx.load(str(fixture("switch_traced_loop")))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        lowered, records = lower_moe_layers(model)
-    warned = moe_warnings(caught)
+    lowered, records, warned = _lowered_with_warnings(model)
     assert len(warned) == 1 and "not recognised" in warned[0] and "/wi/MatMul'" in warned[0]
     assert [r["status"] for r in records] == ["dense"]
     assert lowered is model
