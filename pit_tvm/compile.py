@@ -288,10 +288,11 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     symbolic = symbolic_inputs(proto, fixed)   # what an import / build failure may be about
     # the export's shape arithmetic (Shape -> Gather -> Range / Expand / Reshape chains) as
     # constants where shapes= makes it static: TVM's importer fails on much of it otherwise
-    # MoE layers (HF Switch's expert chains, the dense-masked form, com.microsoft.MoE) as one
-    # routed-expert op each; before the folding, which would rewrite the chains it reads
-    proto, moe_notes = lower_moe_layers(proto, tgt)
     proto = fold_shape_computations(proto, fixed)
+    # MoE layers (HF Switch's expert chains, the dense-masked form, com.microsoft.MoE) as one
+    # routed-expert op each (after the folding: a layer's shape arithmetic on other inputs is
+    # then constant, and its subgraph can be checked on its own)
+    proto, moe_notes = lower_moe_layers(proto, tgt, shapes=fixed)
     try:
         mod = import_onnx(proto, shape_dict=fixed or None, target=tgt)
     except Exception as err:

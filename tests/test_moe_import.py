@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from pit_tvm.cli.compile import format_annotations
 from pit_tvm.compile import compile_onnx
 from pit_tvm.errors import UserError
 from pit_tvm.passes.frontend import UnsupportedOnnxError
@@ -101,6 +102,8 @@ def test_fixture_lowers_to_the_moe_op_and_matches_onnxruntime(name):
         form, top, act, capacity = FORM[name]
         assert note["reason"].startswith(form) and top in note["reason"] and act in note["reason"]
         assert (capacity in note["reason"]) if capacity else "capacity" not in note["reason"]
+        assert note["micro_tile"] == [1, D] and note["rule"] == "M:SRead+SWrite"
+    assert "source=moe:" in format_annotations(model.annotations)   # what pit-tvm compile prints
     kernels = [gv.name_hint for gv in model.lowered.get_global_vars()]
     assert any(k.startswith("pit_moe_routing") for k in kernels) and any("grouped_scatter" in k for k in kernels)
     for seed in (0, 1):

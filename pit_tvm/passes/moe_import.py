@@ -62,8 +62,9 @@ class MoEImportWarning(UserWarning):
 class _Graph:
     """Producers, consumers and constant values of an ONNX graph."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, input_shapes=None):
         self.model = model
+        self.input_shapes = dict(input_shapes or {})   # {graph input: static dims} for shape inference
         g = model.graph
         self.nodes = list(g.node)
         self.producer = {}
@@ -106,8 +107,18 @@ class _Graph:
         """``{tensor: [dim]}`` from ONNX shape inference: an int, a symbolic dim's name, or None
         (unknown)."""
         if self._shapes is None:
+            model = self.model
+            if self.input_shapes:
+                model = onnx.ModelProto()
+                model.CopyFrom(self.model)
+                for value in model.graph.input:
+                    if value.name in self.input_shapes:
+                        dims = value.type.tensor_type.shape.dim
+                        for dim, size in zip(dims, self.input_shapes[value.name]):
+                            dim.Clear()
+                            dim.dim_value = int(size)
             try:
-                inferred = onnx.shape_inference.infer_shapes(self.model)
+                inferred = onnx.shape_inference.infer_shapes(model)
             except Exception:  # noqa: BLE001 - shapes are a help, not a need
                 inferred = self.model
             out, self._dtypes = {}, {}
@@ -305,7 +316,7 @@ class MoELayer:
     b2: np.ndarray | None = None
     w3: np.ndarray | None = None
     b3: np.ndarray | None = None
-    capacity_groups: int = 1        # capacity counted per group of T / groups tokens (HF: per sequence)
+    per_sequence: bool = False      # capacity counted per sequence: x is [batch, sequence, d] (HF Switch)
     out_ndim: int = 0               # the output's rank (0: the token tensor's)
     remove: tuple = ()              # node ids replaced (form c: the contrib node)
 
@@ -314,8 +325,11 @@ class MoELayer:
         what = (f"{self.form}: {s['num_experts']} experts, top-{s['top_k']} ({s['routing']}), "
                 f"{s['activation']}" + (f", capacity {s['capacity']} (dropped tokens: {s['dropped_token']})"
                                         if s.get("capacity") is not None else ""))
-        return {"tensor": self.router, "source": f"moe:{self.router}", "status": status, "function": "moe",
-                "output": self.output, "reason": reason or f"{what}; routed-expert FFN (pit_tvm.ops.moe)"}
+        record = {"tensor": self.router, "source": f"moe:{self.router}", "status": status, "function": "moe",
+                  "output": self.output, "reason": reason or f"{what}; routed-expert FFN (pit_tvm.ops.moe)"}
+        if status == "pit":   # PIT's terms: one token row is the micro-tile, the token axis is permuted
+            record.update(micro_tile=[1, int(self.w2.shape[2])], rule="M:SRead+SWrite")
+        return record
 
 
 def _router_of(g: _Graph, experts, output):
@@ -381,11 +395,18 @@ def _token_signature(shape):
     return (int(np.prod([d for d in shape if isinstance(d, int)])), tuple(sorted(d for d in shape if isinstance(d, str))))
 
 
+def _maybe_tokens(shape, d) -> bool:
+    """Whether ``shape`` may be the tokens' (over symbolic dims): unknown, or ``[..., d]``"""
+    return shape is None or (len(shape) >= 2 and shape[-1] == d)
+
+
 def _first_common_descendant(g: _Graph, experts):
     """The first node (graph order) whose output depends on every expert chain's output and has
-    as many elements as the token tensor (the combined output, not a partial one)."""
+    as many elements as the token tensor (the combined output, not a partial one; over symbolic
+    dims: ``[..., d]``, the numerical check confirms it)."""
     shapes = g.shapes()
     want = _token_signature(shapes.get(experts[0].source))
+    d = experts[0].w2.shape[1]
     reach = defaultdict(set)
     for k, e in enumerate(experts):
         reach[e.out].add(k)
@@ -399,7 +420,8 @@ def _first_common_descendant(g: _Graph, experts):
         if got:
             for o in node.output:
                 reach[o] |= got
-            if got == full and want is not None and _token_signature(shapes.get(node.output[0])) == want:
+            if got == full and (_token_signature(shapes.get(node.output[0])) == want if want and not want[1]
+                                else _maybe_tokens(shapes.get(node.output[0]), d)):
                 return node
     return None
 
@@ -435,17 +457,20 @@ def _recognise_group(g: _Graph, experts, weight_dtype):
     experts = [experts[i] for i in order]
     inside = g.ancestors([output], stop=[experts[0].source])
     capacity, axis = _capacity_of(g, inside)
-    groups = 1
+    per_sequence = False
+    xshape = shapes.get(experts[0].source)
     if capacity is not None:
-        if rshape is not None and len(rshape) == 3 and axis in (1, -2):
-            if not isinstance(rshape[0], int):
-                return f"capacity counted per sequence over a symbolic batch ({router!r} {rshape})"
-            groups = int(rshape[0])
+        if len(rshape) == 3 and axis in (1, -2):
+            # counted per sequence: x [batch, seq, d] with the router's leading dims, as the op counts it
+            if xshape is None or len(xshape) != 3 or xshape[:2] != rshape[:2] or None in rshape[:2]:
+                return (f"capacity counted per sequence of {router!r} {rshape}, but the tokens {experts[0].source!r} "
+                        f"are {xshape}, not [batch, sequence, d] of the same batch and sequence")
+            per_sequence = True
         elif not (axis in (0, -2) and len(rshape) == 2):
             return f"capacity CumSum over axis {axis} of {router!r} {rshape} not understood"
-    lead = rshape[:-1]
-    if capacity is not None and all(isinstance(v, int) for v in lead) and capacity >= int(np.prod(lead)) // groups:
-        capacity, groups = None, 1   # no expert can receive more tokens than its capacity: none dropped
+    group = rshape[1:2] if per_sequence else rshape[:-1]
+    if capacity is not None and all(isinstance(v, int) for v in group) and capacity >= int(np.prod(group)):
+        capacity, per_sequence = None, False   # no expert can receive more tokens than its capacity
     w1 = np.stack([e.w1 for e in experts]).astype(weight_dtype)
     w2 = np.stack([e.w2 for e in experts]).astype(weight_dtype)
     b1 = None if experts[0].b1 is None else np.stack([e.b1 for e in experts]).astype(weight_dtype)
@@ -456,7 +481,7 @@ def _recognise_group(g: _Graph, experts, weight_dtype):
     form = "hf_switch" if experts[0].sparse else "dense_masked"
     out_shape = shapes.get(output)
     return MoELayer(form, experts[0].source, router, output, g.label(combine), spec, w1, w2, b1, b2,
-                    capacity_groups=groups, out_ndim=len(out_shape) if out_shape else 0)
+                    per_sequence=per_sequence, out_ndim=len(out_shape) if out_shape else 0)
 
 
 def _expert_columns(g: _Graph, experts, output):
@@ -814,10 +839,10 @@ def _check_layer(g: _Graph, layer: MoELayer):
 
 
 def _reference(reference_moe, x, router, layer: MoELayer, spec):
-    """``reference_moe`` (fp64) with the capacity counted per group of tokens, as ``[T, d]``."""
+    """``reference_moe`` (fp64), the capacity counted per sequence or over all tokens, as ``[T, d]``."""
     d = x.shape[-1]
     f64 = (lambda a: None if a is None else a.astype(np.float64))
-    xg = x.reshape(layer.capacity_groups, -1, d) if layer.capacity_groups > 1 else x.reshape(-1, d)
+    xg = x if layer.per_sequence else x.reshape(-1, d)
     y = reference_moe(xg.astype(np.float64), router.reshape(-1, router.shape[-1]).astype(np.float64), f64(layer.w1),
                       f64(layer.w2), spec, b1=f64(layer.b1), b2=f64(layer.b2), w3=f64(layer.w3), b3=f64(layer.b3))
     return y.reshape(-1, d)
@@ -887,18 +912,20 @@ def _moe_node(layer: MoELayer, inits: list):
     attrs = dict(num_experts=s["num_experts"], top_k=s["top_k"], routing=s["routing"],
                  normalize_routing_weights=int(bool(s["normalize_routing_weights"])), router_input=s["router_input"],
                  activation=s["activation"], capacity=-1 if s.get("capacity") is None else int(s["capacity"]),
-                 dropped_token=s["dropped_token"], capacity_groups=layer.capacity_groups, form=layer.form,
+                 dropped_token=s["dropped_token"], per_sequence=int(layer.per_sequence), form=layer.form,
                  out_ndim=layer.out_ndim)
     return helper.make_node(PIT_MOE_OP, [layer.x, layer.router, *names], [layer.output],
                             name=f"{prefix}node", domain=PIT_DOMAIN, **attrs)
 
 
-def lower_moe_layers(model: onnx.ModelProto, target=None, *, check: bool = True):
+def lower_moe_layers(model: onnx.ModelProto, target=None, *, check: bool = True, shapes=None):
     """``(model, records)``: ``model`` with each recognised MoE layer replaced by one ``PitMoE``
     node (``com.microsoft.MoE`` the op cannot take expanded into plain ONNX), and one annotation
     record per layer (``status`` ``pit`` or ``dense``, ``source`` ``moe:<router tensor>``).
-    ``check``: verify forms (a) / (b) numerically before replacing them (see the module doc)."""
-    g = _Graph(model)
+    ``check``: verify forms (a) / (b) numerically before replacing them (see the module doc);
+    ``shapes``: ``{graph input: static dims}`` fixing symbolic dims (``compile_onnx``'s ``shapes=``)
+    for the shapes read and checked."""
+    g = _Graph(model, shapes)
     records, layers, expand = [], [], []
     for node in g.nodes:
         if node.op_type == "MoE" and node.domain == MS_DOMAIN:
@@ -1016,9 +1043,9 @@ def _topological(nodes):
 
 
 def convert_pit_moe(bb, inputs, attrs, target):
-    """The ``PitMoE`` node as :func:`pit_tvm.ops.moe.emit_moe` (a capacity counted per group of
-    tokens, per sequence as HF Switch counts it, as ``[groups, T / groups, d]``); the output in
-    the shape of the token tensor, or ``[T, d]`` where the ONNX layer's output is 2-D."""
+    """The ``PitMoE`` node as :func:`pit_tvm.ops.moe.emit_moe` (a capacity counted per sequence,
+    as HF Switch counts it: ``x`` kept ``[batch, sequence, d]``; else ``x`` flattened to its
+    tokens); the output in the token tensor's shape, or ``[T, d]`` where the layer's is 2-D."""
     from tvm import relax  # noqa: PLC0415
 
     from ..ops.moe import MoESpec, emit_moe  # noqa: PLC0415
@@ -1037,9 +1064,8 @@ def convert_pit_moe(bb, inputs, attrs, target):
     shape = list(x.ty.shape.values)
     d = shape[-1]
     n_experts = int(attrs["num_experts"])
-    groups = int(attrs.get("capacity_groups", 1))
-    # (emit_moe counts a capacity per sequence: x's second-to-last axis)
-    xg = bb.normalize(relax.op.reshape(x, [groups, -1, d] if groups > 1 else [-1, d]))
+    # (emit_moe counts a capacity per sequence: x's second-to-last axis, all tokens of a 2-D x)
+    xg = x if int(attrs.get("per_sequence", 0)) else bb.normalize(relax.op.reshape(x, [-1, d]))
     r2 = bb.normalize(relax.op.reshape(router, [-1, n_experts]))
     y = bb.normalize(emit_moe(bb, xg, r2, w1, w2, spec, target=target, **opt))
     out_ndim = int(attrs.get("out_ndim", 0)) or len(shape)
