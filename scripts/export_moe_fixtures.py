@@ -12,6 +12,8 @@
 - ``switch_v4_capacity.onnx``: the same model with the transformers 4.x sparse MLP (boolean-mask
   read / write: ``NonZero`` -> ``GatherND`` / ``ScatterND``; a dropped token keeps its input,
   scaled by its router probability).
+- ``switch_dynamic_capacity.onnx``: ``switch_encoder_capacity`` exported with dynamic axes
+  ``batch`` / ``sequence`` (compiled with ``shapes=``).
 - ``switch_traced_loop.onnx``: transformers' own loop, as the tracer unrolls it (the example
   routes to every expert): the importer must refuse it (it fails when fewer experts are hit).
 - ``dense_equal.onnx`` / ``dense_onehot.onnx``: the dense-masked form built with ``onnx.helper``
@@ -89,7 +91,7 @@ def _switch(capacity: int, loop: str, layers: int = 1):
 
 
 
-def export_switch(name: str, capacity: int, loop: str, out: pathlib.Path, layers: int = 1):
+def export_switch(name: str, capacity: int, loop: str, out: pathlib.Path, layers: int = 1, dynamic: bool = False):
     import torch  # noqa: PLC0415
 
     model = _switch(capacity, loop, layers)
@@ -105,8 +107,9 @@ def export_switch(name: str, capacity: int, loop: str, out: pathlib.Path, layers
     wrapper = Wrapper(model).eval()
     ids = torch.randint(0, VOCAB, (BATCH, SEQUENCE), generator=torch.Generator().manual_seed(1))
     path = out / f"{name}.onnx"
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "last_hidden_state": {0: "batch", 1: "sequence"}}
     torch.onnx.export(wrapper, (ids,), str(path), dynamo=False, opset_version=17, input_names=["input_ids"],
-                      output_names=["last_hidden_state"])
+                      output_names=["last_hidden_state"], dynamic_axes=axes if dynamic else None)
     with torch.no_grad():
         expected = wrapper(ids).numpy()
     proto = onnx.load(str(path))
@@ -194,6 +197,7 @@ def main(argv=None) -> int:
         export_switch("switch_encoder_capacity", 2, "static", args.out)
         export_switch("switch_v4_capacity", 2, "v4", args.out)
         export_switch("switch_traced_loop", 64, "traced", args.out)
+        export_switch("switch_dynamic_capacity", 2, "static", args.out, dynamic=True)
     for path in sorted(args.out.iterdir()):
         print(f"{path.name}: {path.stat().st_size // 1024} KiB")
     return 0

@@ -323,3 +323,24 @@ def test_export_of_the_traced_expert_loop_is_refused():
     assert len(warned) == 1 and "not recognised" in warned[0] and "/wi/MatMul'" in warned[0]
     assert [r["status"] for r in records] == ["dense"]
     assert lowered is model
+
+
+@pytest.mark.parametrize("batch, sequence", [(2, 8), (3, 12)])
+def test_export_with_dynamic_axes_compiles_with_shapes(batch, sequence):
+    """the capacity export with dynamic batch / sequence axes, compiled with ``shapes=``: lowered
+    (capacity per sequence) and matching onnxruntime, at the traced shape (also torch's output)
+    and another"""
+    name = "switch_dynamic_capacity"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = compile_onnx(str(fixture(name)), target="llvm", shapes={"input_ids": [batch, sequence]})
+    assert moe_warnings(caught) == []
+    (note,) = moe_notes(model)
+    assert note["status"] == "pit" and "capacity 2 (dropped tokens: zero)" in note["reason"]
+    saved = np.load(FIXTURES / f"{name}.npz")
+    ids = (saved["input_ids"] if (batch, sequence) == saved["input_ids"].shape
+           else np.random.default_rng(9).integers(0, 32, (batch, sequence)).astype(np.int64))
+    got = model.run({"input_ids": ids})[0]
+    assert relative_error(got, onnxruntime_output(fixture(name), {"input_ids": ids})) <= 1e-5
+    if ids is saved["input_ids"]:
+        assert relative_error(got, saved["expected"]) <= 1e-5
