@@ -110,7 +110,8 @@ class MoESpec:
         w1_shape, w2_shape = _dims(w1_shape), _dims(w2_shape)
         E = self.num_experts
         if len(x_shape) < 2:
-            raise UserError(f"MoE input x must be [..., d] with at least 2 dims (tokens, d), got shape {_show(x_shape)}")
+            raise UserError(f"MoE input x must be [..., d] with at least 2 dims (tokens, d), "
+                            f"got shape {_show(x_shape)}")
         d = x_shape[-1]
         if not isinstance(d, int):
             raise UserError(f"MoE input x: its last dim (d) must be static, got shape {_show(x_shape)}")

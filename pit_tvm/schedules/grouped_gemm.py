@@ -30,8 +30,7 @@ from pit_tvm.target import is_gpu, make_target
 
 MODES = ("gather", "scatter")
 ACTIVATIONS = (None, "none", "relu", "gelu", "silu")
-CPU_DTYPES = ("float32", "float16", "bfloat16")
-GPU_DTYPES = ("float32", "float16", "bfloat16")
+DTYPES = ("float32", "float16", "bfloat16")
 
 CPU_BM = 4    # positions per CPU tile (the register accumulator's rows)
 CPU_BN = 64   # columns per CPU task (vectorised)
@@ -61,8 +60,8 @@ def check_grouped_args(mode, k, n, num_experts, top_k, dtype, out_dtype, activat
     for name, v in (("K", k), ("N", n), ("num_experts", num_experts), ("top_k", top_k)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ValueError(f"grouped GEMM {name} must be a positive int, got {v!r}")
-    if dtype not in GPU_DTYPES or out_dtype not in GPU_DTYPES:
-        raise ValueError(f"grouped GEMM dtypes {dtype}/{out_dtype} unsupported: use {', '.join(GPU_DTYPES)}")
+    if dtype not in DTYPES or out_dtype not in DTYPES:
+        raise ValueError(f"grouped GEMM dtypes {dtype}/{out_dtype} unsupported: use {', '.join(DTYPES)}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"grouped GEMM activation {activation!r} unsupported: use None, 'relu', 'gelu' or 'silu'")
     if mode == "scatter" and activation not in (None, "none"):
@@ -348,7 +347,8 @@ def _cuda_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                             else:
                                 As[((ty * TS + tx) % 4) * 4 + i, (ty * TS + tx) // 4] = T.float32(0)
                         for i in range(4):
-                            if k0 * BK + (ty * TS + tx) // 16 < K and (bid % NBLK) * BN + ((ty * TS + tx) % 16) * 4 + i < N:
+                            if (k0 * BK + (ty * TS + tx) // 16 < K
+                                    and (bid % NBLK) * BN + ((ty * TS + tx) % 16) * 4 + i < N):
                                 Bs[(ty * TS + tx) // 16, ((ty * TS + tx) % 16) * 4 + i] = T.Cast(
                                     "float32", W[T.max(info[0], T.int64(0)), k0 * BK + (ty * TS + tx) // 16,
                                                  (bid % NBLK) * BN + ((ty * TS + tx) % 16) * 4 + i])
