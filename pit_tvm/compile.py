@@ -1,8 +1,9 @@
 """``compile_onnx``: ONNX model -> Relax (names kept) -> PIT passes -> build -> ``CompiledModel``.
 
-Pipeline: :func:`~pit_tvm.passes.moe_import.lower_moe_layers` (MoE layers as one routed-expert
-op each, docs/guide/moe_import.md) -> :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's transposed weights
-become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` -> (``padding=``)
+Pipeline: the ONNX graph's shape arithmetic folded (``fold_shape_computations``) ->
+:func:`~pit_tvm.passes.moe_import.lower_moe_layers` (MoE layers as one routed-expert op each,
+docs/guide/moe_import.md) -> :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's
+transposed weights become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` -> (``padding=``)
 :class:`~pit_tvm.passes.PropagatePadding` -> :class:`~pit_tvm.passes.LowerToPIT` ->
 :class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
 remaining matmuls on the PIT kernels' dense twin: tensor-core tiles on CUDA, the CPU schedule) ->

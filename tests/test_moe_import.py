@@ -151,8 +151,8 @@ def test_unsupported_contrib_variant_runs_dense_with_a_warning():
 def _graph_model(nodes, inits, dtype=TensorProto.FLOAT, tokens=12):
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", dtype, [tokens, D])],
                               [helper.make_tensor_value_info("y", dtype, [tokens, D])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-                             ir_version=8)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
 def _dense_model(seed=0, dtype=np.float32, tokens=12, scale_expert=None, **kw):

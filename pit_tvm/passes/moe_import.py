@@ -80,6 +80,7 @@ class _Graph:
         self.graph_inputs = {i.name for i in g.input} - set(self.consts)
         self.outputs = {o.name for o in g.output}
         self.order = {id(n): k for k, n in enumerate(self.nodes)}
+        self.by_id = {id(n): n for n in self.nodes}
         self._shapes = None
 
     def const(self, name):
@@ -164,9 +165,6 @@ class _Graph:
             todo.extend(i for i in node.input if i)
         return seen
 
-    def node_by_id(self):
-        return {id(n): n for n in self.nodes}
-
     def label(self, node) -> str:
         return node.name or f"{node.op_type}->{node.output[0] if node.output else '?'}"
 
@@ -221,8 +219,7 @@ def _activation_after(g: _Graph, name):
                         if after is not None and after.op_type == "Mul" and g.const(
                                 [i for i in after.input if i != out][0]) is not None:
                             out = after.output[0]
-                        erf = g.ancestors([out], stop=[name])
-                        if any(n.op_type == "Erf" for n in g.nodes if id(n) in erf):
+                        if any(g.by_id[i].op_type == "Erf" for i in g.ancestors([out], stop=[name])):
                             return "gelu", out
         return None
     if node.op_type == "Relu":
@@ -266,8 +263,7 @@ def _expert_at(g: _Graph, fc1) -> _Expert | None:
     sparse = False
     node = g.producer.get(a)
     if node is not None and node.op_type in ("Gather", "GatherND"):
-        indices = g.ancestors([node.input[1]])
-        if not any(n.op_type == "NonZero" for n in g.nodes if id(n) in indices):
+        if not any(g.by_id[i].op_type == "NonZero" for i in g.ancestors([node.input[1]])):
             return None
         a, sparse = g.back(node.input[0]), True
     return _Expert(fc1, fc2, w1, w2, b1, b2, activation, out, a, sparse)
@@ -318,7 +314,6 @@ class MoELayer:
     b3: np.ndarray | None = None
     per_sequence: bool = False      # capacity counted per sequence: x is [batch, sequence, d] (HF Switch)
     out_ndim: int = 0               # the output's rank (0: the token tensor's)
-    remove: tuple = ()              # node ids replaced (form c: the contrib node)
 
     def record(self, status="pit", reason=None) -> dict:
         s = self.spec
@@ -333,11 +328,10 @@ class MoELayer:
 
 
 def _router_of(g: _Graph, experts, output):
-    """``(router tensor, top_k, routing, selector node, uses_softmax)`` of the top-k / argmax node
-    above the experts' masks, else a reason string."""
-    n_experts = len(experts)
+    """``(router tensor, top_k, routing, selector node)`` of the top-k / argmax node above the
+    experts' masks, else a reason string."""
     inside = g.ancestors([output], stop=[experts[0].source])
-    by_id = g.node_by_id()
+    by_id = g.by_id
     selectors = [by_id[i] for i in inside if by_id[i].op_type in ("TopK", "ArgMax")]
     selectors.sort(key=lambda n: g.order[id(n)])
     if not selectors:
@@ -357,20 +351,19 @@ def _router_of(g: _Graph, experts, output):
     src = g.back(sel.input[0])
     prod = g.producer.get(src)
     if prod is not None and prod.op_type == "Softmax":
-        return g.back(prod.input[0]), k, "softmax_topk", sel, True
+        return g.back(prod.input[0]), k, "softmax_topk", sel
     # top-k of the logits, then a softmax over the k values
     soft = [n for n in (by_id[i] for i in inside) if n.op_type == "Softmax"
             and g.back(n.input[0]) == sel.output[0]]
     if sel.op_type == "TopK" and soft:
-        return src, k, "topk_softmax", sel, True
-    del n_experts
+        return src, k, "topk_softmax", sel
     return f"{sel.op_type} {g.label(sel)} reads {src!r}, not a Softmax over the experts"
 
 
 def _capacity_of(g: _Graph, inside):
     """``(capacity, cumsum axis)`` of a ``CumSum`` -> ``LessOrEqual`` / ``Less`` constant capacity
     mask among the nodes ``inside``, else ``(None, None)``."""
-    by_id = g.node_by_id()
+    by_id = g.by_id
     for i in inside:
         node = by_id[i]
         if node.op_type != "CumSum":
@@ -392,7 +385,8 @@ def _token_signature(shape):
     """``(product of the static dims, sorted symbolic dims)`` of ``shape``; None if a dim is unknown."""
     if shape is None or any(d is None for d in shape):
         return None
-    return (int(np.prod([d for d in shape if isinstance(d, int)])), tuple(sorted(d for d in shape if isinstance(d, str))))
+    static = int(np.prod([d for d in shape if isinstance(d, int)]))
+    return static, tuple(sorted(d for d in shape if isinstance(d, str)))
 
 
 def _maybe_tokens(shape, d) -> bool:
@@ -436,7 +430,7 @@ def _recognise_group(g: _Graph, experts, weight_dtype):
     found = _router_of(g, experts, output)
     if isinstance(found, str):
         return found
-    router, k, routing, sel, _ = found
+    router, k, routing, sel = found
     # transformers 4.x scales the combined tokens afterwards: ``router_probs * next_states``
     scale = _single_consumer(g, output)
     if scale is not None and scale.op_type == "Mul":
@@ -493,7 +487,7 @@ def _expert_columns(g: _Graph, experts, output):
     for e in experts:
         region = g.ancestors([e.out], stop=[e.source]) | g.ancestors(
             [i for n in g.consumers.get(e.out, []) for i in n.input if i != e.out], stop=[e.source])
-        by_id = g.node_by_id()
+        by_id = g.by_id
         found = set()
         for i in region:
             node = by_id[i]
@@ -619,8 +613,7 @@ def _ms_moe_layer(g: _Graph, node):
     spec = {"num_experts": n_experts, "top_k": k, "routing": "softmax_topk",
             "normalize_routing_weights": bool(g.attr(node, "normalize_routing_weights", 0)),
             "router_input": "logits", "activation": act, "capacity": None, "dropped_token": "zero"}
-    return MoELayer("com.microsoft.MoE", ins[0], ins[1], node.output[0], label, spec, w1, w2, b1, b2t, w3, b3,
-                    remove=(id(node),))
+    return MoELayer("com.microsoft.MoE", ins[0], ins[1], node.output[0], label, spec, w1, w2, b1, b2t, w3, b3)
 
 
 def dense_moe_nodes(prefix, x, router, out, *, num_experts, top_k, normalize, activation, w1, w2,
@@ -663,9 +656,9 @@ def dense_moe_nodes(prefix, x, router, out, *, num_experts, top_k, normalize, ac
     if mask == "onehot":
         hot = node("OneHot", [idx, const("depth", np.array(num_experts, np.int64)),
                               const("onoff", np.array([0, 1], dtype))], "onehot", axis=-1)   # [T, k, E]
-        gates = node("ReduceSum", [node("Mul", [hot, node("Unsqueeze", [weights, const("ax_1", np.array([-1], np.int64))],
-                                                           "w3d")], "hotw"),
-                                   const("ax_k", np.array([-2], np.int64))], "gates", keepdims=0)   # [T, E]
+        w3d = node("Unsqueeze", [weights, const("ax_1", np.array([-1], np.int64))], "w3d")
+        gates = node("ReduceSum", [node("Mul", [hot, w3d], "hotw"), const("ax_k", np.array([-2], np.int64))],
+                     "gates", keepdims=0)   # [T, E]
     terms = []
     for e in range(num_experts):
         if mask == "onehot":
@@ -673,8 +666,8 @@ def dense_moe_nodes(prefix, x, router, out, *, num_experts, top_k, normalize, ac
         else:
             hit = node("Cast", [node("Equal", [idx, const(f"e{e}", np.array(e, np.int64))], f"eq{e}")],
                        f"hit{e}", to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
-            gate = node("ReduceSum", [node("Mul", [hit, weights], f"hw{e}"), const(f"axs{e}", np.array([-1], np.int64))],
-                        f"gate{e}", keepdims=1)
+            gate = node("ReduceSum", [node("Mul", [hit, weights], f"hw{e}"),
+                                      const(f"axs{e}", np.array([-1], np.int64))], f"gate{e}", keepdims=1)
         h = node("MatMul", [x, const(f"w1_{e}", w1[e])], f"fc1_{e}")
         if b1 is not None:
             h = node("Add", [h, const(f"b1_{e}", b1[e])], f"fc1b_{e}")
@@ -891,10 +884,6 @@ def _optional(layer: MoELayer, dtype):
 # the rewrite
 
 
-def _weight_dtype(g: _Graph, experts):
-    return experts[0].w1.dtype
-
-
 def _moe_node(layer: MoELayer, inits: list):
     """The ``PitMoE`` node replacing ``layer`` (its weights as new initializers)."""
     prefix = f"{layer.output}__moe_"
@@ -948,7 +937,7 @@ def lower_moe_layers(model: onnx.ModelProto, target=None, *, check: bool = True,
     used = set()
     for experts in _expert_groups(g):
         anchor = g.label(experts[0].fc1)
-        found = _recognise_group(g, experts, _weight_dtype(g, experts))
+        found = _recognise_group(g, experts, experts[0].w1.dtype)
         if isinstance(found, MoELayer) and found.output in used:
             continue
         if isinstance(found, MoELayer) and check:
