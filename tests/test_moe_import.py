@@ -161,6 +161,8 @@ def _dense_model(seed=0, dtype=np.float32, tokens=12, scale_expert=None, **kw):
     args = dict(num_experts=E, top_k=2, normalize=False, activation="relu", w1=w(E, D, F), w2=w(E, F, D), b1=w(E, F),
                 b2=w(E, D), dtype=dtype)
     args.update(kw)
+    if args["activation"] == "swiglu":
+        args.update(w3=w(E, D, F), b3=w(E, F))
     nodes, inits = dense_moe_nodes("m/", "x", "router_logits", "y", **args)
     if scale_expert is not None:   # expert e's term scaled twice: not the MoE its parts read as
         term = f"m/y{scale_expert}"
@@ -235,9 +237,21 @@ def test_layer_the_op_refuses_stays_dense():
     assert relative_error(compiled_model.run({"x": x})[0], onnxruntime_output(model, {"x": x})) <= 1e-9
 
 
+def test_dense_masked_swiglu_layer():
+    """a dense-masked layer of gated experts (Mixtral's ``w2(silu(x w1) * x w3)``): recognised as
+    swiglu and matching onnxruntime"""
+    model = _dense_model(11, tokens=10, activation="swiglu", routing="topk_softmax")
+    compiled_model, warned = _compile_with_warnings(model)
+    assert warned == [] and [n["status"] for n in moe_notes(compiled_model)] == ["pit"]
+    assert "swiglu" in moe_notes(compiled_model)[0]["reason"]
+    x = np.random.default_rng(11).standard_normal((10, D)).astype(np.float32)
+    assert relative_error(compiled_model.run({"x": x})[0], onnxruntime_output(model, {"x": x})) <= 1e-5
+
+
 @settings(max_examples=3, deadline=None)
 @given(top_k=st.integers(1, 3), routing=st.sampled_from(["softmax_topk", "topk_softmax"]), normalize=st.booleans(),
-       activation=st.sampled_from(["relu", "silu", "gelu", "identity"]), mask=st.sampled_from(["equal", "onehot"]),
+       activation=st.sampled_from(["relu", "silu", "gelu", "identity", "swiglu"]),
+       mask=st.sampled_from(["equal", "onehot"]),
        tokens=st.integers(1, 24), seed=st.integers(0, 2**16))
 def test_dense_masked_layers_fuzz(top_k, routing, normalize, activation, mask, tokens, seed):
     """dense-masked layers of random routing, activation and mask form: recognised (status

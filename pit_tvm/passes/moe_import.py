@@ -190,6 +190,8 @@ class _Expert:
     out: str                   # the chain's output tensor (after fc2 and its bias)
     source: str                # the token tensor the chain reads (traced back through views / gathers)
     sparse: bool               # reads a gather of the tokens (form a) rather than all of them (form b)
+    w3: np.ndarray | None = None   # gated (SwiGLU / GeGLU): act(x @ w1 + b1) * (x @ w3 + b3)
+    b3: np.ndarray | None = None
 
 
 def _activation_after(g: _Graph, name):
@@ -253,6 +255,14 @@ def _expert_at(g: _Graph, fc1) -> _Expert | None:
         return None
     activation, h = act
     fc2 = _single_consumer(g, h)
+    w3 = b3 = None
+    if fc2 is not None and fc2.op_type == "Mul" and activation in ("silu", "gelu"):
+        gated = _gate_of(g, fc2, h, fc1.input[0], (d, f))
+        if gated is None:
+            return None
+        w3, b3, h = gated
+        activation = {"silu": "swiglu", "gelu": "geglu"}[activation]
+        fc2 = _single_consumer(g, h)
     if fc2 is None or fc2.op_type != "MatMul" or fc2.input[0] != h:
         return None
     w2 = g.const(fc2.input[1])
@@ -266,7 +276,30 @@ def _expert_at(g: _Graph, fc1) -> _Expert | None:
         if not any(g.by_id[i].op_type == "NonZero" for i in g.ancestors([node.input[1]])):
             return None
         a, sparse = g.back(node.input[0]), True
-    return _Expert(fc1, fc2, w1, w2, b1, b2, activation, out, a, sparse)
+    return _Expert(fc1, fc2, w1, w2, b1, b2, activation, out, a, sparse, w3, b3)
+
+
+def _gate_of(g: _Graph, mul, act_out, tokens, shape):
+    """``(w3, b3, output)`` where ``mul`` multiplies the activation ``act_out`` by a second
+    projection ``tokens @ w3 (+ b3)`` of the same tokens (a gated FFN), else None."""
+    other = [i for i in mul.input if i != act_out]
+    if len(other) != 1:
+        return None
+    b3, lin = None, other[0]
+    node = g.producer.get(lin)
+    if node is not None and node.op_type == "Add":
+        for i, j in ((0, 1), (1, 0)):
+            value = g.const(node.input[j])
+            if value is not None and value.size == shape[1]:
+                b3, lin = value.reshape(shape[1]), node.input[i]
+                break
+    node = g.producer.get(lin)
+    if node is None or node.op_type != "MatMul" or node.input[0] != tokens:
+        return None
+    w3 = g.const(node.input[1])
+    if w3 is None or w3.shape != tuple(shape):
+        return None
+    return w3, b3, mul.output[0]
 
 
 def _expert_groups(g: _Graph):
@@ -277,7 +310,7 @@ def _expert_groups(g: _Graph):
         if node.op_type == "MatMul":
             e = _expert_at(g, node)
             if e is not None:
-                key = (e.source, e.sparse, e.w1.shape, e.activation, e.b1 is None, e.b2 is None)
+                key = (e.source, e.sparse, e.w1.shape, e.activation, e.b1 is None, e.b2 is None, e.b3 is None)
                 groups[key].append(e)
     return [v for v in groups.values() if len(v) >= 2 and _looks_routed(g, v)]
 
@@ -469,12 +502,14 @@ def _recognise_group(g: _Graph, experts, weight_dtype):
     w2 = np.stack([e.w2 for e in experts]).astype(weight_dtype)
     b1 = None if experts[0].b1 is None else np.stack([e.b1 for e in experts]).astype(weight_dtype)
     b2 = None if experts[0].b2 is None else np.stack([e.b2 for e in experts]).astype(weight_dtype)
+    w3 = None if experts[0].w3 is None else np.stack([e.w3 for e in experts]).astype(weight_dtype)
+    b3 = None if experts[0].b3 is None else np.stack([e.b3 for e in experts]).astype(weight_dtype)
     spec = {"num_experts": n_experts, "top_k": k, "routing": routing, "normalize_routing_weights": False,
             "router_input": "logits", "activation": experts[0].activation, "capacity": capacity,
             "dropped_token": "zero"}
     form = "hf_switch" if experts[0].sparse else "dense_masked"
     out_shape = shapes.get(output)
-    return MoELayer(form, experts[0].source, router, output, g.label(combine), spec, w1, w2, b1, b2,
+    return MoELayer(form, experts[0].source, router, output, g.label(combine), spec, w1, w2, b1, b2, w3, b3,
                     per_sequence=per_sequence, out_ndim=len(out_shape) if out_shape else 0)
 
 
@@ -697,7 +732,8 @@ def dense_moe_nodes(prefix, x, router, out, *, num_experts, top_k, normalize, ac
                                     const(f"plim{e}", np.array(limit, dtype))], f"lclip{e}")
             if beta:
                 lin = node("Add", [lin, const(f"beta{e}", np.array(beta, dtype))], f"lb{e}")
-            sg = node("Sigmoid", [node("Mul", [h, const(f"alpha{e}", np.array(alpha, dtype))], f"ah{e}")], f"sg{e}")
+            scaled = h if alpha == 1.0 else node("Mul", [h, const(f"alpha{e}", np.array(alpha, dtype))], f"ah{e}")
+            sg = node("Sigmoid", [scaled], f"sg{e}")
             h = node("Mul", [node("Mul", [h, sg], f"glu{e}"), lin], f"act{e}")
         elif activation != "identity":
             raise ValueError(f"dense_moe_nodes: activation {activation!r} is not one of relu, silu, gelu, "
@@ -810,7 +846,7 @@ def _check_layer(g: _Graph, layer: MoELayer):
             return f"onnxruntime failed on the layer's subgraph ({type(err).__name__}: {str(err)[:160]}){hint}"
         runs.append((x, router, y))
     candidates = [dict(layer.spec)]
-    if layer.spec["top_k"] > 1 and layer.spec["routing"] == "softmax_topk":
+    if layer.spec["routing"] == "softmax_topk":   # (with k = 1 too: every weight 1)
         candidates += [dict(c, normalize_routing_weights=True) for c in candidates]
     if layer.spec.get("capacity") is not None:
         candidates += [dict(c, dropped_token="input_scaled") for c in candidates]
@@ -907,13 +943,14 @@ def _moe_node(layer: MoELayer, inits: list):
                             name=f"{prefix}node", domain=PIT_DOMAIN, **attrs)
 
 
-def lower_moe_layers(model: onnx.ModelProto, target=None, *, check: bool = True, shapes=None):
+def lower_moe_layers(model: onnx.ModelProto, target="llvm", *, check: bool = True, shapes=None):
     """``(model, records)``: ``model`` with each recognised MoE layer replaced by one ``PitMoE``
     node (``com.microsoft.MoE`` the op cannot take expanded into plain ONNX), and one annotation
     record per layer (``status`` ``pit`` or ``dense``, ``source`` ``moe:<router tensor>``).
     ``check``: verify forms (a) / (b) numerically before replacing them (see the module doc);
     ``shapes``: ``{graph input: static dims}`` fixing symbolic dims (``compile_onnx``'s ``shapes=``)
-    for the shapes read and checked."""
+    for the shapes read and checked; ``target``: the build target (what the op is asked to take)."""
+    target = "llvm" if target is None else target
     g = _Graph(model, shapes)
     records, layers, expand = [], [], []
     for node in g.nodes:
