@@ -517,8 +517,8 @@ def _recognise_group(g: _Graph, experts, weight_dtype):
 def _expert_columns(g: _Graph, experts, output):
     """For each router column e, the index of the chain it selects (a constant index in the
     mask / weight selection each chain reads: ``Gather(.., e)``, ``Equal(idx, e)``, a Slice),
-    else a reason.  The chains' own graph order is the fallback only where every chain reads
-    the same kind of selection without a readable constant."""
+    else a reason (no constant at all).  Where the constants do not name one column per chain,
+    the chains' graph order (the numerical check confirms or rejects it)."""
     cols = []
     for e in experts:
         region = g.ancestors([e.out], stop=[e.source]) | g.ancestors(
