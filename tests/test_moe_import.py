@@ -310,6 +310,20 @@ def test_bad_contrib_node_is_a_clear_error(kw, message):
         lower_moe_layers(_ms_moe(**kw))
 
 
+def test_float16_switch_export_builds_for_cuda():
+    """the capacity export in float16 built for CUDA (device code, no GPU needed): lowered to the
+    MoE op, whose routing, expert index and grouped GEMM kernels are in the CUDA source"""
+    from benchmarks.workloads import to_float16  # noqa: PLC0415
+    from pit_tvm.nvcc import cuda_sources  # noqa: PLC0415
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = compile_onnx(to_float16(onnx.load(str(fixture("switch_encoder_capacity")))), target="cuda")
+    assert moe_warnings(caught) == [] and [n["status"] for n in moe_notes(model)] == ["pit"]
+    source = "\n".join(cuda_sources(model.executable))
+    assert "pit_moe_routing" in source and "grouped_gather" in source and "grouped_scatter" in source
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", HF + HELPER)
 def test_fixture_in_float16_on_cuda_matches_onnxruntime(name):
