@@ -49,12 +49,52 @@ D, F, E = 16, 32, 4
 _ORIGINALS: dict = {}
 
 
+def _static_experts_forward(self, hidden_states, selected_experts, routing_weights):
+    """``SwitchTransformersExperts.forward`` over every expert (HF's loops over the experts the
+    input hits, which the tracer unrolls for the example's experts only); the same computation"""
+    import torch  # noqa: PLC0415
+
+    final = torch.zeros_like(hidden_states)
+    expert_mask = selected_experts.permute(2, 1, 0)
+    for e in range(self.num_experts):
+        idx, top_x = torch.where(expert_mask[e])
+        current = hidden_states[None, top_x].reshape(-1, hidden_states.shape[-1])
+        out = self[f"expert_{e}"](current) * routing_weights[top_x, idx, None]
+        final.index_add_(0, top_x, out.to(hidden_states.dtype))
+    return final
+
+
+def _v4_sparse_mlp_forward(self, hidden_states):
+    """transformers 4.x's ``SwitchTransformersSparseMLP.forward`` (boolean-mask read / write; a
+    dropped token keeps its input, scaled by its router probability)"""
+    router_mask, router_probs, _ = self.router(hidden_states)
+    next_states = hidden_states.clone()
+    for e in range(self.router.num_experts):
+        token_indices = router_mask[:, :, e].bool()
+        next_states[token_indices] = self.experts[f"expert_{e}"](hidden_states[token_indices]).to(next_states.dtype)
+    return router_probs * next_states
+
+
+def patch_switch_experts(loop: str = "static"):
+    """Set the expert loop of transformers' SwitchTransformers for an export: ``"static"`` (every
+    expert: what ``compile_onnx`` lowers to the MoE op; use it to export a real Switch model, e.g.
+    for a benchmark), ``"v4"`` (transformers 4.x's sparse MLP) or ``"traced"`` (transformers'
+    own loop, restored)."""
+    from transformers.models.switch_transformers import modeling_switch_transformers as sw  # noqa: PLC0415
+
+    if loop not in ("static", "v4", "traced"):
+        raise ValueError(f"loop must be 'static', 'v4' or 'traced', got {loop!r}")
+    originals = _ORIGINALS.setdefault("forward", (sw.SwitchTransformersExperts.forward,
+                                                  sw.SwitchTransformersSparseMLP.forward))
+    sw.SwitchTransformersExperts.forward = originals[0] if loop == "traced" else _static_experts_forward
+    sw.SwitchTransformersSparseMLP.forward = _v4_sparse_mlp_forward if loop == "v4" else originals[1]
+
+
 def _switch(capacity: int, loop: str, layers: int = 1):
-    """The tiny Switch encoder, its experts' loop ``"static"`` (every expert), ``"v4"``
-    (transformers 4.x's sparse MLP) or ``"traced"`` (transformers' own loop over the experts hit)"""
+    """The tiny Switch encoder (random seeded weights), its expert loop patched
+    (:func:`patch_switch_experts`)"""
     import torch  # noqa: PLC0415
     import transformers as tf  # noqa: PLC0415
-    from transformers.models.switch_transformers import modeling_switch_transformers as sw  # noqa: PLC0415
 
     torch.manual_seed(0)
     config = tf.SwitchTransformersConfig(vocab_size=VOCAB, d_model=D, d_kv=8, d_ff=F, num_layers=layers,
@@ -64,31 +104,8 @@ def _switch(capacity: int, loop: str, layers: int = 1):
     model = tf.SwitchTransformersEncoderModel(config).eval()
     for p in model.parameters():   # HF's init leaves the experts tiny: spread them so routing matters
         torch.nn.init.normal_(p, std=0.5)
-
-    def static_experts(self, hidden_states, selected_experts, routing_weights):
-        final = torch.zeros_like(hidden_states)
-        expert_mask = selected_experts.permute(2, 1, 0)
-        for e in range(self.num_experts):
-            idx, top_x = torch.where(expert_mask[e])
-            current = hidden_states[None, top_x].reshape(-1, hidden_states.shape[-1])
-            out = self[f"expert_{e}"](current) * routing_weights[top_x, idx, None]
-            final.index_add_(0, top_x, out.to(hidden_states.dtype))
-        return final
-
-    def v4_sparse_mlp(self, hidden_states):
-        router_mask, router_probs, _ = self.router(hidden_states)
-        next_states = hidden_states.clone()
-        for e in range(self.router.num_experts):
-            token_indices = router_mask[:, :, e].bool()
-            next_states[token_indices] = self.experts[f"expert_{e}"](hidden_states[token_indices]).to(next_states.dtype)
-        return router_probs * next_states
-
-    originals = _ORIGINALS.setdefault("forward", (sw.SwitchTransformersExperts.forward,
-                                                  sw.SwitchTransformersSparseMLP.forward))
-    sw.SwitchTransformersExperts.forward = originals[0] if loop == "traced" else static_experts
-    sw.SwitchTransformersSparseMLP.forward = v4_sparse_mlp if loop == "v4" else originals[1]
+    patch_switch_experts(loop)
     return model
-
 
 
 def export_switch(name: str, capacity: int, loop: str, out: pathlib.Path, layers: int = 1, dynamic: bool = False):
