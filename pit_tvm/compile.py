@@ -1,7 +1,9 @@
 """``compile_onnx``: ONNX model -> Relax (names kept) -> PIT passes -> build -> ``CompiledModel``.
 
-Pipeline: :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's transposed weights
-become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` -> (``padding=``)
+Pipeline: the ONNX graph's shape arithmetic folded (``fold_shape_computations``) ->
+:func:`~pit_tvm.passes.moe_import.lower_moe_layers` (MoE layers as one routed-expert op each,
+docs/guide/moe_import.md) -> :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's
+transposed weights become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` -> (``padding=``)
 :class:`~pit_tvm.passes.PropagatePadding` -> :class:`~pit_tvm.passes.LowerToPIT` ->
 :class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
 remaining matmuls on the PIT kernels' dense twin: tensor-core tiles on CUDA, the CPU schedule) ->
@@ -33,6 +35,7 @@ from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
+from .passes.moe_import import lower_moe_layers
 from .passes.propagate_padding import PropagatePadding
 from .passes.strips import ListStripsInProducer
 from .errors import UserError
@@ -287,8 +290,12 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # the export's shape arithmetic (Shape -> Gather -> Range / Expand / Reshape chains) as
     # constants where shapes= makes it static: TVM's importer fails on much of it otherwise
     proto = fold_shape_computations(proto, fixed)
+    # MoE layers (HF Switch's expert chains, the dense-masked form, com.microsoft.MoE) as one
+    # routed-expert op each (after the folding: a layer's shape arithmetic on other inputs is
+    # then constant, and its subgraph can be checked on its own)
+    proto, moe_notes = lower_moe_layers(proto, tgt, shapes=fixed)
     try:
-        mod = import_onnx(proto, shape_dict=fixed or None)
+        mod = import_onnx(proto, shape_dict=fixed or None, target=tgt)
     except Exception as err:
         if not symbolic:
             raise
@@ -311,7 +318,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # needed; after the other sources: a matmul they annotate keeps its kernel
     if padding:
         annotated = PropagatePadding(padding)(annotated)
-    notes = annotations_of(annotated)
+    notes = annotations_of(annotated) + moe_notes
     try:
         lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(annotated)
         notes = annotations_of(lowered)   # (a matmul whose PIT lowering fell back: status dense)

@@ -4,7 +4,8 @@ tokens (``PropagatePadding``) and lower it to PIT kernels (``LowerToPIT``), put 
 dense matmuls on the PIT kernels' dense twin (``DenseMatmulToPITKernels``), build a strips index in
 the epilogue of the kernel producing its operand (``ListStripsInProducer``), fuse attention on the
 H100 (``FuseAttention``); ``import_onnx`` imports
-ONNX keeping tensor names. Compiler-side only."""
+ONNX keeping tensor names; ``lower_moe_layers`` rewrites the ONNX graph's mixture-of-experts
+layers into one routed-expert op each. Compiler-side only."""
 from importlib import import_module
 
 _PUBLIC = {
@@ -17,6 +18,8 @@ _PUBLIC = {
     "FuseAttention": "pit_tvm.passes.attention",
     "ListStripsInProducer": "pit_tvm.passes.strips",
     "import_onnx": "pit_tvm.passes.frontend",
+    "lower_moe_layers": "pit_tvm.passes.moe_import",
+    "MoEImportWarning": "pit_tvm.passes.moe_import",
     "UnsupportedOnnxError": "pit_tvm.passes.frontend",
     "ReshapeOutputsAsViews": "pit_tvm.passes.output_views",
 }

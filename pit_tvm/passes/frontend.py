@@ -275,6 +275,17 @@ PIT_CONVERTER_FIXES = {"LayerNormalization": _layer_norm_with_stats, "IsInf": _i
                        "Pow": _pow, "OneHot": _one_hot_fix}
 
 
+def _pit_moe(bb, inputs, attrs, target):
+    from .moe_import import convert_pit_moe  # noqa: PLC0415
+
+    return convert_pit_moe(bb, inputs, attrs, target)
+
+
+#: ``{op type: convert(bb, inputs, attrs, target)}``: ops that pit-tvm's own ONNX rewrites insert
+#: (:func:`pit_tvm.passes.moe_import.lower_moe_layers`) and converts itself
+PIT_OPS = {"PitMoE": _pit_moe}
+
+
 def _has_zero_dim(value) -> bool:
     shape = getattr(value.ty, "shape", None)
     return shape is not None and any(isinstance(d, tvm.tirx.IntImm) and d.value == 0 for d in shape)
@@ -287,7 +298,19 @@ def _importer_classes():
     from tvm.relax.frontend.onnx import onnx_frontend as of  # noqa: PLC0415 - compiler-only
 
     class _PitImporter(of.ONNXGraphImporter):
+        #: the build target, for the ops pit-tvm converts itself (``PitMoE``)
+        pit_target = None
+
+        def _check_for_unsupported_ops(self, graph):
+            if any(node.op_type in PIT_OPS for node in graph.node):
+                kept = onnx.GraphProto()
+                kept.node.extend(node for node in graph.node if node.op_type not in PIT_OPS)
+                graph = kept
+            return super()._check_for_unsupported_ops(graph)
+
         def _convert_operator(self, op_name, inputs, attrs, opset):
+            if op_name in PIT_OPS:
+                return self.bb.normalize(PIT_OPS[op_name](self.bb, list(inputs), attrs, self.pit_target))
             if op_name in PIT_INPUT_FIXES:
                 inputs = PIT_INPUT_FIXES[op_name](self.bb, inputs, attrs)
             if op_name == "Trilu" and _has_zero_dim(inputs[0]):  # empty: TVM's converter fails on it
@@ -521,10 +544,11 @@ def _static_dims(value_info) -> list[int] | None:
     return [int(d.dim_value) for d in dims] if all(d.HasField("dim_value") for d in dims) else None
 
 
-def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -> tvm.IRModule:
+def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, target=None) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into Relax, keeping ONNX tensor names.
 
-    A node TVM's importer cannot convert raises :class:`UnsupportedOnnxError` naming it."""
+    A node TVM's importer cannot convert raises :class:`UnsupportedOnnxError` naming it.
+    ``target``: the build target, for the nodes pit-tvm converts itself (:data:`PIT_OPS`)."""
     model = load_model(model)
     check_tensor_types(model.graph)
 
@@ -549,7 +573,7 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -
     pit_importer, named_importer = _importer_classes()
     try:
         imp = named_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
-        imp.pit_outputs, imp.pit_bound = outputs, {}
+        imp.pit_outputs, imp.pit_bound, imp.pit_target = outputs, {}, target
         mod = _run_importer(imp, copy.graph, opset, original_names)
         names = dict(imp.pit_bound)
         for i_name, var in imp._inputs.items():  # graph inputs (sanitised names)
@@ -558,6 +582,7 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None) -
     except Exception as err:  # noqa: BLE001 - maybe the naming hooks (importer internals changed)
         # the same import without them: it raises UnsupportedOnnxError where the model is the cause
         plain = pit_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
+        plain.pit_target = target
         mod = _run_importer(plain, copy.graph, opset, original_names)
         warnings.warn(f"named ONNX import failed ({err!r}); imported without ONNX names (names lv<N>)")
         names = {p.name: p.name for p in mod["main"].params}
