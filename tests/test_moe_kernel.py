@@ -186,7 +186,8 @@ def test_grouped_config():
     """Many tokens: the widest tile; decode-size T: about one pair an expert, tiles narrowed
     until the experts' N tiles fill the GPU (the weight-read-bound case)."""
     assert grouped_config(3072, 64) == WgmmaConfig(256, 4)
-    assert expected_pairs(8, 2, 16) == 1 + 4          # 32 rows: ~8 active experts, half a tile each
+    assert expected_pairs(8, 2, 16) == 8              # 32 rows: ~8 receiving experts, a tile each
+    assert expected_pairs(8, 2, 4096) == 64 + 4       # 8192 rows: 64 tiles, half a tile more an expert
     assert grouped_config(768, 8, 1, tokens=16).block_n == 64
     # Mixtral fc1 at decode: 56 N tiles of 256 over 8 experts already fill the SMs
     assert grouped_config(14336, 8, 2, tokens=16).block_n == 256

@@ -49,11 +49,14 @@ def _activation(activation):
 
 
 def expected_pairs(num_experts: int, top_k: int, tokens: int) -> int:
-    """The (expert, 128-row tile) pairs ``tokens`` tokens routed uniformly at random make: the
-    experts that receive a row each add half a tile on average to ``P / 128``."""
+    """The (expert, 128-row tile) pairs that ``tokens`` tokens routed uniformly at random make:
+    one a receiving expert while an expert receives under 128 rows (decode), else ``P / 128``
+    plus half a tile a receiving expert (its last tile's rows)."""
     p = int(tokens) * int(top_k)
     active = num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** p)
-    return max(1, math.ceil(p / BLOCK_M + active / 2))
+    if p < BLOCK_M * active:
+        return max(1, math.ceil(active))
+    return math.ceil(p / BLOCK_M + active / 2)
 
 
 def grouped_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None = None) -> WgmmaConfig | None:

@@ -128,8 +128,9 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
         (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
         and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
         writes the 128-byte swizzle the wgmma descriptors read (it follows the shared-memory
-        address) and zeros past M.  Rows (and the grouped GEMM: its expert's rows, B = W[e]): every loader thread copies 8 chunks of A's listed
-        rows by cp.async (``sread_a``), arriving on ``full`` when they land.  The tiles kernel
+        address) and zeros past M.  Rows (and the grouped GEMM: its expert's rows, B = W[e]):
+        every loader thread copies 8 chunks of A's listed rows by cp.async (``sread_a``),
+        arriving on ``full`` when they land.  The tiles kernel
         on a full index (see ``tiles_loader``) runs this loop as the dense kernel, each loader
         thread arriving on ``full`` at once (the slot's arrival count is the tiles loop's)."""
         lane = tid - THREADS
