@@ -14,6 +14,8 @@ import zlib
 import numpy as np
 import pytest
 import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _helpers import np_dtype
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
@@ -211,6 +213,20 @@ def test_bad_arguments_raise(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         wgmma_grouped_gemm_func(**args)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 700), min_size=1, max_size=256), st.integers(0, 2000))
+def test_spare_ctas_cover_unwritten_rows(counts, dropped):
+    """The grid's bound (docs/design/moe.md): for any expert row counts and dropped rows,
+    the (expert, tile) pairs fit the ``ceil(P / 128) + E`` CTAs of an N tile, and the CTAs
+    past them are enough for gather's zero rows ``P - offsets[E]`` at 128 a CTA."""
+    E, listed = len(counts), sum(counts)
+    P = listed + dropped
+    pairs = sum(-(-c // 128) for c in counts)
+    grid = -(-P // 128) + E
+    assert pairs <= grid
+    assert (grid - pairs) * 128 >= P - listed
 
 
 def test_reference_index_follows_contract():
