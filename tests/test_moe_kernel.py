@@ -218,13 +218,14 @@ def test_bad_arguments_raise(kwargs, match):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 700), min_size=1, max_size=256), st.integers(0, 2000))
 def test_spare_ctas_cover_unwritten_rows(counts, dropped):
-    """The grid's bound (docs/design/moe.md): for any expert row counts and dropped rows,
-    the (expert, tile) pairs fit the ``ceil(P / 128) + E`` CTAs of an N tile, and the CTAs
-    past them are enough for gather's zero rows ``P - offsets[E]`` at 128 a CTA."""
+    """The grid's bound (:func:`pair_grid`, docs/design/moe.md): for any expert row counts and
+    dropped rows, the (expert, tile) pairs fit the ``max(ceil(P / 128) + min(E, P), 1)`` CTAs
+    of an N tile, and the CTAs past them are enough for gather's zero rows ``P - offsets[E]``
+    at 128 a CTA (scatter's zero rows need one CTA past them when any row is dropped)."""
     E, listed = len(counts), sum(counts)
     P = listed + dropped
     pairs = sum(-(-c // 128) for c in counts)
-    grid = -(-P // 128) + E
+    grid = max(-(-P // 128) + min(E, P), 1)
     assert pairs <= grid
     assert (grid - pairs) * 128 >= P - listed
 

@@ -1,8 +1,8 @@
 """The grouped GEMM's expert tiles (:mod:`.grouped`): which (expert, 128-row tile of the
 expert's rows) pair a CTA computes, and the rows of C that no tile stores.
 
-The grid enumerates the pairs flat: CTA ``bt`` (of ``ceil(P / 128) + E`` per N tile, enough
-for any routing) takes the ``bt``-th pair in expert order, found by a prefix sum of the
+The grid enumerates the pairs flat: CTA ``bt`` (of :func:`pair_grid` per N tile, enough for
+any routing) takes the ``bt``-th pair in expert order, found by a prefix sum of the
 experts' tile counts ``ceil(count_e / 128)`` in the CTA (a warp-shuffle scan over one expert a
 thread, two CTA barriers).  A hot expert's rows spread over as many CTAs as a balanced
 routing's, so skewed routing keeps the SMs as busy.  The CTAs past the last pair (at least
@@ -19,6 +19,17 @@ from pit_tvm.schedules.limits import dtype_bytes
 #: the registers ``expert_tile`` fills: the expert (-1: a CTA past the last pair), the tile's
 #: first compacted row, the end of the expert's rows (0 past the last pair), the pairs in all
 EXPERT, FIRST_ROW, END, PAIRS = range(4)
+
+
+def pair_grid(rows, num_experts: int):
+    """The CTAs of an N tile for ``rows`` (P, int64) compacted rows: ``ceil(P / 128) + min(E,
+    P)``, at least 1.  The pairs are at most ``floor(offsets[E] / 128)`` plus the experts that
+    receive a row (at most ``min(E, P)``), so the CTAs past them are at least
+    ``ceil((P - offsets[E]) / 128)``: enough for gather's zero rows.  (``min(E, P)``, not E:
+    at decode size most of E CTAs an N tile would only scan and exit, each holding an SM's
+    shared memory while it does.)"""
+    p = T.Cast("int32", rows)
+    return T.max((p + BLOCK_M - 1) // BLOCK_M + T.min(p, num_experts), 1)
 
 
 class ExpertRow:

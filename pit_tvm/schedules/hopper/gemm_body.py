@@ -42,7 +42,7 @@ from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, STORE_READY_BA
 from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, CONSUMER_WARPGROUPS, LOADER_THREADS, STORE_BATCH,
                                              STORER_THREADS, THREADS, BCopyLayout, c_row_pitch)
 from pit_tvm.schedules.hopper.epilogue import Epilogue
-from pit_tvm.schedules.hopper.experts import END, EXPERT, PAIRS, ExpertRow, ExpertTiles
+from pit_tvm.schedules.hopper.experts import END, EXPERT, PAIRS, ExpertRow, ExpertTiles, pair_grid
 from pit_tvm.schedules.hopper.loaders import GEMM_LOADER_NAMES, gemm_loaders
 from pit_tvm.schedules.hopper.operands import TileOperands, TileRegisters
 from pit_tvm.schedules.hopper.planner import SMS, residual_spills_ws, tiles_ws_applies
@@ -482,8 +482,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         if persistent:
             cta = T.cta_id([SMS])
         elif grouped:
-            # (expert, tile) pairs, at most ceil(M / 128) + E of them (see .grouped.expert_tile)
-            bn, bt = T.cta_id([N // BN, T.Cast("int32", (M + BM - 1) // BM) + num_experts])
+            # (expert, tile) pairs, at most ceil(M / 128) + min(E, M) of them (see .experts)
+            bn, bt = T.cta_id([N // BN, pair_grid(M, num_experts)])
         elif RASTER > 1:
             # grouped launch order: the CTAs launched together take RASTER consecutive M tiles for
             # a run of N tiles, so that they share B's columns (and A's rows) in L2; CTA t in
@@ -549,9 +549,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
             expert_tile(bt, tid, OFF, grp)
             tile(bn, grp, tid, grp[END], io, smem, regs, bars, map_a, map_b)
             if grp[EXPERT] < 0:
-                store_unlisted_grouped(bn, bt - grp[PAIRS],
-                                       T.Cast("int32", (M + BM - 1) // BM) + num_experts - grp[PAIRS],
-                                       tid, m, OFF, IDS, C, smem)
+                store_unlisted_grouped(bn, bt - grp[PAIRS], pair_grid(M, num_experts) - grp[PAIRS], tid, m, OFF,
+                                       IDS, C, smem)
         else:
             tile(bn, bm, tid, m, io, smem, regs, bars, map_a, map_b)
 
