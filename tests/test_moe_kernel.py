@@ -9,6 +9,7 @@ counts that are not multiples of 128, more experts than a warp, capacity-dropped
 from __future__ import annotations
 
 import functools
+import re
 import zlib
 
 import numpy as np
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _helpers import np_dtype
-from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+from pit_tvm.nvcc import cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.schedules.hopper.config import WgmmaConfig
 from pit_tvm.schedules.hopper.grouped import (GROUPED_ATTR, expected_pairs, grouped_config,
                                               wgmma_grouped_gemm_func)
@@ -165,23 +166,29 @@ def test_signature_and_attr():
     assert len(g.params) == 6      # h, assignments, offsets, w, route_weight, y
 
 
-@pytest.mark.parametrize("mode", ["gather", "scatter"])
-def test_nvcc_compiles(mode):
-    """nvcc compiles both modes for sm_90a (one epilogue each: the others differ only there)."""
-    ex = _exe(mode, 256, 512, 8, 2, "float16", "float16", True, "silu" if mode == "gather" else None)
-    if find_nvcc() is None:
-        pytest.skip("nvcc not found")
-    assert check_cuda_compiles(ex, archs=("sm_90a",)) >= 1
+#: the kernels ptxas checks: each mode at a Switch layer's shapes, the decode tiles
+_PTXAS_CASES = {
+    "gather_bias_silu": lambda: wgmma_grouped_gemm_func("gather", 768, 3072, 8, 2, "float16", "float16", True, "silu"),
+    "scatter_bias": lambda: wgmma_grouped_gemm_func("scatter", 3072, 768, 8, 2, "float16", "float16", True, None),
+    "scatter_decode_bf16_f32": lambda: wgmma_grouped_gemm_func("scatter", 3072, 768, 8, 1, "bfloat16", "float32",
+                                                               False, None, grouped_config(768, 8, 1, tokens=16)),
+}
 
 
-def test_nvcc_compiles_decode_config():
-    """The decode tiles (64 columns, the 8-deep ring) compile too."""
-    config = grouped_config(768, 8, 1, tokens=16)
-    assert config == WgmmaConfig(64, 8)
-    ex = _exe("scatter", 3072, 768, 8, 1, "bfloat16", "bfloat16", False, None, config)
+@pytest.mark.parametrize("case", sorted(_PTXAS_CASES))
+def test_ptxas_keeps_wgmma_async(case):
+    """nvcc compiles the kernels for sm_90a, and ptxas keeps the wgmmas asynchronous (no
+    C7515 serialisation).  Spills stay within a few words (the gather kernels spill 4 to 32
+    bytes at the 168 registers a thread of 384: docs/design/moe.md)."""
+    assert grouped_config(768, 8, 1, tokens=16) == WgmmaConfig(64, 8)
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    assert check_cuda_compiles(ex, archs=("sm_90a",)) >= 1
+    ex = build(tvm.IRModule({"main": _PTXAS_CASES[case]()}), TARGET)
+    log = ptxas_log(cuda_sources(ex)[0], "sm_90a")
+    assert "Used" in log and "registers" in log, log[-2000:]
+    assert "C7515" not in log and "serialized" not in log, log[-2000:]
+    spilled = re.search(r"\b(\d+) bytes spill stores", log)
+    assert spilled and int(spilled.group(1)) <= 64, log[-2000:]
 
 
 def test_grouped_config():

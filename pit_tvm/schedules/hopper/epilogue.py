@@ -36,10 +36,12 @@ def gelu_erf(v):
 
 
 def silu(v):
-    """SiLU, ``v * sigmoid(v) = v / (1 + exp(-v))`` (fp32, CUDA's fast exp: -0 for v below
-    about -88, where exp(-v) is inf)"""
-    x = tirx.Var("x", "float32")
-    return tirx.Let(x, v, x / (T.float32(1) + T.call_pure_extern("float32", "__expf", -x)))
+    """SiLU, ``v * sigmoid(v) = v / (1 + exp(-v))`` (fp32, CUDA's fast exp and division: an
+    IEEE division's subroutine made the grouped GEMM's epilogue spill; the fast one gives -0
+    where exp(-v) is inf, v below about -88, and 0 for denominators over 2^126, the limits).
+    ``v`` appears twice, not bound by a Let: the vectorizer rejected a Let followed by a row
+    scale (nvcc computes v once either way)."""
+    return T.call_pure_extern("float32", "__fdividef", v, T.float32(1) + T.call_pure_extern("float32", "__expf", -v))
 
 
 
