@@ -137,20 +137,22 @@ def _close(got, want, out_dtype, in_dtype):
 ])
 def test_cuda_build(mode, E, K, N, in_dtype, out_dtype, bias, act):
     """Both modes build for sm_90a: the rows kernel's warp-specialized body (B by TMA over all
-    experts' weights, A's rows by cp.async), the expert scan, the signature of the contract."""
+    experts' weights; gather's A rows by cp.async, scatter's A tile by TMA), the expert scan,
+    the signature of the contract."""
     ex = _exe(mode, K, N, E, 2, in_dtype, out_dtype, bias, act)
     src = _source(ex)
     t = "bf16" if in_dtype == "bfloat16" else "f16"
     bn = grouped_config(N, E).block_n
     assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{t}.{t}" in src
     body = src[src.index('extern "C" __global__'):]
-    assert "__launch_bounds__(384)" in body and "cp.async.bulk.tensor.2d" in src and "cp_async_cg" in body
+    assert "__launch_bounds__(384)" in body and "cp.async.bulk.tensor.2d" in src
+    assert ("cp_async_cg" in body) == (mode == "gather")   # gather's A rows; scatter's A by TMA
     assert "__shfl_up_sync" in body                    # the expert tiles' scan
     signature = body.split(")", 2)[1]
-    # assignments and offsets; scatter: the route weight (fp32); one TMA map (W)
+    # assignments and offsets; scatter: the route weight (fp32); TMA maps of W (scatter: and A)
     assert signature.count("int* __restrict__") == 2
     assert signature.count("float* __restrict__") == (1 if mode == "scatter" else 0) + (out_dtype == "float32")
-    assert signature.count("CUtensorMap") == 1
+    assert signature.count("CUtensorMap") == (2 if mode == "scatter" else 1)
     assert ("atomicExch" in body) == (mode == "scatter")    # scatter: the dropped ids' flags
     if act == "silu":
         assert "__expf" in body

@@ -81,7 +81,11 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     tiles = mode == "tiles"
     # the grouped GEMM (see .grouped): CTAs take (expert, 128-row tile of its list) pairs
     grouped = mode in ("gather", "scatter")
-    gathers_rows = mode == "rows" or grouped     # A's rows by cp.async through the index
+    gathers_rows = mode in ("rows", "gather")    # A's rows by cp.async through the index
+    # scatter's A (fc1's compact rows, the expert's rows contiguous from the tile's first) and the
+    # dense A: a TMA box a K tile (past the expert's rows: the next expert's rows, or zeros past
+    # M, computed but not stored)
+    a_box = mode == "dense" or mode == "scatter"
     if grouped and (BK != BLOCK_K or residual or row_scale_a or rows_upto or strips_mk
                     or not 0 < num_experts <= THREADS):
         raise ValueError(f"the grouped GEMM takes 64-deep K tiles, no residual / tiers / strips and "
@@ -118,7 +122,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
     # listed rows); ws tiles A and B on a full index, else A (the loaders copy B's listed rows),
     # see ``tiles_loader``
-    TX_BYTES = ((A_TILE if mode == "dense" or ws_tiles else 0) + B_TILE) * dtype_bytes(in_dtype)
+    TX_BYTES = ((A_TILE if a_box or ws_tiles else 0) + B_TILE) * dtype_bytes(in_dtype)
     FULL_ARRIVALS = 1 + (LOADER_THREADS if gathers_rows or ws_tiles else 0)
     ring = MbarrierRing(STAGES)       # ws: the loader warpgroup fills it, the consumers drain it
     A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
@@ -562,7 +566,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         # the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
         encode_tma_map(map_b, B.data, N, K * num_experts if grouped else K, 64, BK)
-        if mode == "dense" or ws_tiles:
+        if a_box or ws_tiles:
             map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
             encode_tma_map(map_a, A.data, K, M, BK, BM)
             device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)

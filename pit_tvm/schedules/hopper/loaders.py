@@ -25,7 +25,7 @@ from pit_tvm.schedules.limits import dtype_bytes
 #: (``A_TILE = BM x BK``, ``B_TILE = BK x BN`` elements a slot, B's ring at ``B_BASE``), the
 #: copy layouts, the ring, and the index helpers of the kernel's mode
 GEMM_LOADER_NAMES = ('A_CHUNKS', 'A_LOADER_CHUNKS', 'A_ROW_CHUNKS', 'A_TILE', 'BK', 'BM', 'BN', 'B_BASE', 'B_ROWS',
-                     'B_TILE', 'KT', 'STAGES', 'TX_BYTES', 'a_chunk', 'a_col_of', 'a_row_id', 'a_swizzled',
+                     'B_TILE', 'KT', 'STAGES', 'TX_BYTES', 'a_box', 'a_chunk', 'a_col_of', 'a_row_id', 'a_swizzled',
                      'a_valid', 'b_copy', 'b_k_row', 'b_kr', 'b_row_of', 'b_valid', 'copy16', 'first_row',
                      'gather_a', 'gathers_rows', 'in_dtype', 'k_tiles', 'loader_b_copy', 'micro_tile_id', 'mk',
                      'mode', 'ring', 'tiles', 'ws_tiles')
@@ -38,6 +38,7 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
     A_LOADER_CHUNKS = k.A_LOADER_CHUNKS
     A_ROW_CHUNKS = k.A_ROW_CHUNKS
     A_TILE = k.A_TILE
+    a_box = k.a_box
     BK = k.BK
     BM = k.BM
     BN = k.BN
@@ -142,8 +143,8 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
             ring.acquire(bars, s, kt)
             if lane == 0:
                 ring.expect_tx(bars, s, TX_BYTES)
-                if mode == "dense" or ws_tiles:
-                    T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
+                if a_box or ws_tiles:
+                    T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, first_row(bm),
                                         ring.full(bars, s))
                 for atom in T.unroll(BN // 64):
                     T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
