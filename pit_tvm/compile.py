@@ -314,6 +314,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     notes = annotations_of(annotated)
     try:
         lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(annotated)
+        notes = annotations_of(lowered)   # (a matmul whose PIT lowering fell back: status dense)
     except Exception as err:  # the op layer (pit_tvm.ops.matmul) is not importable
         if "pit_tvm.ops" not in repr(err) and "emit_pit_matmul" not in repr(err):
             raise

@@ -51,6 +51,11 @@ def sm_version(target) -> int:
     return arch_number(tgt.attrs.get("arch", "")) if tgt.kind.name == "cuda" else -1
 
 
+def cuda_arch(target) -> str:
+    """The CUDA target's arch (``"sm_90a"``), :data:`DEFAULT_CUDA_ARCH` where it names none."""
+    return str(make_target(target).attrs.get("arch", DEFAULT_CUDA_ARCH))
+
+
 def is_gpu(target) -> bool:
     return make_target(target).kind.name == "cuda"
 
@@ -102,8 +107,7 @@ def mark_shape_funcs_noalias(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
     """Mark the shape functions of Relax's ``VMShapeLower`` ``tirx.noalias`` (they take the VM's
     shape heap alone, so it holds).  Why: LLVM codegen drops ``noalias`` from every function of a
     module that holds one PrimFunc without it, and the CPU kernels then lose their register
-    tiles (2-core EPYC, 1024^3 fp32 dense kernel: 25.8 ms built alone, 55.4 ms beside the shape
-    function of its Relax graph, 31.3 ms with the shape function marked)."""
+    tiles (docs/design/measurements.md#cpu)."""
     for gv, func in list(mod.functions_items()):
         if (isinstance(func, tirx.PrimFunc) and gv.name_hint.startswith("shape_func")
                 and func.attrs is not None and "tirx.is_host_func" in func.attrs and "tirx.noalias" not in func.attrs):

@@ -418,3 +418,37 @@ def test_split_and_concat(axis, propagates):
     else:
         assert [n["status"] for n in notes if n["status"] != "dense"] == ["stop"], notes
         assert "along the batch or sequence axis" in [n for n in notes if n["status"] == "stop"][0]["reason"]
+
+
+# ----------------------------------------------------------------------------- the CLI
+def test_cli_compile_padding(tmp_path, capsys):
+    """``pit-tvm compile --padding MASK``: the annotations it prints list the token-wise matmuls
+    as PIT of ``padding:MASK``, and the exported library matches onnxruntime on the real tokens;
+    a mask name that is not a graph input is an error naming it (exit code 2)"""
+    from pit_tvm.cli.main import main
+    from pit_tvm.runtime import load
+
+    model = encoder_layer()
+    onnx.save(model, tmp_path / "layer.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["compile", str(tmp_path / "layer.onnx"), "--padding", "attention_mask",
+                     "-o", str(tmp_path / "layer.so")]) == 0
+    printed = capsys.readouterr().out
+    pit_lines = [line for line in printed.splitlines() if " pit " in line and "source=padding:attention_mask" in line]
+    assert len(pit_lines) == 4, printed     # (Q, K, V combined into one matmul)
+    _assert_close_on_real_tokens(model, load(tmp_path / "layer.so"), _padded((5, 3, 1)))
+    assert main(["compile", str(tmp_path / "layer.onnx"), "--padding", "lengths", "-o", str(tmp_path / "bad.so")]) == 2
+    err = capsys.readouterr().err
+    assert "padding='lengths'" in err and "attention_mask" in err
+
+
+def test_cli_padding_flag_alone_means_the_mask_named_like_one():
+    """``--padding`` without a name is ``padding=True`` (the one input named like a mask);
+    without the flag, None (padding not propagated)"""
+    from pit_tvm.cli.main import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["compile", "m.onnx", "--padding", "-o", "m.so"]).padding is True
+    assert parse(["compile", "m.onnx", "--padding", "mask", "-o", "m.so"]).padding == "mask"
+    assert parse(["compile", "m.onnx", "-o", "m.so"]).padding is None

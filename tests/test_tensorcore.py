@@ -150,6 +150,18 @@ def test_split_plan():
                                          block_k=32, stages=2), 4096, 4096).block_k == 32
 
 
+def test_split_plan_fills_the_target_arch_sms():
+    """the split-K grid fills the SMs of the target's arch (limits.sm_count), not the H100's on
+    every arch: the A100 (sm_80, 108 SMs) fits 3 row tiles of N=4096 in a wave, the H100 4"""
+    from pit_tvm.schedules.limits import sm_count
+
+    cfg = TensorCoreConfig()
+    assert sm_count("sm_90a") == sm_count(tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})) == 132
+    assert sm_count("sm_80") == 108
+    assert split_plan(4096, 4096, cfg, "float16", "sm_80") == split_plan(4096, 4096, cfg, sms=108) == (4, 384)
+    assert split_plan(4096, 4096, cfg, "float16", "sm_90") == split_plan(4096, 4096, cfg, sms=132) == (4, 512)
+
+
 # ---------------------------------------------------------------------------------------
 # CUDA builds (no GPU needed): TVM codegen + nvcc for sm_80 and sm_90
 # ---------------------------------------------------------------------------------------

@@ -518,6 +518,7 @@ def test_wgmma_config_that_does_not_build_falls_back_to_the_planned_wgmma_kernel
     """on sm_90a a tuned wgmma config that does not build here is said, and the build takes the
     planned wgmma kernel: never the mma.sync schedule of another log under the same root"""
     import pit_tvm.ops.matmul as M
+    import pit_tvm.ops.matmul.backends as backends
     from pit_tvm.schedules.wgmma import ROWS_ATTR, WgmmaConfig
 
     sm90a = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
@@ -532,7 +533,7 @@ def test_wgmma_config_that_does_not_build_falls_back_to_the_planned_wgmma_kernel
             raise ValueError("tuned for another output dtype")
         return rows_kernel(*args)
 
-    monkeypatch.setattr(M, "_cuda_rows_kernel", tuned_does_not_build)
+    monkeypatch.setattr(backends, "_cuda_rows_kernel", tuned_does_not_build)
     with pytest.warns(UserWarning, match="its config .*block_n=64.* does not build here"):
         kernel = M.tensor_core_kernel(M.MatmulPlan(K, N, (1, K)), "float16", "float16", "cuda", tmp_path)
     assert dict(kernel.attrs[ROWS_ATTR])["block_n"] == 256          # the planned wgmma kernel
@@ -678,7 +679,7 @@ def test_tiles_logs_drive_builds(tuned_log, tmp_path, kernel, target):
 
     def built(log, micro_tile=TILES_MICRO_TILE):
         if kernel == "wgmma.tiles":
-            return _cuda_wgmma_tiles(MatmulPlan(K, N, micro_tile), "float16", "float16", "sm_90a", tuning_log=log)[1]
+            return _cuda_wgmma_tiles(MatmulPlan(K, N, micro_tile), "float16", "float16", "sm_90a", tuning_log=log).kernel
         return tensor_core_kernel(MatmulPlan(K, N, micro_tile), "float16", "float16", target, log)
 
     def kernel_of(cfg):
@@ -820,7 +821,7 @@ def test_shipped_tiles_logs_give_a_config_that_compiles(log):
         warnings.simplefilter("error")
         best = best_record(log.parent.parent, k, n, dtype, target, micro_tile=micro_tile)
         plan = MatmulPlan(k, n, micro_tile)
-        built = (_cuda_wgmma_tiles(plan, dtype, dtype, "sm_90a", tuning_log=log.parent.parent)[1]
+        built = (_cuda_wgmma_tiles(plan, dtype, dtype, "sm_90a", tuning_log=log.parent.parent).kernel
                  if kernel == "wgmma.tiles" else tensor_core_kernel(plan, dtype, dtype, target, log.parent.parent))
     workload = S.tiles_tuning_workload(k, n, micro_tile, dtype, dtype)
     assert best.log_dir == log and best.config in S.KNOBSETS[kernel].valid(workload, "sm_90")

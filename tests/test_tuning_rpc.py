@@ -333,3 +333,25 @@ def test_gpu_every_space_tunes_through_local_gpu_servers(tmp_path):
         finally:
             runner.shutdown()
     assert _children() - before == set()
+
+
+def test_sessions_are_spawned_and_register_the_flush(monkeypatch):
+    """each session runs in a spawned process (a fork of a process that imported TVM has a
+    broken CUDA context) whose entry point registers the flush function before serving"""
+    import multiprocessing
+
+    import tvm_ffi
+    from tvm.rpc import server
+
+    from pit_tvm.tuning import _session_init, rpc_server
+    from pit_tvm.tuning._worker import FLUSH_FUNC
+
+    served = []
+    monkeypatch.setattr(server, "_serve_loop", lambda *args: served.append(args))
+    monkeypatch.setattr(multiprocessing, "set_start_method", lambda method, force=False: served.append(method))
+    rpc_server.init_server_process()
+    assert served == ["spawn"] and server._serve_loop is _session_init.serve_session
+    monkeypatch.setattr(server, "_serve_loop", lambda *args: served.append(args))
+    _session_init.serve_session("sock", None, "work")
+    assert served[-1] == ("sock", None, "work")
+    assert tvm_ffi.get_global_func(FLUSH_FUNC, allow_missing=True) is not None

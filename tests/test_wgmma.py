@@ -62,7 +62,7 @@ def test_config_choice():
     assert wgmma_config(2304, rows=2048).block_n == 192
     assert wgmma_config(4096, rows=4096).block_n == 256
     assert wgmma_config(768, rows=None).block_n == 256
-    # a given width takes the ring the choice would give it (benchmarks/_width_sweep.py)
+    # a given width takes the ring the choice would give it (benchmarks/sweeps/width_sweep.py)
     assert wgmma_config(768, rows=2400, block_n=64) == WgmmaConfig(64, 4)    # 228 CTAs: two waves
     assert wgmma_config(768, rows=1280, block_n=64) == WgmmaConfig(64, 8)    # 120 CTAs: one wave
     assert wgmma_config(768, rows=2400, block_n=96) is None
@@ -748,7 +748,7 @@ def test_expected_density_plans_the_rows_kernel_width():
     """BERT's FFN-in (4096 x 768 @ 768 x 3072): planned for the default half of the rows, 16 row
     tiles of 192 columns fill two waves of 132 CTAs as 256 columns do (192 wins on tile count);
     for 58.6 % of the rows (2,400: 19 row tiles) 192 columns need a third wave and 256 do not
-    (H100, ``benchmarks/_width_sweep.py``: 2,304-2,560 rows 30.9-32.9 us at 256 against
+    (H100, ``benchmarks/sweeps/width_sweep.py``: 2,304-2,560 rows 30.9-32.9 us at 256 against
     38.0-38.9 at 192).  A bad fraction is an error naming it."""
     assert _rows_kernel_width(4096, 768, 3072) == 192
     assert _rows_kernel_width(4096, 768, 3072, expected_density=0.586) == 256

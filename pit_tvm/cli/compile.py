@@ -1,10 +1,13 @@
 """``pit-tvm compile MODEL.onnx --target cuda|llvm [--sparse NAME[:MxK]]... [--shape NAME=DxDx..]...
-[--tuning-log DIR] [--expected-density FRACTION] -o OUT[.so]``.
+[--padding [MASK]] [--tuning-log DIR] [--expected-density FRACTION] -o OUT[.so]``.
 
 Imports the ONNX model, annotates its dynamic sparsity (automatically: relu, masks, padding; and
 the ``--sparse`` tensors by ONNX name, with an optional micro-tile ``MxK``), lowers the annotated
 matmuls to PIT kernels, builds, and exports ``OUT.so`` (+ ``OUT.so.json``; ``.so`` is appended to
-an output name without it). Prints what was annotated and why.
+an output name without it). Prints what was annotated and why.  ``--padding MASK`` (or
+``--padding`` alone: the one input named like an attention mask) runs the token-wise matmuls on
+the real tokens of that ``[batch, sequence]`` mask only (``compile_onnx(..., padding=)``): the
+outputs at padded positions are not computed.
 """
 from __future__ import annotations
 
@@ -63,6 +66,10 @@ def register(subparsers) -> None:
     p.add_argument("--no-auto", action="store_true", help="only the --sparse annotations")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=DxD..",
                    help="compile for this static shape of input NAME (repeatable; default: symbolic dims stay symbolic)")
+    p.add_argument("--padding", nargs="?", const=True, default=None, metavar="MASK",
+                   help="the [batch, sequence] attention-mask input (1 real token, 0 padding): the token-wise "
+                        "matmuls run on the real tokens only, outputs at padded positions are not computed; "
+                        "without MASK the one input named like an attention mask (needs its shape static: --shape)")
     p.add_argument("--tuning-log", default=None, metavar="DIR", help="tuning database for the PIT kernels")
     p.add_argument("--expected-density", type=float, default=None, metavar="FRACTION",
                    help="fraction of rows the row-sparse PIT matmuls are expected to list (e.g. a sample "
@@ -95,7 +102,8 @@ def run(args) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             cm = compile_onnx(args.model, target=args.target, sparse=sparse, tuning_log=args.tuning_log,
-                              auto=not args.no_auto, shapes=shapes, expected_density=args.expected_density)
+                              auto=not args.no_auto, shapes=shapes, expected_density=args.expected_density,
+                              padding=args.padding)
     except (ValueError, FileNotFoundError) as err:   # the compiler's bad-argument errors
         raise UserError(str(err)) from err
     for w in caught:     # ours (not TVM's or onnx's deprecation notes)

@@ -42,6 +42,7 @@ __all__ = [
     "tile_index_func",
     "seqlen_row_index_func",
     "expert_index_func",
+    "expert_capacity_index_func",
     "IndexBuilder",
     "build_tile_index",
     "tiles_from_index",
@@ -49,6 +50,7 @@ __all__ = [
     "tile_grid",
     "reference_seqlen_row_index",
     "reference_expert_index",
+    "reference_expert_capacity_index",
     "strip_positions",
     "strip_column",
     "strip_micro_tile",
@@ -339,6 +341,90 @@ def expert_index_func(num_experts: int, top_k: int, target) -> tirx.PrimFunc:
     return _finish(expert_index, f"pit_expert_index_e{E}_k{TK}", target)
 
 
+def expert_capacity_index_func(num_experts: int, top_k: int, capacity: int, target) -> tirx.PrimFunc:
+    """PrimFunc ``(expert_ids[B, S, top_k], offsets[E+1], assignments[B*S*top_k], kept[B*S*top_k])``.
+
+    :func:`expert_index_func`'s lists with HF Switch's expert capacity: in each sequence ``b``
+    (``S`` tokens), an expert keeps only its first ``capacity`` assignments in token order
+    (flat id ``t*top_k + j``, ``t = b*S + s``); ``kept[a]`` is 1 for an assignment that stays
+    listed, else 0 (also for ids outside ``[0, E)``).  Three passes on the device, no atomics:
+    the full index (as :func:`expert_index_func`), each listed assignment's rank within its
+    (expert, sequence) by a binary search in its expert's ascending list, then the index again
+    over the kept assignments only."""
+    E = _check_pos_int("num_experts", num_experts)
+    TK = _check_pos_int("top_k", top_k)
+    CAP = _check_pos_int("capacity", capacity)
+    target = make_target(target)
+    st = _strategy(target)
+
+    def expert_of(X, a):
+        t = T.truncdiv(a, TK)
+        return X[T.truncdiv(t, X.shape[1]), T.truncmod(t, X.shape[1]), T.truncmod(a, TK)]
+
+    def flag_all(X, f):
+        P = X.shape[0] * X.shape[1] * TK
+        return T.Select(expert_of(X, T.truncmod(f, P)) == T.Cast("int32", T.truncdiv(f, P)),
+                        T.int32(1), T.int32(0))
+
+    def flag_kept(src, f):
+        X, KEEP = src
+        P = X.shape[0] * X.shape[1] * TK
+        return T.Select(KEEP[T.truncmod(f, P)] != 0, flag_all(X, f), T.int32(0))
+
+    id_fn = lambda f, P: T.truncmod(f, P)  # noqa: E731
+    count_all, scan_all, compact_all = make_pipeline(st, flag_all, id_fn, with_offsets=True)
+    count_kept, scan_kept, compact_kept = make_pipeline(st, flag_kept, id_fn, with_offsets=True)
+    NTH = 256
+
+    @T.macro
+    def rank_and_keep(X, OFF_F, ASG_F, KEEP, p):
+        # KEEP[a] = 1 for position p's assignment a when fewer than CAP assignments of its
+        # expert in its sequence come before it (its expert's list is ascending: a lower bound)
+        lo = T.alloc_buffer((2,), "int64", scope="local")
+        if p < T.Cast("int64", OFF_F[E]):
+            lo[0] = T.Cast("int64", OFF_F[expert_of(X, T.Cast("int64", ASG_F[p]))])
+            lo[1] = p
+            for _ in range(32):
+                if lo[0] < lo[1]:
+                    if T.Cast("int64", ASG_F[(lo[0] + lo[1]) // 2]) < (
+                            T.Cast("int64", ASG_F[p]) // (X.shape[1] * TK)) * (X.shape[1] * TK):
+                        lo[0] = (lo[0] + lo[1]) // 2 + 1
+                    else:
+                        lo[1] = (lo[0] + lo[1]) // 2
+            if p - lo[0] < CAP:
+                KEEP[ASG_F[p]] = 1
+
+    @T.prim_func(s_tir=True)
+    def expert_capacity_index(x: T.handle, o: T.handle, a: T.handle, k: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        NB = T.int64()
+        NS = T.int64()
+        X = T.match_buffer(x, (NB, NS, TK), "int32")
+        OFF = T.match_buffer(o, (E + 1,), "int32")
+        ASG = T.match_buffer(a, (NB * NS * TK,), "int32")
+        KEEP = T.match_buffer(k, (NB * NS * TK,), "int32")
+        OFF_F = T.sblock_alloc_buffer((E + 1,), "int32")
+        ASG_F = T.sblock_alloc_buffer((NB * NS * TK,), "int32")
+        CNT = T.sblock_alloc_buffer((T.max(num_chunks(NB * NS * TK * E), 1),), "int32")
+        COFF = T.sblock_alloc_buffer((T.max(num_chunks(NB * NS * TK * E), 1),), "int32")
+        count_all(X, NB * NS * TK * E, CNT)
+        scan_all(NB * NS * TK * E, CNT, COFF, OFF_F, E)
+        compact_all(X, NB * NS * TK * E, NB * NS * TK, NB * NS * TK, COFF, OFF_F, E, ASG_F, OFF_F)
+        for b in st.bx((NB * NS * TK + (NTH - 1)) // NTH):
+            for tx in st.tx(NTH):
+                if b * NTH + tx < NB * NS * TK:
+                    KEEP[b * NTH + tx] = 0
+        for b in st.bx((NB * NS * TK + (NTH - 1)) // NTH):
+            for tx in st.tx(NTH):
+                if b * NTH + tx < NB * NS * TK:
+                    rank_and_keep(X, OFF_F, ASG_F, KEEP, b * NTH + tx)
+        count_kept((X, KEEP), NB * NS * TK * E, CNT)
+        scan_kept(NB * NS * TK * E, CNT, COFF, OFF, E)
+        compact_kept((X, KEEP), NB * NS * TK * E, NB * NS * TK, NB * NS * TK, COFF, OFF, E, ASG, OFF)
+
+    return _finish(expert_capacity_index, f"pit_expert_capacity_index_e{E}_k{TK}_c{CAP}", target)
+
+
 # --------------------------------------------------------------------------- runtime helpers
 def _target_key(target) -> str:
     return str(make_target(target))
@@ -524,3 +610,22 @@ def reference_expert_index(expert_ids, num_experts):
         pos += len(sel)
         offsets[e + 1] = pos
     return offsets, out
+
+
+def reference_expert_capacity_index(expert_ids, num_experts, capacity):
+    """Numpy reference of :func:`expert_capacity_index_func`: ``expert_ids[B, S, k]`` ->
+    ``(offsets, assignments, kept)``."""
+    x = np.asarray(expert_ids)
+    nb, ns, tk = x.shape
+    flat = x.reshape(-1)
+    kept = np.zeros(flat.size, dtype=np.int32)
+    for b in range(nb):
+        seen = np.zeros(num_experts, dtype=np.int64)
+        for a in range(b * ns * tk, (b + 1) * ns * tk):
+            e = flat[a]
+            if 0 <= e < num_experts:
+                if seen[e] < capacity:
+                    kept[a] = 1
+                seen[e] += 1
+    offsets, assignments = reference_expert_index(np.where(kept == 1, flat, -1), num_experts)
+    return offsets, assignments, kept

@@ -2,8 +2,8 @@
 one fused-attention kernel (:func:`pit_tvm.ops.attention.emit_fused_attention`).
 
 Why: imported from ONNX, a BERT layer's attention is five TVM kernels (batched QK^T, scale and
-mask, softmax, PV, and a copy for K's transpose), ~60 us a layer on the H100 at 32 x 128
-tokens; the fused kernel keeps the scores on chip.  Both builds (PIT and PIT-off) run it.
+mask, softmax, PV, and a copy for K's transpose); the fused kernel keeps the scores on chip
+(docs/design/measurements.md#fused-attention).  Both builds (PIT and PIT-off) run it.
 
 Matched (each inner value used once, ``k`` transposed by ``permute_dims(axes=[0, 1, 3, 2])``,
 ``scale`` a scalar constant, softmax over the last axis)::

@@ -1,19 +1,19 @@
 """``CombineParallelMatmuls``: one matmul for the matmuls that share an input (attention's Q,
 K and V projections), on constant weights.
 
-Why: on the H100 a 4096 x 768 x 768 fp16 GEMM is latency-bound (one wave of CTAs; ~26 us on
-the tensor-core kernel, 22 us in cuBLAS), so three of them cost about three times one
-768 x 2304 GEMM's latency. For a PIT matmul it matters more: a latency-bound kernel gains
-nothing from skipping rows, and each PIT matmul also writes its zero rows.
+Why: on the H100 a 4096 x 768 x 768 fp16 GEMM is latency-bound (one wave of CTAs), so three
+of them cost about three times one 768 x 2304 GEMM's latency
+(docs/design/measurements.md#graph-passes). For a PIT matmul it matters more: a latency-bound
+kernel gains nothing from skipping rows, and each PIT matmul also writes its zero rows.
 
 TVM's ``relax.transform.CombineParallelMatmul`` does the rewrite (concat of the weights and of
 the bias adds, one matmul, split), but only matches weights that are variables, and an ONNX
 import binds them as constants. This pass lifts the constant weights and biases to function
 parameters, runs TVM's pass, binds them back and folds the concatenations into new constants.
 Each output of the split then becomes a ``strided_slice``: a split is a multi-output kernel
-that no consumer fuses with (three extra copies of the projections, ~11 us each per BERT
-layer on the H100), while a slice fuses into the head transpose after it, or disappears
-into the fused attention kernel, which reads the heads in place.
+that no consumer fuses with (three extra copies of the projections per BERT layer), while a
+slice fuses into the head transpose after it, or disappears into the fused attention kernel,
+which reads the heads in place.
 """
 from __future__ import annotations
 

@@ -4,19 +4,18 @@ PIT-off builds alike.
 
 Why: without it a PIT build would be faster than the PIT-off build partly because of a better
 GEMM, not because of sparsity.  CUDA: TVM 0.27's default path schedules ``R.matmul`` with
-dlight's SIMT kernel (~80 TF/s on the H100, the PIT tensor-core kernels ~300); the pass puts
+dlight's SIMT kernel, a fraction of the PIT tensor-core kernels' throughput; the pass puts
 fp16/bf16 matmuls on the PIT kernels' tensor-core tiles.  CPU: TVM leaves a matmul as
-LegalizeOps' unscheduled loops (1024^3 fp32: ~0.5 GFLOP/s against ~40 for the PIT CPU
-schedule's dense twin on this machine's 2 cores); the pass puts fp32/fp16 matmuls on that twin.
+LegalizeOps' unscheduled loops, far slower than the PIT CPU schedule's dense twin
+(docs/design/measurements.md#graph-passes); the pass puts fp32/fp16 matmuls on that twin.
 Run after :class:`~pit_tvm.passes.LowerToPIT`.
 
 Rewritten: ``R.matmul(a[..., K], b[K, N])`` with ``b`` a 2-D tensor of static shape (and on
 CUDA a tensor-core tile config that fits (K, N)).  Everything else (batched matmuls such as
 attention's, odd shapes) keeps the normal path.  A matmul followed by an epilogue chain
 (:mod:`pit_tvm.passes.epilogue`: a bias, ReLU or GELU, a row scale, a residual) runs it in the
-CUDA kernel's epilogue (the OPT FFN's separate bias + ReLU kernel over the [tokens, 4d]
-activation took 127 us of 0.88 ms on the H100, BERT's bias + GELU + mask 336 us of ~3 ms), on
-the CPU as Relax ops after the kernel.
+CUDA kernel's epilogue (a separate kernel over the [tokens, 4d] activation costs a full pass
+over it), on the CPU as Relax ops after the kernel.
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ Recognised, after a head call (a matmul, or a PIT matmul wrapper) whose only use
 
 Each intermediate value is used once by the chain only (a GELU input twice, by its two
 branches); any operand order of ``add`` / ``mul``.  Why: BERT's FFN-in bias + GELU + padding
-mask was an elementwise kernel over the [tokens, 3072] activation, 336 us of ~3 ms on the H100.
+mask was an elementwise kernel over the [tokens, 3072] activation, a tenth of the model's time
+(docs/design/measurements.md#graph-passes).
 """
 from __future__ import annotations
 

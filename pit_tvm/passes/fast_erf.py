@@ -2,9 +2,9 @@
 
 Why: LegalizeOps turns ``R.erf`` into a call of libm's ``erff`` per element, which LLVM can
 neither vectorise nor inline.  BERT's FFN activation (bias, GELU's erf form, the padding mask)
-was 17 of 95 ms of a 4-layer encoder on a 2-core EPYC; ``fast_erf`` is a polynomial (within
-4.2e-7 of erf in fp32, as close as ``erff`` gets) that vectorises with the rest of the fused
-kernel.  TVM's ``FastMathTransform`` does this too, along with ``exp`` and ``softmax``, whose
+was a sixth of a 4-layer CPU encoder's time (docs/design/measurements.md#cpu); ``fast_erf`` is
+a polynomial (within 4.2e-7 of erf in fp32, as close as ``erff`` gets) that vectorises with
+the rest of the fused kernel.  TVM's ``FastMathTransform`` does this too, along with ``exp`` and ``softmax``, whose
 fast forms are 3.6e-6 off in relative terms, and TOPI's fp16 ``fast_erf`` is 0.04 off: only
 fp32 erf is rewritten here.  (The CUDA GEMM epilogue has its own fast GELU:
 :func:`pit_tvm.schedules.wgmma.gelu_erf`.)

@@ -12,7 +12,9 @@ A wrapper with a third argument (a row mask, see ``pit.row_mask_arg``) passes it
 emits the same index call, which ``EliminateCommonSubexpr`` (run by ``compile_onnx``) merges
 into one build per call of the model.
 
-If the op layer raises for one matmul, that matmul is emitted dense with a warning.
+If the op layer raises for one matmul (on CUDA: no tensor-core kernel fits its dtype or shape),
+that matmul is emitted dense with a warning, and its record in ``main``'s ``pit.annotations``
+says so: status ``dense``, with the op layer's reason.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import warnings
 import tvm
 from tvm import relax
 
-from .annotate import PIT_RULE_ATTR
+from .annotate import ANNOTATIONS_ATTR, PIT_RULE_ATTR
 from .epilogue import epilogue_chains
 
 
@@ -81,6 +83,9 @@ class LowerToPIT:
             return isinstance(call.op, tvm.ir.GlobalVar) and call.op.name_hint in pit
 
         chains = {}
+        # wrapper name -> why its PIT lowering fell back to a dense matmul (one that also lowered
+        # to PIT, e.g. the head of an epilogue chain lowered again with it, is not listed)
+        fell_back, lowered_names = {}, set()
 
         @relax.expr_functor.mutator
         class _Lower(relax.PyExprMutator):
@@ -117,11 +122,16 @@ class LowerToPIT:
                 if attrs is not None and getattr(attrs, "out_dtype", None):
                     out_dtype = str(attrs.out_dtype)
                 try:
-                    return emit(self.builder_, a, b, micro_tile=tile, target=target,
-                                out_dtype=out_dtype, **extra_args, **epilogue)
+                    new = emit(self.builder_, a, b, micro_tile=tile, target=target,
+                               out_dtype=out_dtype, **extra_args, **epilogue)
+                    lowered_names.add(op.op.name_hint)
+                    fell_back.pop(op.op.name_hint, None)
+                    return new
                 except Exception as err:  # noqa: BLE001 - keep the model compiling
                     if epilogue:       # the matmul alone, then the chain as it was
                         return None
+                    if op.op.name_hint not in lowered_names:
+                        fell_back[op.op.name_hint] = str(err).splitlines()[0] if str(err) else type(err).__name__
                     warnings.warn(
                         f"PIT lowering of {op.op.name_hint} ({f.attrs['pit.tensor']}) failed, "
                         f"stays dense: {err}"
@@ -137,7 +147,27 @@ class LowerToPIT:
                 lowerer.builder_.update_func(gv, lowerer.visit_expr(f))
         new = lowerer.builder_.get()
         out = tvm.IRModule({gv: f for gv, f in new.functions_items() if gv.name_hint not in pit}, attrs=new.attrs)
-        return out
+        return _record_dense_fallbacks(out, fell_back)
+
+
+def _record_dense_fallbacks(mod: tvm.IRModule, fell_back: dict) -> tvm.IRModule:
+    """``mod`` with each ``pit`` record of ``main``'s ``pit.annotations`` whose wrapper
+    function fell back to a dense matmul turned into status ``dense``, the reason saying why."""
+    names = {gv.name_hint: gv for gv in mod.get_global_vars()}
+    main = mod[names["main"]] if "main" in names else None
+    if not fell_back or main is None or main.attrs is None or ANNOTATIONS_ATTR not in main.attrs:
+        return mod
+    records = []
+    for rec in main.attrs[ANNOTATIONS_ATTR]:
+        record = dict(rec)
+        why = fell_back.get(str(record.get("function", "")))
+        if why is not None and str(record.get("status")) == "pit":
+            record["status"] = "dense"
+            record["reason"] = f"{record.get('reason', '')}; no PIT kernel, stays dense: {why}"
+        records.append(record)
+    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    mod[names["main"]] = main.with_attr(ANNOTATIONS_ATTR, records)
+    return mod
 
 
 @tvm.transform.module_pass(opt_level=0, name="DropUnusedPrimFuncs")

@@ -4,7 +4,7 @@ Why: Relax's ``RewriteDataflowReshape`` turns a legalized reshape (``call_tir`` 
 with the reshape pattern) back into ``R.reshape``, which the VM runs as a view of the same
 storage, but only where the result is a ``DataflowVar``.  A model whose last op is a reshape
 (the OPT FFN's ``[tokens, d] -> [batch, seq, d]``) binds it to the block's output var, so it
-stays a kernel that copies the whole output (9 us of 350 for the FFN on the H100).
+stays a kernel that copies the whole output.
 
 Rewritten, in a dataflow block, where ``out`` is a block output::
 

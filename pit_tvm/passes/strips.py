@@ -5,7 +5,7 @@ operand again.
 Why: an FFN's fc2 reads fc1's ReLU output (``[tokens, 4d]``, ~90 % zeros); its index
 (:func:`pit_tvm.schedules.wgmma_strips.strip_list_func`: which 128-row strips of which
 columns hold a non-zero, and for thin micro-tiles the compacted columns) is one more pass over
-that tensor (64 MiB for the OPT FFN at 4096 tokens: 35 us of ~370 on the H100).  fc1's wgmma
+that tensor (docs/design/measurements.md#graph-passes).  fc1's wgmma
 kernel has each 128 x 256 tile of it in shared memory already; listing its columns there
 costs a few flags, a ballot and one atomic add per CTA.
 

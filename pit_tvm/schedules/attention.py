@@ -2,9 +2,8 @@
 in one kernel, with wgmma for both products.
 
 Why: a BERT-style encoder's attention, imported from ONNX, is five TVM kernels per layer (the
-batched QK^T, the scale + mask, softmax, PV, and a copy that transposes K): about 60 us of a
-~250 us layer on the H100 at batch 32 x 128 tokens, which is 4-5x the time to read Q, K, V and
-write O once.  For sequences of at most 256 keys a CTA holds one (batch, head)'s K and V and a
+batched QK^T, the scale + mask, softmax, PV, and a copy that transposes K), several times the
+time to read Q, K, V and write O once (docs/design/measurements.md#fused-attention).  For sequences of at most 256 keys a CTA holds one (batch, head)'s K and V and a
 128-query block's Q in shared memory, so the scores never leave the SM.
 
 Workload (``q, k, v, o``: ``[B, H, S, D]`` fp16 or bf16; ``mask``: additive, ``[MB, 1, 1, S]``
@@ -16,7 +15,7 @@ fp32 scores, softmax and accumulation (the ONNX graph rounds the scores to fp16;
 is closer to an fp32 reference).  Applies for D = 64 and S in {128, 256}.  ``packed`` /
 ``out_packed``: q, k, v read in place from ``[B, S, W]`` projections (the QKV GEMM's output)
 and o written as ``[B, S, H * D]``, which spares BERT's graph the slice / head-transpose
-copies around attention (H100, BERT-base, 32 x 128 tokens: ~160 us of the model's device time).
+copies around attention.
 
 One CTA = 2 warpgroups (256 threads) per (128-query block, head, batch)::
 
@@ -38,9 +37,6 @@ masked at or below :data:`MASKED_KEY` are zero-filled by ``cp.async`` instead of
 are read when every key of (b, h) is masked: the softmax then spreads over them all), and with
 ``row_scale`` so are Q's rows that the row scale zeroes (their o is 0 either way).  The test is
 on the device, per call, from the mask the kernel already takes: no index, no host sync.
-(H100, BERT-base's 32 x 128 tokens with 58.6 % real: 17.2 against 19.6 us unpadded; each CTA
-waits on its loads before it computes, so 41 % fewer reads save 12 %:
-``benchmarks/_attention_padding.py``.)
 """
 from __future__ import annotations
 

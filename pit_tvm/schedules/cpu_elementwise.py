@@ -2,8 +2,8 @@
 
 Why: LegalizeOps leaves a fused elementwise kernel as serial scalar loops, and TVM 0.27 has no
 CPU rule for it.  BERT's FFN activation (bias add, GELU's erf form, the padding mask) fused
-into one such kernel was 17 of 95 ms of a 4-layer encoder on a 2-core EPYC (1.9 ms with this
-rule and :class:`~pit_tvm.passes.fast_erf.ErfToFastErf`).  The rule takes a function whose
+into one such kernel was a sixth of a 4-layer CPU encoder's time, a few percent with this rule
+and :class:`~pit_tvm.passes.fast_erf.ErfToFastErf` (docs/design/measurements.md#cpu).  The rule takes a function whose
 blocks reduce to one spatial block (after dlight's inlining) and maps its whole iteration
 space, row-major::
 

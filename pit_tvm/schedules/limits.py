@@ -18,14 +18,17 @@ OUT_DTYPES = ("float16", "bfloat16", "float32")
 MAX_SMEM_BYTES = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
 
 
-#: SMs of the arch's data-center part (H100 SXM, A100): a grid's CTAs past a multiple of it start
-#: a new wave; the few-rows tiers launch this many persistent CTAs
+#: SMs of the arch's data-center part (H100 SXM and H200: 132, A100: 108): a grid's CTAs past a
+#: multiple of it start a new wave; the few-rows tiers launch this many persistent CTAs
 SM_COUNT = {"sm_90": 132, "sm_80": 108}
 
 
-def sm_count(arch: str) -> int:
-    """SMs of ``arch``'s data-center part (``sm_90a`` is an sm_90): the kernels are built ahead
-    of the device, so the wave size is the target's, not a queried device's."""
+def sm_count(target) -> int:
+    """SMs of the data-center part of ``target``'s arch (a CUDA Target, or an arch such as
+    ``"sm_90a"``, an sm_90): TVM's CUDA target carries no SM count (its attributes are the arch,
+    thread and shared-memory limits), and the kernels are built ahead of the device, so the wave
+    size follows the target's arch, not a queried device."""
+    arch = target if isinstance(target, str) else str(target.attrs.get("arch", ""))
     return SM_COUNT["sm_90" if arch_number(arch) >= 90 else "sm_80"]
 
 

@@ -43,7 +43,7 @@ CPU_BK = 16           # compact k positions per step (tiles kind, per micro-tile
 CPU_GATHER_LANES = 64  # widest vector of the rows kind's K-wide gather (four AVX-512 fp32 vectors)
 
 GPU_BM, GPU_BN, GPU_BK = 64, 64, 16
-INDEX_OFFSETS = "pit_offsets"   # the index buffers ops/matmul.py declares: PitIndex.create("pit", ...)
+INDEX_OFFSETS = "pit_offsets"   # the index buffers ops/matmul/derived.py declares: PitIndex.create("pit", ...)
 GPU_TY, GPU_TX = 16, 16   # threads; each computes (BM/TY) x (BN/TX) outputs
 
 
@@ -79,11 +79,9 @@ def _pad_rows_to_tile(sch, mm, rows: int, gather=None):
     the padding) is returned to be staged per row tile.
     Why: a row split of a symbolic M guards each row (``i < m``), and that guard keeps TVM
     from compacting a tile's buffers: the accumulator stayed an ``[m, BN]`` buffer per
-    parallel task, the gathered rows ``[m, K]`` (1024^3 fp32 on 2 cores: ~40 GFLOP/s, ~70-90
-    with the tile's accumulator in registers).  For the same reason N is padded to whole
-    :data:`CPU_BN` tiles where they do not divide it (zero past N): a guarded last column tile
-    kept the accumulator ``[m, N]`` (1024 x 1024 x 1000: 1.45 s -> 0.29 s; N = 80: 117 -> 17
-    ms).  Returns ``(padded A block, padded B block or None)``: the padded B is left to be
+    parallel task, the gathered rows ``[m, K]`` (docs/design/measurements.md#cpu).  For the
+    same reason N is padded to whole :data:`CPU_BN` tiles where they do not divide it (zero past
+    N): a guarded last column tile kept the accumulator ``[m, N]``, several times slower.  Returns ``(padded A block, padded B block or None)``: the padded B is left to be
     packed per column panel (:func:`_cpu_rows`)."""
     n = int(sch.get(mm).iter_vars[1].dom.extent)
     sch.pad_einsum(mm, [rows, CPU_BN if n % CPU_BN else 1, 1])

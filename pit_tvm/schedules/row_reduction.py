@@ -2,8 +2,8 @@
 
 dlight's ``GeneralReduction`` gives each row a CTA of 256 threads. For attention's softmax
 (rows of ``seq`` <= a few hundred elements, ``batch * heads * seq`` rows) half the threads idle, a
-CTA does a few hundred bytes of work, and the reduction goes through shared memory: on the H100
-a BERT-base softmax over [32, 12, 128, 128] fp16 took ~150 us, ~15x its HBM time.
+CTA does a few hundred bytes of work, and the reduction goes through shared memory: a BERT-base
+softmax ran an order of magnitude over its HBM time (docs/design/measurements.md#dlight-rules).
 
 This rule takes the same functions (reduction blocks over the trailing axes, then an injective
 block over the same row) when every extent is static and a row has at most

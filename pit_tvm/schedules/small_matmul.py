@@ -3,7 +3,7 @@
 dlight's ``Matmul`` puts an fp16 matmul on tensor cores (``MatmulTensorization``, wmma) only
 when every non-batch extent is above 64; BERT's attention matmuls, ``[b, h, 128, 64] x
 [b, h, 64, 128]`` and ``[b, h, 128, 128] x [b, h, 128, 64]``, have a 64 and so ran on CUDA
-cores: 25 us each per layer on the H100 for 0.8 GFLOP (~32 TF/s).
+cores (docs/design/measurements.md#dlight-rules).
 
 This rule hands static-shape fp16 matmuls whose output rows, columns and reduction are each
 at least one wmma tile (16) to ``MatmulTensorization`` itself, which pads them to its CTA

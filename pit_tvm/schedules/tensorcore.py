@@ -34,14 +34,12 @@ The PIT part (:func:`schedule_row_gather_matmul`):
 * Split-K path for few rows (workload built with ``split_k > 1``; :func:`split_plan` picks
   ``split_k`` and ``split_rows``): with ``count <= split_rows`` the full-K grid would hold at
   most one CTA per SM, each running K / block_k dependent mma steps with one warp per
-  scheduler (on the H100, 41 rows took as long as 410: 0.14 ms at 4096^3).  Then a second
+  scheduler (latency bound: few rows take as long as ten times as many).  Then a second
   matmul kernel over (K slice -> blockIdx.z, p tile, N tile) with :func:`split_config`'s
   64-deep, 4-stage tiles writes fp32 partials to a device workspace, and a small kernel sums
   them, applies the epilogue and scatters.  Which path runs is decided per CTA on the device
   (``count > split_rows`` / ``<=``, see :func:`add_early_exit`); the other path's CTAs exit
-  at once.  H100, 4096^3 fp16, 90/95/99 % zero rows, whole PrimFunc: 181/168/137 us ->
-  103/66/51 us (``benchmarks/gpu_tc_probe.py --sparsity 0.9 0.95 0.99 --split-k both
-  --configs 128x128x32w64x64s3``).
+  at once (measured: docs/design/measurements.md#tensor-core-kernels).
 
 The same tiles also serve a plain dense matmul (:func:`dense_matmul_func`,
 :func:`schedule_dense_matmul`): a model's dense fp16/bf16 layers on CUDA use it
@@ -67,7 +65,7 @@ from tvm.script import tirx as T
 
 import tvm.s_tir.tensor_intrin.cuda as _cuda_intrin  # noqa: F401  (registers fill/store)
 from pit_tvm.schedules.limits import (  # noqa: F401  (re-exported: tensorcore_tiles, tuning)
-    IN_DTYPES, MAX_SMEM_BYTES, OUT_DTYPES, dtype_bytes, max_smem_bytes)
+    IN_DTYPES, MAX_SMEM_BYTES, OUT_DTYPES, dtype_bytes, max_smem_bytes, sm_count)
 from tvm.s_tir.tensor_intrin.cuda import (
     MMA_fill_16x16_f32_INTRIN,
     MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE,
@@ -100,8 +98,6 @@ COUNT_GT_ATTR = "pit.run_if_count_gt"
 COUNT_LE_ATTR = "pit.run_if_count_le"
 #: (split_k, split_rows) of a row-gather workload built with the split-K path
 SPLIT_ATTR = "pit.split_k_rows"
-#: SMs the split-K heuristic fills (the H100 SXM has 132)
-SPLIT_TARGET_SMS = 132
 #: shallowest K slice the split-K path cuts: a shallower slice saves less latency than the fp32
 #: partials' round trip and the sum kernel cost (BERT-base's 768-deep layers ran slower split)
 SPLIT_MIN_SLICE_K = 1024
@@ -679,8 +675,8 @@ def dense_matmul_func(k: int, n: int, in_dtype: str = "float16",
                       out_dtype: str = "float16", bias: bool = False, relu: bool = False) -> tirx.PrimFunc:
     """``C[M, n] = A[M, k] @ B[k, n] (+ bias[n]) (relu)`` (fp32 accumulation, M symbolic): the
     dense matmul that :func:`schedule_dense_matmul` puts on the same tensor-core tiles as the
-    PIT kernels, so a model's dense layers do not fall back to dlight's SIMT kernel (~80 TF/s
-    on the H100). Parameters ``(a, b, [bias,] c)``; the optional bias / ReLU run in the
+    PIT kernels, so a model's dense layers do not fall back to dlight's SIMT kernel.
+    Parameters ``(a, b, [bias,] c)``; the optional bias / ReLU run in the
     epilogue, in fp32, as in :func:`row_gather_matmul_func`."""
     _check_dtypes(in_dtype, out_dtype)
     K, N = int(k), int(n)
@@ -750,8 +746,8 @@ def schedule_dense_matmul(func: tirx.PrimFunc, config: TensorCoreConfig,
 def split_config(config: TensorCoreConfig, k: int, n: int, in_dtype: str = "float16",
                  arch: str = "sm_90") -> TensorCoreConfig:
     """The tile config of the split-K path: ``config`` with a 64-deep, 4-stage K pipeline
-    when that fits (on the H100 it halved the time of a CTA's K loop at 90-99 % sparsity,
-    while costing ~6 % at 0 %, where the full-K kernel with ``config`` runs), else ``config``."""
+    when that fits (it halves a CTA's K loop at high sparsity, where the split path runs:
+    docs/design/measurements.md#tensor-core-kernels), else ``config``."""
     deep = TensorCoreConfig(**{**config.as_dict(), "block_k": 64, "stages": 4})
     try:
         check_config(k, n, in_dtype, deep, max_smem_bytes(arch))
@@ -761,7 +757,7 @@ def split_config(config: TensorCoreConfig, k: int, n: int, in_dtype: str = "floa
 
 
 def split_plan(k: int, n: int, config: TensorCoreConfig, in_dtype: str = "float16",
-               arch: str = "sm_90", sms: int = SPLIT_TARGET_SMS) -> tuple[int, int]:
+               arch: str = "sm_90", sms: int | None = None) -> tuple[int, int]:
     """``(split_k, split_rows)`` of the split-K path for a (K, N) problem and ``config``, or
     ``(1, 0)`` when splitting does not fit.
 
@@ -770,9 +766,12 @@ def split_plan(k: int, n: int, config: TensorCoreConfig, in_dtype: str = "float1
     one per SM) the kernel is latency bound: on the H100 at 4096^3, 41 rows took as long as
     410.  Below ``split_rows`` rows (the full-K grid fills at most one CTA per SM) the K axis
     is cut into ``split_k`` slices, so the grid has up to ~4 CTAs per SM, and a small kernel
-    sums the fp32 partials.  The split kernel's tiles are :func:`split_config`'s.
+    sums the fp32 partials.  The split kernel's tiles are :func:`split_config`'s.  ``sms``: the
+    SMs the grid fills, by default the target arch's (:func:`pit_tvm.schedules.limits.sm_count`:
+    132 for sm_90, 108 for sm_80).
     """
     c = split_config(config, k, n, in_dtype, arch)
+    sms = sm_count(arch) if sms is None else sms
     n_tiles = n // c.block_n
     if n_tiles <= 0:
         return 1, 0

@@ -208,8 +208,8 @@ def tiles_gather_matmul_func(k: int, n: int, micro_tile, in_dtype: str = "float1
     for ``q < cnt_g * mk`` and zeros up to ``roundup(cnt_g * mk, COMPACT_PAD)`` into a global
     workspace; the GEMM's ``A_gather`` then reads contiguous runs of ``Ac`` (16-byte cp.async).
     Why: inside the GEMM an ``mk = 1`` gather is a 2-byte synchronous load per element on the
-    critical path (the OPT FFN's 32x1 kernel took 223 us at 13 % occupancy, ~4x its dense
-    share); as its own kernel every load is independent.
+    critical path (docs/design/measurements.md#tensor-core-kernels); as its own kernel every load
+    is independent.
     """
     _check_dtypes(in_dtype, out_dtype)
     mr, mk = (int(x) for x in micro_tile)

@@ -4,9 +4,9 @@ activations); for micro-tiles under 16 bytes wide (``mk`` < 8) the same pass wri
 compacted A that the wgmma tiles kernel reads.
 
 Why: the index kernels of :mod:`pit_tvm.index` take a flag kernel, a list kernel and their
-launch gap (33-37 us for 4096 x 4096 fp16 on the H100), and thin micro-tiles then need
-:func:`pit_tvm.schedules.hopper.compact_a.wgmma_compact_a_func`, which reads A a second time (the OPT
-FFN's 4096 x 8192 hidden: flags 30.2 us, list 4.9 us, compaction 41.1 us).  Here the CTA that
+launch gap, and thin micro-tiles then need
+:func:`pit_tvm.schedules.hopper.compact_a.wgmma_compact_a_func`, which reads A a second time
+(docs/design/measurements.md#strips-index).  Here the CTA that
 flags a block of A also places its listed micro-tiles, and writes their columns while the block
 is in shared memory:
 
@@ -57,9 +57,8 @@ from pit_tvm.schedules.hopper.strips import strip_closer, strip_state_words
 
 __all__ = ["LIST_ATTR", "STATE_DTYPE", "strips_apply", "compacts", "strip_list_func", "strip_pack_func", "strip_state_words"]
 
-#: A's columns per CTA: 128 rows x 64 = 16 KiB of fp16.  (256 columns per CTA, all 16 loads of
-#: a thread issued first and a warp-shuffle rank, measured slower on the H100 at 4096 x 4096:
-#: mk=64 22.4 against 21.2 us, mk=1 31.6-43.0 against 25.3-38.7 us; benchmarks/_strips_probe.py)
+#: A's columns per CTA: 128 rows x 64 = 16 KiB of fp16.  (256 columns per CTA measured slower:
+#: docs/design/measurements.md#strips-index)
 COLS = 64
 THREADS = 256
 VEC = 8                   # elements per 16-byte load
@@ -235,8 +234,7 @@ def strip_pack_func(k: int, mk: int, density_threshold: float | None = None) -> 
     :func:`pit_tvm.index.tile_index_func` for ``(128, mk)``, ``group="row"``, with its dense
     fallback (more than ``density_threshold`` of the micro-tiles listed: every one listed).
     One CTA per ``PACK_SLICE`` entries of a strip, as the ids are written in full, ``-1``
-    tails included (the OPT FFN's 1 MiB of them: 3.5 us with one CTA per strip, 3.0 us so, on
-    the H100); ``G`` (the strips) is symbolic."""
+    tails included (faster than one CTA per strip); ``G`` (the strips) is symbolic."""
     K, MK = int(k), int(mk)
     MKT = K // MK
     SLICES = -(-MKT // PACK_SLICE)

@@ -209,7 +209,7 @@ def run_evaluator_cold_l2(rt_mod, device, evaluator_config, repeated_args):
     ``number x repeat`` runs of one call each.  Why: in the op the index kernels read A (and
     the compaction writes it) between two GEMMs, so B and A are cold when the PIT kernel
     starts; timed back to back, a tile shape that re-reads B more often looks faster than it
-    is (H100, mma.sync tiles, 32x1 micro-tiles: a config 5 % ahead warm was 12 % behind in the op)."""
+    is (docs/design/measurements.md#tuning)."""
     register_server_functions()
     return _time_cold(rt_mod, device, evaluator_config, repeated_args)
 

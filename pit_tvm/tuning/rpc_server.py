@@ -7,6 +7,9 @@ flush that ``time_evaluator`` runs before every timed call).  Start one per GPU,
 ``CUDA_VISIBLE_DEVICES=i``; ``pit-tvm tune --gpus N`` does so itself.  Needs ``pit_tvm`` (and
 TVM) importable: the environment, ``PYTHONPATH`` included, is what the server's sessions see.
 Imports only TVM and the light worker module, so a server starts in a few seconds.
+
+Each RPC session runs in a spawned process (:func:`init_server_process`), not one forked from
+the server: a CUDA context does not survive ``fork``.
 """
 from __future__ import annotations
 
@@ -37,17 +40,34 @@ def parse_tracker(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def init_server_process() -> None:
+    """``server_init_callback`` of the RPC server, run in the process that accepts sessions:
+    each session is a spawned process (not forked) that runs
+    :func:`pit_tvm.tuning._session_init.serve_session`.  Why: importing TVM initialises CUDA
+    where the CUDA runtime is present, so a session forked from the accepting process (TVM's
+    default) fails every CUDA call with ``cudaErrorInitializationError``; a spawned one starts
+    clean but must register the PIT functions itself."""
+    import multiprocessing
+
+    from tvm.rpc import server
+
+    from pit_tvm.tuning._session_init import serve_session
+    from pit_tvm.tuning._worker import register_server_functions
+
+    register_server_functions()
+    multiprocessing.set_start_method("spawn", force=True)
+    server._serve_loop = serve_session     # what ``server._serving`` starts per session
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from tvm import rpc  # noqa: PLC0415
-
-    from pit_tvm.tuning._worker import register_server_functions  # noqa: PLC0415
 
     if not args.silent:
         logging.basicConfig(level=logging.INFO)
     server = rpc.Server(args.host, args.port, args.port_end, key=args.key,
                         tracker_addr=parse_tracker(args.tracker), custom_addr=args.custom_addr,
-                        silent=args.silent, server_init_callback=register_server_functions)
+                        silent=args.silent, server_init_callback=init_server_process)
     print(f"pit rpc server: port {server.port}, key {args.key!r}, tracker {args.tracker}", flush=True)
     server.proc.join()
     return 0

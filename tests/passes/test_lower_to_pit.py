@@ -201,3 +201,27 @@ def test_row_mask_builds_the_index_and_the_chain_follows_the_kernel():
     bind = tvm.relax.transform.BindParams("main", {"b": np.linspace(-1, 1, 16).astype("float32")})
     after = tvm.relax.transform.DeadCodeElimination()(LowerToPIT("llvm")(bind(MaskedWithEpilogue)))
     assert_ir_equal(after, bind(MaskedLowered))
+
+
+def test_cuda_dense_fallback_is_recorded_in_the_annotations():
+    """On CUDA an fp32 matmul has no tensor-core PIT kernel: LowerToPIT keeps it dense (a
+    warning), and its record in main's ``pit.annotations`` (what ``CompiledModel.annotations``
+    lists) says ``dense`` with the op layer's reason, not ``pit``; records of other matmuls are
+    kept as they were."""
+    from pit_tvm.passes import annotations_of
+    from pit_tvm.passes.annotate import ANNOTATIONS_ATTR
+
+    records = [{"tensor": "r", "source": "relu", "status": "pit", "function": "pit_matmul_0",
+                "micro_tile": [32, 1], "rule": "K:SRead", "reason": "relu output"},
+               {"tensor": "q", "source": "mask:m", "status": "dense", "reason": "no weight"}]
+    mod = tvm.IRModule(dict(Annotated.functions_items()))
+    mod["main"] = Annotated["main"].with_attr(ANNOTATIONS_ATTR, records)
+    assert [n["status"] for n in annotations_of(mod)] == ["pit", "dense"]
+    with pytest.warns(UserWarning, match="pit_matmul_0 .*stays dense: no tensor-core PIT kernel"):
+        after = LowerToPIT("cuda")(mod)
+    notes = annotations_of(after)
+    assert [n["status"] for n in notes] == ["dense", "dense"]
+    assert notes[0]["reason"].startswith("relu output; no PIT kernel, stays dense: no tensor-core PIT kernel for float32")
+    assert notes[1] == records[1]
+    # where the lowering succeeds the record stays pit
+    assert [n["status"] for n in annotations_of(LowerToPIT("llvm")(mod))] == ["pit", "dense"]

@@ -20,7 +20,7 @@ def gelu_erf(v):
     close as fp32 math on CUDA's ``erff`` gets) in about 19 PTX instructions against 33: one fast
     reciprocal, one fast exp, one polynomial, no branch (``erff`` evaluates two polynomials and
     selects).  The epilogue runs it on every element after the K loop while the tensor cores
-    idle: BERT's FFN-in GELU took ~10 us of each call on the H100.
+    idle (docs/design/hopper_kernels.md, "Staged SWrite with the epilogue").
 
     With z = |v| / sqrt(2): ``Phi(-|v|) = erfc(z) / 2 = q``, ``Phi(v) = 1 - q`` for v >= 0."""
     f32 = T.float32

@@ -442,7 +442,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         # SWrite: 16-byte row chunks to C[ids[p]] (epilogue(0) for count <= p < M).  The rows' ids
         # are all loaded before the first store: a store between two id loads orders them, and
         # one id load's latency per chunk made the zero-only CTAs of a few-rows call most of
-        # its time (45 of 4096 rows: ~70 % of the stall samples on the H100)
+        # its time (docs/design/measurements.md#wgmma-planner)
         if runs(OFF, m, p0 < stored_below(OFF, m)):
             for j in T.unroll(C_CHUNKS):
                 c_row[j] = row_id(IDS, p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m)

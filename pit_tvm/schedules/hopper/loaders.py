@@ -180,7 +180,7 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
         and takes its 8 rows' entries by shuffles (``b_id_row``).  (A full index, the dense
         fallback or a dense pattern, runs ``tma_loader`` instead: A's and B's K tile kt by TMA,
         K position q = column q for both operands.  Tested per K tile inside this loop, it ran
-        8192^3 ~4 % slower than the dense fallback kernel on the H100.)"""
+        slower than the dense fallback kernel: docs/design/measurements.md#wgmma-planner.)"""
         lane = tid - THREADS
         a_col_next[0] = micro_tile_id(OFF, IDS, m, bm, 0)
         b_row_next[0] = micro_tile_id(OFF, IDS, m, bm, b_id_row(lane))

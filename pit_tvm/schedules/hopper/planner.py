@@ -17,7 +17,7 @@ def wgmma_applies(k: int, n: int, in_dtype: str, out_dtype: str, arch: str) -> b
 
 
 #: relative speed of one CTA's work per output element for each wgmma N (narrower tiles move
-#: more B per FLOP; H100, 4096^3 fp16: 128 columns 0.82 of 256; 192 and 64 interpolated)
+#: more B per FLOP; 128 measured, 192 and 64 interpolated: docs/design/measurements.md#wgmma-planner)
 TILE_SPEED = {256: 1.0, 192: 0.92, 128: 0.82, 64: 0.6}
 #: SMs of the target: CTAs past a multiple of it start a new wave
 SMS = sm_count(WGMMA_ARCH)

@@ -3,8 +3,9 @@
 256, 16 x 64 tokens, fp32), both builds, calls interleaved (this box is noisy): median ms and
 the largest output difference.
 
-    python3 benchmarks/_cpu_pipeline_ab.py
+    python3 benchmarks/sweeps/cpu_pipeline_ab.py
 """
+import argparse
 import sys
 import time
 import warnings
@@ -20,6 +21,8 @@ import workloads as W  # noqa: E402
 from pit_tvm import target as T  # noqa: E402
 from pit_tvm.compile import compile_onnx  # noqa: E402
 from pit_tvm.schedules.cpu_batched_matmul import CPUBatchedMatmul  # noqa: E402
+
+argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
 
 warnings.simplefilter("ignore")
 rng = np.random.default_rng(0)

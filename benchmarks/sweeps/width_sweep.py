@@ -1,12 +1,13 @@
 """Rows-kernel time per tile width over a sweep of listed-row counts, for BERT-base's layer
 shapes (the evidence behind :func:`pit_tvm.schedules.wgmma.wgmma_config`'s width choice).
 
-    python3 benchmarks/_width_sweep.py [--gelu]      -> $OUT/width_sweep.json (or /tmp)
+    python3 benchmarks/sweeps/width_sweep.py [--gelu]      -> $OUT/width_sweep.json (or /tmp)
 
 Each width runs with the ring :func:`wgmma_config` would give it for that row count (the
 deeper one where its grid is one wave).  ``--gelu``: the FFN-in shape alone, with its bias +
 GELU epilogue, over 1,792-3,072 rows (BERT's batches).
 """
+import argparse
 import json
 import os
 import sys
@@ -22,7 +23,9 @@ from pit_tvm.schedules.wgmma import wgmma_config, wgmma_row_gather_func  # noqa:
 from pit_tvm.target import build  # noqa: E402
 
 M = 4096
-GELU = "--gelu" in sys.argv
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--gelu", action="store_true", help="FFN-in with its bias + GELU epilogue")
+GELU = parser.parse_args().gelu
 SHAPES = [(768, 3072)] if GELU else [(768, 3072), (768, 2304), (3072, 768), (768, 768)]
 COUNTS = list(range(1792, 3073, 256)) if GELU else list(range(512, M + 1, 256))
 dev = tvm.cuda(0)

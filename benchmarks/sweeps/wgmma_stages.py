@@ -1,11 +1,12 @@
 """wgmma rows/dense kernel time by tile width, ring depth (prefetch distance = stages - 2) and
 K-tile depth, for few rows (latency-bound K loops) and BERT-size layers, checked against torch.
 
-    python3 benchmarks/_wgmma_stages.py [--square] [BNxSTAGES[xBK] ...]   (e.g. 64x8 128x6 256x8x32)
+    python3 benchmarks/sweeps/wgmma_stages.py [--square] [BNxSTAGES[xBK] ...]   (e.g. 64x8 128x6 256x8x32)
 
 ``--square``: 4096^3 only; ``COUNTS=45,205,410``: its listed-row counts (the few-rows tier's
 evidence, :data:`pit_tvm.schedules.wgmma.FEW_ROWS_STAGES`).
 """
+import argparse
 import os
 import sys
 import numpy as np, torch, tvm
@@ -17,8 +18,12 @@ from pit_tvm.target import build
 
 T = tvm.runtime.from_dlpack
 dev = tvm.cuda(0)
-square = "--square" in sys.argv
-names = [a for a in sys.argv[1:] if a != "--square"] or ["256x4", "128x4", "128x6", "64x4", "64x6", "64x8"]
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("configs", nargs="*", help="BNxSTAGES[xBK]")
+parser.add_argument("--square", action="store_true")
+ARGS = parser.parse_args()
+square = ARGS.square
+names = ARGS.configs or ["256x4", "128x4", "128x6", "64x4", "64x6", "64x8"]
 configs = [WgmmaConfig(*(int(x) for x in s.split("x"))) for s in names]
 counts = tuple(int(x) for x in os.environ.get("COUNTS", "45,410,2048").split(","))
 shapes = [(4096, 4096, 4096, counts), (4096, 768, 768, (2400,)), (4096, 768, 2304, (2400,)),

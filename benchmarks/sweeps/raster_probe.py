@@ -4,8 +4,9 @@ the error against float32, at 8192^3 (B does not fit L2) and 4096^3.  (The rows 
 ``raster_m``; their grouped figures in ``pit_tvm/schedules/wgmma.py``'s docstring were measured
 with this probe at ad36474.)
 
-    python3 benchmarks/_raster_probe.py [--4096]
+    python3 benchmarks/sweeps/raster_probe.py [--4096]
 """
+import argparse
 import sys
 
 import torch
@@ -17,7 +18,9 @@ from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func  # noqa: 
 from pit_tvm.target import build  # noqa: E402
 
 T = tvm.runtime.from_dlpack
-size = 4096 if "--4096" in sys.argv else 8192
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--4096", dest="small", action="store_true", help="4096^3 instead of 8192^3")
+size = 4096 if parser.parse_args().small else 8192
 m = k = n = size
 flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
 a = torch.randn(m, k, device="cuda", dtype=torch.float16)

@@ -1,6 +1,6 @@
 """Device time of each kernel of the rows op at K = N = M (the index kernel, the many-rows kernel and the few-rows tiers) with L2 flushed before every call (``common.kernel_split_us``, torch.profiler).
 
-    python3 benchmarks/_rows_op_kernels.py [--size M] [SPARSITY ...]   (default 4096; 0.5 0.9 0.99)
+    python3 benchmarks/sweeps/rows_op_kernels.py [--size M] [SPARSITY ...]   (default 4096; 0.5 0.9 0.99)
 """
 import argparse
 import sys

@@ -2,8 +2,9 @@
 rows whose tiles fill one wave) for 128x6 against 64x8 tiles, at 1 / 5 / 10 % of the rows
 listed (those in its range), beside a memset of C.
 
-    python3 benchmarks/_few_rows_width.py [BNxSTAGES ...]
+    python3 benchmarks/sweeps/few_rows_width.py [BNxSTAGES ...]
 """
+import argparse
 import sys
 
 import numpy as np
@@ -19,7 +20,9 @@ from pit_tvm.target import build  # noqa: E402
 
 T = tvm.runtime.from_dlpack
 dev = tvm.cuda(0)
-names = sys.argv[1:] or ["128x6", "64x8", "64x6"]
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("configs", nargs="*", default=["128x6", "64x8", "64x6"], help="BNxSTAGES of the tier")
+names = parser.parse_args().configs
 for size in (4096, 8192):
     m = k = n = size
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)

@@ -1,9 +1,10 @@
 """The one-pass tiles index (pit_tvm.schedules.wgmma_strips) alone: strips + pack kernel time
 against one read of A at the measured copy bandwidth, for the benchmark shapes.
 
-    python3 benchmarks/_strips_probe.py            # table
-    ncu ... python3 benchmarks/_strips_probe.py --ncu 4096 4096 1 0.9    # a target for ncu
+    python3 benchmarks/sweeps/strips_probe.py            # table
+    ncu ... python3 benchmarks/sweeps/strips_probe.py --ncu 4096 4096 1 0.9    # a target for ncu
 """
+import argparse
 import sys
 import numpy as np, torch, tvm
 from triton.testing import do_bench
@@ -29,9 +30,12 @@ def kernels(m, k, mk, s):
     return (lambda: lister(at, *bufs, *ac)), (lambda: packer(bufs[1], bufs[2], *out))
 
 
-if "--ncu" in sys.argv:
-    m, k, mk = (int(x) for x in sys.argv[2:5])
-    s = float(sys.argv[5])
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--ncu", nargs=4, metavar=("M", "K", "MK", "SPARSITY"), help="run one shape a few times (a target for ncu)")
+ARGS = parser.parse_args()
+if ARGS.ncu:
+    m, k, mk = (int(x) for x in ARGS.ncu[:3])
+    s = float(ARGS.ncu[3])
     run, pack = kernels(m, k, mk, s)
     for _ in range(3):
         run(); pack()

@@ -2,8 +2,9 @@
 merged output, padding row scale) with the benchmark's padding mask against a mask with no
 padding: what skipping the masked keys' and padded queries' reads saves, same kernel.
 
-    python3 benchmarks/_attention_padding.py
+    python3 benchmarks/sweeps/attention_padding.py
 """
+import argparse
 import sys
 
 import numpy as np
@@ -14,6 +15,8 @@ from triton.testing import do_bench
 sys.path.insert(0, "benchmarks")
 from pit_tvm.schedules.attention import fused_attention_func  # noqa: E402
 from pit_tvm.target import build  # noqa: E402
+
+argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
 
 B, H, S, D = 32, 12, 128, 64
 W = 3 * H * D

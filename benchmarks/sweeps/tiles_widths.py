@@ -1,8 +1,8 @@
 """The wgmma tiles kernel by tile config: device time per kernel of one op call, L2 flushed.
 
-    python3 benchmarks/_tiles_widths.py [BNxSTAGES[ws] ...]        (default 256x4 256x3 128x4 128x6;
+    python3 benchmarks/sweeps/tiles_widths.py [BNxSTAGES[ws] ...]        (default 256x4 256x3 128x4 128x6;
                                                                    ws: the warp-specialized loop)
-    python3 benchmarks/_tiles_widths.py --random [BNxSTAGES[ws] ...]  (default 256x4 128x4 128x3 64x4 64x3)
+    python3 benchmarks/sweeps/tiles_widths.py --random [BNxSTAGES[ws] ...]  (default 256x4 128x4 128x3 64x4 64x3)
 
 Default: the OPT FFN's fc2 (M 4096, K 8192, N 2048, fp16, 32x1 micro-tiles covered by 128-row
 strips) on an activation pattern like the FFN's: 10 % of the columns of ``hidden`` non-zero for
@@ -29,6 +29,7 @@ The warp-specialized loop (``256x4ws``, now the default for 32x64; it runs a ful
 so the op has no fallback kernel) at ad42057 against 256x4 in one run: 32x64 at 95 % kernel 61.8
 against 65.8 + fallback 3.9 us, at 99 % 27.3 against 27.1 + 3.9.
 """
+import argparse
 import sys
 
 import numpy as np
@@ -42,8 +43,12 @@ sys.path.insert(0, "benchmarks")
 from common import ffn_fc2_operands, kernel_split_us  # noqa: E402
 from gpu_matmul import expand, tile_pattern  # noqa: E402
 
-RANDOM = "--random" in sys.argv
-specs = [s for s in sys.argv[1:] if s != "--random"] or (
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("configs", nargs="*", help="BNxSTAGES[ws] tile configs")
+parser.add_argument("--random", action="store_true", help="random micro-tile patterns")
+ARGS = parser.parse_args()
+RANDOM = ARGS.random
+specs = ARGS.configs or (
     ["256x4", "128x4", "128x3", "64x4", "64x3"] if RANDOM else ["256x4", "256x3", "128x4", "128x6"])
 flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
 

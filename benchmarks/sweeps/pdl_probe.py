@@ -5,8 +5,9 @@ lowers them on sm_90) and without (the same kernels lowered without
 :func:`pit_tvm.schedules.dependent_launch.with_dependent_launch`); median wall time of the chain
 over its kernels, and whether the outputs are bit-identical.
 
-    python3 benchmarks/_pdl_probe.py [CHAIN_LENGTH]   (default 48)
+    python3 benchmarks/sweeps/pdl_probe.py [CHAIN_LENGTH]   (default 48)
 """
+import argparse
 import os
 import sys
 
@@ -56,7 +57,9 @@ def chain_exe(widths, pdl):
 
 
 def main():
-    length = int(sys.argv[1]) if len(sys.argv) > 1 else 48
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("chain_length", nargs="?", type=int, default=48)
+    length = parser.parse_args().chain_length
     dev = tvm.cuda()
     rng = np.random.default_rng(0)
     for name, widths in [("K=N=768", [768] * (length + 1)), ("768->3072->768", [768, 3072] * (length // 2) + [768])]:

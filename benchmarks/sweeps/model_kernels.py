@@ -1,7 +1,8 @@
 """Per-kernel device time of one compiled-model call (torch.profiler), top kernels first.
 
-    python3 benchmarks/_model_kernels.py ffn|bert [--pit] [--symbolic]
+    python3 benchmarks/sweeps/model_kernels.py ffn|bert [--pit] [--symbolic]
 """
+import argparse
 import sys, warnings
 import numpy as np
 import tvm
@@ -10,7 +11,12 @@ import workloads as W
 from common import kernel_split_us
 from pit_tvm.compile import compile_onnx
 
-name, pit = sys.argv[1], "--pit" in sys.argv
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("model", choices=["ffn", "bert"])
+parser.add_argument("--pit", action="store_true", help="the PIT build (default: PIT off)")
+parser.add_argument("--symbolic", action="store_true", help="symbolic batch / sequence dims")
+ARGS = parser.parse_args()
+name, pit = ARGS.model, ARGS.pit
 density = None         # (as benchmarks/models.py: BERT's from a sample batch of other lengths)
 if name == "ffn":
     model, inputs = W.opt_ffn(), W.opt_ffn_inputs(2048, batch=32, seq=128, seed=1)
@@ -22,7 +28,7 @@ else:
 model = W.to_float16(model)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    shapes = None if "--symbolic" in sys.argv else {n: list(v.shape) for n, v in inputs.items()}
+    shapes = None if ARGS.symbolic else {n: list(v.shape) for n, v in inputs.items()}
     cm = compile_onnx(model, "cuda", auto=pit, shapes=shapes, expected_density=density if pit else None)
 dev = cm.device
 args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev) for i in cm.inputs]

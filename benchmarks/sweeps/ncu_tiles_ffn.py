@@ -3,8 +3,9 @@
 coverage), then the dense kernel of the same shape, each run three times.
 
     ncu --kernel-name regex:"pit_kernel|fc2_dense" --launch-skip 2 --launch-count 2 \\
-        python3 benchmarks/_ncu_tiles_ffn.py
+        python3 benchmarks/sweeps/ncu_tiles_ffn.py
 """
+import argparse
 import sys
 
 import torch
@@ -16,6 +17,8 @@ from pit_tvm.target import build
 
 sys.path.insert(0, "benchmarks")
 from common import ffn_fc2_operands  # noqa: E402
+
+argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
 
 m, k, n = 4096, 8192, 2048
 a, b, _ = ffn_fc2_operands(m, k, n)

@@ -2,11 +2,12 @@
 kernel and a copy of A, with L2 swept before each call by a read (clean), by a write (dirty:
 triton.testing.do_bench's zero_) or not at all: device time per kernel (torch.profiler).
 
-    python3 benchmarks/_index_flush.py
+    python3 benchmarks/sweeps/index_flush.py
 
 Under ncu (``--cache-control none``), with the write sweep before each call, the index kernel
 writes ~11 MB to DRAM (the sweep's dirty lines it evicts) for its 8 KiB of ids.
 """
+import argparse
 import sys
 
 import numpy as np
@@ -19,6 +20,8 @@ sys.path.insert(0, "benchmarks")
 from common import kernel_split_us  # noqa: E402
 from gpu_matmul import L2_STATES, l2_sweep  # noqa: E402
 from peers.read_once import read_once_fn  # noqa: E402
+
+argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
 
 m = k = 4096
 sweeps = dict({l2: l2_sweep(torch, l2) for l2 in L2_STATES}, none=lambda: None)

@@ -1,7 +1,7 @@
 """Device time of the rows op's kernels at K = N = M with the few-rows tiers' ring depths set
 (:data:`pit_tvm.schedules.wgmma.FEW_ROWS_STAGES`), L2 flushed before every call (``common.kernel_split_us``).
 
-    python3 benchmarks/_few_rows_stages.py [--size M] 128x6,64x8 128x7,64x9 ... [--sparsity 0.9 0.95 0.99]
+    python3 benchmarks/sweeps/few_rows_stages.py [--size M] 128x6,64x8 128x7,64x9 ... [--sparsity 0.9 0.95 0.99]
 """
 import argparse
 import sys

@@ -2,8 +2,9 @@
 three runs.
 
     ncu --kernel-name regex:tier --launch-skip 2 --launch-count 1 [--page source --print-source sass --csv] \\
-        python3 benchmarks/_ncu_tier.py [LISTED_ROWS]   (default 41)
+        python3 benchmarks/sweeps/ncu_tier.py [LISTED_ROWS]   (default 41)
 """
+import argparse
 import sys
 import numpy as np, torch, tvm
 sys.path.insert(0, "tests")
@@ -11,7 +12,9 @@ from _helpers import rows_index
 from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func
 from pit_tvm.target import build
 m = k = n = 4096
-cnt = int(sys.argv[1]) if len(sys.argv) > 1 else 41
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("listed_rows", nargs="?", type=int, default=41)
+cnt = parser.parse_args().listed_rows
 bn, st = (64, 8) if cnt <= 256 else (128, 6)
 f = wgmma_row_gather_func(k, n, config=WgmmaConfig(bn, st), rows_upto=256 if bn == 64 else 512,
                           rows_above=0 if bn == 64 else 256)

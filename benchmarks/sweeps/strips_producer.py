@@ -2,10 +2,11 @@
 as the kernel that also lists fc2's strips (``strips_mk``), against the dense kernel followed by
 the one-pass strips kernel on its output; device time per kernel, L2 flushed.
 
-    python3 benchmarks/_strips_producer.py [PATTERN ...]   (ffn, ffn8: the FFN's biases, 128x1 or
+    python3 benchmarks/sweeps/strips_producer.py [PATTERN ...]   (ffn, ffn8: the FFN's biases, 128x1 or
                                                             128x8 micro-tiles; none, all: every
                                                             column zero / non-zero)
 """
+import argparse
 import sys
 
 import numpy as np
@@ -38,7 +39,9 @@ def kernel(mk):
 
 
 dense = kernel(0)
-for pattern in sys.argv[1:] or ["ffn", "ffn8", "none", "all"]:
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("patterns", nargs="*", default=["ffn", "ffn8", "none", "all"], choices=["ffn", "ffn8", "none", "all"])
+for pattern in parser.parse_args().patterns:
     mk = 8 if pattern == "ffn8" else 1
     bias = {"none": np.full(n, -100.0), "all": np.full(n, 100.0)}.get(pattern, None)
     bias = ffn_biases(n) if bias is None else bias

@@ -2,8 +2,9 @@
 compaction, the tiles kernel and the dense fallback) on gpu_matmul.py's random micro-tile
 patterns, with L2 flushed before every call (``common.kernel_split_us``, torch.profiler).
 
-    python3 benchmarks/_tiles_op_kernels.py MICRO_TILE [SPARSITY ...]   e.g. 32x64 0.5 0.9 0.99
+    python3 benchmarks/sweeps/tiles_op_kernels.py MICRO_TILE [SPARSITY ...]   e.g. 32x64 0.5 0.9 0.99
 """
+import argparse
 import sys
 
 import numpy as np
@@ -17,14 +18,18 @@ from common import kernel_split_us  # noqa: E402
 from gpu_matmul import expand, micro_tile_for, tile_pattern  # noqa: E402
 
 m = k = n = 4096
-mt = micro_tile_for(sys.argv[1], k)
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("micro_tile", help="e.g. 32x64")
+parser.add_argument("sparsity", nargs="*", type=float, default=[0.5, 0.9, 0.99])
+ARGS = parser.parse_args()
+mt = micro_tile_for(ARGS.micro_tile, k)
 op = pit_tvm.sparse_matmul(k, n, "float16", micro_tile=mt, target="cuda")
 b = tvm.runtime.from_dlpack(torch.randn(k, n, device="cuda", dtype=torch.float16))
 flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
-for s in [float(x) for x in (sys.argv[2:] or ["0.5", "0.9", "0.99"])]:
+for s in ARGS.sparsity:
     mask = expand(tile_pattern(m, k, mt, s, np.random.default_rng(0)), mt, (m, k))
     a = torch.randn(m, k, device="cuda", dtype=torch.float16) * torch.from_numpy(mask).cuda()
     a_t = tvm.runtime.from_dlpack(a)
     split = kernel_split_us(lambda: (flush.zero_(), op(a_t, b)))
-    print(f"{sys.argv[1]} s={s}: " + "  ".join(f"{name} {us:.1f} us" for name, us in split.items()
+    print(f"{ARGS.micro_tile} s={s}: " + "  ".join(f"{name} {us:.1f} us" for name, us in split.items()
                                                if name.startswith("pit")), flush=True)

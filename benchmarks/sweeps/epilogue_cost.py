@@ -1,8 +1,9 @@
 """What each wgmma epilogue costs on BERT's FFN-in shape (4096 x 768 x 3072, 2400 listed rows):
 the rows kernel without epilogue, with a bias, bias + GELU, and BERT's bias + GELU + row scales.
 
-    python3 benchmarks/_epilogue_cost.py [BNxSTAGES ...]
+    python3 benchmarks/sweeps/epilogue_cost.py [BNxSTAGES ...]
 """
+import argparse
 import sys
 import numpy as np, torch, tvm
 from triton.testing import do_bench
@@ -14,7 +15,9 @@ from pit_tvm.target import build
 T = tvm.runtime.from_dlpack
 dev = tvm.cuda(0)
 m, k, n, cnt = 4096, 768, 3072, 2400
-names = sys.argv[1:] or ["256x4"]
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("configs", nargs="*", default=["256x4"], help="BNxSTAGES of the rows kernel")
+names = parser.parse_args().configs
 a = torch.randn(m, k, device="cuda", dtype=torch.float16)
 b = torch.randn(k, n, device="cuda", dtype=torch.float16) / k ** 0.5
 bias = torch.randn(n, device="cuda", dtype=torch.float16)
