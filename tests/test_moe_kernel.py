@@ -166,6 +166,9 @@ def test_signature_and_attr():
     assert f.attrs[GROUPED_ATTR]["num_experts"] == 8 and f.attrs[GROUPED_ATTR]["mode"] == "gather"
     g = wgmma_grouped_gemm_func("scatter", 256, 512, 8, 2)
     assert len(g.params) == 6      # h, assignments, offsets, w, route_weight, y
+    # a name of its own per variant (the op adds each kernel to its module once, by name)
+    names = {str(h.attrs["global_symbol"]) for h in (f, g, wgmma_grouped_gemm_func("gather", 256, 512, 8, 2))}
+    assert len(names) == 3 and all(name.startswith("wgmma_grouped_") for name in names)
 
 
 #: the kernels ptxas checks: each mode at a Switch layer's shapes, the decode tiles

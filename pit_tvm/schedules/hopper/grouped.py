@@ -98,5 +98,9 @@ def wgmma_grouped_gemm_func(mode: str, k: int, n: int, num_experts: int, top_k: 
     func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, mode, config,
                        row_scale=mode == "scatter", num_experts=int(num_experts), top_k=int(top_k))
     func = lower_tirx(func, TARGET)
-    return func.with_attr(GROUPED_ATTR, {"mode": mode, "num_experts": int(num_experts), "top_k": int(top_k),
-                                         "block_n": config.block_n, "stages": config.stages})
+    # (a name of its own: a module holding fc1 and fc2, or two layers' kernels, adds each once by name)
+    name = (f"wgmma_grouped_{mode}_k{k}_n{n}_e{num_experts}_top{top_k}_{in_dtype}_{out_dtype}"
+            f"{'_bias' if bias else ''}{'_' + act if act else ''}_bn{config.block_n}s{config.stages}")
+    return func.with_attrs({"global_symbol": name,
+                            GROUPED_ATTR: {"mode": mode, "num_experts": int(num_experts), "top_k": int(top_k),
+                                           "block_n": config.block_n, "stages": config.stages}})
