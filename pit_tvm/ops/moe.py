@@ -431,7 +431,7 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
 
 # ------------------------------------------------------------------------------ Python API
 def _op_target(target) -> tvm.target.Target:
-    from pit_tvm.ops.matmul import _op_target as matmul_target
+    from pit_tvm.ops.matmul.op import _op_target as matmul_target
 
     return matmul_target(target)
 

@@ -13,7 +13,8 @@ Pieces shared by the GEMMs, the strips index and fused attention:
 
 Kernels, one file per kind, each reading top to bottom: :mod:`.rows` (the rows kind, its
 few-rows tiers, the dense GEMM), :mod:`.tiles` (micro-tiles along K, and its dense fallback),
-:mod:`.compact_a` (thin micro-tiles' A gather); the GEMMs share one body, :mod:`.gemm_body`,
+:mod:`.compact_a` (thin micro-tiles' A gather), :mod:`.grouped` (a mixture-of-experts layer's
+grouped GEMM, its expert tiles in :mod:`.experts`); the GEMMs share one body, :mod:`.gemm_body`,
 with its loaders in :mod:`.loaders`, the tiers' store warpgroup in :mod:`.tiers` and the
 tile's buffers and registers in :mod:`.operands`.  :mod:`pit_tvm.schedules.wgmma_strips` and
 :mod:`pit_tvm.schedules.attention` build on the same pieces.

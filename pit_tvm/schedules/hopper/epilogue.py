@@ -1,5 +1,5 @@
-"""The Hopper GEMMs' epilogue: bias, activation (ReLU, or GELU in an erf form cheap enough to
-run on every element after the K loop, while the tensor cores idle), row scale, residual."""
+"""The Hopper GEMMs' epilogue: bias, activation (ReLU, SiLU, or GELU in an erf form cheap enough
+to run on every element after the K loop, while the tensor cores idle), row scale, residual."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,11 +35,20 @@ def gelu_erf(v):
     return tirx.Let(x, v, x * phi)
 
 
+def silu(v):
+    """SiLU, ``v * sigmoid(v) = v / (1 + exp(-v))`` (fp32, CUDA's fast exp and division: an
+    IEEE division's subroutine made the grouped GEMM's epilogue spill; the fast one gives -0
+    where exp(-v) is inf, v below about -88, and 0 for denominators over 2^126, the limits).
+    ``v`` appears twice, not bound by a Let: the vectorizer rejected a Let followed by a row
+    scale (nvcc computes v once either way)."""
+    return T.call_pure_extern("float32", "__fdividef", v, T.float32(1) + T.call_pure_extern("float32", "__expf", -v))
+
+
 
 @dataclass(frozen=True)
 class Epilogue:
     """A GEMM's epilogue on an fp32 accumulator, in order: A's row scale (``row_scale_a``), the
-    bias, the activation (``act``: None, "relu" or "gelu"), the row scale (``row_scale``), the
+    bias, the activation (``act``: None, "relu", "gelu" or "silu"), the row scale (``row_scale``), the
     cast to ``out_dtype``, then the residual in the output dtype (as the graph's own add).
     ``row_scale_masks``: the row scale is zero wherever the index skips a row.  ``vec``: output
     elements a 16-byte chunk (the residual's registers are per chunk)."""
@@ -61,6 +70,8 @@ class Epilogue:
             return T.max(v, T.float32(0))
         if self.act == "gelu":
             return gelu_erf(v)
+        if self.act == "silu":
+            return silu(v)
         return v
 
     def apply(self, v, bias_buf, col, scale):

@@ -42,6 +42,7 @@ from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, STORE_READY_BA
 from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, CONSUMER_WARPGROUPS, LOADER_THREADS, STORE_BATCH,
                                              STORER_THREADS, THREADS, BCopyLayout, c_row_pitch)
 from pit_tvm.schedules.hopper.epilogue import Epilogue
+from pit_tvm.schedules.hopper.experts import END, EXPERT, PAIRS, ExpertRow, ExpertTiles, pair_grid
 from pit_tvm.schedules.hopper.loaders import GEMM_LOADER_NAMES, gemm_loaders
 from pit_tvm.schedules.hopper.operands import TileOperands, TileRegisters
 from pit_tvm.schedules.hopper.planner import SMS, residual_spills_ws, tiles_ws_applies
@@ -62,7 +63,7 @@ def index_is_full(offsets, m, tiles_per_strip: int):
 
 def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
                 full_mk=0, row_scale=False, row_scale_masks=False, residual=False, rows_above=0, rows_upto=0,
-                row_scale_a=False, strips_mk=0):
+                row_scale_a=False, strips_mk=0, num_experts=0, top_k=1):
     """The kernel body for ``mode`` "rows" / "dense" (see :mod:`.rows`) or "tiles"
     (:func:`.tiles.wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
@@ -70,12 +71,25 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     runs only when the index lists more rows than that, ``rows_upto`` only when it lists at
     most that many, on a persistent grid (:func:`.planner.wgmma_few_rows_tiers`).  ``strips_mk`` (dense):
     the epilogue also builds the strips index of C for ``(128, strips_mk)`` micro-tiles (see
-    :func:`.rows.wgmma_row_gather_func`)."""
+    :func:`.rows.wgmma_row_gather_func`).  "gather" / "scatter": the grouped GEMM of
+    :mod:`.grouped` over ``num_experts`` weights (a CTA's tile: its expert and rows, see
+    ``expert_tile``); gather reads A's rows ``ids[p] // top_k``."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK
     A_ROW_CHUNKS = BK // 8                # 16-byte chunks per A row of a K tile (8 or 4)
     tiles = mode == "tiles"
+    # the grouped GEMM (see .grouped): CTAs take (expert, 128-row tile of its list) pairs
+    grouped = mode in ("gather", "scatter")
+    gathers_rows = mode in ("rows", "gather")    # A's rows by cp.async through the index
+    # scatter's A (fc1's compact rows, the expert's rows contiguous from the tile's first) and the
+    # dense A: a TMA box a K tile (past the expert's rows: the next expert's rows, or zeros past
+    # M, computed but not stored)
+    a_box = mode == "dense" or mode == "scatter"
+    if grouped and (BK != BLOCK_K or residual or row_scale_a or rows_upto or strips_mk
+                    or not 0 < num_experts <= THREADS):
+        raise ValueError(f"the grouped GEMM takes 64-deep K tiles, no residual / tiers / strips and "
+                         f"1..{THREADS} experts, got {cfg}, num_experts={num_experts}")
     # a few-rows tier: SMS CTAs, CTA c computing tile c of the listed rows' tiles (there are at
     # most SMS), then its store warpgroup storing a share of C's rows past them (``store_unlisted``)
     persistent = rows_upto > 0
@@ -101,15 +115,15 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     if ws_tiles and (BK != BLOCK_K or not tiles_ws_applies(mk, BN, out_dtype, residual)):
         raise ValueError(f"the warp-specialized tiles kernel takes micro-tiles a multiple of {BLOCK_K} wide, "
                          f"block_n a multiple of 128 and no fp32 residual, got mk={mk}, {cfg}, {out_dtype}")
-    ws = ((mode in ("dense", "rows") and BK == BLOCK_K and not persistent
+    ws = ((mode in ("dense", "rows", "gather", "scatter") and BK == BLOCK_K and not persistent
            and not residual_spills_ws(residual, out_dtype)) or ws_tiles)
     LAUNCH_THREADS = THREADS + LOADER_THREADS if ws else (THREADS + STORER_THREADS if persistent else THREADS)
     RASTER = cfg.raster_m if mode == "dense" else 1
     # a ring slot's bytes that TMA loads: dense A and B; rows B (the loader warpgroup copies A's
     # listed rows); ws tiles A and B on a full index, else A (the loaders copy B's listed rows),
     # see ``tiles_loader``
-    TX_BYTES = ((A_TILE if mode == "dense" or ws_tiles else 0) + B_TILE) * dtype_bytes(in_dtype)
-    FULL_ARRIVALS = 1 + (LOADER_THREADS if mode == "rows" or ws_tiles else 0)
+    TX_BYTES = ((A_TILE if a_box or ws_tiles else 0) + B_TILE) * dtype_bytes(in_dtype)
+    FULL_ARRIVALS = 1 + (LOADER_THREADS if gathers_rows or ws_tiles else 0)
     ring = MbarrierRing(STAGES)       # ws: the loader warpgroup fills it, the consumers drain it
     A_LOADER_CHUNKS = BM * BK // 8 // LOADER_THREADS     # rows: A's 16-byte chunks a loader thread copies
     loader_b_copy = BCopyLayout(BN, BK, True, LOADER_THREADS)
@@ -141,18 +155,42 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     unlisted_nonzero = ep.unlisted_nonzero
 
     def row_of(ids_buf, p):
-        return ids_buf[p] if mode == "rows" else p
+        """the row of C (and of the row scale) that compacted row p maps to"""
+        return ids_buf[p] if mode in ("rows", "scatter") else p
 
     def row_id(ids_buf, p, m):
         """(int64) the row of A / C that compacted row p maps to, the last one past M (not stored)"""
         return T.Cast("int64", row_of(ids_buf, T.min(p, m - 1)))
+
+    def a_row_id(ids_buf, p, m):
+        """(int64) the row of A that compacted row p reads (gather: the token of flat
+        assignment ids[p], ``ids[p] // top_k``; scatter: row p), the last one past M"""
+        if mode == "gather":
+            return T.Cast("int64", T.floordiv(ids_buf[T.min(p, m - 1)], top_k))
+        if mode == "scatter":
+            return T.Cast("int64", T.min(p, m - 1))
+        return row_id(ids_buf, p, m)
+
+    def first_row(bm):
+        """the tile's first compacted row: ``bm * 128``; grouped: ``bm`` is the CTA's
+        ``expert_tile`` registers (expert, first row, end of the expert's rows)"""
+        return bm[1] if grouped else bm * BM
+
+    def b_k_row(bm, k0):
+        """the row of B's TMA map that holds K position k0 (grouped: in expert ``bm[0]``'s
+        weight, the map being over all experts' ``[E * K, N]``)"""
+        return bm[0] * K + k0 if grouped else k0
+
+    def bias_of(bias_buf, bm):
+        """the bias the epilogue indexes by column (grouped: the expert's row of ``[E, N]``)"""
+        return ExpertRow(bias_buf, bm[0]) if grouped else bias_buf
 
     def a_chunk(t, copiers, j):
         """A's K-tile chunk that thread t of ``copiers`` copies j-th: (tile row, 16-byte chunk)"""
         return (t + copiers * j) // A_ROW_CHUNKS, (t + copiers * j) % A_ROW_CHUNKS
 
     def count_of(off_buf, m):
-        return off_buf[1] if mode == "rows" else m
+        return off_buf[1] if mode == "rows" else m   # (grouped: m is the end of the expert's rows)
 
     def n_valid(off_buf, g):
         return strip_positions(off_buf, g, mk)
@@ -178,7 +216,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         # zero fill, which the empty strip's K tile needs as it reads nothing written)
         if tiles:
             return q < n_valid(off_buf, g)
-        return p < count if mode == "rows" else True
+        return p < count if gathers_rows else True
 
     def b_valid(off_buf, g, q):
         return q < n_valid(off_buf, g) if tiles else True
@@ -243,6 +281,10 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                                                       T.Cast("uint32", T.if_then_else(valid, 16, 0)))
         return T.ptx["cp.async.cg.shared.global"](dst, src, 16)
 
+    if grouped:
+        experts = ExpertTiles(num_experts, mode, N, BN, out_dtype, smem_elems * 2 // 4)
+        expert_tile, store_unlisted_grouped = experts.expert_tile, experts.store_unlisted
+
     loaders = gemm_loaders(SimpleNamespace(**{name: value for name, value in locals().items()
                                               if name in GEMM_LOADER_NAMES}))
     index_ahead, sread = loaders.index_ahead, loaders.sread
@@ -287,7 +329,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         acc, a_row, c_row, rs_val, res_v, a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, orw, ballot, \
             sloc, old = regs.unpacked()
         count = count_of(OFF, m)
-        p0 = bm * BM
+        p0 = first_row(bm)
         if runs(OFF, m, p0 < count):
             wg = tid // 128
             if ws:
@@ -313,7 +355,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
             # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
             if not ws:
                 for j in T.unroll(A_CHUNKS):
-                    a_row[j] = row_id(IDS, p0 + a_chunk(tid, THREADS, j)[0], m)
+                    a_row[j] = a_row_id(IDS, p0 + a_chunk(tid, THREADS, j)[0], m)
             # descriptors of ring slot 0 (this warpgroup's 64 A rows; B's first k16 rows): the
             # other slots and k16 steps add their 16-byte offsets to the start-address field
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
@@ -378,7 +420,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                     for e in T.vectorized(2):
                         smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
                                              + nb * 8 + (lane % 4) * 2 + e] = epilogue(
-                            acc[nb * 4 + i * 2 + e], BIAS, bn * BN + nb * 8 + (lane % 4) * 2 + e, rs_val[i])
+                            acc[nb * 4 + i * 2 + e], bias_of(BIAS, bm), bn * BN + nb * 8 + (lane % 4) * 2 + e,
+                            rs_val[i])
             T.evaluate(consumer_sync())
         if ws:
             if tid >= THREADS:    # (a CTA that skips its tile: the loader leaves here)
@@ -412,7 +455,10 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
             r = (tid + THREADS * j) // C_ROW_CHUNKS
             ch = (tid + THREADS * j) % C_ROW_CHUNKS
             if runs(OFF, m, T.And(p0 < stored_below(OFF, m), p0 + r < m) if persistent else p0 + r < m):
-                if p0 + r < count:
+                if grouped:   # (the expert's rows: m is their end; the rows past it are others')
+                    for e in T.vectorized(C_VEC):
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e]
+                elif p0 + r < count:
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
                             smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e], res_v, j, e)
@@ -439,6 +485,9 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         T.device_entry()
         if persistent:
             cta = T.cta_id([SMS])
+        elif grouped:
+            # (expert, tile) pairs, at most ceil(M / 128) + min(E, M) of them (see .experts)
+            bn, bt = T.cta_id([N // BN, pair_grid(M, num_experts)])
         elif RASTER > 1:
             # grouped launch order: the CTAs launched together take RASTER consecutive M tiles for
             # a run of N tiles, so that they share B's columns (and A's rows) in L2; CTA t in
@@ -496,6 +545,16 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                     store_unlisted(cta, tid - THREADS, m, OFF, IDS, BIAS, RS, RES, C, z_id, z_val, z_res)
                 T.evaluate(exit_thread())
             tile(cta % (N // BN), cta // (N // BN), tid, m, io, smem, regs, bars, map_a, map_b)
+        elif grouped:
+            # this CTA's expert and rows (CTA-uniform registers: expert, first row, end of the
+            # expert's rows, tiles in all), then its tile, or, past the tiles, its share of the
+            # rows that no tile stores
+            grp = T.alloc_local([4], "int32")
+            expert_tile(bt, tid, OFF, grp)
+            tile(bn, grp, tid, grp[END], io, smem, regs, bars, map_a, map_b)
+            if grp[EXPERT] < 0:
+                store_unlisted_grouped(bn, bt - grp[PAIRS], pair_grid(M, num_experts) - grp[PAIRS], tid, m, OFF,
+                                       IDS, C, smem)
         else:
             tile(bn, bm, tid, m, io, smem, regs, bars, map_a, map_b)
 
@@ -506,8 +565,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         # (host) the TMA descriptors of B (64 x 64 atoms) and, dense, A (128 x 64 boxes), with
         # the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
-        encode_tma_map(map_b, B.data, N, K, 64, BK)
-        if mode == "dense" or ws_tiles:
+        encode_tma_map(map_b, B.data, N, K * num_experts if grouped else K, 64, BK)
+        if a_box or ws_tiles:
             map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
             encode_tma_map(map_a, A.data, K, M, BK, BM)
             device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)
@@ -518,6 +577,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
         device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, None)
 
+    if grouped:
+        return grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body_ws)
     return gemm_signature(K, N, in_dtype, out_dtype, has_bias, mode, body_ws if ws else body, MKT, full_mk,
                           row_scale or row_scale_a, residual, S_MKT, S_COMPACT)
 
@@ -559,5 +620,30 @@ def gemm_signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_
              T.match_buffer(ac, (M, N), out_dtype))
 
     names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "state", "c", "counts", "strip_ids", "ac")
+    params = [p for name, p in zip(names, kernel.params) if takes.get(name, True)]
+    return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)
+
+
+def grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body):
+    """The grouped GEMM's PrimFunc around ``body`` (:mod:`.grouped`): gather
+    ``x[T, K], assignments[P], offsets[E + 1], w[E, K, N][, bias[E, N]], h[P, N]``; scatter
+    ``h[P, K], assignments[P], offsets[E + 1], w[E, K, N][, bias[E, N]], route_weight[P] (fp32),
+    y[P, N]``.  ``body``'s operands as :func:`gemm_signature`'s (A, B, offsets, ids, bias, row
+    scale = route weight, C; no residual or strips)."""
+    E = num_experts
+    takes = {"bias": has_bias, "route_weight": mode == "scatter"}
+
+    @T.prim_func(s_tir=False)
+    def kernel(a: T.handle, assignments: T.handle, offsets: T.handle, w: T.handle, bias: T.handle,
+               route_weight: T.handle, c: T.handle):
+        P = T.int64()
+        A_ROWS = T.int64()   # gather: tokens (scatter: P)
+        body(P, T.match_buffer(a, (P if mode == "scatter" else A_ROWS, K), in_dtype),
+             T.match_buffer(w, (E, K, N), in_dtype), T.match_buffer(offsets, (E + 1,), "int32"),
+             T.match_buffer(assignments, (P,), "int32"), T.match_buffer(bias, (E, N), in_dtype),
+             T.match_buffer(route_weight, (P,), "float32"), None, T.match_buffer(c, (P, N), out_dtype),
+             None, None, None, None)
+
+    names = ("a", "assignments", "offsets", "w", "bias", "route_weight", "c")
     params = [p for name, p in zip(names, kernel.params) if takes.get(name, True)]
     return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)

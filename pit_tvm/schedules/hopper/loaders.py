@@ -25,10 +25,10 @@ from pit_tvm.schedules.limits import dtype_bytes
 #: (``A_TILE = BM x BK``, ``B_TILE = BK x BN`` elements a slot, B's ring at ``B_BASE``), the
 #: copy layouts, the ring, and the index helpers of the kernel's mode
 GEMM_LOADER_NAMES = ('A_CHUNKS', 'A_LOADER_CHUNKS', 'A_ROW_CHUNKS', 'A_TILE', 'BK', 'BM', 'BN', 'B_BASE', 'B_ROWS',
-                     'B_TILE', 'KT', 'STAGES', 'TX_BYTES', 'a_chunk', 'a_col_of', 'a_swizzled',
-                     'a_valid', 'b_copy', 'b_kr', 'b_row_of', 'b_valid', 'copy16', 'gather_a',
-                     'in_dtype', 'k_tiles', 'loader_b_copy', 'micro_tile_id', 'mk', 'mode', 'ring',
-                     'row_id', 'tiles', 'ws_tiles')
+                     'B_TILE', 'KT', 'STAGES', 'TX_BYTES', 'a_box', 'a_chunk', 'a_col_of', 'a_row_id', 'a_swizzled',
+                     'a_valid', 'b_copy', 'b_k_row', 'b_kr', 'b_row_of', 'b_valid', 'copy16', 'first_row',
+                     'gather_a', 'gathers_rows', 'in_dtype', 'k_tiles', 'loader_b_copy', 'micro_tile_id', 'mk',
+                     'mode', 'ring', 'tiles', 'ws_tiles')
 
 
 def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
@@ -38,6 +38,7 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
     A_LOADER_CHUNKS = k.A_LOADER_CHUNKS
     A_ROW_CHUNKS = k.A_ROW_CHUNKS
     A_TILE = k.A_TILE
+    a_box = k.a_box
     BK = k.BK
     BM = k.BM
     BN = k.BN
@@ -49,14 +50,18 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
     TX_BYTES = k.TX_BYTES
     a_chunk = k.a_chunk
     a_col_of = k.a_col_of
+    a_row_id = k.a_row_id
     a_swizzled = k.a_swizzled
     a_valid = k.a_valid
     b_copy = k.b_copy
+    b_k_row = k.b_k_row
     b_kr = k.b_kr
     b_row_of = k.b_row_of
     b_valid = k.b_valid
     copy16 = k.copy16
+    first_row = k.first_row
     gather_a = k.gather_a
+    gathers_rows = k.gathers_rows
     in_dtype = k.in_dtype
     k_tiles = k.k_tiles
     loader_b_copy = k.loader_b_copy
@@ -64,7 +69,6 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
     mk = k.mk
     mode = k.mode
     ring = k.ring
-    row_id = k.row_id
     tiles = k.tiles
     ws_tiles = k.ws_tiles
 
@@ -96,7 +100,7 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
             T.evaluate(copy16(
                 smem.ptr_to([kt % STAGES * A_TILE + r * BK + a_swizzled(ch, r) * 8]),
                 A.ptr_to([a_row[j], a_col_of(a_col, j, kt * BK + ch * 8)]),
-                a_valid(OFF, bm, kt * BK + ch * 8, bm * BM + r, count)))
+                a_valid(OFF, bm, kt * BK + ch * 8, first_row(bm) + r, count)))
 
     @T.macro
     def sread_b(kt, t, layout, bn, bm, OFF, B, smem, b_row_id):
@@ -125,28 +129,30 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
         (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
         and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
         writes the 128-byte swizzle the wgmma descriptors read (it follows the shared-memory
-        address) and zeros past M.  Rows: every loader thread copies 8 chunks of A's listed
-        rows by cp.async (``sread_a``), arriving on ``full`` when they land.  The tiles kernel
+        address) and zeros past M.  Rows (and the grouped GEMM: its expert's rows, B = W[e]):
+        every loader thread copies 8 chunks of A's listed rows by cp.async (``sread_a``),
+        arriving on ``full`` when they land.  The tiles kernel
         on a full index (see ``tiles_loader``) runs this loop as the dense kernel, each loader
         thread arriving on ``full`` at once (the slot's arrival count is the tiles loop's)."""
         lane = tid - THREADS
-        if mode == "rows":
+        if gathers_rows:
             for j in T.unroll(A_LOADER_CHUNKS):
-                a_row[j] = row_id(IDS, bm * BM + a_chunk(lane, LOADER_THREADS, j)[0], m)
+                a_row[j] = a_row_id(IDS, first_row(bm) + a_chunk(lane, LOADER_THREADS, j)[0], m)
         for kt in T.serial(KT):
             s = kt % STAGES
             ring.acquire(bars, s, kt)
             if lane == 0:
                 ring.expect_tx(bars, s, TX_BYTES)
-                if mode == "dense" or ws_tiles:
-                    T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, bm * BM,
+                if a_box or ws_tiles:
+                    T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, first_row(bm),
                                         ring.full(bars, s))
                 for atom in T.unroll(BN // 64):
                     T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                        T.address_of(map_b), bn * BN + atom * 64, kt * BK, ring.full(bars, s))
-            if mode == "rows":
+                                        T.address_of(map_b), bn * BN + atom * 64, b_k_row(bm, kt * BK),
+                                        ring.full(bars, s))
+            if gathers_rows:
                 sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
-            if mode == "rows" or ws_tiles:
+            if gathers_rows or ws_tiles:
                 ring.arrive_on_copies(bars, s)
 
     lb_rows = loader_b_copy.rows

@@ -1,0 +1,106 @@
+"""The grouped GEMM of a mixture-of-experts layer on the H100 (sm_90a): each CTA computes one
+128 x block_n tile of one expert's rows, the rows kernel's body (:mod:`.gemm_body`) with the
+expert's weight as B.  Checks the arguments, builds the body in mode "gather" or "scatter" and
+lowers it.  Contract: docs/design/moe.md ("Grouped GEMM kernel")::
+
+    gather  (fc1): grouped_gemm(X[T, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]], H[P, N])
+        H[p, :] = act(X[assignments[p] // top_k, :] @ W[e] + bias[e])   p in [offsets[e], offsets[e+1])
+        H[p, :] = 0                                                      p >= offsets[E]
+    scatter (fc2): grouped_gemm(H[P, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]],
+                                route_weight[P] (fp32), Y[P, N])
+        Y[assignments[p], :] = route_weight[assignments[p]] * act(H[p, :] @ W[e] + bias[e])
+        Y[f, :] = 0                          for the flat ids f that no assignments[p < offsets[E]] lists
+
+(``act`` is the identity in fc2 as the op uses it; any of the activations is taken.)  The grid
+has ``ceil(P / 128) + E`` CTAs per N tile: CTA ``bt`` computes the ``bt``-th (expert, row tile)
+pair (:mod:`.experts`), the CTAs past the last pair store the rows no pair does.  A's rows
+come by cp.async through the index (the loader warpgroup), B = W[e]'s K tiles by TMA from a
+tensor map over W viewed as ``[E * K, N]``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from tvm import tirx
+
+from pit_tvm.schedules.hopper.config import BLOCK_K, BLOCK_M, MAX_SMEM_BYTES, TARGET, THREADS, WgmmaConfig
+from pit_tvm.schedules.hopper.gemm_body import gemm_kernel
+from pit_tvm.schedules.hopper.lowering import lower_tirx
+from pit_tvm.schedules.hopper.planner import wgmma_config
+from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
+
+__all__ = ["wgmma_grouped_gemm_func", "grouped_config", "GROUPED_ATTR", "GROUPED_ACTIVATIONS", "MAX_EXPERTS"]
+
+#: the attr of a grouped GEMM kernel: its mode, experts, top_k and :class:`WgmmaConfig`'s knobs
+GROUPED_ATTR = "pit.wgmma_grouped"
+#: the epilogue activations the kernel takes (None: none)
+GROUPED_ACTIVATIONS = (None, "relu", "gelu", "silu")
+#: experts the in-CTA scan of tile counts takes (one a consumer thread)
+MAX_EXPERTS = THREADS
+
+
+def _activation(activation):
+    act = None if activation in (None, "none", "identity") else activation
+    if act not in GROUPED_ACTIVATIONS:
+        raise ValueError(f"the grouped GEMM's epilogue takes activation none / relu / gelu / silu, "
+                         f"got {activation!r} (gated ones: two GEMMs, multiplied by the op)")
+    return act
+
+
+def expected_pairs(num_experts: int, top_k: int, tokens: int) -> int:
+    """The (expert, 128-row tile) pairs that ``tokens`` tokens routed uniformly at random make:
+    one a receiving expert while an expert receives under 128 rows (decode), else ``P / 128``
+    plus half a tile a receiving expert (its last tile's rows)."""
+    p = int(tokens) * int(top_k)
+    active = num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** p)
+    if p < BLOCK_M * active:
+        return max(1, math.ceil(active))
+    return math.ceil(p / BLOCK_M + active / 2)
+
+
+def grouped_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None = None) -> WgmmaConfig | None:
+    """The tiles for N: :func:`.planner.wgmma_config` for the rows of the pairs that ``tokens``
+    make (:func:`expected_pairs`; None: many tokens, the widest tile).  Few tokens (decode) make
+    about one pair an expert, so the planner's whole-wave cost narrows the tile until the
+    experts' N tiles fill the SMs, with the few-rows tier's deeper ring: the kernel is then
+    bound by reading the active experts' weights, and more CTAs with more K tiles in flight
+    read them faster (docs/design/moe.md)."""
+    if tokens is None:
+        return wgmma_config(n)
+    return wgmma_config(n, rows=BLOCK_M * expected_pairs(num_experts, top_k, tokens))
+
+
+@functools.lru_cache(maxsize=64)
+def wgmma_grouped_gemm_func(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str = "float16",
+                            out_dtype: str = "float16", bias: bool = False, activation: str | None = None,
+                            config: WgmmaConfig | None = None) -> tirx.PrimFunc:
+    """The lowered grouped GEMM PrimFunc (the module docstring's contract), mode "gather" (fc1)
+    or "scatter" (fc2), for ``num_experts`` weights ``[E, k, n]``; ``T`` and ``P`` symbolic.
+    ``config``: the tiles (default :func:`grouped_config` for many tokens; 64-deep K tiles).
+    Raises ValueError when the shape, dtypes or config do not fit."""
+    if mode not in ("gather", "scatter"):
+        raise ValueError(f"the grouped GEMM's mode is 'gather' (fc1) or 'scatter' (fc2), got {mode!r}")
+    act = _activation(activation)
+    if not 0 < int(num_experts) <= MAX_EXPERTS:
+        raise ValueError(f"the grouped GEMM takes 1..{MAX_EXPERTS} experts, got {num_experts}")
+    if int(top_k) < 1 or int(top_k) > int(num_experts):
+        raise ValueError(f"top_k must be in 1..num_experts={num_experts}, got {top_k}")
+    if in_dtype not in IN_DTYPES or out_dtype not in OUT_DTYPES:
+        raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
+    config = config or grouped_config(n, num_experts, top_k)
+    if (config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64
+            or config.block_k != BLOCK_K):
+        raise ValueError(f"the grouped GEMM's tiles need K % {BLOCK_K} == 0 and N % block_n == 0 (block_n a "
+                         f"multiple of 64, block_k {BLOCK_K}), got K={k}, N={n}, {config}")
+    if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
+        raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
+    func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, mode, config,
+                       row_scale=mode == "scatter", num_experts=int(num_experts), top_k=int(top_k))
+    func = lower_tirx(func, TARGET)
+    # (a name of its own: a module holding fc1 and fc2, or two layers' kernels, adds each once by name)
+    name = (f"wgmma_grouped_{mode}_k{k}_n{n}_e{num_experts}_top{top_k}_{in_dtype}_{out_dtype}"
+            f"{'_bias' if bias else ''}{'_' + act if act else ''}_bn{config.block_n}s{config.stages}")
+    return func.with_attrs({"global_symbol": name,
+                            GROUPED_ATTR: {"mode": mode, "num_experts": int(num_experts), "top_k": int(top_k),
+                                           "block_n": config.block_n, "stages": config.stages}})
