@@ -222,3 +222,231 @@ def reference_sparse_attention(q, k, v, pattern: AttentionPattern, *, mask=None,
     denom = p.sum(axis=-1, keepdims=True)
     out = np.einsum("bhqk,bhkd->bhqd", p, v)
     return np.where(denom > 0, out / np.where(denom > 0, denom, 1.0), 0.0)
+
+
+# --------------------------------------------------------------------------- generic kernel
+def _vector_width(d: int) -> int:
+    for w in (8, 4, 2):
+        if d % w == 0:
+            return w
+    return 1
+
+
+def sparse_attention_func(head_dim: int, pattern: AttentionPattern, in_dtype: str, target, *,
+                          key_block: int = 64, scale: float | None = None, mask_dtype: str | None = None
+                          ) -> tirx.PrimFunc:
+    """The generic kernel (any target): PrimFunc ``(q[B, H, Sq, d], k[B, H, Sk, d], v[B, H, Sk, d],
+    block_counts, block_ids, block_partial, <mask, global_flags, doc_ids as present>,
+    o[B, H, Sq, d])``, the Hopper kernel's signature (contracts/ATTENTION.md).
+
+    One task per (b, h, 128-query block) (a CUDA block of 128 threads, a row each; a parallel
+    task on the CPU, its rows in turn).  A row walks only the listed key blocks: per block it
+    scores the keys (the element predicate and the additive mask only in partial blocks),
+    then one online-softmax step (rescale by the new running max, accumulate ``p v``), fp32
+    throughout; a row with no allowed key writes 0.  B, H, Sq, Sk and the mask's head dim are
+    symbolic; the dot products and the ``p v`` updates are vectorised over d on the CPU."""
+    from pit_tvm.index.attention import MASK_DTYPES
+
+    D = int(head_dim)
+    if D <= 0:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    if in_dtype not in ATTENTION_DTYPES:
+        raise ValueError(f"sparse attention dtype must be one of {ATTENTION_DTYPES}, got {in_dtype!r}")
+    if key_block not in KEY_BLOCKS:
+        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
+    if pattern.mask is not None and mask_dtype not in MASK_DTYPES[pattern.mask]:
+        raise ValueError(f"a {pattern.mask} mask must have dtype {' or '.join(MASK_DTYPES[pattern.mask])}, "
+                         f"got {mask_dtype!r}")
+    from pit_tvm.target import is_gpu, make_target
+
+    target = make_target(target)
+    gpu = is_gpu(target)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    QBL, KBL = QUERY_BLOCK, key_block
+    VW = 1 if gpu else _vector_width(D)
+    ND = D // VW
+    vec = T.unroll if gpu else T.vectorized
+    BX = (lambda n: T.thread_binding(n, thread="blockIdx.x")) if gpu else T.parallel
+    TX = (lambda n: T.thread_binding(n, thread="threadIdx.x")) if gpu else T.serial
+    NEG = -3.0e38          # "no score": below any finite score, and exp(NEG - finite) == 0
+    has_bias = pattern.mask == "additive"
+
+    @T.macro
+    def body(Q, K, V, CNT, IDS, PART, bufs, O, B, H, HG, Sq, Sk, QB):
+        for t in BX(B * H * QB):
+            for r in TX(QBL):
+                if t % QB * QBL + r < Sq:
+                    qv = T.alloc_buffer((D,), "float32", scope="local")
+                    acc = T.alloc_buffer((D,), "float32", scope="local")
+                    sc = T.alloc_buffer((KBL,), "float32", scope="local")
+                    part = T.alloc_buffer((VW,), "float32", scope="local")
+                    st = T.alloc_buffer((4,), "float32", scope="local")   # running max, sum; block max; alpha
+                    for d0 in range(ND):
+                        for e in vec(VW):
+                            qv[d0 * VW + e] = T.Cast("float32", Q[t // (H * QB), t // QB % H, t % QB * QBL + r,
+                                                                  d0 * VW + e]) * T.float32(scale)
+                            acc[d0 * VW + e] = T.float32(0)
+                    st[0] = T.float32(NEG)
+                    st[1] = T.float32(0)
+                    for j in range((Sk + (KBL - 1)) // KBL):
+                        if j < T.Cast("int64", CNT[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB]):
+                            st[2] = T.float32(NEG)
+                            for c in range(KBL):
+                                sc[c] = T.float32(NEG)
+                                if T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c < Sk:
+                                    if (PART[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j] == 0
+                                            or pattern_predicate(pattern, bufs, t // (H * QB), t // QB % H,
+                                                                 t % QB * QBL + r,
+                                                                 T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c)):
+                                        for e in vec(VW):
+                                            part[e] = T.float32(0)
+                                        for d0 in range(ND):
+                                            for e in vec(VW):
+                                                part[e] = part[e] + qv[d0 * VW + e] * T.Cast(
+                                                    "float32", K[t // (H * QB), t // QB % H,
+                                                                 T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c,
+                                                                 d0 * VW + e])
+                                        sc[c] = T.float32(0)
+                                        for e in range(VW):
+                                            sc[c] = sc[c] + part[e]
+                                        if has_bias:
+                                            if PART[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j] != 0:
+                                                sc[c] = sc[c] + pattern_score_bias(
+                                                    pattern, bufs, t // (H * QB), t // QB % H, t % QB * QBL + r,
+                                                    T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c)
+                                        st[2] = T.max(st[2], sc[c])
+                            if st[2] > T.float32(NEG):
+                                # one online-softmax step for the block
+                                st[3] = T.exp(st[0] - T.max(st[0], st[2]))
+                                st[0] = T.max(st[0], st[2])
+                                st[1] = st[1] * st[3]
+                                for d0 in range(ND):
+                                    for e in vec(VW):
+                                        acc[d0 * VW + e] = acc[d0 * VW + e] * st[3]
+                                for c in range(KBL):
+                                    if sc[c] > T.float32(NEG):
+                                        sc[c] = T.exp(sc[c] - st[0])
+                                        st[1] = st[1] + sc[c]
+                                        for d0 in range(ND):
+                                            for e in vec(VW):
+                                                acc[d0 * VW + e] = acc[d0 * VW + e] + sc[c] * T.Cast(
+                                                    "float32", V[t // (H * QB), t // QB % H,
+                                                                 T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c,
+                                                                 d0 * VW + e])
+                    if st[1] > T.float32(0):
+                        st[1] = T.float32(1) / st[1]
+                    for d0 in range(ND):
+                        for e in vec(VW):
+                            O[t // (H * QB), t // QB % H, t % QB * QBL + r, d0 * VW + e] = T.Cast(
+                                in_dtype, acc[d0 * VW + e] * st[1])
+
+    names = pattern.inputs
+    mdt = mask_dtype or "bool"
+
+    def qb_of(s):
+        return (s + (QBL - 1)) // QBL
+
+    def kb_of(s):
+        return (s + (KBL - 1)) // KBL
+
+    n_mask = int(pattern.mask is not None)
+    n_desc = len(names) - n_mask
+    if n_mask == 0 and n_desc == 0:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, Sq, Sk, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, Sq, D), in_dtype)
+            K = T.match_buffer(k, (B, H, Sk, D), in_dtype)
+            V = T.match_buffer(v, (B, H, Sk, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(Sq)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            O = T.match_buffer(o, (B, H, Sq, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (), O, B, H, HG, Sq, Sk, qb_of(Sq))
+    elif n_mask == 1 and n_desc == 0:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
+                 o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, Sq, Sk, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, Sq, D), in_dtype)
+            K = T.match_buffer(k, (B, H, Sk, D), in_dtype)
+            V = T.match_buffer(v, (B, H, Sk, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(Sq)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            M = T.match_buffer(m, (B, MH, Sq, Sk), mdt)
+            O = T.match_buffer(o, (B, H, Sq, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (M,), O, B, H, HG, Sq, Sk, qb_of(Sq))
+    elif n_mask == 0 and n_desc == 1:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, x: T.handle,
+                 o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, HG = T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
+            K = T.match_buffer(k, (B, H, S, D), in_dtype)
+            V = T.match_buffer(v, (B, H, S, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            X = T.match_buffer(x, (B, S), "int32")
+            O = T.match_buffer(o, (B, H, S, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (X,), O, B, H, HG, S, S, qb_of(S))
+    elif n_mask == 0 and n_desc == 2:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, x: T.handle,
+                 y: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, HG = T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
+            K = T.match_buffer(k, (B, H, S, D), in_dtype)
+            V = T.match_buffer(v, (B, H, S, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            X = T.match_buffer(x, (B, S), "int32")
+            Y = T.match_buffer(y, (B, S), "int32")
+            O = T.match_buffer(o, (B, H, S, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (X, Y), O, B, H, HG, S, S, qb_of(S))
+    elif n_desc == 1:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
+                 x: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
+            K = T.match_buffer(k, (B, H, S, D), in_dtype)
+            V = T.match_buffer(v, (B, H, S, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            M = T.match_buffer(m, (B, MH, S, S), mdt)
+            X = T.match_buffer(x, (B, S), "int32")
+            O = T.match_buffer(o, (B, H, S, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (M, X), O, B, H, HG, S, S, qb_of(S))
+    else:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
+                 x: T.handle, y: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
+            K = T.match_buffer(k, (B, H, S, D), in_dtype)
+            V = T.match_buffer(v, (B, H, S, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            M = T.match_buffer(m, (B, MH, S, S), mdt)
+            X = T.match_buffer(x, (B, S), "int32")
+            Y = T.match_buffer(y, (B, S), "int32")
+            O = T.match_buffer(o, (B, H, S, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (M, X, Y), O, B, H, HG, S, S, qb_of(S))
+
+    name = (f"pit_sparse_attention_generic_{pattern.tag}_d{D}_kb{KBL}_{in_dtype}"
+            + (f"_{mdt}" if pattern.mask else ""))
+    func = attn.with_attr("global_symbol", name).with_attr("pit.attention.key_block", KBL)
+    if gpu:
+        func = func.with_attr("tirx.is_scheduled", True)
+    return func
