@@ -210,7 +210,7 @@ def test_bad_input_is_a_clear_error():
 
 CUDA_CASES = [
     (128, AttentionPattern(mask="additive"), "bfloat16", "bfloat16"),
-    (64, AttentionPattern(window=256, global_tokens=True, documents=True), "float16", None),
+    (64, AttentionPattern(window=256, global_tokens=True, causal=True), "float16", None),
 ]
 
 
@@ -248,3 +248,31 @@ def test_gpu_every_pattern_against_fp32_reference(pattern, head_dim, target):
     op = pit_tvm.sparse_attention(head_dim, pattern, dtype="float16", target=target)
     out = op(q, k, v, **runtime)
     _check(out, reference_sparse_attention(q, k, v, pattern, **runtime), "float16")
+
+
+_INDEXES = {}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pattern=st.sampled_from([AttentionPattern(causal=True), AttentionPattern(window=63),
+                                AttentionPattern(window=1, causal=True, global_tokens=True),
+                                AttentionPattern(window=130, global_tokens=True)]),
+       key_block=st.sampled_from([64, 128]), B=st.integers(1, 2), S=st.sampled_from([1, 5, 127, 128, 129, 300]),
+       Sk=st.sampled_from([1, 64, 129, 300]), density=st.sampled_from([0.0, 0.01, 0.2, 1.0]), seed=st.integers(0, 2**16))
+def test_description_index_from_block_extremes_is_exact(pattern, key_block, B, S, Sk, density, seed):
+    """Window / global / causal blocks are classified from the blocks' position extremes (not pair by
+    pair): the index equals the pair-by-pair numpy reference, Sq != Sk included (causal, window)."""
+    from pit_tvm.index import IndexBuilder
+    from pit_tvm.index.attention import attention_block_index_func
+
+    key = (pattern, key_block)
+    if key not in _INDEXES:
+        _INDEXES[key] = IndexBuilder(attention_block_index_func(pattern, key_block, "float32", "llvm"), "llvm")
+    rng = np.random.default_rng(seed)
+    sk = S if pattern.global_tokens else Sk
+    q, k = np.zeros((B, 1, S, 2), np.float32), np.zeros((B, 1, sk, 2), np.float32)
+    runtime = {"global_flags": (rng.random((B, S)) < density).astype(np.int32)} if pattern.global_tokens else {}
+    got = [x.numpy() for x in _INDEXES[key](q, k, *runtime.values())]
+    want = reference_attention_block_index(pattern, q.shape, k.shape, key_block, **runtime)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
