@@ -277,3 +277,24 @@ def test_contrib_longformer_attention_is_refused_by_name():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     with pytest.raises(UnsupportedOnnxError, match="no converter for LongformerAttention"):
         pit_tvm.compile_onnx(model)
+
+
+def test_real_gpt2_export_attention_lowered_and_matches_onnxruntime():
+    """A transformers GPT-2 export (tests/data/transformers): its causal + padding mask is computed
+    from the attention_mask input, so both layers' attentions run as block-sparse attention."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "transformers" / "gpt2.onnx"
+    shapes = {"input_ids": [2, 16], "attention_mask": [2, 16]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = pit_tvm.compile_onnx(str(path), shapes=shapes)
+    notes = [n for n in compiled.annotations if n["source"] == "attention:attention_mask"]
+    assert [n["status"] for n in notes] == ["pit", "pit"]
+    mask = (np.arange(16)[None, :] < np.array([16, 9])[:, None]).astype(np.int64)
+    feeds = {"input_ids": np.random.default_rng(0).integers(3, 100, (2, 16)).astype(np.int64) * mask,
+             "attention_mask": mask}
+    got = compiled.run(feeds)[0]
+    want = _ort(onnx.load(str(path)), feeds)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(got[real], want[real], atol=1e-5 * np.abs(want[real]).max(), rtol=0)
