@@ -229,7 +229,7 @@ GPU_PATTERNS = [AttentionPattern(mask="bool"), AttentionPattern(mask="additive")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("target", ["cuda", "cuda:sm_80"], ids=["sm90a", "generic"])
+@pytest.mark.parametrize("target", ["cuda", "cuda:sm_90"], ids=["sm90a", "generic"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("pattern", GPU_PATTERNS, ids=lambda p: p.tag)
 def test_gpu_every_pattern_against_fp32_reference(pattern, head_dim, target):
