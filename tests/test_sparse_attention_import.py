@@ -298,3 +298,16 @@ def test_real_gpt2_export_attention_lowered_and_matches_onnxruntime():
     want = _ort(onnx.load(str(path)), feeds)
     real = mask.astype(bool)
     np.testing.assert_allclose(got[real], want[real], atol=1e-5 * np.abs(want[real]).max(), rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["additive", "where"])
+def test_gpu_imported_model_matches_onnxruntime(form):
+    model = longformer_style_model(form)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = pit_tvm.compile_onnx(model, target="cuda")
+    assert any(n["status"] == "pit" for n in compiled.annotations if n["source"].startswith("attention:"))
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((B, S, HIDDEN)).astype(np.float32), "global_flags": _global_flags(rng)}
+    np.testing.assert_allclose(compiled.run(feeds)[0], _ort(model, feeds), atol=1e-4, rtol=1e-4)
