@@ -118,7 +118,12 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     # six min / max reductions of the block's positions (O(128 + key_block) per block, not
     # O(128 * key_block)); exact, see _block_class_by_extremes
     has_global = pattern.global_tokens
+    has_docs = pattern.documents
     BIG = 1 << 30
+    INT_MAX, INT_MIN = 2**31 - 1, -(2**31)
+
+    def doc_of(bufs, b, pos):
+        return bufs[len(bufs) - 1][b, pos]      # (doc_ids comes last)
 
     def is_global(bufs, b, pos):
         if has_global:
@@ -145,7 +150,26 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
             e3 = T.alloc_buffer((NT,), "int32", scope=SH)
             e4 = T.alloc_buffer((NT,), "int32", scope=SH)
             e5 = T.alloc_buffer((NT,), "int32", scope=SH)
+            # documents: 6 min / 7 max doc id of the queries, 8 min / 9 max of the keys
+            e6 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e7 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e8 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e9 = T.alloc_buffer((NT,), "int32", scope=SH)
             for tx in TX(NT):
+                if has_docs:
+                    e6[tx] = INT_MAX
+                    e7[tx] = INT_MIN
+                    e8[tx] = INT_MAX
+                    e9[tx] = INT_MIN
+                    if tx < QBL:
+                        if (blk // KB) % QB * QBL + tx < Sq:
+                            e6[tx] = doc_of(bufs, blk // (QB * KB), (blk // KB) % QB * QBL + tx)
+                            e7[tx] = doc_of(bufs, blk // (QB * KB), (blk // KB) % QB * QBL + tx)
+                    else:
+                        if tx - QBL < KBL:
+                            if blk % KB * KBL + tx - QBL < Sk:
+                                e8[tx] = doc_of(bufs, blk // (QB * KB), blk % KB * KBL + tx - QBL)
+                                e9[tx] = doc_of(bufs, blk // (QB * KB), blk % KB * KBL + tx - QBL)
                 e0[tx] = -1
                 e1[tx] = BIG
                 e2[tx] = -1
@@ -173,9 +197,19 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
             block_reduce_to(e3, True)
             block_reduce_to(e4, True)
             block_reduce_to(e5, False)
+            if has_docs:
+                block_reduce_to(e6, True)
+                block_reduce_to(e7, False)
+                block_reduce_to(e8, True)
+                block_reduce_to(e9, False)
             for tx in TX(NT):
                 if tx == 0:
-                    e = T.alloc_buffer((6,), "int32", scope="local")
+                    e = T.alloc_buffer((10,), "int32", scope="local")
+                    if has_docs:
+                        e[6] = e6[0]
+                        e[7] = e7[0]
+                        e[8] = e8[0]
+                        e[9] = e9[0]
                     e[0] = e0[0]
                     e[1] = e1[0]
                     e[2] = e2[0]
@@ -187,7 +221,8 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                         T.Cast("int32", T.min((blk // KB) % QB * QBL + (QBL - 1), Sq - 1)),
                         T.Cast("int32", blk % KB * KBL), T.Cast("int32", T.min(blk % KB * KBL + (KBL - 1), Sk - 1)))
 
-    by_extremes = pattern.mask is None and not pattern.documents
+    # (documents with a window: the AND of two "some pair allowed" tests would over-list)
+    by_extremes = pattern.mask is None and not (pattern.documents and pattern.window is not None)
     classify = classify_extremes if by_extremes else classify_pairs
 
     @T.macro
@@ -310,11 +345,24 @@ def _block_class_by_extremes(pattern, e, q0, q1, k0, k1):
     three interval tests (a window pair: ``q - k`` in ``[lo, w]`` meets ``[q0 - k1, q1 - k0]``,
     ``lo`` 0 when causal else -w; a global key at or before the last query; a global query at or
     after the first key) and "every pair allowed" needs every key at or before every query
-    (causal) and every non-global pair inside the window."""
+    (causal) and every non-global pair inside the window.
+
+    Documents (without a window; ``e[6:10]`` the min / max doc id of the queries and of the keys):
+    some pair shares a document when the two id ranges meet (causal: a key block inside the
+    query block holds the diagonal; one before it needs the ranges to meet), exact for
+    non-decreasing ids (packed sequences); for other ids a listed block may hold no allowed
+    pair (partial: the kernels skip its pairs), and no block with an allowed pair is ever left
+    out.  Every pair shares one when all four ids are equal (exact for any ids)."""
     big = 1 << 30
     true = tirx.const(True, "bool")
     any_ok = true if not pattern.causal else k0 <= q1
     all_ok = true if not pattern.causal else k1 <= q0
+    if pattern.documents:    # (no window: see the caller)
+        shared = T.max(e[6], e[8]) <= T.min(e[7], e[9])
+        if pattern.causal:   # a key block inside the query block holds the diagonal (k, k)
+            shared = T.Or(T.And(k0 >= q0, k0 <= q1), T.And(k1 < q0, shared))
+        any_ok = T.And(any_ok, shared)
+        all_ok = T.And(all_ok, T.And(T.And(e[6] == e[7], e[8] == e[9]), e[6] == e[8]))
     if pattern.window is not None:
         w = T.int32(pattern.window)
         lo = T.int32(0) if pattern.causal else -w
