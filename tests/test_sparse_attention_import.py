@@ -311,3 +311,15 @@ def test_gpu_imported_model_matches_onnxruntime(form):
     rng = np.random.default_rng(5)
     feeds = {"x": rng.standard_normal((B, S, HIDDEN)).astype(np.float32), "global_flags": _global_flags(rng)}
     np.testing.assert_allclose(compiled.run(feeds)[0], _ort(model, feeds), atol=1e-4, rtol=1e-4)
+
+
+def test_cli_sparse_attention_option(tmp_path, capsys):
+    from pit_tvm.cli.main import main as cli_main
+
+    path = tmp_path / "model.onnx"
+    onnx.save(padding_mask_model(), str(path))
+    assert cli_main(["compile", str(path), "--sparse-attention", "attention_mask", "-o", str(tmp_path / "a.so")]) == 0
+    assert "source=attention:attention_mask" in capsys.readouterr().out
+    onnx.save(longformer_style_model(), str(path))
+    assert cli_main(["compile", str(path), "--sparse-attention", "off", "-o", str(tmp_path / "b.so")]) == 0
+    assert "attention:" not in capsys.readouterr().out
