@@ -4,7 +4,8 @@ Pipeline: the ONNX graph's shape arithmetic folded (``fold_shape_computations``)
 :func:`~pit_tvm.passes.moe_import.lower_moe_layers` (MoE layers as one routed-expert op each,
 docs/guide/moe_import.md) -> :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's
 transposed weights become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` -> (``padding=``)
-:class:`~pit_tvm.passes.PropagatePadding` -> :class:`~pit_tvm.passes.LowerToPIT` ->
+:class:`~pit_tvm.passes.PropagatePadding` -> :class:`~pit_tvm.passes.SparseAttentionToPIT`
+(attention with a run-time mask: block index + sparse kernel) -> :class:`~pit_tvm.passes.LowerToPIT` ->
 :class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
 remaining matmuls on the PIT kernels' dense twin: tensor-core tiles on CUDA, the CPU schedule) ->
 :class:`~pit_tvm.passes.ListStripsInProducer` (a strips index in its producer's epilogue) ->
@@ -37,6 +38,7 @@ from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_on
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
 from .passes.moe_import import lower_moe_layers
 from .passes.propagate_padding import PropagatePadding
+from .passes.sparse_attention import SparseAttentionToPIT
 from .passes.strips import ListStripsInProducer
 from .errors import UserError
 from .runtime.library import LIBRARY_SUFFIX, METADATA_FORMAT, library_digest
@@ -261,7 +263,7 @@ def symbolic_dims_error(err: Exception, symbolic: dict, tensors=()) -> Exception
 
 
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
-                 cuda_graph=False, expected_density=None, padding=None) -> CompiledModel:
+                 cuda_graph=False, expected_density=None, padding=None, sparse_attention=None) -> CompiledModel:
     """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
 
     What is not an ONNX model with outputs (an empty file, other bytes, a directory), and a
@@ -318,15 +320,22 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # needed; after the other sources: a matmul they annotate keeps its kernel
     if padding:
         annotated = PropagatePadding(padding)(annotated)
-    notes = annotations_of(annotated) + moe_notes
+    attention = annotated
+    if sparse_attention is not False:
+        if sparse_attention is not None and not isinstance(sparse_attention, str):
+            raise TypeError(f"sparse_attention= must be None, False or a graph input name, got "
+                            f"{type(sparse_attention).__name__} {sparse_attention!r}")
+        # attention with a run-time mask: block index + sparse kernel (before the matmul passes)
+        attention = SparseAttentionToPIT(tgt, mask_input=sparse_attention)(annotated)
+    notes = annotations_of(attention) + moe_notes
     try:
-        lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(annotated)
+        lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(attention)
         notes = annotations_of(lowered) + moe_notes   # (a matmul whose PIT lowering fell back: status dense)
     except Exception as err:  # the op layer (pit_tvm.ops.matmul) is not importable
         if "pit_tvm.ops" not in repr(err) and "emit_pit_matmul" not in repr(err):
             raise
         warnings.warn(f"PIT op layer unavailable ({err}); annotated matmuls stay dense")
-        lowered = annotated
+        lowered = attention
         for n in notes:
             if n.get("status") == "pit":
                 n["status"] = "dense"

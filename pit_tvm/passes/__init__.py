@@ -3,9 +3,10 @@ sparsity (``AnnotateDynamicSparsity``), run the token-wise matmuls of a padded b
 tokens (``PropagatePadding``) and lower it to PIT kernels (``LowerToPIT``), put the
 dense matmuls on the PIT kernels' dense twin (``DenseMatmulToPITKernels``), build a strips index in
 the epilogue of the kernel producing its operand (``ListStripsInProducer``), fuse attention on the
-H100 (``FuseAttention``); ``import_onnx`` imports
-ONNX keeping tensor names; ``lower_moe_layers`` rewrites the ONNX graph's mixture-of-experts
-layers into one routed-expert op each. Compiler-side only."""
+H100 (``FuseAttention``), lower attention with a run-time mask to block-sparse attention
+(``SparseAttentionToPIT``); ``import_onnx`` imports ONNX keeping tensor names;
+``lower_moe_layers`` rewrites the ONNX graph's mixture-of-experts layers into one routed-expert
+op each. Compiler-side only."""
 from importlib import import_module
 
 _PUBLIC = {
@@ -16,6 +17,7 @@ _PUBLIC = {
     "DenseMatmulToPITKernels": "pit_tvm.passes.dense",
     "CombineParallelMatmuls": "pit_tvm.passes.combine",
     "FuseAttention": "pit_tvm.passes.attention",
+    "SparseAttentionToPIT": "pit_tvm.passes.sparse_attention",
     "ListStripsInProducer": "pit_tvm.passes.strips",
     "import_onnx": "pit_tvm.passes.frontend",
     "lower_moe_layers": "pit_tvm.passes.moe_import",
