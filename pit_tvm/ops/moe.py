@@ -430,12 +430,6 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
 
 
 # ------------------------------------------------------------------------------ Python API
-def _op_target(target) -> tvm.target.Target:
-    from pit_tvm.ops.matmul.op import _op_target as matmul_target
-
-    return matmul_target(target)
-
-
 class MoEFFN:
     """A routed-expert FFN layer compiled once per target; called with the tensors each time.
 
@@ -457,7 +451,9 @@ class MoEFFN:
         self.router_dtype = self.dtype if router_dtype is None else dtype_name(router_dtype, "router_dtype")
         if self.router_dtype not in SUPPORTED_DTYPES:
             raise UserError(f"unsupported router_dtype {self.router_dtype!r}: use one of {', '.join(SUPPORTED_DTYPES)}")
-        self.target = _op_target(target)
+        from pit_tvm.ops.matmul import op_target
+
+        self.target = op_target(target)
         self.device = device_for(self.target)
         self._mains = {}        # which optional tensors are given -> the VM function
 

@@ -599,7 +599,7 @@ class SparseAttention:
 
         from pit_tvm._args import dtype_name, positive_int
         from pit_tvm.index.attention import MASK_DTYPES, attention_block_index_func
-        from pit_tvm.ops.matmul import _op_target
+        from pit_tvm.ops.matmul import op_target
         from pit_tvm.target import build, device_for
 
         self.head_dim = positive_int(head_dim, "head_dim")
@@ -615,7 +615,7 @@ class SparseAttention:
                                  f"got {mask_dtype!r}")
         self.mask_dtype = mask_dtype if pattern.mask is not None else None
         self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
-        self.target = _op_target(target)
+        self.target = op_target(target)
         self.device = device_for(self.target)
         descriptions = pattern.global_tokens or pattern.documents
         b, h = tirx.Var("b", "int64"), tirx.Var("h", "int64")

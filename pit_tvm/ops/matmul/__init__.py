@@ -31,7 +31,7 @@ from .derived import dense_matmul_func, simt_matmul_func
 from .emit import (CPU_DENSE_DTYPES, OPAQUE_OP_PATTERN, emit_dense_matmul, emit_pit_matmul,
                    strips_listing_producer)
 from .epilogue import ACTIVATIONS, Epilogue, emit_epilogue, is_row_scale, same_dims
-from .op import DenseMatmul, SparseMatmul, sparse_matmul
+from .op import DenseMatmul, SparseMatmul, op_target, sparse_matmul
 from .plan import (PIT_EXPECTED_DENSITY, SUPPORTED_DTYPES, TC_MIN_STRIP, MatmulPlan,
                    effective_density_threshold, matmul_workload, planned_density, tensor_core_plan)
 
@@ -40,6 +40,6 @@ __all__ = [
     "SUPPORTED_DTYPES", "TC_MIN_STRIP", "TENSOR_CORE_BACKENDS", "Backend", "DenseMatmul", "Epilogue",
     "KernelRequest", "MatmulKernels", "MatmulPlan", "SparseMatmul", "choose_kernels", "dense_matmul_func",
     "effective_density_threshold", "emit_dense_matmul", "emit_epilogue", "emit_pit_matmul", "is_row_scale",
-    "matmul_workload", "pit_matmul_func", "planned_density", "same_dims", "simt_matmul_func", "sparse_matmul",
+    "matmul_workload", "op_target", "pit_matmul_func", "planned_density", "same_dims", "simt_matmul_func", "sparse_matmul",
     "strips_listing_producer", "tensor_core_kernel", "tensor_core_plan",
 ]

@@ -52,7 +52,7 @@ def _build_sparse_matmul(k, n, dtype, out_dtype, micro_tile, target, density_thr
     return build(mod, target), names
 
 
-def _op_target(target) -> tvm.target.Target:
+def op_target(target) -> tvm.target.Target:
     """``target`` of :class:`SparseMatmul` as a Target: ``"llvm"``/``"cpu"``, ``"cuda"`` or
     ``"cuda:sm_XY"``, a dict or a Target, of kind llvm or cuda (with an ``sm_XY`` arch)."""
     try:
@@ -97,7 +97,7 @@ class SparseMatmul:
             raise TypeError(f"tuning_log must be a path (str or os.PathLike) or None, got {type(tuning_log).__name__}")
         self.plan = MatmulPlan(self.k, self.n, micro_tile)
         self.micro_tile = self.plan.micro_tile
-        self.target = _op_target(target)
+        self.target = op_target(target)
         self.device = device_for(self.target)
         self.density_threshold = density_threshold
         self.executable, names = _build_sparse_matmul(
