@@ -168,9 +168,32 @@ def test_imported_model_builds_for_cuda():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        compiled = pit_tvm.compile_onnx(longformer_style_model("where"), target="cuda:sm_80")
+        # (named: without a fast kernel for sm_80 the attention would stay dense)
+        compiled = pit_tvm.compile_onnx(longformer_style_model("where"), target="cuda:sm_80",
+                                        sparse_attention="global_flags")
     assert any(n["status"] == "pit" and n["source"] == "attention:global_flags" for n in compiled.annotations)
     assert check_cuda_compiles(compiled.executable, archs=("sm_80",)) >= 1
+
+
+def test_cuda_without_a_fast_kernel_keeps_the_dense_attention_unless_named():
+    """the generic CUDA kernel is a correct fallback, slower than the dense attention: an
+    unnamed mask on a target without the sm_90a kernel (an arch, a head dim or a dtype it does
+    not take) stays dense with a warning; the CPU kernel and the sm_90a one are taken"""
+    from pit_tvm.ops.sparse_attention import fast_kernel_applies
+    from pit_tvm.passes import SparseAttentionToPIT, import_onnx
+    from pit_tvm.target import make_target
+
+    assert fast_kernel_applies(make_target("llvm"), 40, "float32")
+    assert fast_kernel_applies(make_target("cuda"), 64, "float16")
+    assert not fast_kernel_applies(make_target("cuda"), 64, "float32")
+    assert not fast_kernel_applies(make_target("cuda"), 40, "float16")
+    assert not fast_kernel_applies(make_target("cuda:sm_80"), 64, "float16")
+    mod = import_onnx(longformer_style_model("where"))
+    with pytest.warns(UserWarning, match="stays dense: no fast sparse kernel for cuda sm_80"):
+        lowered = SparseAttentionToPIT("cuda:sm_80")(mod)
+    assert "pit_attention_index" not in lowered.script()
+    named = SparseAttentionToPIT("cuda:sm_80", mask_input="global_flags")(mod)
+    assert "pit_attention_index" in named.script()
 
 
 # --------------------------------------------------------------------------- contrib operators
@@ -306,7 +329,7 @@ def test_gpu_imported_model_matches_onnxruntime(form):
     model = longformer_style_model(form)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        compiled = pit_tvm.compile_onnx(model, target="cuda")
+        compiled = pit_tvm.compile_onnx(model, target="cuda", sparse_attention="global_flags")  # fp32: named
     assert any(n["status"] == "pit" for n in compiled.annotations if n["source"].startswith("attention:"))
     rng = np.random.default_rng(5)
     feeds = {"x": rng.standard_normal((B, S, HIDDEN)).astype(np.float32), "global_flags": _global_flags(rng)}

@@ -330,15 +330,11 @@ def grouped_gemm_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, ac
 
 def _add_once(bb, func):
     """``func`` added to the module under its global symbol, once (a model asks for the same
-    kernel for every MoE layer of one shape)."""
-    from pit_tvm.ops.matmul import OPAQUE_OP_PATTERN
+    kernel for every MoE layer of one shape); opaque to FuseOps: the kernels' symbolic buffers
+    must meet their arguments as they are."""
+    from pit_tvm.ops.matmul import OPAQUE_OP_PATTERN, add_once
 
-    name = str(func.attrs["global_symbol"])
-    mod = bb.get()
-    if any(gv.name_hint == name for gv in mod.get_global_vars()):
-        return mod.get_global_var(name)
-    # (opaque to FuseOps: the kernels' symbolic buffers must meet their arguments as they are)
-    return bb.add_func(func.with_attr("op_pattern", OPAQUE_OP_PATTERN), name)
+    return add_once(bb, str(func.attrs["global_symbol"]), lambda: func.with_attr("op_pattern", OPAQUE_OP_PATTERN))
 
 
 def _shape_of(expr):

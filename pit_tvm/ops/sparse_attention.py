@@ -504,6 +504,22 @@ def _check_relax_inputs(q, k, v, pattern, runtime):
 HOPPER_KEY_BLOCK = 64
 
 
+#: head dims and dtypes of the sm_90a kernel
+HOPPER_HEAD_DIMS, HOPPER_DTYPES = (64, 128), ("float16", "bfloat16")
+
+
+def fast_kernel_applies(target, head_dim: int, dtype: str) -> bool:
+    """Whether ``target`` runs this attention with a kernel that beats the dense one where
+    blocks are skipped: the CPU kernel, or the sm_90a kernel for its head dims and dtypes.  The
+    generic CUDA kernel (one thread a query row) is a correct fallback, not a fast path."""
+    from pit_tvm.target import is_gpu
+
+    if not is_gpu(target):
+        return True
+    return (str(target.attrs.get("arch", "")) == "sm_90a" and int(head_dim) in HOPPER_HEAD_DIMS
+            and str(dtype) in HOPPER_DTYPES)
+
+
 def _hopper_kernel(target, head_dim, pattern, dtype, scale, mask_dtype, key_block):
     """The sm_90a kernel (``pit.attention.key_block`` set: the index is built for it), or None
     (with a warning when it exists but does not apply)."""
@@ -537,7 +553,7 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
     from tvm import relax
 
     from pit_tvm.index.attention import attention_block_index_func
-    from pit_tvm.ops.matmul import _add_once
+    from pit_tvm.ops.matmul import add_once
     from pit_tvm.target import is_gpu, make_target
 
     target = make_target(target)
@@ -553,9 +569,9 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
     # one kernel per (kernel, pattern, d, key block, dtypes, scale): a model may hold several
     name = (f"pit_sparse_attention_{kind}_{pattern.tag}_d{d}_kb{kb}_{dtype}" + (f"_{mask_dtype}" if mask_dtype else "")
             + "_scale" + repr(scale).replace(".", "p").replace("-", "m").replace("+", ""))
-    kernel_gv = _add_once(bb, name, lambda: func)
+    kernel_gv = add_once(bb, name, lambda: func)
     index_func = attention_block_index_func(pattern, kb, dtype, target, mask_dtype=mask_dtype)
-    index_gv = _add_once(bb, str(index_func.attrs["global_symbol"]), lambda: index_func)
+    index_gv = add_once(bb, str(index_func.attrs["global_symbol"]), lambda: index_func)
 
     B, H, Sq, _ = q.ty.shape
     Sk = k.ty.shape[2]

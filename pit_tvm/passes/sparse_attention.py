@@ -244,7 +244,7 @@ class SparseAttentionToPIT:
         raise UserError(f"sparse_attention: unknown input {self.mask_input!r}; the model's inputs are {inputs}")
 
     def transform_module(self, mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
-        from pit_tvm.ops.sparse_attention import AttentionPattern, emit_sparse_attention
+        from pit_tvm.ops.sparse_attention import AttentionPattern, emit_sparse_attention, fast_kernel_applies
 
         gv_main = mod.get_global_var("main")
         func = mod[gv_main]
@@ -274,6 +274,10 @@ class SparseAttentionToPIT:
             if why is None and named is None and _same(layout[0][2], tirx.const(1, "int64")) \
                     and not _same(q.ty.shape[2], tirx.const(1, "int64")):
                 continue    # a key-padding mask: the dense attention's (name the input to take it)
+            if why is None and named is None and not fast_kernel_applies(self.target, int(_shape(q)[3]), q.ty.dtype):
+                why = (f"no fast sparse kernel for {self.target.kind.name} {self.target.attrs.get('arch', '')}, "
+                       f"head dim {int(_shape(q)[3])}, {q.ty.dtype} (the generic CUDA kernel is slower than "
+                       "the dense attention); name the mask's input with sparse_attention= to take it anyway")
             if why is not None:
                 warnings.warn(f"attention {tensor!r} (mask from {source[10:]}) stays dense: {why}")
                 records.append({"tensor": tensor, "source": source, "status": "dense", "reason": why})

@@ -28,7 +28,7 @@ from .backends import (BACKENDS, TENSOR_CORE_BACKENDS, Backend, KernelRequest, M
                        _cuda_dense_kernel, _cuda_rows_kernel, _cuda_tiles_kernel, _cuda_wgmma_tiles,
                        choose_kernels, pit_matmul_func, tensor_core_kernel)
 from .derived import dense_matmul_func, simt_matmul_func
-from .emit import (CPU_DENSE_DTYPES, OPAQUE_OP_PATTERN, emit_dense_matmul, emit_pit_matmul,
+from .emit import (CPU_DENSE_DTYPES, OPAQUE_OP_PATTERN, add_once, emit_dense_matmul, emit_pit_matmul,
                    strips_listing_producer)
 from .epilogue import ACTIVATIONS, Epilogue, emit_epilogue, is_row_scale, same_dims
 from .op import DenseMatmul, SparseMatmul, op_target, sparse_matmul
@@ -36,7 +36,7 @@ from .plan import (PIT_EXPECTED_DENSITY, SUPPORTED_DTYPES, TC_MIN_STRIP, MatmulP
                    effective_density_threshold, matmul_workload, planned_density, tensor_core_plan)
 
 __all__ = [
-    "ACTIVATIONS", "BACKENDS", "CPU_DENSE_DTYPES", "OPAQUE_OP_PATTERN", "PIT_EXPECTED_DENSITY",
+    "ACTIVATIONS", "BACKENDS", "add_once", "CPU_DENSE_DTYPES", "OPAQUE_OP_PATTERN", "PIT_EXPECTED_DENSITY",
     "SUPPORTED_DTYPES", "TC_MIN_STRIP", "TENSOR_CORE_BACKENDS", "Backend", "DenseMatmul", "Epilogue",
     "KernelRequest", "MatmulKernels", "MatmulPlan", "SparseMatmul", "choose_kernels", "dense_matmul_func",
     "effective_density_threshold", "emit_dense_matmul", "emit_epilogue", "emit_pit_matmul", "is_row_scale",

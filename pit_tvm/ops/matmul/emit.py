@@ -120,7 +120,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     elif chosen.strips:
         index_gv = index_src = None     # the one-pass index (_emit_strips)
     else:
-        index_gv = _add_once(bb, f"pit_index_{tag}{dens_tag}", lambda: tile_index_func(
+        index_gv = add_once(bb, f"pit_index_{tag}{dens_tag}", lambda: tile_index_func(
             k, (mr, mc), plan.index_group, dtype, tgt, density_threshold=density_threshold))
         index_src = a2
     # the micro-tile the index is built for (a tensor-core plan may cover a thinner one)
@@ -138,21 +138,21 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
         index = _emit_index(bb, index_gv, index_src, groups, capacity)
         offsets, ids = bb.emit(relax.TupleGetItem(index, 0)), bb.emit(relax.TupleGetItem(index, 1))
     if chosen.compact is not None:   # SRead of thin micro-tiles as a kernel of its own
-        compact_gv = _add_once(bb, f"pit_compact_{tag}", lambda: chosen.compact)
+        compact_gv = add_once(bb, f"pit_compact_{tag}", lambda: chosen.compact)
         a2 = bb.emit(relax.call_tir(compact_gv, [a2, offsets, ids], relax.TensorType([m, k], dtype)))
     epilogue_args = (epilogue.kernel_args(bb, m, n, dtype, None if scaled is None else scaled[1])
                      if in_kernel else [])
     c = bb.emit(relax.call_tir(kernel_gv, [a2, b, offsets, ids] + epilogue_args, relax.TensorType([m, n], out_dtype)))
     for tier, few_rows_kernel in enumerate(few_rows_kernels):
         # a few-rows tier writes C in place when its row count skipped the kernels before it
-        few_gv = _add_once(bb, name.replace("pit_kernel_", f"pit_few_rows{tier}_"),
+        few_gv = add_once(bb, name.replace("pit_kernel_", f"pit_few_rows{tier}_"),
                            lambda few_rows_kernel=few_rows_kernel: few_rows_kernel)
         c = bb.emit(relax.call_tir_inplace(few_gv, [a2, b, offsets, ids] + epilogue_args + [c], [4 + len(epilogue_args)],
                                            relax.TensorType([m, n], out_dtype)))
     if chosen.dense_fallback is not None:
         # a full index (the device-side dense fallback, or a dense pattern): the tiles kernel
         # and the compaction skipped their work, the dense kernel writes C in place
-        fallback_gv = _add_once(bb, name.replace("pit_kernel_", "pit_dense_fallback_"), lambda: chosen.dense_fallback)
+        fallback_gv = add_once(bb, name.replace("pit_kernel_", "pit_dense_fallback_"), lambda: chosen.dense_fallback)
         c = bb.emit(relax.call_tir_inplace(fallback_gv, [a_in, b, offsets] + epilogue_args + [c],
                                            [3 + len(epilogue_args)], relax.TensorType([m, n], out_dtype)))
     c = _from_rows(bb, c, lead, n)
@@ -310,7 +310,7 @@ def _row_mask_index(bb, row_mask, m, target, density_threshold, dens_tag):
     dtype = str(mask.ty.dtype)
     if dtype not in INDEX_DTYPES:  # integer masks: float32 keeps every non-zero value non-zero
         mask, dtype = bb.emit(relax.op.astype(mask, "float32")), "float32"
-    index_gv = _add_once(bb, f"pit_row_index_{dtype}{dens_tag}", lambda: tile_index_func(
+    index_gv = add_once(bb, f"pit_row_index_{dtype}{dens_tag}", lambda: tile_index_func(
         1, (1, 1), "col", dtype, target, density_threshold=density_threshold))
     return index_gv, mask
 
@@ -341,8 +341,8 @@ def _emit_strips(bb, a, m, k, mk, dtype, density_threshold, tag):
     from pit_tvm.schedules.wgmma_strips import (STATE_DTYPE, compacts, strip_list_func, strip_pack_func,
                                                 strip_state_words)
 
-    list_gv = _add_once(bb, f"pit_strips_{tag}", lambda: strip_list_func(k, mk, dtype))
-    pack_gv = _add_once(bb, f"pit_index_{tag}", lambda: strip_pack_func(k, mk, density_threshold))
+    list_gv = add_once(bb, f"pit_strips_{tag}", lambda: strip_list_func(k, mk, dtype))
+    pack_gv = add_once(bb, f"pit_index_{tag}", lambda: strip_pack_func(k, mk, density_threshold))
     groups = strip_state_words(m)                    # one counter per 128-row strip
     if isinstance(m, (int, tirx.IntImm)):
         state = relax.const(np.zeros(int(groups)), STATE_DTYPE)
@@ -359,7 +359,7 @@ def _emit_strips(bb, a, m, k, mk, dtype, density_threshold, tag):
             bb.emit(relax.TupleGetItem(listed, 2)) if compacts(mk) else a)
 
 
-def _add_once(bb, name, make):
+def add_once(bb, name, make):
     """The function ``name`` of the module being built: ``make()`` added on first use only (an
     index PrimFunc is fully named by its shape, dtype and threshold, and takes ~0.1 s to
     generate; a model asks for the same one for every matmul of a shape)."""
