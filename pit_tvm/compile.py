@@ -263,7 +263,8 @@ def symbolic_dims_error(err: Exception, symbolic: dict, tensors=()) -> Exception
 
 
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
-                 cuda_graph=False, expected_density=None, padding=None, sparse_attention=None) -> CompiledModel:
+                 cuda_graph=False, expected_density=None, padding=None, sparse_attention=None,
+                 sample_inputs=None) -> CompiledModel:
     """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
 
     What is not an ONNX model with outputs (an empty file, other bytes, a directory), and a
@@ -284,8 +285,15 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     input named like it: the token-wise matmuls then run on the real tokens only
     (:class:`~pit_tvm.passes.PropagatePadding`), and **the outputs at padded positions are not
     computed** (compare on the real tokens only).  Needs the mask's shape static (``shapes=``).
+    ``sample_inputs``: ``{input name: array}`` (or a list of them, or an ``.npz`` path) of typical
+    inputs: onnxruntime computes on them the left operand of each matmul annotated for its
+    activation sparsity (relu, ``sparse=`` without a micro-tile), and
+    :func:`~pit_tvm.tuning.choose.choose_micro_tile` picks its micro-tile, or ``"dense"``, from that
+    pattern with the target's measured latency model; ``annotations`` records the choice and why
+    (:mod:`pit_tvm.tuning.sample_tiles`).
     """
     proto = load_model(model)
+    original = proto     # (the samples run through the model as exported)
     tgt = make_target(target)
     fixed = static_shapes(proto, shapes)
     symbolic = symbolic_inputs(proto, fixed)   # what an import / build failure may be about
@@ -316,6 +324,14 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     imported = mod
     mod = CombineParallelMatmuls()(mod)   # Q, K, V: one GEMM (both builds)
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
+    if sample_inputs is not None:
+        from .passes.annotate import sparse_annotations  # noqa: PLC0415
+        from .tuning.sample_tiles import choose_tiles_from_samples  # noqa: PLC0415
+
+        init = {t.name for t in original.graph.initializer}
+        names = [i.name for i in original.graph.input if i.name not in init]
+        given = {name for name, tile in sparse_annotations(sparse).items() if tile is not None}
+        annotated = choose_tiles_from_samples(annotated, original, sample_inputs, tgt, names, given)
     # the attention mask's padding propagated to the token-wise matmuls whose padded rows are not
     # needed; after the other sources: a matmul they annotate keeps its kernel
     if padding:

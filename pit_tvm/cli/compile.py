@@ -1,5 +1,5 @@
 """``pit-tvm compile MODEL.onnx --target cuda|llvm [--sparse NAME[:MxK]]... [--shape NAME=DxDx..]...
-[--padding [MASK]] [--tuning-log DIR] [--expected-density FRACTION] -o OUT[.so]``.
+[--padding [MASK]] [--sample-inputs X.npz] [--tuning-log DIR] [--expected-density FRACTION] -o OUT[.so]``.
 
 Imports the ONNX model, annotates its dynamic sparsity (automatically: relu, masks, padding; and
 the ``--sparse`` tensors by ONNX name, with an optional micro-tile ``MxK``), lowers the annotated
@@ -7,7 +7,9 @@ matmuls to PIT kernels, builds, and exports ``OUT.so`` (+ ``OUT.so.json``; ``.so
 an output name without it). Prints what was annotated and why.  ``--padding MASK`` (or
 ``--padding`` alone: the one input named like an attention mask) runs the token-wise matmuls on
 the real tokens of that ``[batch, sequence]`` mask only (``compile_onnx(..., padding=)``): the
-outputs at padded positions are not computed.
+outputs at padded positions are not computed.  ``--sample-inputs X.npz`` (arrays named by the
+model's inputs): the micro-tile of each activation-sparse matmul is chosen from its pattern on
+those inputs (``compile_onnx(..., sample_inputs=)``), the choice printed in the table.
 """
 from __future__ import annotations
 
@@ -70,6 +72,9 @@ def register(subparsers) -> None:
                    help="the [batch, sequence] attention-mask input (1 real token, 0 padding): the token-wise "
                         "matmuls run on the real tokens only, outputs at padded positions are not computed; "
                         "without MASK the one input named like an attention mask (needs its shape static: --shape)")
+    p.add_argument("--sample-inputs", default=None, metavar="X.npz",
+                   help="typical inputs (an .npz, arrays named by the model's inputs): each activation-sparse "
+                        "matmul's micro-tile (or dense) is chosen from its pattern on them")
     p.add_argument("--tuning-log", default=None, metavar="DIR", help="tuning database for the PIT kernels")
     p.add_argument("--expected-density", type=float, default=None, metavar="FRACTION",
                    help="fraction of rows the row-sparse PIT matmuls are expected to list (e.g. a sample "
@@ -106,7 +111,7 @@ def run(args) -> int:
             warnings.simplefilter("always")
             cm = compile_onnx(args.model, target=args.target, sparse=sparse, tuning_log=args.tuning_log,
                               auto=not args.no_auto, shapes=shapes, expected_density=args.expected_density,
-                              padding=args.padding,
+                              padding=args.padding, sample_inputs=args.sample_inputs,
                               sparse_attention=False if args.sparse_attention == "off" else args.sparse_attention)
     except (ValueError, FileNotFoundError) as err:   # the compiler's bad-argument errors
         raise UserError(str(err)) from err

@@ -45,6 +45,8 @@ DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(o
                                "docs", "results")
 #: the measured benchmarks the default model reads, by their M = K = N
 DEFAULT_RESULT_FILES = {4096: "gpu_matmul.json", 8192: "gpu_matmul_8192.json"}
+#: the measured CPU benchmark (``benchmarks/cpu_matmul.py``) the default model of an ``llvm`` target reads
+CPU_RESULT_FILE = "cpu_matmul.json"
 
 
 # -- coverage -----------------------------------------------------------------------------------
@@ -176,7 +178,8 @@ def latency_model_from_results(path_or_data=None, size: int | None = None) -> La
     """A :class:`LatencyModel` from a measured GPU matmul benchmark JSON.
 
     Accepts both layouts written by ``benchmarks/gpu_matmul.py``: the wide baseline rows
-    (``kind``, ``sparsity``, ``pit_total_ms``, ``cublas_ms``) and the long rows
+    (``kind``, ``sparsity``, ``pit_total_ms``, ``cublas_ms``; or ``benchmarks/cpu_matmul.py``'s
+    ``pit_ms``, ``dense_tvm_ms``: PIT and the dense TVM build on the CPU) and the long rows
     (``size``, ``micro_tile``, ``sparsity``, ``density``, ``method``, ``ms``). The PIT time is
     PIT's end-to-end time (index + kernel); the dense time is the median cuBLAS time.
     ``path_or_data=None`` reads ``docs/results/gpu_matmul.json`` or, if absent,
@@ -218,20 +221,25 @@ def latency_model_from_results(path_or_data=None, size: int | None = None) -> La
         m = re.search(r"K=(?:N=)?(\d+)", env.get("shape", "")) or re.search(r"=(\d+)", env.get("shape", ""))
         k = int(m.group(1)) if m else size
         for r in rows:
-            if "cublas_ms" in r:
-                dense.append(float(r["cublas_ms"]) * 1e-3)
-            if r.get("pit_total_ms") is not None:
+            dense_ms = r.get("cublas_ms", r.get("dense_tvm_ms"))
+            if dense_ms is not None:
+                dense.append(float(dense_ms) * 1e-3)
+            pit_ms = r.get("pit_total_ms", r.get("pit_ms"))
+            if pit_ms is not None:
                 table.setdefault(_tile_from_kind(r["kind"], k), {})[1.0 - float(r["sparsity"])] = \
-                    float(r["pit_total_ms"]) * 1e-3
+                    float(pit_ms) * 1e-3
     if not table:
         raise ValueError(f"no PIT timings found in {source}")
     row_k = max((kk for mr, kk in table if mr == 1), default=None)
     return LatencyModel(table, float(np.median(dense)) if dense else None, source=source, row_k=row_k)
 
 
-def default_latency_model(k: int) -> LatencyModel:
+def default_latency_model(k: int, target: str = "cuda") -> LatencyModel:
     """:func:`latency_model_from_results` of the measured benchmark whose M = K = N is nearest
-    ``k`` (:data:`DEFAULT_RESULT_FILES`; else the one file there is)"""
+    ``k`` (:data:`DEFAULT_RESULT_FILES`; else the one file there is); for ``target="llvm"`` the
+    CPU benchmark (:data:`CPU_RESULT_FILE`: PIT and the dense build on this kind of machine)"""
+    if str(target).split()[0].split(":")[0] in ("llvm", "cpu"):
+        return latency_model_from_results(os.path.join(DEFAULT_RESULTS, CPU_RESULT_FILE))
     files = {size: os.path.join(DEFAULT_RESULTS, name) for size, name in DEFAULT_RESULT_FILES.items()
              if os.path.exists(os.path.join(DEFAULT_RESULTS, name))}
     if not files:
