@@ -8,7 +8,9 @@ identifier), and stores the map ``{onnx name: relax var name}`` as the module at
 explicit annotations). If the named import fails for any reason it falls back to the import
 without names, with a warning (names are then ``lv<N>``, graph inputs keep theirs).  A node the
 importer cannot convert raises :class:`UnsupportedOnnxError` (node name, op type, reason); the
-converters that give wrong answers are fixed up here (:data:`PIT_CONVERTER_FIXES`).
+converters that give wrong answers are fixed up here (:data:`PIT_CONVERTER_FIXES`). A ``Range``
+bounded by the inputs' dims keeps a symbolic length (:func:`shape_values`): real exports then
+import over symbolic batch / sequence dims.
 """
 from __future__ import annotations
 
@@ -291,6 +293,90 @@ def _has_zero_dim(value) -> bool:
     return shape is not None and any(isinstance(d, tvm.tirx.IntImm) and d.value == 0 for d in shape)
 
 
+#: ops a shape value passes through unchanged (its elements, flattened)
+_SHAPE_VALUE_PASSTHROUGH = {"relax.reshape", "relax.astype", "relax.squeeze", "relax.expand_dims",
+                            "relax.flatten", "relax.broadcast_to"}
+_SHAPE_VALUE_ARITH = {"relax.add": lambda a, b: a + b, "relax.subtract": lambda a, b: a - b,
+                      "relax.multiply": lambda a, b: a * b, "relax.floor_divide": tvm.tirx.floordiv,
+                      "relax.maximum": tvm.tirx.max, "relax.minimum": tvm.tirx.min}
+
+
+def _int64(value):
+    """a PrimExpr as int64 (a tirx Var's dtype is its ``ty``)"""
+    dtype = str(getattr(value, "dtype", None) or value.ty)
+    return value if dtype == "int64" else tvm.tirx.Cast("int64", value)
+
+
+def shape_values(bb, expr, depth: int = 0):
+    """The elements of the small integer tensor ``expr`` as ``int64`` PrimExprs of the inputs'
+    dims (``Shape -> Gather -> Cast / Unsqueeze / Concat / +-*//`` chains), or None where one is
+    not a function of shapes and constants"""
+    from tvm import tirx  # noqa: PLC0415
+
+    if depth > 32:
+        return None
+    if tvm.ir.is_prim_expr(expr):
+        return [_int64(expr)]
+    if isinstance(expr, relax.Var):
+        bound = bb.lookup_binding(expr)
+        return None if bound is None else shape_values(bb, bound, depth + 1)
+    if isinstance(expr, tvm.ir.GenericConst):
+        value = expr.value.numpy()
+        if value.dtype.kind not in "iu" or value.size > 16:
+            return None
+        return [tirx.IntImm("int64", int(v)) for v in value.reshape(-1)]
+    if isinstance(expr, relax.ShapeExpr):
+        return [_int64(v) for v in expr.values]
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return None
+    op, args = expr.op.name, expr.args
+    if op == "relax.shape_to_tensor":
+        return shape_values(bb, args[0], depth + 1)
+    if op == "relax.shape_of":
+        shape = getattr(args[0].ty, "shape", None)
+        return shape_values(bb, shape, depth + 1) if isinstance(shape, relax.ShapeExpr) else None
+    if op in _SHAPE_VALUE_PASSTHROUGH:
+        return shape_values(bb, args[0], depth + 1)
+    if op == "relax.take" and int(expr.attrs.axis if expr.attrs.axis is not None else 0) == 0:
+        data, index = shape_values(bb, args[0], depth + 1), shape_values(bb, args[1], depth + 1)
+        if data is None or index is None or not all(isinstance(i, tirx.IntImm) for i in index):
+            return None
+        picked = [int(i.value) + (len(data) if int(i.value) < 0 else 0) for i in index]
+        return [data[i] for i in picked] if all(0 <= i < len(data) for i in picked) else None
+    if op == "relax.concat" and isinstance(args[0], relax.Tuple):
+        parts = [shape_values(bb, f, depth + 1) for f in args[0].fields]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+    if op in _SHAPE_VALUE_ARITH:
+        a, b = shape_values(bb, args[0], depth + 1), shape_values(bb, args[1], depth + 1)
+        if a is None or b is None or not (len(a) == len(b) or 1 in (len(a), len(b))):
+            return None
+        n = max(len(a), len(b))
+        a, b = (a * n if len(a) == 1 else a), (b * n if len(b) == 1 else b)
+        return [_SHAPE_VALUE_ARITH[op](x, y) for x, y in zip(a, b)]
+    return None
+
+
+def _symbolic_range(bb, inputs):
+    """ONNX ``Range(start, limit, delta)`` over integers whose bounds are functions of the inputs'
+    dims (``Range(0, Shape(x)[1])``, position ids) as ``arange`` of those PrimExprs, so its length
+    is the symbolic dim itself; None where they are not (TVM's converter then gives it a length
+    computed from data, which the build cannot size)"""
+    if len(inputs) != 3 or any(x is None for x in inputs):
+        return None
+    dtype = getattr(inputs[0].ty, "dtype", None)
+    if dtype is None or not str(dtype).startswith(("int", "uint")):
+        return None
+    bounds = [shape_values(bb, x) for x in inputs]
+    if any(b is None or len(b) != 1 for b in bounds):
+        return None
+    start, limit, delta = (b[0] for b in bounds)
+    if all(isinstance(b, tvm.tirx.IntImm) for b in (start, limit)):
+        return None     # (constants: TVM's converter makes the constant)
+    if not isinstance(delta, tvm.tirx.IntImm) or int(delta.value) <= 0:
+        return None
+    return relax.op.arange(start, limit, delta, dtype=str(dtype))
+
+
 def _importer_classes():
     """``(_PitImporter, _NamedImporter)``: TVM's ONNX importer with :data:`PIT_CONVERTER_FIXES`
     applied, and that importer binding each converted node to a var named after its first ONNX
@@ -320,6 +406,10 @@ def _importer_classes():
                 inputs = PIT_INPUT_FIXES[op_name](self.bb, inputs, attrs)
             if op_name == "Trilu" and _has_zero_dim(inputs[0]):  # empty: TVM's converter fails on it
                 return inputs[0]
+            if op_name == "Range":   # bounds from the inputs' dims: a symbolic length, not a data-dependent one
+                ranged = _symbolic_range(self.bb, list(inputs))
+                if ranged is not None:
+                    return self.bb.normalize(ranged)
             sym = super()._convert_operator(op_name, inputs, attrs, opset)
             fix = PIT_CONVERTER_FIXES.get(op_name)
             if fix is not None:
