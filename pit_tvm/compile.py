@@ -236,7 +236,28 @@ def tensors_of_data_dependent_shape(mod: tvm.IRModule, limit: int = 5) -> list[s
     return found
 
 
-def symbolic_dims_error(err: Exception, symbolic: dict, tensors=()) -> Exception:
+def inputs_read_by_value(proto, tensor: str) -> list[str]:
+    """The graph inputs whose values (not only their shapes: the walk stops at ``Shape`` /
+    ``Size`` nodes) ``tensor`` is computed from: where its shape is data-dependent, fixing the
+    inputs' shapes does not make it static"""
+    producer = {out: node for node in proto.graph.node for out in node.output}
+    inputs = {i.name for i in proto.graph.input} - {t.name for t in proto.graph.initializer}
+    seen, stack, found = set(), [tensor], []
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in inputs:
+            found.append(name)
+            continue
+        node = producer.get(name)
+        if node is not None and node.op_type not in ("Shape", "Size"):
+            stack.extend(i for i in node.input if i)
+    return sorted(found)
+
+
+def symbolic_dims_error(err: Exception, symbolic: dict, tensors=(), proto=None) -> Exception:
     """``err`` (the import or build failing over symbolic input dims) with what to do about it:
     the inputs' symbolic dims, the tensors whose shapes are computed from data, and the fix
     (``shapes=``).  A ``ValueError`` keeps its type (e.g. the importer's error naming the node)."""
@@ -248,6 +269,12 @@ def symbolic_dims_error(err: Exception, symbolic: dict, tensors=()) -> Exception
     cli = " ".join(f"--shape {name}={'x'.join(str(d) if isinstance(d, int) and d > 0 else f'<{d or chr(63)}>' for d in dims)}"
                    for name, dims in symbolic.items())
     where = f"; the shapes of {list(tensors)} are computed from data" if tensors else ""
+    by_value = inputs_read_by_value(proto, tensors[0]) if tensors and proto is not None else []
+    if by_value:
+        return ValueError(f"{first}\n(the shape of {tensors[0]!r} depends on the values of input(s) {by_value}, not "
+                          "only on the inputs' shapes: pit-tvm needs every tensor's shape to follow from the "
+                          "inputs' shapes, and shapes= cannot fix this one: size it by a dim instead (e.g. a "
+                          "Range up to the sequence dim, the lengths applied as a mask))")
     message = (f"{first}\n(compiling over the symbolic dims of {dims}{where}: TVM cannot type this export's "
                f"shape arithmetic over symbolic dims. Fix them with shapes={{{example}}} (each name a size, e.g. "
                f"the padded batch and sequence length you run), or {cli} on the command line; the graph's shape "
@@ -316,7 +343,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
         unknown = tensors_of_unknown_shape(mod)
         if not unknown:
             if symbolic:
-                raise symbolic_dims_error(err, symbolic, tensors_of_data_dependent_shape(mod)) from err
+                raise symbolic_dims_error(err, symbolic, tensors_of_data_dependent_shape(mod), proto) from err
             raise
         raise ValueError(f"the shapes of {unknown} are only known at run time (computed from data, e.g. a "
                          "Range over a symbolic dim), and the build needs them: fix the inputs' symbolic dims "
@@ -369,7 +396,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     except Exception as err:
         if not symbolic:
             raise
-        raise symbolic_dims_error(err, symbolic, tensors_of_data_dependent_shape(imported)) from err
+        raise symbolic_dims_error(err, symbolic, tensors_of_data_dependent_shape(imported), proto) from err
     init = {t.name for t in proto.graph.initializer}
     inputs = [{"name": i.name, "dtype": _onnx_dtype(i), "shape": fixed.get(i.name, _dims(i))}
               for i in proto.graph.input if i.name not in init]

@@ -103,19 +103,23 @@ def test_export_without_shapes_is_right_at_two_sizes(name):
         assert real_token_error(model.run(feeds)[0], onnxruntime_output(name, feeds), feeds["attention_mask"]) <= 1e-4
 
 
-def range_over_reduced_shape() -> onnx.ModelProto:
+def range_over_reduced_shape(by_value=False) -> onnx.ModelProto:
     """y = x + Range(0, ReduceMax(Shape(x)[[1]])): a bound TVM's importer (and pit-tvm's symbolic
-    Range) cannot follow over symbolic dims, that onnxsim folds once the shape is fixed"""
+    Range) cannot follow over symbolic dims, that onnxsim folds once the shape is fixed;
+    ``by_value``: Range(0, ReduceMax(lengths)) instead, a size no shape fixes"""
     from onnx import TensorProto, helper, numpy_helper  # noqa: PLC0415
 
     nodes = [helper.make_node("Shape", ["x"], ["x_shape"]),
              helper.make_node("Gather", ["x_shape", "axis_1"], ["sequence_1d"]),
-             helper.make_node("ReduceMax", ["sequence_1d"], ["sequence"], keepdims=0),
+             helper.make_node("ReduceMax", ["lengths" if by_value else "sequence_1d"], ["sequence"], keepdims=0),
              helper.make_node("Range", ["zero", "sequence", "one"], ["positions"]),
              helper.make_node("Cast", ["positions"], ["positions_float"], to=TensorProto.FLOAT),
              helper.make_node("Add", ["x", "positions_float"], ["y"])]
     consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("zero", 0), ("one", 1), ("axis_1", [1]))]
-    graph = helper.make_graph(nodes, "positions", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence"])],
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence"])]
+    if by_value:
+        inputs.append(helper.make_tensor_value_info("lengths", TensorProto.INT64, ["batch"]))
+    graph = helper.make_graph(nodes, "positions", inputs,
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence"])], consts)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -134,6 +138,16 @@ def test_shape_arithmetic_it_cannot_follow_names_the_tensor_and_the_fix_that_wor
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(compiled(model, target="llvm", shapes={"x": [3, 5]}).run({"x": x})[0], want, rtol=1e-6)
+
+
+def test_a_size_taken_from_input_values_is_named_without_a_false_fix():
+    """a Range up to max(lengths): its length is the input's values, which shapes= cannot fix, and
+    the error says so (naming the tensor and the input) instead of suggesting shapes="""
+    with pytest.raises(ValueError) as info:
+        compiled(range_over_reduced_shape(by_value=True), target="llvm")
+    text = str(info.value)
+    assert "the shape of 'positions' depends on the values of input(s) ['lengths']" in text, text
+    assert "shapes= cannot fix this one" in text and "shapes={" not in text, text
 
 
 def test_shape_arithmetic_folds_and_weights_stay():
