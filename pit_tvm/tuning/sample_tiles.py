@@ -144,6 +144,11 @@ def choose_tiles_from_samples(mod: tvm.IRModule, proto, samples, target, input_n
         fname, act = str(rec["function"]), acts[str(rec["tensor"])]
         m, k = act.shape
         cands = candidates_for(m, k)
+        k_operand = funcs[fname][1].params[0].ty.shape.values[-1]
+        if int(getattr(k_operand, "value", -1)) != k:   # (a transpose between them: another layout)
+            rec["reason"] = (str(rec["reason"]) + f"; default micro-tile kept: the matmul reads {rec['tensor']!r} "
+                             "in another layout than the ONNX tensor's")
+            continue
         if not cands:
             rec["reason"] = str(rec["reason"]) + f"; default micro-tile kept: the samples' {m} rows are fewer than any micro-tile"
             continue
