@@ -210,6 +210,18 @@ def test_export_in_float16_on_cuda_matches_onnxruntime(name):
     assert real_token_error(got, onnxruntime_output(name, feeds), feeds["attention_mask"]) <= 5e-3
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", SYMBOLIC_EVERY_RUN)
+def test_export_in_float16_on_cuda_without_shapes_is_right_at_two_sizes(name):
+    """one float16 CUDA build over symbolic batch / sequence dims, right at two sizes"""
+    model = compiled(to_float16(onnx.load(str(fixture(name)))), target="cuda")
+    for lengths, sequence in (([16, 9], 16), ([5, 3, 7], 7)):
+        feeds = padded_batch(lengths, sequence)
+        got = model.run(feeds)[0]
+        assert got.dtype == np.float16
+        assert real_token_error(got, onnxruntime_output(name, feeds), feeds["attention_mask"]) <= 5e-3
+
+
 def test_float16_cuda_build_has_no_fast_math_pow_nor_bool_vectors():
     """T5's fp16 encoder built for CUDA (no GPU needed): its RMS norm's ``x ** 2`` is a product
     (``--use_fast_math``'s ``powf`` is NaN for x < 0; GPT-2's / ALBERT's gelu_new ``x ** 3`` made
