@@ -34,7 +34,7 @@ from .passes.annotate import AnnotateDynamicSparsity, annotations_of
 from .passes.attention import FuseAttention
 from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToPITKernels
-from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_onnx, load_model
+from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_annotations, import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
 from .passes.moe_import import lower_moe_layers
 from .passes.propagate_padding import PropagatePadding
@@ -297,7 +297,8 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # then constant, and its subgraph can be checked on its own)
     proto, moe_notes = lower_moe_layers(proto, tgt, shapes=fixed)
     try:
-        mod = import_onnx(proto, shape_dict=fixed or None, target=tgt)
+        mod = import_onnx(proto, shape_dict=fixed or None, target=tgt, sparse_attention=sparse_attention is not False)
+        moe_notes = moe_notes + import_annotations(mod)   # (com.microsoft.LongformerAttention's)
     except Exception as err:
         if not symbolic:
             raise

@@ -27,6 +27,8 @@ import tvm
 from tvm import relax
 
 ONNX_NAMES_ATTR = "pit.onnx_names"
+#: module attribute: the records of the contrib ops converted at import (``com.microsoft.LongformerAttention``)
+IMPORT_ANNOTATIONS_ATTR = "pit.import_annotations"
 
 
 def sanitize(name: str) -> str:
@@ -302,6 +304,11 @@ def _importer_classes():
     class _PitImporter(of.ONNXGraphImporter):
         #: the build target, for the ops pit-tvm converts itself (``PitMoE``)
         pit_target = None
+        #: whether contrib attention ops become block-sparse attention (else dense masks)
+        pit_sparse_attention = True
+        #: {pit node name: its first ONNX output}; the converters' decision records
+        pit_outputs: dict = {}
+        pit_notes: list = []
 
         def _check_for_unsupported_ops(self, graph):
             # (pit-tvm's own ops and the ONNX Runtime contrib ops that TVM lacks are converted here)
@@ -315,7 +322,10 @@ def _importer_classes():
             if op_name in PIT_OPS:
                 return self.bb.normalize(PIT_OPS[op_name](self.bb, list(inputs), attrs, self.pit_target))
             if op_name in CONTRIB_CONVERTERS:
-                return CONTRIB_CONVERTERS[op_name](self.bb, inputs, attrs)
+                node = attrs.get("tvm_custom", {}).get("name")
+                return CONTRIB_CONVERTERS[op_name](self.bb, inputs, attrs, target=self.pit_target,
+                                                   sparse=self.pit_sparse_attention, notes=self.pit_notes,
+                                                   node_output=self.pit_outputs.get(node))
             if op_name in PIT_INPUT_FIXES:
                 inputs = PIT_INPUT_FIXES[op_name](self.bb, inputs, attrs)
             if op_name == "Trilu" and _has_zero_dim(inputs[0]):  # empty: TVM's converter fails on it
@@ -549,11 +559,15 @@ def _static_dims(value_info) -> list[int] | None:
     return [int(d.dim_value) for d in dims] if all(d.HasField("dim_value") for d in dims) else None
 
 
-def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, target=None) -> tvm.IRModule:
+def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, target=None,
+                sparse_attention: bool = True) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into Relax, keeping ONNX tensor names.
 
     A node TVM's importer cannot convert raises :class:`UnsupportedOnnxError` naming it.
-    ``target``: the build target, for the nodes pit-tvm converts itself (:data:`PIT_OPS`)."""
+    ``target``: the build target, for the nodes pit-tvm converts itself (:data:`PIT_OPS`) and
+    the contrib attention ops; ``sparse_attention``: False converts ``com.microsoft`` attention
+    ops with dense masks.  The contrib converters' decision records are the module attribute
+    :data:`IMPORT_ANNOTATIONS_ATTR`."""
     model = load_model(model)
     check_tensor_types(model.graph)
 
@@ -579,6 +593,7 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, t
     try:
         imp = named_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
         imp.pit_outputs, imp.pit_bound, imp.pit_target = outputs, {}, target
+        imp.pit_sparse_attention, imp.pit_notes = sparse_attention, []
         mod = _run_importer(imp, copy.graph, opset, original_names)
         names = dict(imp.pit_bound)
         for i_name, var in imp._inputs.items():  # graph inputs (sanitised names)
@@ -587,8 +602,19 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, t
     except Exception as err:  # noqa: BLE001 - maybe the naming hooks (importer internals changed)
         # the same import without them: it raises UnsupportedOnnxError where the model is the cause
         plain = pit_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
-        plain.pit_target = target
+        plain.pit_target, plain.pit_outputs = target, outputs
+        plain.pit_sparse_attention, plain.pit_notes = sparse_attention, []
+        imp = plain
         mod = _run_importer(plain, copy.graph, opset, original_names)
         warnings.warn(f"named ONNX import failed ({err!r}); imported without ONNX names (names lv<N>)")
         names = {p.name: p.name for p in mod["main"].params}
-    return mod.with_attr(ONNX_NAMES_ATTR, names)
+    mod = mod.with_attr(ONNX_NAMES_ATTR, names)
+    if imp.pit_notes:
+        mod = mod.with_attr(IMPORT_ANNOTATIONS_ATTR, imp.pit_notes)
+    return mod
+
+
+def import_annotations(mod: tvm.IRModule) -> list[dict]:
+    """The decision records the contrib converters left on ``mod`` (plain dicts)."""
+    notes = (mod.attrs or {}).get(IMPORT_ANNOTATIONS_ATTR, [])
+    return [{str(k): str(v) for k, v in dict(n).items()} for n in notes]
