@@ -121,6 +121,16 @@ def test_contrib_longformer_bad_operands_are_named(kwargs, message):
     assert "LongformerAttention" in str(info.value)
 
 
+@pytest.mark.skipif(__import__("pit_tvm.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None, reason="nvcc not found")
+def test_contrib_longformer_builds_for_cuda():
+    """sm_90a, fp16, head dim 64: the sparse path, compiled to device code"""
+    from pit_tvm.nvcc import check_cuda_compiles
+
+    compiled = pit_tvm.compile_onnx(longformer_model(TensorProto.FLOAT16, hidden=128, window=64), target="cuda")
+    assert [n["status"] for n in compiled.annotations if n["source"].startswith("attention:")] == ["pit"]
+    assert check_cuda_compiles(compiled.executable, archs=("sm_90a",)) >= 1
+
+
 # --------------------------------------------------------------------------- an exported encoder
 ENCODER_SHAPES = {"inputs_embeds": [2, 64, HIDDEN], "attention_mask": [2, 64], "global_attention_mask": [2, 64]}
 
