@@ -297,7 +297,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # then constant, and its subgraph can be checked on its own)
     proto, moe_notes = lower_moe_layers(proto, tgt, shapes=fixed)
     try:
-        mod = import_onnx(proto, shape_dict=fixed or None, target=tgt, sparse_attention=sparse_attention is not False)
+        mod = import_onnx(proto, shape_dict=fixed or None, target=tgt, sparse_attention=sparse_attention)
         moe_notes = moe_notes + import_annotations(mod)   # (com.microsoft.LongformerAttention's)
     except Exception as err:
         if not symbolic:

@@ -110,6 +110,21 @@ def test_contrib_longformer_dense_when_sparse_attention_off():
     np.testing.assert_allclose(compiled.run(feeds)[0], _reference(feeds), atol=2e-5, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:attention 'out_local'")    # (the pass's word on the dense form)
+def test_contrib_longformer_without_fast_kernel_is_dense_unless_named():
+    """CUDA other than sm_90a: dense masks with a warning; naming the global input takes the
+    sparse kernel anyway (the pass's policy for run-time masks)"""
+    with pytest.warns(UserWarning, match="LongformerAttention 'out': no fast sparse kernel for cuda sm_80"):
+        compiled = pit_tvm.compile_onnx(longformer_model(batch=1, sequence=32), target="cuda:sm_80")
+    notes = {n["tensor"]: n["status"] for n in compiled.annotations if n["source"] == "attention:global,mask"}
+    assert notes["out"] == "dense" and "pit" not in notes.values()
+    compiled = pit_tvm.compile_onnx(longformer_model(batch=1, sequence=32), target="cuda:sm_80",
+                                    sparse_attention="global")
+    assert [(n["tensor"], n["status"]) for n in compiled.annotations
+            if n["source"].startswith("attention:")] == [("out", "pit")]
+    assert "pit_attention_index" in compiled.lowered.script()
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(num_heads=3), "hidden size 32 is not a multiple of num_heads=3"),
     (dict(weight_shape=[HIDDEN, 2 * HIDDEN]), r"'weight' must have shape \[32, 96\]"),

@@ -33,6 +33,7 @@ import math
 
 import numpy as np
 from tvm import relax, tirx
+from tvm.sym.analyzer import Analyzer
 
 __all__ = ["CONTRIB_CONVERTERS", "sparse_attention_contrib", "longformer_attention_contrib", "reference_longformer_attention"]
 
@@ -183,9 +184,10 @@ def _longformer_operands(inputs, attrs):
     nh, window = int(attrs["num_heads"]), int(attrs["window"])
     if nh <= 0 or window < 0:
         raise ValueError(f"{op}: num_heads={nh} must be > 0 and window={window} >= 0")
+    operands = {"input": x, "weight": w, "bias": b, "mask": mask, "global_weight": gw, "global_bias": gb,
+                "global": flags}
     shapes = {}
-    for name, t, rank in (("input", x, 3), ("weight", w, 2), ("bias", b, 1), ("mask", mask, 2),
-                          ("global_weight", gw, 2), ("global_bias", gb, 1), ("global", flags, 2)):
+    for (name, t), rank in zip(operands.items(), (3, 2, 1, 2, 2, 1, 2)):
         if not isinstance(getattr(t, "ty", None), relax.TensorType) or t.ty.shape is None or len(t.ty.shape) != rank:
             raise ValueError(f"{op}: input {name!r} must be a tensor of rank {rank}")
         shapes[name] = list(t.ty.shape)
@@ -203,14 +205,21 @@ def _longformer_operands(inputs, attrs):
         have = [int(v) if isinstance(v, tirx.IntImm) else v for v in shapes[name]]
         if have != want:
             raise ValueError(f"{op}: {name!r} must have shape {want} (hidden {hidden}), got {have}")
-        if str(given[["input", "weight", "bias", "mask", "global_weight", "global_bias"].index(name)].ty.dtype) != dtype:
-            raise ValueError(f"{op}: {name!r} must have the input's dtype {dtype}")
+        if str(operands[name].ty.dtype) != dtype:
+            raise ValueError(f"{op}: {name!r} must have the input's dtype {dtype}, got {operands[name].ty.dtype}")
+    if "float" not in str(mask.ty.dtype):
+        raise ValueError(f"{op}: 'mask' must be a float tensor (0 / -10000), got {mask.ty.dtype}")
     if str(flags.ty.dtype) not in ("int32", "int64", "bool"):
         raise ValueError(f"{op}: 'global' must be int32, got {flags.ty.dtype}")
+    for name in ("mask", "global"):      # [B, S] of the input (static dims that differ: an error)
+        for have, want in zip(shapes[name], shapes["input"][:2]):
+            if isinstance(have, tirx.IntImm) and isinstance(want, tirx.IntImm) and int(have) != int(want):
+                raise ValueError(f"{op}: {name!r} of shape {shapes[name]} does not match the input's "
+                                 f"[batch, sequence] {shapes['input'][:2]}")
     return x, w, b, mask, gw, gb, flags, nh, window, hidden, dtype
 
 
-def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=None, sparse=True, notes=None,
+def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=None, sparse=None, notes=None,
                                  node_output=None):
     """The converter of ``com.microsoft.LongformerAttention`` (semantics:
     :func:`reference_longformer_attention`).
@@ -225,13 +234,15 @@ def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=N
       global projections: a global row reads every key; a local row only its own key and the
       global keys (a few key blocks, discarded);
 
-    and the output takes the global rows from the second, zeroes the padding rows.  ``sparse``
-    False (``compile_onnx(..., sparse_attention=False)``), or an op that refuses the operands
-    (with a warning), gives the same computation with dense ``[B, 1, S, S]`` masks.  ``notes``:
-    a list the decision record is appended to."""
+    and the output takes the global rows from the second, zeroes the padding rows.  ``sparse``:
+    ``compile_onnx``'s ``sparse_attention=`` (True / None: where a fast kernel runs it; the name
+    of the ``mask`` or ``global`` input: in any case; False: dense).  Dense, and where the op
+    refuses the operands (with a warning), is the same computation with ``[B, 1, S, S]`` masks.
+    ``notes``: a list the decision record is appended to."""
     import warnings
 
-    from pit_tvm.ops.sparse_attention import AttentionPattern, emit_sparse_attention
+    from pit_tvm.ops.sparse_attention import AttentionPattern, emit_sparse_attention, fast_kernel_applies
+    from pit_tvm.target import make_target
 
     x, w, b, mask, gw, gb, flags, nh, window, hidden, dtype = _longformer_operands(inputs, attrs)
     d = hidden // nh
@@ -248,24 +259,31 @@ def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=N
                                                                  [B, S, nh, d])), [0, 2, 1, 3]))
                 for i in range(3)]
 
+    def as_tokens(t):     # [B, S] with the input's dims (symbolic dims under other names: a reshape)
+        if all(Analyzer().can_prove_equal(a, c) for a, c in zip(t.ty.shape, [B, S])):
+            return t
+        return emit(relax.op.reshape(t, [B, S]))
+
+    source = f"attention:{','.join(sorted({str(mask.name), str(flags.name)}))}" \
+        if isinstance(mask, relax.Var) and isinstance(flags, relax.Var) else "attention:LongformerAttention"
+    mask, flags = as_tokens(mask), as_tokens(flags)
     q, k, v = project(w, b)
     gq, gk, gv = project(gw, gb)
     pad = emit(relax.op.less(emit(relax.op.astype(mask, "float32")), relax.const(0.0, "float32")))    # [B, S]
     flags32 = flags if str(flags.ty.dtype) == "int32" else emit(relax.op.astype(
         emit(relax.op.not_equal(flags, relax.const(0, str(flags.ty.dtype)))), "int32"))
     is_global = emit(relax.op.not_equal(flags32, relax.const(0, "int32")))                            # [B, S]
-    source = f"attention:{','.join(sorted({str(mask.name), str(flags.name)}))}" \
-        if isinstance(mask, relax.Var) and isinstance(flags, relax.Var) else "attention:LongformerAttention"
-    reason = None
-    from pit_tvm.ops.sparse_attention import fast_kernel_applies
-    from pit_tvm.target import make_target
-
     target = make_target(target or "llvm")
-    if sparse and not fast_kernel_applies(target, d, dtype):
+    reason = None if sparse is not False else "sparse_attention=False"
+    # (a name of the mask or global input takes the sparse kernel whatever the target)
+    from .frontend import sanitize
+
+    named = isinstance(sparse, str) and sanitize(sparse) in source[len("attention:"):].split(",")
+    if reason is None and not named and not fast_kernel_applies(target, d, dtype):
         reason = (f"no fast sparse kernel for {target.kind.name} {target.attrs.get('arch', '')}, head dim {d}, "
                   f"{dtype} (the generic CUDA kernel is slower than the dense attention)")
         warnings.warn(f"{LONGFORMER} {node_output!r}: {reason}; it runs dense", stacklevel=2)
-    elif sparse:
+    elif reason is None:
         try:
             doc_ids = emit(relax.op.astype(pad, "int32"))
             local = emit_sparse_attention(bb, q, k, v, AttentionPattern(window=window, global_tokens=True, documents=True),
@@ -277,9 +295,7 @@ def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=N
         except ValueError as err:
             reason = f"the sparse attention op refused it ({err})"
             warnings.warn(f"{LONGFORMER} {node_output!r}: {reason}; it runs dense", stacklevel=2)
-    else:
-        reason = "sparse_attention=False"
-    if not sparse or reason is not None:
+    if reason is not None:
         keys = emit(relax.op.expand_dims(emit(relax.op.logical_not(pad)), [1, 2]))                   # [B, 1, 1, S]
         idx = emit(relax.op.arange(tirx.const(0, "int64"), S, tirx.const(1, "int64"), "int64"))        # [S]
         diff = emit(relax.op.abs(emit(relax.op.subtract(emit(relax.op.expand_dims(idx, 1)),
@@ -289,14 +305,14 @@ def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=N
                                         emit(relax.op.expand_dims(is_global, [1, 2]))))               # [B, 1, S, S]
         fill = relax.const(-65504.0 if dtype == "float16" else -1.0e30, dtype)
 
-        def dense(q_, k_, v_, allowed):
+        def dense(q_, k_, v_, allowed, which):
             scores = emit(relax.op.multiply(emit(relax.op.matmul(q_, emit(relax.op.permute_dims(k_, [0, 1, 3, 2])))),
                                             relax.const(scale, dtype)))
             probs = emit(relax.op.nn.softmax(emit(relax.op.where(allowed, scores, fill)), axis=-1))
-            return emit(relax.op.matmul(probs, v_))
+            return bb.emit(relax.op.matmul(probs, v_), name_hint=sanitize(f"{node_output or 'longformer'}_{which}"))
 
-        local = dense(q, k, v, emit(relax.op.logical_and(keys, near)))
-        glob = dense(gq, gk, gv, keys)
+        local = dense(q, k, v, emit(relax.op.logical_and(keys, near)), "local")
+        glob = dense(gq, gk, gv, keys, "global")
     rows_global = emit(relax.op.expand_dims(is_global, [1, 3]))                                         # [B, 1, S, 1]
     rows_pad = emit(relax.op.expand_dims(pad, [1, 3]))
     out = emit(relax.op.where(rows_global, glob, local))

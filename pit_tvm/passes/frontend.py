@@ -304,8 +304,8 @@ def _importer_classes():
     class _PitImporter(of.ONNXGraphImporter):
         #: the build target, for the ops pit-tvm converts itself (``PitMoE``)
         pit_target = None
-        #: whether contrib attention ops become block-sparse attention (else dense masks)
-        pit_sparse_attention = True
+        #: ``compile_onnx``'s ``sparse_attention=`` for the contrib attention converters
+        pit_sparse_attention = None
         #: {pit node name: its first ONNX output}; the converters' decision records
         pit_outputs: dict = {}
         pit_notes: list = []
@@ -560,13 +560,13 @@ def _static_dims(value_info) -> list[int] | None:
 
 
 def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, target=None,
-                sparse_attention: bool = True) -> tvm.IRModule:
+                sparse_attention=None) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into Relax, keeping ONNX tensor names.
 
     A node TVM's importer cannot convert raises :class:`UnsupportedOnnxError` naming it.
     ``target``: the build target, for the nodes pit-tvm converts itself (:data:`PIT_OPS`) and
-    the contrib attention ops; ``sparse_attention``: False converts ``com.microsoft`` attention
-    ops with dense masks.  The contrib converters' decision records are the module attribute
+    the contrib attention ops; ``sparse_attention``: ``compile_onnx``'s (False converts
+    ``com.microsoft.LongformerAttention`` with dense masks; see its converter).  The contrib converters' decision records are the module attribute
     :data:`IMPORT_ANNOTATIONS_ATTR`."""
     model = load_model(model)
     check_tensor_types(model.graph)
