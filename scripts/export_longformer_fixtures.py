@@ -13,6 +13,13 @@ Writes to ``tests/data/longformer/``:
   global OR query global), as an additive bias of 0 / -10000.  Exported with
   ``torch.onnx.export`` (TorchScript, opset 17, dynamic batch and sequence).
 
+- ``longformer_model.onnx`` + ``longformer_model_io.npz``: HF ``LongformerModel`` itself (the tiny
+  config above, 2 layers, random weights and biases), exported the way ONNX Runtime's Longformer
+  exporter does it: each ``LongformerSelfAttention`` becomes one ``com.microsoft.LongformerAttention``
+  node (a custom op with an ONNX symbolic; weights packed as above), the rest of the model plain
+  ONNX; the npz holds two calls' ``input_ids`` / ``attention_mask`` / ``global_attention_mask``
+  and HF's ``last_hidden_state`` for them (eager PyTorch, the original attention code).
+
 ``--hf-model`` also tries what the issue asks first: exporting HF ``LongformerModel`` itself (tiny
 config) and compiling it with ``pit_tvm.compile_onnx``; it prints what happens (the export's
 global-attention code has data-dependent shapes: the number of global tokens sizes its tensors).
@@ -142,22 +149,124 @@ def export_encoder(out: pathlib.Path) -> None:
     print("wrote", out / "window_global_encoder.onnx")
 
 
-def try_hf_model() -> None:
-    """Export HF LongformerModel (TorchScript, opset 17) and try compile_onnx on it."""
+def _tiny_model(biases=True):
+    """HF LongformerModel of the tiny config, eval mode, random weights (and attention biases)"""
     import transformers as tf  # noqa: PLC0415
+    from transformers.models.longformer import modeling_longformer as ml  # noqa: PLC0415
 
     torch.manual_seed(0)
     model = tf.LongformerModel(_config()).eval()
+    if biases:
+        with torch.no_grad():
+            for layer in model.modules():
+                if isinstance(layer, ml.LongformerSelfAttention):
+                    for lin in (layer.query, layer.key, layer.value, layer.query_global, layer.key_global,
+                                layer.value_global):
+                        lin.bias.normal_(0.0, 0.5)
+    return model
 
-    class LastHiddenState(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
 
-        def forward(self, input_ids, attention_mask, global_attention_mask):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask,
+class LastHiddenState(torch.nn.Module):
+    """``(input_ids, attention_mask, global_attention_mask) -> last_hidden_state``"""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, global_attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
                           global_attention_mask=global_attention_mask).last_hidden_state
 
+
+def _model_calls(rng):
+    """two calls' (input_ids, attention_mask, global_attention_mask), int64; padding at the end
+    of the second sequence, 1 and 4 global tokens"""
+    calls = []
+    for n_global, pad in ((1, 14), (4, 5)):
+        ids = rng.integers(3, 100, (BATCH, SEQUENCE)).astype(np.int64)
+        mask = np.ones((BATCH, SEQUENCE), np.int64)
+        mask[1, SEQUENCE - pad:] = 0
+        ids[1, SEQUENCE - pad:] = 1                      # the pad token
+        flags = np.zeros((BATCH, SEQUENCE), np.int64)
+        flags[:, 0] = 1
+        flags[0, rng.choice(np.arange(1, SEQUENCE), n_global - 1, replace=False)] = 1
+        calls.append((ids, mask, flags))
+    return calls
+
+
+def export_hf_model_contrib(out: pathlib.Path) -> None:
+    """HF LongformerModel with its self-attention exported as com.microsoft.LongformerAttention"""
+    from transformers.models.longformer import modeling_longformer as ml  # noqa: PLC0415
+
+    model = _tiny_model()
+    wrapped = LastHiddenState(model)
+    calls = _model_calls(np.random.default_rng(1))
+    arrays = {}
+    with torch.no_grad():
+        for i, (ids, mask, flags) in enumerate(calls):
+            arrays.update({f"input_ids_{i}": ids, f"attention_mask_{i}": mask, f"global_attention_mask_{i}": flags,
+                           f"hf_output_{i}": wrapped(*(torch.from_numpy(a) for a in (ids, mask, flags))).numpy()})
+    original = ml.LongformerSelfAttention.forward
+    layers = {}
+
+    @torch.library.custom_op("pit_export::longformer_attention", mutates_args=())
+    def longformer_attention(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor,
+                             global_weight: torch.Tensor, global_bias: torch.Tensor, global_flags: torch.Tensor,
+                             num_heads: int, window: int, layer: int) -> torch.Tensor:
+        hf_mask = torch.where(mask < 0, -10000.0, torch.where(global_flags != 0, 10000.0, 0.0)).to(hidden.dtype)
+        return original(layers[layer], hidden, attention_mask=hf_mask, is_index_masked=hf_mask < 0,
+                        is_index_global_attn=hf_mask > 0, is_global_attn=bool((hf_mask > 0).any()))[0].clone()
+
+    @longformer_attention.register_fake
+    def _(hidden, weight, bias, mask, global_weight, global_bias, global_flags, num_heads, window, layer):
+        return torch.empty_like(hidden)
+
+    def symbolic(g, hidden, weight, bias, mask, global_weight, global_bias, global_flags, num_heads, window, layer):
+        from torch.onnx import symbolic_helper  # noqa: PLC0415
+
+        out = g.op("com.microsoft::LongformerAttention", hidden, weight, bias, mask, global_weight, global_bias,
+                   global_flags, num_heads_i=symbolic_helper._get_const(num_heads, "i", "num_heads"),
+                   window_i=symbolic_helper._get_const(window, "i", "window"))
+        out.setType(hidden.type())
+        return out
+
+    torch.onnx.register_custom_op_symbolic("pit_export::longformer_attention", symbolic, 17)
+
+    def as_contrib(self, hidden_states, attention_mask=None, is_index_masked=None, is_index_global_attn=None,
+                   is_global_attn=None, output_attentions=False, **_):
+        def packed(*lins):
+            return torch.cat([lin.weight.T for lin in lins], 1), torch.cat([lin.bias for lin in lins])
+
+        weight, bias = packed(self.query, self.key, self.value)
+        global_weight, global_bias = packed(self.query_global, self.key_global, self.value_global)
+        mask = torch.where(attention_mask < 0, -10000.0, 0.0).to(hidden_states.dtype)
+        flags = (attention_mask > 0).to(torch.int32)
+        layers[self.layer_id] = self
+        return (longformer_attention(hidden_states, weight, bias, mask, global_weight, global_bias, flags,
+                                     self.num_heads, self.one_sided_attn_window_size, self.layer_id),)
+
+    names = ["input_ids", "attention_mask", "global_attention_mask"]
+    ml.LongformerSelfAttention.forward = as_contrib
+    try:
+        with torch.no_grad():
+            example = tuple(torch.from_numpy(a) for a in calls[0])
+            patched = wrapped(*example).numpy()
+            assert np.abs(patched - arrays["hf_output_0"]).max() == 0, "the patched model must compute the same"
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(wrapped, example, str(out / "longformer_model.onnx"), input_names=names,
+                                  output_names=["last_hidden_state"], opset_version=17, dynamo=False,
+                                  custom_opsets={"com.microsoft": 1},
+                                  dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names})
+    finally:
+        ml.LongformerSelfAttention.forward = original
+    np.savez_compressed(out / "longformer_model_io.npz", **arrays)
+    print("wrote", out / "longformer_model.onnx", out / "longformer_model_io.npz")
+
+
+def try_hf_model() -> None:
+    """Export HF LongformerModel as it is (TorchScript, opset 17) and try compile_onnx on it."""
+    model = _tiny_model(biases=False)
     ids = torch.randint(3, 100, (BATCH, SEQUENCE))
     mask = torch.ones(BATCH, SEQUENCE, dtype=torch.int64)
     flags = torch.zeros(BATCH, SEQUENCE, dtype=torch.int64)
@@ -197,6 +306,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     export_self_attention(args.out)
     export_encoder(args.out)
+    export_hf_model_contrib(args.out)
     if args.hf_model:
         try_hf_model()
     return 0

@@ -1,8 +1,9 @@
 """Longformer attention (issue 36): ``com.microsoft.LongformerAttention`` converted to block-sparse
 attention (window + global tokens, padding from its mask), checked against Hugging Face's
-``LongformerSelfAttention`` (fixture written by scripts/export_longformer_fixtures.py) and an
-independent numpy implementation; a torch-exported encoder whose window + global mask is computed
-in the graph, lowered and checked against onnxruntime."""
+``LongformerSelfAttention`` and ``LongformerModel`` (fixtures written by
+scripts/export_longformer_fixtures.py) and an independent numpy implementation; a torch-exported
+encoder whose window + global mask is computed in the graph, lowered and checked against
+onnxruntime."""
 import warnings
 from pathlib import Path
 
@@ -206,3 +207,36 @@ def test_gpu_exported_window_global_encoder_matches_onnxruntime():
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     real = feeds["attention_mask"].astype(bool)
     np.testing.assert_allclose(compiled.run(feeds)[0][real], want[real], atol=1e-4, rtol=0)
+
+
+# --------------------------------------------------------------------------- HF LongformerModel
+MODEL_SHAPES = {n: [2, 64] for n in ("input_ids", "attention_mask", "global_attention_mask")}
+
+
+def test_hf_longformer_model_with_contrib_attention_matches_hugging_face():
+    """HF LongformerModel exported as ONNX Runtime's exporter does (each self-attention one
+    com.microsoft.LongformerAttention node): both layers run block-sparse; the whole model matches
+    HF's eager output, on two calls with different global tokens and padding"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # (TVM's take / gather notes on the embeddings)
+        compiled = pit_tvm.compile_onnx(str(DATA / "longformer_model.onnx"), shapes=MODEL_SHAPES)
+    notes = [n for n in compiled.annotations if n["source"].startswith("attention:")]
+    assert [(n["status"], n["source"]) for n in notes] == [("pit", "attention:attention_mask,global_attention_mask")] * 2
+    z = np.load(DATA / "longformer_model_io.npz")
+    for i in range(2):
+        feeds = {n: z[f"{n}_{i}"] for n in MODEL_SHAPES}
+        np.testing.assert_allclose(compiled.run(feeds)[0], z[f"hf_output_{i}"], atol=2e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_hf_longformer_model_with_contrib_attention_matches_hugging_face():
+    """(head dim 16, fp32: no fast kernel, so the global input is named to take the sparse one)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = pit_tvm.compile_onnx(str(DATA / "longformer_model.onnx"), shapes=MODEL_SHAPES, target="cuda",
+                                        sparse_attention="global_attention_mask")
+    assert [n["status"] for n in compiled.annotations if n["source"].startswith("attention:")] == ["pit", "pit"]
+    z = np.load(DATA / "longformer_model_io.npz")
+    for i in range(2):
+        feeds = {n: z[f"{n}_{i}"] for n in MODEL_SHAPES}
+        np.testing.assert_allclose(compiled.run(feeds)[0], z[f"hf_output_{i}"], atol=1e-4, rtol=0)

@@ -220,7 +220,7 @@ def _longformer_operands(inputs, attrs):
 
 
 def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=None, sparse=None, notes=None,
-                                 node_output=None):
+                                 node_output=None, input_sources=None):
     """The converter of ``com.microsoft.LongformerAttention`` (semantics:
     :func:`reference_longformer_attention`).
 
@@ -238,11 +238,15 @@ def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=N
     ``compile_onnx``'s ``sparse_attention=`` (True / None: where a fast kernel runs it; the name
     of the ``mask`` or ``global`` input: in any case; False: dense).  Dense, and where the op
     refuses the operands (with a warning), is the same computation with ``[B, 1, S, S]`` masks.
-    ``notes``: a list the decision record is appended to."""
+    ``notes``: a list the decision record is appended to (source ``attention:`` and the graph
+    inputs ``mask`` and ``global`` are computed from, from ``input_sources``: the node's
+    ``[(input name, its graph inputs)]``)."""
     import warnings
 
     from pit_tvm.ops.sparse_attention import AttentionPattern, emit_sparse_attention, fast_kernel_applies
     from pit_tvm.target import make_target
+
+    from .frontend import sanitize
 
     x, w, b, mask, gw, gb, flags, nh, window, hidden, dtype = _longformer_operands(inputs, attrs)
     d = hidden // nh
@@ -264,8 +268,11 @@ def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=N
             return t
         return emit(relax.op.reshape(t, [B, S]))
 
-    source = f"attention:{','.join(sorted({str(mask.name), str(flags.name)}))}" \
-        if isinstance(mask, relax.Var) and isinstance(flags, relax.Var) else "attention:LongformerAttention"
+    pattern_inputs = set()
+    for i in (3, 6):        # mask, global: the graph inputs they come from, else their own names
+        name, graph_inputs = (input_sources or [])[i] if input_sources and len(input_sources) > i else (None, [])
+        pattern_inputs |= set(graph_inputs) or ({name} if name else set())
+    source = "attention:" + (",".join(sorted(pattern_inputs)) or "LongformerAttention")
     mask, flags = as_tokens(mask), as_tokens(flags)
     q, k, v = project(w, b)
     gq, gk, gv = project(gw, gb)
@@ -276,9 +283,7 @@ def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=N
     target = make_target(target or "llvm")
     reason = None if sparse is not False else "sparse_attention=False"
     # (a name of the mask or global input takes the sparse kernel whatever the target)
-    from .frontend import sanitize
-
-    named = isinstance(sparse, str) and sanitize(sparse) in source[len("attention:"):].split(",")
+    named = isinstance(sparse, str) and sparse in pattern_inputs
     if reason is None and not named and not fast_kernel_applies(target, d, dtype):
         reason = (f"no fast sparse kernel for {target.kind.name} {target.attrs.get('arch', '')}, head dim {d}, "
                   f"{dtype} (the generic CUDA kernel is slower than the dense attention)")

@@ -309,6 +309,8 @@ def _importer_classes():
         #: {pit node name: its first ONNX output}; the converters' decision records
         pit_outputs: dict = {}
         pit_notes: list = []
+        #: {pit node name: [(input name, the graph inputs it is computed from)]} of the contrib nodes
+        pit_sources: dict = {}
 
         def _check_for_unsupported_ops(self, graph):
             # (pit-tvm's own ops and the ONNX Runtime contrib ops that TVM lacks are converted here)
@@ -325,7 +327,8 @@ def _importer_classes():
                 node = attrs.get("tvm_custom", {}).get("name")
                 return CONTRIB_CONVERTERS[op_name](self.bb, inputs, attrs, target=self.pit_target,
                                                    sparse=self.pit_sparse_attention, notes=self.pit_notes,
-                                                   node_output=self.pit_outputs.get(node))
+                                                   node_output=self.pit_outputs.get(node),
+                                                   input_sources=self.pit_sources.get(node))
             if op_name in PIT_INPUT_FIXES:
                 inputs = PIT_INPUT_FIXES[op_name](self.bb, inputs, attrs)
             if op_name == "Trilu" and _has_zero_dim(inputs[0]):  # empty: TVM's converter fails on it
@@ -559,6 +562,35 @@ def _static_dims(value_info) -> list[int] | None:
     return [int(d.dim_value) for d in dims] if all(d.HasField("dim_value") for d in dims) else None
 
 
+def _contrib_input_sources(graph) -> dict:
+    """``{node name: [(input name, sorted graph inputs it is computed from), ...]}`` for the
+    contrib attention nodes (their records name the graph inputs a pattern comes from)."""
+    from .contrib_attention import CONTRIB_CONVERTERS  # noqa: PLC0415
+
+    producer = {o: node for node in graph.node for o in node.output if o}
+    graph_inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
+    memo = {}
+
+    def ancestors(name):
+        if name not in memo:
+            memo[name] = set()       # (a graph is acyclic; this guards the recursion anyway)
+            if name in graph_inputs:
+                memo[name] = {name}
+            elif name in producer:
+                memo[name] = set().union(*(ancestors(i) for i in producer[name].input if i))
+        return memo[name]
+
+    import sys  # noqa: PLC0415
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * len(graph.node) + 100))
+    try:
+        return {node.name: [(i, sorted(ancestors(i)) if i else []) for i in node.input]
+                for node in graph.node if node.op_type in CONTRIB_CONVERTERS}
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, target=None,
                 sparse_attention=None) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into Relax, keeping ONNX tensor names.
@@ -579,6 +611,7 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, t
         node.name = f"pit_node_{i}"
         if node.output and node.output[0]:
             outputs[node.name] = node.output[0]
+    sources = _contrib_input_sources(copy.graph)
     opset = 1
     for op in copy.opset_import:
         if op.domain in ("", "ai.onnx"):
@@ -593,7 +626,7 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, t
     try:
         imp = named_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
         imp.pit_outputs, imp.pit_bound, imp.pit_target = outputs, {}, target
-        imp.pit_sparse_attention, imp.pit_notes = sparse_attention, []
+        imp.pit_sparse_attention, imp.pit_notes, imp.pit_sources = sparse_attention, [], sources
         mod = _run_importer(imp, copy.graph, opset, original_names)
         names = dict(imp.pit_bound)
         for i_name, var in imp._inputs.items():  # graph inputs (sanitised names)
@@ -603,7 +636,7 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, t
         # the same import without them: it raises UnsupportedOnnxError where the model is the cause
         plain = pit_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
         plain.pit_target, plain.pit_outputs = target, outputs
-        plain.pit_sparse_attention, plain.pit_notes = sparse_attention, []
+        plain.pit_sparse_attention, plain.pit_notes, plain.pit_sources = sparse_attention, [], sources
         imp = plain
         mod = _run_importer(plain, copy.graph, opset, original_names)
         warnings.warn(f"named ONNX import failed ({err!r}); imported without ONNX names (names lv<N>)")
