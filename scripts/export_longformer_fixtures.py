@@ -20,6 +20,10 @@ Writes to ``tests/data/longformer/``:
   ONNX; the npz holds two calls' ``input_ids`` / ``attention_mask`` / ``global_attention_mask``
   and HF's ``last_hidden_state`` for them (eager PyTorch, the original attention code).
 
+``--full-size --layers N --out DIR`` writes only the contrib-op model with longformer-base-4096's
+dimensions (hidden 768, 12 heads, attention window 512, batch 1 of 4096 tokens; random weights)
+for a model-level benchmark (``compile_onnx(..., shapes={n: [1, 4096] ...})``).
+
 ``--hf-model`` also tries what the issue asks first: exporting HF ``LongformerModel`` itself (tiny
 config) and compiling it with ``pit_tvm.compile_onnx``; it prints what happens (the export's
 global-attention code has data-dependent shapes: the number of global tokens sizes its tensors).
@@ -27,6 +31,7 @@ global-attention code has data-dependent shapes: the number of global tokens siz
 Needs torch and transformers (not needed by the tests, which read the committed files)::
 
     python scripts/export_longformer_fixtures.py [--out DIR] [--hf-model]
+    python scripts/export_longformer_fixtures.py --full-size --layers 2 --out /tmp/longformer
 """
 from __future__ import annotations
 
@@ -42,11 +47,22 @@ HIDDEN, HEADS, ATTENTION_WINDOW = 32, 2, 16          # one-sided window: ATTENTI
 BATCH, SEQUENCE = 2, 64                              # HF needs S a multiple of ATTENTION_WINDOW
 
 
-def _config():
+#: ``--full-size``: longformer-base-4096's dimensions (random weights), for benchmarks, not the repo
+FULL_SIZE = dict(hidden=768, heads=12, intermediate=3072, attention_window=512, sequence=4096, batch=1)
+
+
+def _config(full_size=False, layers=2):
     import transformers as tf  # noqa: PLC0415
 
-    return tf.LongformerConfig(vocab_size=100, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=HEADS,
-                               intermediate_size=64, attention_window=[ATTENTION_WINDOW] * 2,
+    if full_size:
+        f = FULL_SIZE
+        return tf.LongformerConfig(vocab_size=1000, hidden_size=f["hidden"], num_hidden_layers=layers,
+                                   num_attention_heads=f["heads"], intermediate_size=f["intermediate"],
+                                   attention_window=[f["attention_window"]] * layers,
+                                   max_position_embeddings=f["sequence"] + 2, pad_token_id=1,
+                                   attention_probs_dropout_prob=0.0)
+    return tf.LongformerConfig(vocab_size=100, hidden_size=HIDDEN, num_hidden_layers=layers, num_attention_heads=HEADS,
+                               intermediate_size=64, attention_window=[ATTENTION_WINDOW] * layers,
                                max_position_embeddings=SEQUENCE + 16, pad_token_id=1,
                                attention_probs_dropout_prob=0.0)
 
@@ -149,13 +165,14 @@ def export_encoder(out: pathlib.Path) -> None:
     print("wrote", out / "window_global_encoder.onnx")
 
 
-def _tiny_model(biases=True):
-    """HF LongformerModel of the tiny config, eval mode, random weights (and attention biases)"""
+def _tiny_model(biases=True, full_size=False, layers=2):
+    """HF LongformerModel of the tiny config (or ``full_size``), eval mode, random weights (and
+    attention biases)"""
     import transformers as tf  # noqa: PLC0415
     from transformers.models.longformer import modeling_longformer as ml  # noqa: PLC0415
 
     torch.manual_seed(0)
-    model = tf.LongformerModel(_config()).eval()
+    model = tf.LongformerModel(_config(full_size, layers)).eval()
     if biases:
         with torch.no_grad():
             for layer in model.modules():
@@ -178,29 +195,31 @@ class LastHiddenState(torch.nn.Module):
                           global_attention_mask=global_attention_mask).last_hidden_state
 
 
-def _model_calls(rng):
+def _model_calls(rng, batch=BATCH, sequence=SEQUENCE):
     """two calls' (input_ids, attention_mask, global_attention_mask), int64; padding at the end
-    of the second sequence, 1 and 4 global tokens"""
+    of the last sequence, 1 and 4 global tokens in the first"""
     calls = []
     for n_global, pad in ((1, 14), (4, 5)):
-        ids = rng.integers(3, 100, (BATCH, SEQUENCE)).astype(np.int64)
-        mask = np.ones((BATCH, SEQUENCE), np.int64)
-        mask[1, SEQUENCE - pad:] = 0
-        ids[1, SEQUENCE - pad:] = 1                      # the pad token
-        flags = np.zeros((BATCH, SEQUENCE), np.int64)
+        ids = rng.integers(3, 100, (batch, sequence)).astype(np.int64)
+        mask = np.ones((batch, sequence), np.int64)
+        mask[-1, sequence - pad:] = 0
+        ids[-1, sequence - pad:] = 1                     # the pad token
+        flags = np.zeros((batch, sequence), np.int64)
         flags[:, 0] = 1
-        flags[0, rng.choice(np.arange(1, SEQUENCE), n_global - 1, replace=False)] = 1
+        flags[0, rng.choice(np.arange(1, sequence), n_global - 1, replace=False)] = 1
         calls.append((ids, mask, flags))
     return calls
 
 
-def export_hf_model_contrib(out: pathlib.Path) -> None:
-    """HF LongformerModel with its self-attention exported as com.microsoft.LongformerAttention"""
+def export_hf_model_contrib(out: pathlib.Path, full_size=False, layers=2) -> None:
+    """HF LongformerModel with its self-attention exported as com.microsoft.LongformerAttention
+    (``full_size``: longformer-base's dimensions, batch 1 of 4096 tokens, ``layers`` layers)"""
     from transformers.models.longformer import modeling_longformer as ml  # noqa: PLC0415
 
-    model = _tiny_model()
+    model = _tiny_model(full_size=full_size, layers=layers)
     wrapped = LastHiddenState(model)
-    calls = _model_calls(np.random.default_rng(1))
+    shape = (FULL_SIZE["batch"], FULL_SIZE["sequence"]) if full_size else (BATCH, SEQUENCE)
+    calls = _model_calls(np.random.default_rng(1), *shape)
     arrays = {}
     with torch.no_grad():
         for i, (ids, mask, flags) in enumerate(calls):
@@ -302,8 +321,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=OUT)
     parser.add_argument("--hf-model", action="store_true", help="also try exporting and compiling LongformerModel")
+    parser.add_argument("--full-size", action="store_true",
+                        help="only the contrib-op LongformerModel, longformer-base's dims at S 4096 (use --out)")
+    parser.add_argument("--layers", type=int, default=2, help="layers of the --full-size model")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.full_size:
+        if args.out == OUT:
+            parser.error("--full-size writes large files: give --out DIR outside tests/data")
+        export_hf_model_contrib(args.out, full_size=True, layers=args.layers)
+        return 0
     export_self_attention(args.out)
     export_encoder(args.out)
     export_hf_model_contrib(args.out)
