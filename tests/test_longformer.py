@@ -33,7 +33,8 @@ def longformer_model(elem=TensorProto.FLOAT, num_heads=NH, window=W, hidden=HIDD
                             num_heads=num_heads, window=window)
     graph = helper.make_graph([node], "longformer", [helper.make_tensor_value_info(*n) for n in names],
                               [helper.make_tensor_value_info("out", elem, [batch, sequence, hidden])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     return model
 
@@ -100,7 +101,8 @@ def test_contrib_longformer_half_precision(dtype):
     np_dtype = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
     model = longformer_model(helper.np_dtype_to_tensor_dtype(np.dtype(np_dtype)), batch=2, sequence=70)
     compiled = pit_tvm.compile_onnx(model)
-    feeds = {k: v.astype(np_dtype) if v.dtype == np.float32 else v for k, v in _feeds(np.random.default_rng(3), 2, 70).items()}
+    feeds = {k: v.astype(np_dtype) if v.dtype == np.float32 else v
+             for k, v in _feeds(np.random.default_rng(3), 2, 70).items()}
     got = compiled.run(feeds)[0]
     assert got.dtype == np_dtype
     want = _reference({k: v.astype(np.float32) if k != "global" else v for k, v in feeds.items()})
@@ -155,6 +157,7 @@ def test_contrib_longformer_builds_for_cuda():
 
 
 # --------------------------------------------------------------------------- an exported encoder
+BOTH_MASKS = "attention:attention_mask,global_attention_mask"
 ENCODER_SHAPES = {"inputs_embeds": [2, 64, HIDDEN], "attention_mask": [2, 64], "global_attention_mask": [2, 64]}
 
 
@@ -175,7 +178,7 @@ def test_exported_window_global_encoder_lowered_and_matches_onnxruntime():
     path = DATA / "window_global_encoder.onnx"
     compiled = pit_tvm.compile_onnx(str(path), shapes=ENCODER_SHAPES)
     notes = [n for n in compiled.annotations if n["source"].startswith("attention:")]
-    assert [(n["status"], n["source"]) for n in notes] == [("pit", "attention:attention_mask,global_attention_mask")] * 2
+    assert [(n["status"], n["source"]) for n in notes] == [("pit", BOTH_MASKS)] * 2
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(6)
     for n_global in (1, 6):     # the pattern changes per call
@@ -208,7 +211,8 @@ def test_gpu_exported_window_global_encoder_matches_onnxruntime():
     path = DATA / "window_global_encoder.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        compiled = pit_tvm.compile_onnx(str(path), shapes=ENCODER_SHAPES, target="cuda", sparse_attention="global_attention_mask")
+        compiled = pit_tvm.compile_onnx(str(path), shapes=ENCODER_SHAPES, target="cuda",
+                                        sparse_attention="global_attention_mask")
     assert [n["status"] for n in compiled.annotations if n["source"].startswith("attention:")] == ["pit", "pit"]
     feeds = _encoder_feeds(np.random.default_rng(8), 4)
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -228,7 +232,7 @@ def test_hf_longformer_model_with_contrib_attention_matches_hugging_face():
         warnings.simplefilter("ignore")     # (TVM's take / gather notes on the embeddings)
         compiled = pit_tvm.compile_onnx(str(DATA / "longformer_model.onnx"), shapes=MODEL_SHAPES)
     notes = [n for n in compiled.annotations if n["source"].startswith("attention:")]
-    assert [(n["status"], n["source"]) for n in notes] == [("pit", "attention:attention_mask,global_attention_mask")] * 2
+    assert [(n["status"], n["source"]) for n in notes] == [("pit", BOTH_MASKS)] * 2
     z = np.load(DATA / "longformer_model_io.npz")
     for i in range(2):
         feeds = {n: z[f"{n}_{i}"] for n in MODEL_SHAPES}

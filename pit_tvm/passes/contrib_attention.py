@@ -35,7 +35,8 @@ import numpy as np
 from tvm import relax, tirx
 from tvm.sym.analyzer import Analyzer
 
-__all__ = ["CONTRIB_CONVERTERS", "sparse_attention_contrib", "longformer_attention_contrib", "reference_longformer_attention"]
+__all__ = ["CONTRIB_CONVERTERS", "sparse_attention_contrib", "longformer_attention_contrib",
+           "reference_longformer_attention"]
 
 
 def _static(shape, what):
@@ -291,12 +292,11 @@ def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=N
     elif reason is None:
         try:
             doc_ids = emit(relax.op.astype(pad, "int32"))
-            local = emit_sparse_attention(bb, q, k, v, AttentionPattern(window=window, global_tokens=True, documents=True),
-                                          global_flags=flags32, doc_ids=doc_ids, scale=scale,
-                                          target=target)
+            runtime = dict(global_flags=flags32, doc_ids=doc_ids, scale=scale, target=target)
+            local = emit_sparse_attention(bb, q, k, v, AttentionPattern(window=window, global_tokens=True,
+                                                                        documents=True), **runtime)
             glob = emit_sparse_attention(bb, gq, gk, gv, AttentionPattern(window=0, global_tokens=True, documents=True),
-                                         global_flags=flags32, doc_ids=doc_ids, scale=scale,
-                                         target=target)
+                                         **runtime)
         except ValueError as err:
             reason = f"the sparse attention op refused it ({err})"
             warnings.warn(f"{LONGFORMER} {node_output!r}: {reason}; it runs dense", stacklevel=2)

@@ -598,8 +598,8 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, t
     A node TVM's importer cannot convert raises :class:`UnsupportedOnnxError` naming it.
     ``target``: the build target, for the nodes pit-tvm converts itself (:data:`PIT_OPS`) and
     the contrib attention ops; ``sparse_attention``: ``compile_onnx``'s (False converts
-    ``com.microsoft.LongformerAttention`` with dense masks; see its converter).  The contrib converters' decision records are the module attribute
-    :data:`IMPORT_ANNOTATIONS_ATTR`."""
+    ``com.microsoft.LongformerAttention`` with dense masks; see its converter).  The contrib
+    converters' decision records are the module attribute :data:`IMPORT_ANNOTATIONS_ATTR`."""
     model = load_model(model)
     check_tensor_types(model.graph)
 
