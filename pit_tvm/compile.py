@@ -34,7 +34,8 @@ from .passes.annotate import AnnotateDynamicSparsity, annotations_of
 from .passes.attention import FuseAttention
 from .passes.combine import CombineParallelMatmuls
 from .passes.dense import DenseMatmulToPITKernels
-from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_onnx, load_model
+from .passes.frontend import (ONNX_NAMES_ATTR, fold_shape_computations, import_annotations, import_onnx,
+                              load_model)
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
 from .passes.moe_import import lower_moe_layers
 from .passes.propagate_padding import PropagatePadding
@@ -332,11 +333,13 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # then constant, and its subgraph can be checked on its own)
     proto, moe_notes = lower_moe_layers(proto, tgt, shapes=fixed)
     try:
-        mod = import_onnx(proto, shape_dict=fixed or None, target=tgt)
+        mod = import_onnx(proto, shape_dict=fixed or None, target=tgt, sparse_attention=sparse_attention)
     except Exception as err:
         if not symbolic:
             raise
         raise symbolic_dims_error(err, symbolic) from err
+    # the records of the MoE layers and of the contrib ops converted at import (LongformerAttention)
+    import_notes = moe_notes + import_annotations(mod)
     try:
         mod = fold_constants(mod)
     except Exception as err:
@@ -370,10 +373,10 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
                             f"{type(sparse_attention).__name__} {sparse_attention!r}")
         # attention with a run-time mask: block index + sparse kernel (before the matmul passes)
         attention = SparseAttentionToPIT(tgt, mask_input=sparse_attention)(annotated)
-    notes = annotations_of(attention) + moe_notes
+    notes = annotations_of(attention) + import_notes
     try:
         lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(attention)
-        notes = annotations_of(lowered) + moe_notes   # (a matmul whose PIT lowering fell back: status dense)
+        notes = annotations_of(lowered) + import_notes   # (a matmul whose PIT lowering fell back: status dense)
     except Exception as err:  # the op layer (pit_tvm.ops.matmul) is not importable
         if "pit_tvm.ops" not in repr(err) and "emit_pit_matmul" not in repr(err):
             raise

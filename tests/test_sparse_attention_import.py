@@ -285,23 +285,6 @@ def test_contrib_sparse_attention_unsupported_forms_are_named():
         pit_tvm.compile_onnx(contrib_sparse_attention_model(do_rotary=1))
 
 
-def test_contrib_longformer_attention_is_refused_by_name():
-    """not converted (ONNX Runtime has no CPU kernel to check one against): a clear refusal"""
-    from pit_tvm.passes.frontend import UnsupportedOnnxError
-
-    names = [("input", TensorProto.FLOAT, [1, 8, 8]), ("weight", TensorProto.FLOAT, [8, 24]),
-             ("bias", TensorProto.FLOAT, [24]), ("mask", TensorProto.FLOAT, [1, 8]),
-             ("global_weight", TensorProto.FLOAT, [8, 24]), ("global_bias", TensorProto.FLOAT, [24]),
-             ("global", TensorProto.INT32, [1, 8])]
-    node = helper.make_node("LongformerAttention", [n for n, _, _ in names], ["out"], domain="com.microsoft",
-                            num_heads=2, window=2)
-    graph = helper.make_graph([node], "longformer", [helper.make_tensor_value_info(*n) for n in names],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, 8])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    with pytest.raises(UnsupportedOnnxError, match="no converter for LongformerAttention"):
-        pit_tvm.compile_onnx(model)
-
-
 def test_real_gpt2_export_attention_lowered_and_matches_onnxruntime():
     """A transformers GPT-2 export (tests/data/transformers): its causal + padding mask is computed
     from the attention_mask input, so both layers' attentions run as block-sparse attention."""

@@ -21,8 +21,11 @@ ONNX Runtime places the queries at positions ``key_total_sequence_lengths[b] - S
 conversion does not model), unpacked q / k / v, ``do_rotary = 0``, static S, heads and head dim.  Other
 forms raise a ``ValueError`` naming the node's operator and what is not supported.
 
-``com.microsoft.LongformerAttention`` is not converted (ONNX Runtime runs it on CUDA only, so
-there is no CPU reference to check a conversion against).
+``com.microsoft.LongformerAttention`` (Longformer's self-attention: a ``±window`` band plus
+global tokens given per call) is converted to two calls of the block-sparse attention op
+(:func:`longformer_attention_contrib`), never to a dense ``[S, S]`` mask.  ONNX Runtime runs it
+on CUDA only, so the conversion is checked against a numpy implementation of the op's semantics
+and against Hugging Face's ``LongformerSelfAttention``.
 """
 from __future__ import annotations
 
@@ -30,8 +33,10 @@ import math
 
 import numpy as np
 from tvm import relax, tirx
+from tvm.sym.analyzer import Analyzer
 
-__all__ = ["CONTRIB_CONVERTERS", "sparse_attention_contrib"]
+__all__ = ["CONTRIB_CONVERTERS", "sparse_attention_contrib", "longformer_attention_contrib",
+           "reference_longformer_attention"]
 
 
 def _static(shape, what):
@@ -44,7 +49,7 @@ def _static(shape, what):
     return dims
 
 
-def sparse_attention_contrib(bb: relax.BlockBuilder, inputs, attrs):
+def sparse_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, **_options):
     """The converter of ``com.microsoft.SparseAttention``: ``(output, present_key, present_value)``."""
     op = "com.microsoft.SparseAttention"
     if int(attrs.get("do_rotary", 0)):
@@ -121,5 +126,216 @@ def sparse_attention_contrib(bb: relax.BlockBuilder, inputs, attrs):
     return relax.Tuple([out, present(k4, past_k), present(v4, past_v)])
 
 
-#: ONNX op type -> converter ``(bb, inputs, attrs) -> relax expr``, for contrib ops TVM lacks
-CONTRIB_CONVERTERS = {"SparseAttention": sparse_attention_contrib}
+LONGFORMER = "com.microsoft.LongformerAttention"
+
+
+def reference_longformer_attention(x, weight, bias, mask, global_weight, global_bias, global_flags, num_heads,
+                                   window):
+    """numpy fp64 reference of ``com.microsoft.LongformerAttention``, written from the operator's
+    definition (ONNX Runtime's CUDA kernel, Hugging Face's ``LongformerSelfAttention``):
+
+    * ``q | k | v = x @ weight + bias`` and ``gq | gk | gv = x @ global_weight + global_bias``
+      (``[B, S, 3 * hidden]``, heads of ``d = hidden / num_heads``), scores scaled by ``1 / sqrt(d)``;
+    * a token is padding where ``mask < 0`` (ONNX Runtime's masks are 0 / -10000);
+    * a local (non-global) row attends, with ``q, k, v``, to the non-padding keys with
+      ``|i - j| <= window`` and to the global keys;
+    * a global row attends, with ``gq, gk, gv``, to every non-padding key;
+    * a padding row is 0.
+    """
+    x = np.asarray(x, np.float64)
+    B, S, hidden = x.shape
+    d = hidden // num_heads
+
+    def heads(t):
+        return t.reshape(B, S, num_heads, d).transpose(0, 2, 1, 3)
+
+    def attend(qkv, allowed):
+        q, k, v = (heads(t) for t in np.split(qkv, 3, axis=-1))
+        scores = np.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(d)
+        scores = np.where(allowed[:, None], scores, -np.inf)
+        top = scores.max(-1, keepdims=True)
+        p = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+        p = p / np.maximum(p.sum(-1, keepdims=True), 1e-300)
+        return np.einsum("bhij,bhjd->bhid", p, v)
+
+    pad = np.asarray(mask, np.float64) < 0
+    glob = np.asarray(global_flags) != 0
+    i = np.arange(S)
+    near = np.abs(i[:, None] - i[None, :]) <= window
+    local = attend(x @ np.asarray(weight, np.float64) + np.asarray(bias, np.float64),
+                   ~pad[:, None, :] & (near[None] | glob[:, None, :]))
+    glob_out = attend(x @ np.asarray(global_weight, np.float64) + np.asarray(global_bias, np.float64),
+                      np.broadcast_to(~pad[:, None, :], (B, S, S)))
+    out = np.where(glob[:, None, :, None], glob_out, local)
+    out = np.where(pad[:, None, :, None], 0.0, out)
+    return out.transpose(0, 2, 1, 3).reshape(B, S, hidden)
+
+
+def _longformer_operands(inputs, attrs):
+    """the operands and attributes of a LongformerAttention node, checked: ``(x, w, b, mask, gw, gb,
+    flags, num_heads, window, hidden, dtype)``; a ValueError names what does not fit"""
+    op = LONGFORMER
+    given = [inputs[i] for i in range(len(inputs))]
+    if len(given) != 7 or any(t is None for t in given):
+        raise ValueError(f"{op}: 7 inputs expected (input, weight, bias, mask, global_weight, global_bias, "
+                         f"global), got {len(given)}")
+    x, w, b, mask, gw, gb, flags = given
+    if "num_heads" not in attrs or "window" not in attrs:
+        raise ValueError(f"{op}: the num_heads and window attributes are required")
+    nh, window = int(attrs["num_heads"]), int(attrs["window"])
+    if nh <= 0 or window < 0:
+        raise ValueError(f"{op}: num_heads={nh} must be > 0 and window={window} >= 0")
+    operands = {"input": x, "weight": w, "bias": b, "mask": mask, "global_weight": gw, "global_bias": gb,
+                "global": flags}
+    shapes = {}
+    for (name, t), rank in zip(operands.items(), (3, 2, 1, 2, 2, 1, 2)):
+        if not isinstance(getattr(t, "ty", None), relax.TensorType) or t.ty.shape is None or len(t.ty.shape) != rank:
+            raise ValueError(f"{op}: input {name!r} must be a tensor of rank {rank}")
+        shapes[name] = list(t.ty.shape)
+    hidden = shapes["input"][2]
+    if not isinstance(hidden, tirx.IntImm):
+        raise ValueError(f"{op}: the hidden size of 'input' must be static, got {shapes['input']}")
+    hidden = int(hidden)
+    if hidden % nh:
+        raise ValueError(f"{op}: hidden size {hidden} is not a multiple of num_heads={nh}")
+    dtype = str(x.ty.dtype)
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"{op}: input of dtype {dtype} is not supported (float32, float16, bfloat16)")
+    for name, want in (("weight", [hidden, 3 * hidden]), ("bias", [3 * hidden]),
+                       ("global_weight", [hidden, 3 * hidden]), ("global_bias", [3 * hidden])):
+        have = [int(v) if isinstance(v, tirx.IntImm) else v for v in shapes[name]]
+        if have != want:
+            raise ValueError(f"{op}: {name!r} must have shape {want} (hidden {hidden}), got {have}")
+        if str(operands[name].ty.dtype) != dtype:
+            raise ValueError(f"{op}: {name!r} must have the input's dtype {dtype}, got {operands[name].ty.dtype}")
+    if "float" not in str(mask.ty.dtype):
+        raise ValueError(f"{op}: 'mask' must be a float tensor (0 / -10000), got {mask.ty.dtype}")
+    if str(flags.ty.dtype) not in ("int32", "int64", "bool"):
+        raise ValueError(f"{op}: 'global' must be int32, got {flags.ty.dtype}")
+    for name in ("mask", "global"):      # [B, S] of the input (static dims that differ: an error)
+        for have, want in zip(shapes[name], shapes["input"][:2]):
+            if isinstance(have, tirx.IntImm) and isinstance(want, tirx.IntImm) and int(have) != int(want):
+                raise ValueError(f"{op}: {name!r} of shape {shapes[name]} does not match the input's "
+                                 f"[batch, sequence] {shapes['input'][:2]}")
+    return x, w, b, mask, gw, gb, flags, nh, window, hidden, dtype
+
+
+def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=None, sparse=None, notes=None,
+                                 node_output=None, input_sources=None):
+    """The converter of ``com.microsoft.LongformerAttention`` (semantics:
+    :func:`reference_longformer_attention`).
+
+    Both projections are GEMMs; then two block-sparse attention calls, their index built from
+    the run-time ``global`` flags and ``mask`` on the device (the padding as document ids: 0 for
+    a token, 1 for padding, so no token attends to padding):
+
+    * local rows: ``AttentionPattern(window=window, global_tokens=True, documents=True)`` over
+      ``q, k, v``: the band, the global keys (and, unused, the global rows);
+    * global rows: ``AttentionPattern(window=0, global_tokens=True, documents=True)`` over the
+      global projections: a global row reads every key; a local row only its own key and the
+      global keys (a few key blocks, discarded);
+
+    and the output takes the global rows from the second, zeroes the padding rows.  ``sparse``:
+    ``compile_onnx``'s ``sparse_attention=`` (True / None: where a fast kernel runs it; the name
+    of the ``mask`` or ``global`` input: in any case; False: dense).  Dense, and where the op
+    refuses the operands (with a warning), is the same computation with ``[B, 1, S, S]`` masks.
+    ``notes``: a list the decision record is appended to (source ``attention:`` and the graph
+    inputs ``mask`` and ``global`` are computed from, from ``input_sources``: the node's
+    ``[(input name, its graph inputs)]``)."""
+    import warnings
+
+    from pit_tvm.ops.sparse_attention import AttentionPattern, emit_sparse_attention, fast_kernel_applies
+    from pit_tvm.target import make_target
+
+    from .frontend import sanitize
+
+    x, w, b, mask, gw, gb, flags, nh, window, hidden, dtype = _longformer_operands(inputs, attrs)
+    d = hidden // nh
+    B, S = list(x.ty.shape)[:2]
+    scale = 1.0 / math.sqrt(d)
+
+    def emit(e):
+        return bb.emit(e)
+
+    def project(weight, bias_):
+        qkv = emit(relax.op.add(emit(relax.op.matmul(x, weight)), bias_))          # [B, S, 3 hidden]
+        parts = emit(relax.op.split(qkv, 3, axis=2))
+        return [emit(relax.op.permute_dims(emit(relax.op.reshape(emit(relax.TupleGetItem(parts, i)),
+                                                                 [B, S, nh, d])), [0, 2, 1, 3]))
+                for i in range(3)]
+
+    def as_tokens(t):     # [B, S] with the input's dims (symbolic dims under other names: a reshape)
+        if all(Analyzer().can_prove_equal(a, c) for a, c in zip(t.ty.shape, [B, S])):
+            return t
+        return emit(relax.op.reshape(t, [B, S]))
+
+    pattern_inputs = set()
+    for i in (3, 6):        # mask, global: the graph inputs they come from, else their own names
+        name, graph_inputs = (input_sources or [])[i] if input_sources and len(input_sources) > i else (None, [])
+        pattern_inputs |= set(graph_inputs) or ({name} if name else set())
+    source = "attention:" + (",".join(sorted(pattern_inputs)) or "LongformerAttention")
+    mask, flags = as_tokens(mask), as_tokens(flags)
+    q, k, v = project(w, b)
+    gq, gk, gv = project(gw, gb)
+    pad = emit(relax.op.less(emit(relax.op.astype(mask, "float32")), relax.const(0.0, "float32")))    # [B, S]
+    flags32 = flags if str(flags.ty.dtype) == "int32" else emit(relax.op.astype(
+        emit(relax.op.not_equal(flags, relax.const(0, str(flags.ty.dtype)))), "int32"))
+    is_global = emit(relax.op.not_equal(flags32, relax.const(0, "int32")))                            # [B, S]
+    target = make_target(target or "llvm")
+    reason = None if sparse is not False else "sparse_attention=False"
+    # (a name of the mask or global input takes the sparse kernel whatever the target)
+    named = isinstance(sparse, str) and sparse in pattern_inputs
+    if reason is None and not named and not fast_kernel_applies(target, d, dtype):
+        reason = (f"no fast sparse kernel for {target.kind.name} {target.attrs.get('arch', '')}, head dim {d}, "
+                  f"{dtype} (the generic CUDA kernel is slower than the dense attention)")
+        warnings.warn(f"{LONGFORMER} {node_output!r}: {reason}; it runs dense", stacklevel=2)
+    elif reason is None:
+        try:
+            doc_ids = emit(relax.op.astype(pad, "int32"))
+            runtime = dict(global_flags=flags32, doc_ids=doc_ids, scale=scale, target=target)
+            local = emit_sparse_attention(bb, q, k, v, AttentionPattern(window=window, global_tokens=True,
+                                                                        documents=True), **runtime)
+            glob = emit_sparse_attention(bb, gq, gk, gv, AttentionPattern(window=0, global_tokens=True, documents=True),
+                                         **runtime)
+        except ValueError as err:
+            reason = f"the sparse attention op refused it ({err})"
+            warnings.warn(f"{LONGFORMER} {node_output!r}: {reason}; it runs dense", stacklevel=2)
+    if reason is not None:
+        keys = emit(relax.op.expand_dims(emit(relax.op.logical_not(pad)), [1, 2]))                   # [B, 1, 1, S]
+        idx = emit(relax.op.arange(tirx.const(0, "int64"), S, tirx.const(1, "int64"), "int64"))        # [S]
+        diff = emit(relax.op.abs(emit(relax.op.subtract(emit(relax.op.expand_dims(idx, 1)),
+                                                         emit(relax.op.expand_dims(idx, 0))))))
+        band = emit(relax.op.less_equal(diff, relax.const(window, "int64")))                            # [S, S]
+        near = emit(relax.op.logical_or(emit(relax.op.expand_dims(band, [0, 1])),
+                                        emit(relax.op.expand_dims(is_global, [1, 2]))))               # [B, 1, S, S]
+        fill = relax.const(-65504.0 if dtype == "float16" else -1.0e30, dtype)
+
+        def dense(q_, k_, v_, allowed, which):
+            scores = emit(relax.op.multiply(emit(relax.op.matmul(q_, emit(relax.op.permute_dims(k_, [0, 1, 3, 2])))),
+                                            relax.const(scale, dtype)))
+            probs = emit(relax.op.nn.softmax(emit(relax.op.where(allowed, scores, fill)), axis=-1))
+            return bb.emit(relax.op.matmul(probs, v_), name_hint=sanitize(f"{node_output or 'longformer'}_{which}"))
+
+        local = dense(q, k, v, emit(relax.op.logical_and(keys, near)), "local")
+        glob = dense(gq, gk, gv, keys, "global")
+    rows_global = emit(relax.op.expand_dims(is_global, [1, 3]))                                         # [B, 1, S, 1]
+    rows_pad = emit(relax.op.expand_dims(pad, [1, 3]))
+    out = emit(relax.op.where(rows_global, glob, local))
+    out = emit(relax.op.where(rows_pad, relax.const(0.0, dtype), out))
+    out = emit(relax.op.reshape(emit(relax.op.permute_dims(out, [0, 2, 1, 3])), [B, S, hidden]))
+    if notes is not None:
+        tensor = node_output or "LongformerAttention"
+        if reason is None:
+            notes.append({"tensor": tensor, "source": source, "status": "pit",
+                          "reason": f"{LONGFORMER}: window +-{window} and global tokens per call, padding from the "
+                                    "mask: block-sparse attention (local and global projections, block index "
+                                    "built on the device every call)"})
+        else:
+            notes.append({"tensor": tensor, "source": source, "status": "dense",
+                          "reason": f"{LONGFORMER}: {reason}; dense [B, 1, S, S] masks"})
+    return out
+
+
+#: ONNX op type -> converter ``(bb, inputs, attrs, target=, sparse=, notes=, node_output=) -> relax
+#: expr``, for contrib ops TVM lacks
+CONTRIB_CONVERTERS = {"SparseAttention": sparse_attention_contrib, "LongformerAttention": longformer_attention_contrib}

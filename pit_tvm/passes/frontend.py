@@ -29,6 +29,8 @@ import tvm
 from tvm import relax
 
 ONNX_NAMES_ATTR = "pit.onnx_names"
+#: module attribute: the records of the contrib ops converted at import (``com.microsoft.LongformerAttention``)
+IMPORT_ANNOTATIONS_ATTR = "pit.import_annotations"
 
 
 def sanitize(name: str) -> str:
@@ -388,6 +390,13 @@ def _importer_classes():
     class _PitImporter(of.ONNXGraphImporter):
         #: the build target, for the ops pit-tvm converts itself (``PitMoE``)
         pit_target = None
+        #: ``compile_onnx``'s ``sparse_attention=`` for the contrib attention converters
+        pit_sparse_attention = None
+        #: {pit node name: its first ONNX output}; the converters' decision records
+        pit_outputs: dict = {}
+        pit_notes: list = []
+        #: {pit node name: [(input name, the graph inputs it is computed from)]} of the contrib nodes
+        pit_sources: dict = {}
 
         def _check_for_unsupported_ops(self, graph):
             # (pit-tvm's own ops and the ONNX Runtime contrib ops that TVM lacks are converted here)
@@ -401,7 +410,11 @@ def _importer_classes():
             if op_name in PIT_OPS:
                 return self.bb.normalize(PIT_OPS[op_name](self.bb, list(inputs), attrs, self.pit_target))
             if op_name in CONTRIB_CONVERTERS:
-                return CONTRIB_CONVERTERS[op_name](self.bb, inputs, attrs)
+                node = attrs.get("tvm_custom", {}).get("name")
+                return CONTRIB_CONVERTERS[op_name](self.bb, inputs, attrs, target=self.pit_target,
+                                                   sparse=self.pit_sparse_attention, notes=self.pit_notes,
+                                                   node_output=self.pit_outputs.get(node),
+                                                   input_sources=self.pit_sources.get(node))
             if op_name in PIT_INPUT_FIXES:
                 inputs = PIT_INPUT_FIXES[op_name](self.bb, inputs, attrs)
             if op_name == "Trilu" and _has_zero_dim(inputs[0]):  # empty: TVM's converter fails on it
@@ -639,11 +652,44 @@ def _static_dims(value_info) -> list[int] | None:
     return [int(d.dim_value) for d in dims] if all(d.HasField("dim_value") for d in dims) else None
 
 
-def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, target=None) -> tvm.IRModule:
+def _contrib_input_sources(graph) -> dict:
+    """``{node name: [(input name, sorted graph inputs it is computed from), ...]}`` for the
+    contrib attention nodes (their records name the graph inputs a pattern comes from)."""
+    from .contrib_attention import CONTRIB_CONVERTERS  # noqa: PLC0415
+
+    producer = {o: node for node in graph.node for o in node.output if o}
+    graph_inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
+    memo = {}
+
+    def ancestors(name):
+        if name not in memo:
+            memo[name] = set()       # (a graph is acyclic; this guards the recursion anyway)
+            if name in graph_inputs:
+                memo[name] = {name}
+            elif name in producer:
+                memo[name] = set().union(*(ancestors(i) for i in producer[name].input if i))
+        return memo[name]
+
+    import sys  # noqa: PLC0415
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * len(graph.node) + 100))
+    try:
+        return {node.name: [(i, sorted(ancestors(i)) if i else []) for i in node.input]
+                for node in graph.node if node.op_type in CONTRIB_CONVERTERS}
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, target=None,
+                sparse_attention=None) -> tvm.IRModule:
     """Import an ONNX model (path or ModelProto) into Relax, keeping ONNX tensor names.
 
     A node TVM's importer cannot convert raises :class:`UnsupportedOnnxError` naming it.
-    ``target``: the build target, for the nodes pit-tvm converts itself (:data:`PIT_OPS`)."""
+    ``target``: the build target, for the nodes pit-tvm converts itself (:data:`PIT_OPS`) and
+    the contrib attention ops; ``sparse_attention``: ``compile_onnx``'s (False converts
+    ``com.microsoft.LongformerAttention`` with dense masks; see its converter).  The contrib
+    converters' decision records are the module attribute :data:`IMPORT_ANNOTATIONS_ATTR`."""
     model = load_model(model)
     check_tensor_types(model.graph)
 
@@ -655,6 +701,7 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, t
         node.name = f"pit_node_{i}"
         if node.output and node.output[0]:
             outputs[node.name] = node.output[0]
+    sources = _contrib_input_sources(copy.graph)
     opset = 1
     for op in copy.opset_import:
         if op.domain in ("", "ai.onnx"):
@@ -669,6 +716,7 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, t
     try:
         imp = named_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
         imp.pit_outputs, imp.pit_bound, imp.pit_target = outputs, {}, target
+        imp.pit_sparse_attention, imp.pit_notes, imp.pit_sources = sparse_attention, [], sources
         mod = _run_importer(imp, copy.graph, opset, original_names)
         names = dict(imp.pit_bound)
         for i_name, var in imp._inputs.items():  # graph inputs (sanitised names)
@@ -677,8 +725,19 @@ def import_onnx(model, *, keep_params_in_input: bool = False, shape_dict=None, t
     except Exception as err:  # noqa: BLE001 - maybe the naming hooks (importer internals changed)
         # the same import without them: it raises UnsupportedOnnxError where the model is the cause
         plain = pit_importer(shape_dict, "float32", keep_params_in_input=keep_params_in_input, sanitize=True)
-        plain.pit_target = target
+        plain.pit_target, plain.pit_outputs = target, outputs
+        plain.pit_sparse_attention, plain.pit_notes, plain.pit_sources = sparse_attention, [], sources
+        imp = plain
         mod = _run_importer(plain, copy.graph, opset, original_names)
         warnings.warn(f"named ONNX import failed ({err!r}); imported without ONNX names (names lv<N>)")
         names = {p.name: p.name for p in mod["main"].params}
-    return mod.with_attr(ONNX_NAMES_ATTR, names)
+    mod = mod.with_attr(ONNX_NAMES_ATTR, names)
+    if imp.pit_notes:
+        mod = mod.with_attr(IMPORT_ANNOTATIONS_ATTR, imp.pit_notes)
+    return mod
+
+
+def import_annotations(mod: tvm.IRModule) -> list[dict]:
+    """The decision records the contrib converters left on ``mod`` (plain dicts)."""
+    notes = (mod.attrs or {}).get(IMPORT_ANNOTATIONS_ATTR, [])
+    return [{str(k): str(v) for k, v in dict(n).items()} for n in notes]
