@@ -309,36 +309,49 @@ def pit_spec(case):
                    activation=case["activation"])
 
 
+@functools.lru_cache(maxsize=None)
+def _pit_op(layer: str, num_experts: int, dtype: str):
+    """the op of (layer, E, dtype) for ``cuda`` (unbuilt: its builds are :func:`build_pit_ops`')"""
+    import pit_tvm  # noqa: PLC0415
+
+    case = dict(LAYERS[layer], layer=layer, E=num_experts, dtype=dtype)
+    return pit_tvm.moe_ffn(pit_spec(case), case["d"], case["f"], dtype, target="cuda", router_dtype="float32")
+
+
 def pit_op_key(case) -> tuple:
-    return (case["layer"], case["E"], case["dtype"])
+    """(layer, E, dtype, the grouped GEMMs' tiles a call of the case's T runs): decode-size T
+    (<= 256) runs the op's decode variant of its planned tiles (MoEFFN.tiles)"""
+    op = _pit_op(case["layer"], case["E"], case["dtype"])
+    return (case["layer"], case["E"], case["dtype"], op.tiles(case["T"]))
 
 
 def build_pit_ops(all_cases, workers: int = 8) -> dict:
-    """The op of each (layer, E, dtype), built for ``cuda`` concurrently (nvcc runs as a
-    subprocess); failures recorded as the exception."""
+    """The op's build for each :func:`pit_op_key` (the symbolic-T layer, or a decode variant),
+    built for ``cuda`` concurrently (nvcc runs as a subprocess); failures recorded as the
+    exception."""
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
-    import pit_tvm  # noqa: PLC0415
-
-    ops = {}
+    variants = {}
     for case in all_cases:
         key = pit_op_key(case)
-        if key not in ops:
-            ops[key] = pit_tvm.moe_ffn(pit_spec(case), case["d"], case["f"], case["dtype"], target="cuda",
-                                       router_dtype="float32")
+        if key not in variants:
+            op = _pit_op(case["layer"], case["E"], case["dtype"])
+            # (a decode variant is built for a token count of its tiles; the widest tiles: the symbolic layer)
+            variants[key] = (op, None if key[3] == op.tiles(None) else case["T"])
 
     def build(item):
-        key, op = item
+        key, (op, tokens) = item
         gated = LAYERS[key[0]]["activation"] == "swiglu"
         try:
-            return key, op._build((False, False, gated, False))
+            return key, op._build((False, False, gated, False), tokens)
         except Exception as e:  # noqa: BLE001 - recorded per case
             return key, e
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        built = dict(pool.map(build, ops.items()))
+        built = dict(pool.map(build, variants.items()))
     # (a build that failed beside others is tried once more alone)
-    return {key: build((key, ops[key]))[1] if isinstance(main, Exception) else main for key, main in built.items()}
+    return {key: build((key, variants[key]))[1] if isinstance(main, Exception) else main
+            for key, main in built.items()}
 
 
 def pit_layer(main, inputs, case):

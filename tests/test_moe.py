@@ -450,3 +450,114 @@ def test_gpu_grouped_gemm_contract(target, mode, dtype):
                                  bias=b.astype(np.float32), route_weight=rw, activation=activation)
     tol = 2e-2 if dtype == "float16" else 6e-2
     np.testing.assert_allclose(out.numpy().astype(np.float32), ref, rtol=tol, atol=tol)
+
+
+# ----------------------------------------------------------------------------- decode tiles
+def test_static_token_count_picks_the_planned_decode_tiles():
+    """emit_moe on sm_90a: a static decode-size T takes grouped_config's tiles for T (narrow,
+    deep ring), a symbolic T the widest; the tiles are named in the kernels' symbols"""
+    from tvm import relax, tirx
+
+    from pit_tvm.ops.moe import emit_moe
+    from pit_tvm.schedules.hopper.grouped import grouped_config
+
+    spec, d, f = MoESpec(8, 1), 768, 256
+    E = spec.num_experts
+
+    def grouped_symbols(ntok):
+        x = relax.Var("x", relax.TensorType([ntok, d], "float16"))
+        r = relax.Var("r", relax.TensorType([ntok, E], "float16"))
+        w1 = relax.Var("w1", relax.TensorType([E, d, f], "float16"))
+        w2 = relax.Var("w2", relax.TensorType([E, f, d], "float16"))
+        bb = relax.BlockBuilder()
+        with bb.function("main", [x, r, w1, w2]):
+            with bb.dataflow():
+                out = bb.emit_output(emit_moe(bb, x, r, w1, w2, spec, target="cuda"))
+            bb.emit_func_output(out)
+        return sorted(gv.name_hint for gv in bb.get().get_global_vars() if "grouped" in gv.name_hint)
+
+    def suffix(n, tokens):
+        c = grouped_config(n, E, 1, tokens)
+        return f"_bn{c.block_n}s{c.stages}"
+
+    decode, symbolic = grouped_symbols(16), grouped_symbols(tirx.Var("ntok", "int64"))
+    assert decode[0].startswith("wgmma_grouped_gather") and decode[0].endswith(suffix(f, 16))
+    assert decode[1].startswith("wgmma_grouped_scatter") and decode[1].endswith(suffix(d, 16))
+    assert all(s.endswith(suffix(n, None)) for s, n in zip(symbolic, (f, d)))
+    assert suffix(d, 16) != suffix(d, None)          # the decode tiles differ from the widest
+
+
+def test_moe_ffn_decode_variants_are_chosen_by_the_token_count(monkeypatch):
+    """MoEFFN on sm_90a: a call of T <= DECODE_TOKENS tokens builds the variant of its tiles
+    (token counts with equal tiles share one build), more tokens the symbolic-T layer; off
+    sm_90a there is one build"""
+    from pit_tvm.ops.moe import DECODE_TOKENS, grouped_tile_config
+
+    spec, d, f = MoESpec(64, 1), 768, 256           # (E=64: the tiles change within the decode range)
+    op = moe_ffn(spec, d, f, "float16", target="cuda")
+    built = []
+    monkeypatch.setattr(op, "_build", lambda optional, tokens=None: built.append(tokens) or ("built for", tokens))
+    counts = [1, 2, 16, 64, DECODE_TOKENS, DECODE_TOKENS + 1, 4096]
+    mains = [op._main((False,) * 4, t)[1] for t in counts]      # the tokens each build was made for
+
+    def planned(t):
+        return tuple(grouped_tile_config(m, k, n, 64, 1, "float16", "cuda", t)
+                     for m, k, n in (("gather", d, f), ("scatter", f, d)))
+
+    widest = op.tiles(None)
+    assert widest == planned(None) and widest[0].block_n == widest[1].block_n == 256
+    for t, main in zip(counts, mains):
+        assert op.tiles(t) == (planned(t) if t <= DECODE_TOKENS else widest)
+        if op.tiles(t) == widest:
+            assert main is None                             # the symbolic-T layer
+        else:                                               # a variant built for tokens of its tiles
+            assert main is not None and main <= DECODE_TOKENS and op.tiles(main) == op.tiles(t)
+    assert len({op.tiles(t) for t in counts}) >= 3          # several decode variants, and the widest
+    assert sorted(map(str, built)) == sorted(map(str, set(mains)))
+    assert len(built) == len({op.tiles(t) for t in counts})
+    cpu = moe_ffn(spec, d, f, "float32", target="llvm")
+    assert cpu.tiles(1) == cpu.tiles(None) == (None, None)
+
+
+# ----------------------------------------------------------------------------- CUDA graphs
+@pytest.mark.gpu
+@pytest.mark.parametrize("ntok", [48, 1000], ids=["decode", "many-tokens"])
+def test_gpu_moe_ffn_replays_in_a_cuda_graph(ntok):
+    """A MoEFFN call captured in a torch CUDA graph (TVM on torch's capture stream through
+    tvm_ffi.use_torch_stream) replays with new tokens and new routings written into the
+    captured inputs: each replay matches the numpy reference (no host read on the op's path)."""
+    torch = pytest.importorskip("torch")
+    import tvm_ffi
+
+    spec, d, f = MoESpec(8, 2, routing="topk_softmax", activation="silu"), 256, 512
+    op = moe_ffn(spec, d, f, "bfloat16", target="cuda", router_dtype="float32")
+    rng = np.random.default_rng(3)
+    layer = make_layer(spec, d, f, (), rng)
+    w1, w2 = (torch.from_numpy(layer[n]).to("cuda", torch.bfloat16) for n in ("w1", "w2"))
+    x = torch.zeros(ntok, d, device="cuda", dtype=torch.bfloat16)
+    router = torch.zeros(ntok, spec.num_experts, device="cuda", dtype=torch.float32)
+
+    def new_inputs(pattern):
+        xs = rng.standard_normal((ntok, d)).astype(np.float32)
+        rs = make_router(spec, (ntok,), pattern, rng)
+        x.copy_(torch.from_numpy(xs))
+        router.copy_(torch.from_numpy(rs))
+        return x.float().cpu().numpy(), rs
+
+    new_inputs("random")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with tvm_ffi.use_torch_stream(torch.cuda.stream(side)):
+        for _ in range(2):                                  # build and warm the pools outside the capture
+            op(x, router, w1, w2)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with tvm_ffi.use_torch_stream(torch.cuda.graph(graph, capture_error_mode="relaxed")):
+        y = op(x, router, w1, w2)
+    w32 = {n: torch.from_numpy(layer[n]).to(torch.bfloat16).float().numpy() for n in ("w1", "w2")}
+    for pattern in ("random", "one_expert", "empty"):
+        xs, rs = new_inputs(pattern)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference_moe(xs, rs, w32["w1"], w32["w2"], spec)
+        np.testing.assert_allclose(y.float().cpu().numpy(), ref, rtol=5e-2, atol=5e-2)

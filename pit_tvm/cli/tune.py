@@ -15,6 +15,12 @@ Where candidates are measured: on the local GPU (default); through an RPC tracke
 pit_tvm.tuning.rpc_server``; builds stay here); or with ``--gpus N|all`` on a tracker and one
 server per GPU that this command starts and stops (``--servers N``: N CPU servers, for
 ``--target llvm``).  See docs/guide/tuning.md.
+
+``--op moe --d D --f F --experts E [--top-k K] [--tokens T] [--mode gather|scatter|both]
+[--routing balanced|zipf]`` tunes the MoE op's grouped wgmma GEMMs (sm_90a): fc1 ("gather",
+K = d, N = f) and fc2 ("scatter", K = f, N = d), tile width x ring depth, measured on ``T``
+tokens routed at random; the databases go to ``<work-dir>/<gpu-name>/wgmma_moe_...`` and
+``moe_ffn(..., tuning_log=...)`` reads them (:mod:`pit_tvm.tuning.moe`).
 """
 from __future__ import annotations
 
@@ -24,15 +30,26 @@ import sys
 from pit_tvm.cli.main import positive_int
 from pit_tvm.errors import UserError
 
-OPS = ("matmul",)
+OPS = ("matmul", "moe")
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("tune", help="tune a PIT kernel with MetaSchedule (GPU)",
                               description=__doc__.splitlines()[0])
     p.add_argument("--op", default="matmul", choices=OPS, help="operator (default matmul)")
-    p.add_argument("--k", type=positive_int, required=True, help="reduction size K")
-    p.add_argument("--n", type=positive_int, required=True, help="output columns N")
+    p.add_argument("--k", type=positive_int, default=None, help="matmul: reduction size K (required)")
+    p.add_argument("--n", type=positive_int, default=None, help="matmul: output columns N (required)")
+    moe = p.add_argument_group("--op moe (the MoE op's grouped GEMMs, sm_90a)")
+    moe.add_argument("--d", type=positive_int, default=None, help="hidden size d (fc1: K = d; fc2: N = d)")
+    moe.add_argument("--f", type=positive_int, default=None, help="expert width f (fc1: N = f; fc2: K = f)")
+    moe.add_argument("--experts", type=positive_int, default=None, help="number of experts E")
+    moe.add_argument("--top-k", type=positive_int, default=1, help="experts per token (default 1)")
+    moe.add_argument("--tokens", type=positive_int, default=None,
+                     help="tokens T of the measured routing (default 4096; <= 256 tunes the decode-size tiles)")
+    moe.add_argument("--mode", default="both", choices=("gather", "scatter", "both"),
+                     help="which grouped GEMM: gather (fc1), scatter (fc2) or both (default)")
+    moe.add_argument("--routing", default="balanced", choices=("balanced", "zipf"),
+                     help="the measured routing: uniform over the experts, or Zipf-skewed (default balanced)")
     p.add_argument("--micro-tile", default=None, metavar="RxC",
                    help="micro-tile along K, e.g. 32x64 or 32x1 (default: whole rows, 1xK)")
     p.add_argument("--density", type=float, default=None,
@@ -41,7 +58,8 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     p.add_argument("--target", default="cuda", help="cuda | cuda:sm_90 | cuda:sm_80 (default cuda = sm_90a); llvm: a small CPU space, "
                         "to try --rpc / --servers without a GPU")
-    p.add_argument("--trials", type=positive_int, default=512, help="measured candidates (default 512)")
+    p.add_argument("--trials", type=positive_int, default=None,
+                   help="measured candidates (default 512; --op moe: 24 a mode)")
     p.add_argument("--trials-per-iter", type=positive_int, default=32,
                    help="candidates per MetaSchedule iteration (default 32)")
     p.add_argument("--m", type=positive_int, default=None,
@@ -64,6 +82,15 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    if args.op == "moe":
+        return _run_moe(args)
+    if args.k is None or args.n is None:
+        raise UserError("pit-tvm tune --op matmul needs --k K and --n N")
+    for flag, value in (("--d", args.d), ("--f", args.f), ("--experts", args.experts), ("--tokens", args.tokens)):
+        if value is not None:
+            raise UserError(f"{flag} is an option of --op moe, not of --op matmul")
+    if args.trials is None:
+        args.trials = 512
     from pit_tvm.cli.compile import parse_micro_tile  # noqa: PLC0415 - heavy imports
     from pit_tvm.schedules.tensorcore_tiles import TilesConfig  # noqa: PLC0415
     from pit_tvm.schedules.wgmma import WgmmaConfig  # noqa: PLC0415
@@ -114,8 +141,59 @@ def _is_cpu(target) -> bool:
     return make_target(target).kind.name == "llvm"
 
 
+def _run_moe(args) -> int:
+    """``--op moe``: tune the grouped GEMM of each mode asked for, print each best config"""
+    from pit_tvm.tuning.moe import DEFAULT_TOKENS, best_moe_record, tune_moe  # noqa: PLC0415
+    from pit_tvm.tuning.rpc import RpcError  # noqa: PLC0415
+
+    missing = [flag for flag, v in (("--d", args.d), ("--f", args.f), ("--experts", args.experts)) if v is None]
+    if missing:
+        raise UserError(f"pit-tvm tune --op moe needs {', '.join(missing)} (the layer: hidden size d, expert "
+                        "width f, number of experts)")
+    for flag, value in (("--k", args.k), ("--n", args.n), ("--micro-tile", args.micro_tile),
+                        ("--density", args.density), ("--m", args.m)):
+        if value is not None:
+            raise UserError(f"{flag} is an option of --op matmul; --op moe takes --d, --f, --experts, --top-k, "
+                            "--tokens")
+    if _is_cpu(args.target):
+        raise UserError("the MoE op's grouped GEMM has no knobs on the CPU (the generic TIR kernel's tiles are "
+                        "fixed): --op moe tunes the sm_90a wgmma kernel, --target cuda")
+    tokens = args.tokens or DEFAULT_TOKENS
+    modes = ("gather", "scatter") if args.mode == "both" else (args.mode,)
+    shapes = {"gather": (args.d, args.f), "scatter": (args.f, args.d)}
+    paths = {}
+    try:
+        from functools import partial  # noqa: PLC0415
+
+        from pit_tvm.tuning._worker import rpc_alloc_moe_arguments  # noqa: PLC0415
+
+        for mode in modes:
+            alloc = partial(rpc_alloc_moe_arguments, mode=mode, top_k=args.top_k, routing=args.routing)
+            with _measuring_on(args, 0.5, alloc) as (runner, servers):
+                k, n = shapes[mode]
+                paths[mode] = tune_moe(mode, k, n, args.experts, args.top_k, args.dtype, tokens, target=args.target,
+                                       trials=args.trials or 24, work_dir=args.work_dir, routing=args.routing,
+                                       trials_per_iter=min(args.trials_per_iter, args.trials or 24), seed=args.seed,
+                                       progress=not args.no_progress, runner=runner, servers=servers)
+    except (ValueError, RpcError) as err:
+        raise UserError(err) from err
+    rc = 0
+    for mode, path in paths.items():
+        k, n = shapes[mode]
+        best = best_moe_record(path, mode, k, n, args.experts, args.top_k, args.dtype, args.target, tokens)
+        if best is None:
+            print(f"{mode}: no valid record measured; database: {path}")
+            rc = 1
+            continue
+        c = best.config
+        print(f"{mode} (K={k}, N={n}): best {best.run_secs * 1e6:.1f} us at T={best.tokens} ({args.routing} routing)  "
+              f"config: wgmma tile 128x{c.block_n}x{c.block_k}, ring of {c.stages}")
+        print(f"database: {path}")
+    return rc
+
+
 @contextlib.contextmanager
-def _measuring_on(args, density: float):
+def _measuring_on(args, density: float, rpc_alloc=None):
     """(runner, servers-in-use callback) for the options: (None, None) measures on the local
     GPU; ``--rpc`` through a tracker; ``--gpus`` / ``--servers`` on a :class:`LocalCluster`
     that is stopped when the block exits (also on Ctrl-C and errors)."""
@@ -150,7 +228,8 @@ def _measuring_on(args, density: float):
         key = args.key
     runner = None
     try:
-        runner = rpc_runner(host, port, key, density=density, session_timeout=args.rpc_timeout)
+        runner = rpc_runner(host, port, key, density=density, session_timeout=args.rpc_timeout,
+                            f_alloc_argument=rpc_alloc)
 
         def servers() -> str:
             count, _ = tracker_servers(host, port, key)

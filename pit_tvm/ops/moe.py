@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -300,32 +302,82 @@ def _arch_of(target) -> str:
     return str(target.attrs.get("arch", DEFAULT_CUDA_ARCH))
 
 
+#: token counts up to which :class:`MoEFFN` builds a decode-size variant of the layer (the
+#: grouped kernel's narrow tiles and deep rings, :func:`pit_tvm.schedules.hopper.grouped.grouped_config`)
+DECODE_TOKENS = 256
+
+
+def _wgmma_target(target) -> bool:
+    """whether builds for ``target`` run the Hopper grouped kernel (sm_90a), whose tiles are knobs"""
+    return is_gpu(target) and _arch_of(target) == "sm_90a"
+
+
 @functools.lru_cache(maxsize=64)
-def _grouped_gemm_cached(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target_key):
+def _grouped_gemm_cached(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target_key, config):
     target = make_target(tvm.target.Target(target_key))
-    if is_gpu(target) and _arch_of(target) == "sm_90a":
+    if _wgmma_target(target):
         try:
             from pit_tvm.schedules.hopper.grouped import wgmma_grouped_gemm_func
         except ImportError:
             wgmma_grouped_gemm_func = None
         if wgmma_grouped_gemm_func is not None:
-            try:
-                return wgmma_grouped_gemm_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation)
-            except ValueError:
-                pass        # the shape does not fit its tiles: the generic kernel
+            for tiles in dict.fromkeys((config, None)):     # the given tiles, else the kernel's default
+                try:
+                    func = wgmma_grouped_gemm_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias,
+                                                   activation, tiles)
+                except ValueError as err:
+                    if tiles is not None:
+                        why = err
+                    continue    # the shape does not fit these tiles (or any): the generic kernel
+                if tiles is None and config is not None:
+                    warnings.warn(f"MoE grouped GEMM ({mode}, K={k}, N={n}): tiles {config} do not build "
+                                  f"here ({why}); using the default tiles", stacklevel=4)
+                return func
     from pit_tvm.schedules.grouped_gemm import grouped_gemm_generic_func
 
     return grouped_gemm_generic_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target)
 
 
-def grouped_gemm_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target) -> tirx.PrimFunc:
+def grouped_gemm_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target, *,
+                      config=None) -> tirx.PrimFunc:
     """The grouped GEMM PrimFunc of the MoE contract (mode ``"gather"`` / ``"scatter"``): the
     Hopper wgmma kernel (:mod:`pit_tvm.schedules.hopper.grouped`) on an sm_90a target where it
-    applies, else the generic TIR kernel (:mod:`pit_tvm.schedules.grouped_gemm`).  Made once
-    per arguments in a process."""
+    applies, else the generic TIR kernel (:mod:`pit_tvm.schedules.grouped_gemm`).  ``config``:
+    the wgmma kernel's tiles (a :class:`~pit_tvm.schedules.hopper.config.WgmmaConfig`, e.g.
+    :func:`grouped_tile_config`'s; None: the kernel's default, the widest tile); tiles that do
+    not fit are said and the default taken.  Made once per arguments in a process."""
     activation = None if activation in (None, "none", "identity") else activation
     return _grouped_gemm_cached(mode, int(k), int(n), int(num_experts), int(top_k), str(dtype), str(out_dtype),
-                                bool(bias), activation, str(make_target(target)))
+                                bool(bias), activation, str(make_target(target)), config)
+
+
+def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=None, tuning_log=None):
+    """The tiles of one grouped GEMM of the layer, chosen on the host: None where ``target``
+    does not run the Hopper kernel (the generic kernel has fixed tiles), else the tuned config
+    of ``tuning_log`` for the token count nearest ``tokens`` in its regime
+    (:func:`pit_tvm.tuning.moe.tuned_moe_config`), else the planner's for ``tokens``
+    (:func:`~pit_tvm.schedules.hopper.grouped.grouped_config`: narrow tiles and deep rings for
+    decode-size T; ``tokens=None``, a symbolic T: the widest tile)."""
+    target = make_target(target)
+    if not _wgmma_target(target):
+        return None
+    if tuning_log is not None:
+        from pit_tvm.tuning.moe import tuned_moe_config      # warns where the log has none
+
+        tuned = tuned_moe_config(tuning_log, mode, k, n, num_experts, top_k, dtype, target, tokens)
+        if tuned is not None:
+            return tuned
+    try:
+        from pit_tvm.schedules.hopper.grouped import grouped_config
+    except ImportError:
+        return None
+    return grouped_config(int(n), int(num_experts), int(top_k), None if tokens is None else int(tokens))
+
+
+def static_tokens(x_shape):
+    """The token count of ``x[..., d]`` where its leading dims are all static, else None."""
+    dims = _dims(x_shape)[:-1]
+    return int(np.prod(dims)) if all(isinstance(v, int) for v in dims) else None
 
 
 def _add_once(bb, func):
@@ -346,10 +398,16 @@ def _shape_of(expr):
     return list(ty.shape), str(ty.dtype)
 
 
-def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None, b3=None, target="llvm"):
+def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None, b3=None, target="llvm",
+             tokens=None, tuning_log=None):
     """Emit the whole MoE layer into ``bb`` (a Relax BlockBuilder, inside a dataflow block);
     return ``y`` (``x``'s shape and dtype).  See the module docstring for the steps and
-    :class:`MoESpec` for the semantics; the layouts are :meth:`MoESpec.validate`'s."""
+    :class:`MoESpec` for the semantics; the layouts are :meth:`MoESpec.validate`'s.
+
+    The grouped GEMMs' tiles (sm_90a; :func:`grouped_tile_config`) are chosen for ``tokens``,
+    the expected token count: by default ``x``'s where its leading dims are static (decode
+    shapes get narrow tiles and deep rings), the widest tile where they are symbolic.
+    ``tuning_log``: a ``pit-tvm tune --op moe`` database (or log root) whose tuned tiles win."""
     from tvm import relax
 
     if not isinstance(spec, MoESpec):
@@ -404,15 +462,22 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
         kept = bb.emit(relax.TupleGetItem(index, 2))
     offsets, assignments = (bb.emit(relax.TupleGetItem(index, i)) for i in (0, 1))
 
+    if tokens is None:
+        tokens = static_tokens(x_shape)
+    tiles = {mode: grouped_tile_config(mode, kk, n, E, k, dtype, target, tokens, tuning_log)
+             for mode, kk, n in (("gather", d, f), ("scatter", f, d))}
+
     def fc1(w, b, act):
-        gv = _add_once(bb, grouped_gemm_func("gather", d, f, E, k, dtype, dtype, b is not None, act, target))
+        gv = _add_once(bb, grouped_gemm_func("gather", d, f, E, k, dtype, dtype, b is not None, act, target,
+                                             config=tiles["gather"]))
         args = [x2, assignments, offsets, w] + ([b] if b is not None else [])
         return bb.emit(relax.call_tir(gv, args, relax.TensorType([positions, f], dtype)))
 
     h = fc1(w1, b1, GATED.get(spec.activation, spec.activation))
     if spec.gated:
         h = bb.emit(relax.op.multiply(h, fc1(w3, b3, None)))
-    fc2_gv = _add_once(bb, grouped_gemm_func("scatter", f, d, E, k, dtype, dtype, b2 is not None, None, target))
+    fc2_gv = _add_once(bb, grouped_gemm_func("scatter", f, d, E, k, dtype, dtype, b2 is not None, None, target,
+                                             config=tiles["scatter"]))
     y_rows = bb.emit(relax.call_tir(fc2_gv, [h, assignments, offsets, w2] + ([b2] if b2 is not None else [])
                                     + [weights], relax.TensorType([positions, d], dtype)))
     input_scaled = spec.capacity is not None and spec.dropped_token == "input_scaled"
@@ -434,9 +499,15 @@ class MoEFFN:
     ``router[..., E]`` (x's leading dims, or ``[T, E]``), weights as in :meth:`MoESpec.validate`;
     it returns ``y`` of ``x``'s shape and kind (numpy for numpy, TVM for TVM, torch for torch).
     Each combination of the optional biases is compiled on first use.  The capacity (if any)
-    counts per sequence: ``x``'s second-to-last axis (a 2-D ``x`` is one sequence)."""
+    counts per sequence: ``x``'s second-to-last axis (a 2-D ``x`` is one sequence).
 
-    def __init__(self, spec: MoESpec, d, f, dtype="float32", target="llvm", router_dtype=None):
+    On sm_90a a call of at most :data:`DECODE_TOKENS` tokens runs a decode-size variant of the
+    layer: the same module (symbolic T) with the grouped GEMMs' tiles chosen for its token
+    count (:func:`grouped_tile_config`), picked on the host from ``x``'s shape (no device
+    read); variants that come out with the same tiles share one build.  ``tuning_log``: a
+    ``pit-tvm tune --op moe`` database whose tuned tiles win (docs/guide/tuning.md)."""
+
+    def __init__(self, spec: MoESpec, d, f, dtype="float32", target="llvm", router_dtype=None, tuning_log=None):
         if not isinstance(spec, MoESpec):
             raise TypeError(f"spec must be a MoESpec, got {type(spec).__name__}")
         self.spec = spec
@@ -451,11 +522,28 @@ class MoEFFN:
 
         self.target = op_target(target)
         self.device = device_for(self.target)
-        self._mains = {}        # which optional tensors are given -> the VM function
+        if tuning_log is not None and not isinstance(tuning_log, (str, os.PathLike)):
+            raise TypeError(f"tuning_log must be a path (str or os.PathLike) or None, got {type(tuning_log).__name__}")
+        self.tuning_log = tuning_log
+        self._mains = {}        # (which optional tensors are given, tiles) -> the VM function
+        self._tiles_of = {}     # tokens (None: many) -> (tiles key, tokens the variant is built for)
 
-    def module(self, optional=(False, False, False, False)) -> tvm.IRModule:
+    def tiles(self, tokens=None) -> tuple:
+        """The grouped GEMMs' tiles ``(fc1, fc2)`` a call of ``tokens`` tokens runs (None: the
+        symbolic-T layer, for more than :data:`DECODE_TOKENS`); ``(None, None)`` off sm_90a."""
+        if tokens is not None and int(tokens) > DECODE_TOKENS:
+            tokens = None
+        if tokens not in self._tiles_of:
+            E, k = self.spec.num_experts, self.spec.top_k
+            self._tiles_of[tokens] = tuple(
+                grouped_tile_config(mode, kk, n, E, k, self.dtype, self.target, tokens, self.tuning_log)
+                for mode, kk, n in (("gather", self.d, self.f), ("scatter", self.f, self.d)))
+        return self._tiles_of[tokens]
+
+    def module(self, optional=(False, False, False, False), tokens=None) -> tvm.IRModule:
         """The Relax module of the layer for the optional tensors ``(b1, b2, w3, b3)`` given or
-        not: ``main(x[B, S, d], router[B, S, E], w1, w2, ...)`` of :func:`emit_moe`."""
+        not: ``main(x[B, S, d], router[B, S, E], w1, w2, ...)`` of :func:`emit_moe`, its T
+        symbolic; ``tokens``: the token count its tiles are chosen for (None: many)."""
         from tvm import relax
 
         E, d, f = self.spec.num_experts, self.d, self.f
@@ -472,19 +560,32 @@ class MoEFFN:
         bb = relax.BlockBuilder()
         with bb.function("main", params + list(extra.values())):
             with bb.dataflow():
-                y = emit_moe(bb, *params, self.spec, target=self.target, **extra)
+                y = emit_moe(bb, *params, self.spec, target=self.target, tokens=tokens,
+                             tuning_log=self.tuning_log, **extra)
                 out = bb.emit_output(y)
             bb.emit_func_output(out)
         return bb.get()
 
-    def executable(self, optional=(False, False, False, False)):
+    def executable(self, optional=(False, False, False, False), tokens=None):
         """The layer built for ``self.target`` (:meth:`module`); on CUDA it needs no GPU."""
-        return build(self.module(tuple(bool(v) for v in optional)), self.target)
+        return build(self.module(tuple(bool(v) for v in optional), tokens), self.target)
 
-    def _build(self, optional: tuple):
+    def _build(self, optional: tuple, tokens=None):
         from tvm import relax
 
-        return relax.VirtualMachine(self.executable(optional), self.device)["main"]
+        return relax.VirtualMachine(self.executable(optional, tokens), self.device)["main"]
+
+    def _main(self, optional: tuple, tokens: int):
+        """the VM function for a call of ``tokens`` tokens: the decode-size variant whose tiles
+        they take, or the symbolic-T layer's"""
+        tiles = self.tiles(tokens)
+        key = (optional, tiles)
+        main = self._mains.get(key)
+        if main is None:
+            # (a variant is the tiles: decode token counts that plan the same tiles share it)
+            decode = tokens <= DECODE_TOKENS and tiles != self.tiles(None)
+            main = self._mains[key] = self._build(optional, tokens if decode else None)
+        return main
 
     def _tensor(self, value, name, dtype):
         if value is None:
@@ -519,9 +620,7 @@ class MoEFFN:
         x_t = tensors["x"]._create_view((nb, seq, self.d))
         r_t = tensors["router"]._create_view((nb, seq, self.spec.num_experts))
         optional = tuple(n in tensors for n in ("b1", "b2", "w3", "b3"))
-        main = self._mains.get(optional)
-        if main is None:
-            main = self._mains[optional] = self._build(optional)
+        main = self._main(optional, ntok)
         y = main(x_t, r_t, tensors["w1"], tensors["w2"], *[tensors[n] for n in ("b1", "b2", "w3", "b3")
                                                              if n in tensors])
         y = y._create_view(tuple(x_shape))
@@ -534,8 +633,9 @@ class MoEFFN:
         return y.numpy()
 
 
-def moe_ffn(spec: MoESpec, d, f, dtype="float32", target="llvm", router_dtype=None) -> MoEFFN:
+def moe_ffn(spec: MoESpec, d, f, dtype="float32", target="llvm", router_dtype=None, tuning_log=None) -> MoEFFN:
     """Compile the routed-expert FFN ``spec`` for hidden size ``d``, expert width ``f`` and
     ``dtype`` on ``target`` (``"llvm"``, ``"cuda"``, ``"cuda:sm_XY"``); the router may have its
-    own ``router_dtype`` (default: ``dtype``).  See :class:`MoEFFN`."""
-    return MoEFFN(spec, d, f, dtype, target, router_dtype)
+    own ``router_dtype`` (default: ``dtype``); ``tuning_log``: tuned grouped-GEMM tiles
+    (``pit-tvm tune --op moe``, sm_90a).  See :class:`MoEFFN`."""
+    return MoEFFN(spec, d, f, dtype, target, router_dtype, tuning_log)

@@ -226,3 +226,119 @@ def rpc_run_evaluator_cold_l2(session, rt_mod, device, evaluator_config, repeate
             "`python -m pit_tvm.tuning.rpc_server --tracker HOST:PORT --key KEY`, not "
             "`python -m tvm.exec.rpc_server`") from err
     return _time_cold(rt_mod, device, evaluator_config, repeated_args)
+
+
+# --------------------------------------------------------------------------------------
+# the MoE grouped GEMM's arguments (pit_tvm.tuning.moe)
+# --------------------------------------------------------------------------------------
+#: the routings a grouped GEMM is measured with: every token's k experts uniformly at random,
+#: or Zipf-skewed over the experts (expert e drawn with weight (e + 1) ** -zipf_a)
+MOE_ROUTINGS = ("balanced", "zipf")
+
+
+def moe_routing_index(tokens: int, num_experts: int, top_k: int, routing: str = "balanced",
+                      zipf_a: float = 1.2, seed: int = 0):
+    """``(expert_ids[T, k], offsets[E+1], assignments[T*k])`` (int32, numpy) of a random routing:
+    ``k`` distinct experts a token (drawn without replacement by the Gumbel top-k of the
+    log-weights), and its expert index as the op's device index builds it (flat ids
+    ``t*k + j`` grouped by expert, ascending within one; nothing dropped)."""
+    import numpy as np
+
+    if routing not in MOE_ROUTINGS:
+        raise ValueError(f"routing must be one of {MOE_ROUTINGS}, got {routing!r}")
+    if not 0 < int(top_k) <= int(num_experts):
+        raise ValueError(f"top_k must be in 1..{num_experts}, got {top_k}")
+    rng = np.random.default_rng(seed)
+    log_w = np.zeros(num_experts) if routing == "balanced" else -float(zipf_a) * np.log1p(np.arange(num_experts))
+    keys = log_w[None, :] + rng.gumbel(size=(int(tokens), int(num_experts)))
+    ids = np.argsort(-keys, axis=1, kind="stable")[:, :top_k].astype("int32")
+    flat = ids.reshape(-1)
+    assignments = np.argsort(flat, kind="stable").astype("int32")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=num_experts))]).astype("int32")
+    return ids, offsets, assignments
+
+
+def _moe_shapes(infos, mode: str, top_k: int) -> tuple[int, int]:
+    """(tokens, experts) of a grouped GEMM workload's arguments"""
+    positions = int(infos[1][2][0])
+    return positions // int(top_k), int(infos[2][2][0]) - 1
+
+
+def _moe_host_args(infos, mode: str, top_k: int, routing: str, zipf_a: float, rep: int, fill: bool):
+    """host arrays (None where ``fill`` is False and the argument is data to fill on the device;
+    the output None) of one repetition: the index of a random routing, route weights in (0, 1]"""
+    import numpy as np
+
+    tokens, num_experts = _moe_shapes(infos, mode, top_k)
+    _, offsets, assignments = moe_routing_index(tokens, num_experts, top_k, routing, zipf_a, seed=rep)
+    rng = np.random.default_rng(1000 + rep)
+    out = []
+    for i, (_, dtype, shape) in enumerate(infos):
+        shape = [int(s) for s in shape]
+        if i == len(infos) - 1:
+            out.append(None)
+        elif i == 1:
+            out.append(assignments)
+        elif i == 2:
+            out.append(offsets)
+        elif mode == "scatter" and i == 4:
+            out.append((1.0 - rng.random(shape)).astype("float32"))
+        elif fill:
+            scale = 1.0 / math.sqrt(shape[1]) if i == 3 else 1.0
+            out.append(_host_as(rng.standard_normal(shape, dtype=np.float32) * scale, dtype))
+        else:
+            out.append(None)
+    return out
+
+
+def alloc_moe_arguments(device, args_info, alloc_repeat, mode: str = "gather", top_k: int = 1,
+                        routing: str = "balanced", zipf_a: float = 1.2):
+    """``LocalRunner`` ``f_alloc_argument`` for the MoE grouped GEMM's workload
+    (:func:`pit_tvm.tuning.space.grouped_tuning_workload`): random A and W, the output
+    uninitialised, and a *valid* index of a random ``routing`` (:func:`moe_routing_index`;
+    one routing a repetition), route weights for scatter.  Cached per worker process."""
+    import tvm
+
+    infos = [tuple(a) for a in args_info]
+    key = ("moe", str(device), repr(infos), int(alloc_repeat), mode, int(top_k), routing, float(zipf_a))
+    if key in _ARGS_CACHE:
+        return _ARGS_CACHE[key]
+    _ARGS_CACHE.clear()
+    out = []
+    for rep in range(alloc_repeat):
+        host = _moe_host_args(infos, mode, top_k, routing, zipf_a, rep, fill=True)
+        out.append([tvm.runtime.empty([int(s) for s in info[2]], info[1], device) if h is None
+                    else tvm.runtime.tensor(h, device) for h, info in zip(host, infos)])
+    _ARGS_CACHE[key] = out
+    return out
+
+
+def rpc_alloc_moe_arguments(session, device, args_info, alloc_repeat, mode: str = "gather", top_k: int = 1,
+                            routing: str = "balanced", zipf_a: float = 1.2):
+    """``RPCRunner`` ``f_alloc_argument`` of :func:`alloc_moe_arguments`: A and W filled on the
+    server, the index and route weights drawn here and sent."""
+    import tvm
+    from tvm.s_tir.meta_schedule.utils import get_global_func_on_rpc_session
+
+    fill = get_global_func_on_rpc_session(
+        session, "tvm.contrib.random.random_fill_for_measure",
+        "the RPC server's TVM runtime has no random fill (build TVM with USE_RANDOM=ON)")
+    infos = [tuple(a) for a in args_info]
+    out = []
+    for rep in range(alloc_repeat):
+        host = _moe_host_args(infos, mode, top_k, routing, zipf_a, rep, fill=False)
+        args = []
+        for i, (h, (_, dtype, shape)) in enumerate(zip(host, infos)):
+            shape = [int(s) for s in shape]
+            if h is not None:
+                args.append(tvm.runtime.tensor(h, device))
+                continue
+            arg = tvm.runtime.empty(shape, dtype, device)
+            if i != len(infos) - 1:
+                try:
+                    fill(arg)
+                except Exception:  # noqa: BLE001 - a dtype the server's fill does not take: send data
+                    arg.copyfrom(_random_host(shape, dtype, rep))
+            args.append(arg)
+        out.append(args)
+    return out

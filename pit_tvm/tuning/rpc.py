@@ -135,17 +135,19 @@ class _RetryFuture(ms.runner.PyRunnerFuture):
 
 def rpc_runner(host: str, port: int, key: str, *, density: float = 0.5, number: int = 5,
                repeat: int = 3, session_timeout: float = 120.0, workers: int | None = None,
-               check_timeout: float = 5.0) -> RetryingRunner:
+               check_timeout: float = 5.0, f_alloc_argument=None) -> RetryingRunner:
     """A runner measuring through the tracker ``host:port`` on the servers under ``key``,
     with the local runner's argument and cold-cache timing hooks (see the module docstring).
-    ``workers`` sessions at a time (default: the servers the tracker has now)."""
+    ``workers`` sessions at a time (default: the servers the tracker has now).
+    ``f_alloc_argument``: another workload's argument hook (the MoE grouped GEMM's,
+    :func:`~pit_tvm.tuning._worker.rpc_alloc_moe_arguments`); default the matmul's."""
     count = check_tracker(host, port, key, check_timeout)
     inner = ms.runner.RPCRunner(
         rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key,
                                        session_priority=1, session_timeout_sec=int(session_timeout)),
         evaluator_config=ms.runner.EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=0,
                                                    enable_cpu_cache_flush=False),
-        f_alloc_argument=functools.partial(rpc_alloc_pit_arguments, density=float(density)),
+        f_alloc_argument=f_alloc_argument or functools.partial(rpc_alloc_pit_arguments, density=float(density)),
         f_run_evaluator=rpc_run_evaluator_cold_l2,
         max_workers=int(workers or count))
     return RetryingRunner(inner)

@@ -79,6 +79,7 @@ from typing import Callable
 
 import tvm
 from tvm import s_tir, tirx
+from tvm.script import tirx as T
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
@@ -428,8 +429,134 @@ MMA_SYNC_TILES = KnobSet("mma.sync.tiles", TILES_KNOBS, _TILES_PRIORS, "pit.tc_t
 WGMMA_TILES = KnobSet("wgmma.tiles", WGMMA_TILES_KNOBS, _WGMMA_TILES_PRIORS, "pit.wgmma_tiles.",
                       WgmmaConfig, TILES_KNOB_BLOCK, TILES_WORKLOAD, _valid_wgmma_tiles,
                       _planned_wgmma_tiles, kernel=_wgmma_tiles_kernel)
+# --------------------------------------------------------------------------------------
+# the MoE grouped GEMM (sm_90a): :func:`pit_tvm.schedules.hopper.grouped.wgmma_grouped_gemm_func`
+# --------------------------------------------------------------------------------------
+#: the grouped wgmma kernel's knobs: the tile width and the ring depth, up to the few-rows
+#: tier's 8 stages (decode-size T: :func:`~pit_tvm.schedules.hopper.grouped.grouped_config`)
+GROUPED_KNOBS: "OrderedDict[str, tuple[int, ...]]" = OrderedDict(
+    block_n=(64, 128, 192, 256),
+    stages=(3, 4, 5, 6, 7, 8),
+)
+_GROUPED_PRIORS = {"block_n": (0.3, 0.25, 0.15, 0.3), "stages": (0.15, 0.25, 0.15, 0.15, 0.1, 0.2)}
+GROUPED_WORKLOAD = "grouped_gemm_"
+#: the grouped workload's first block (no schedule follows the annotation: a TIRx kernel)
+GROUPED_KNOB_BLOCK = "expert_of"
+_GROUPED_RE = r"^grouped_gemm_(gather|scatter)_k(\d+)_n(\d+)_e(\d+)_top(\d+)_t(\d+)_([a-z0-9]+)_([a-z0-9]+)$"
+
+
+def grouped_tuning_workload(mode: str, k: int, n: int, num_experts: int, top_k: int, tokens: int,
+                            dtype: str = "float16", out_dtype: str | None = None) -> tirx.PrimFunc:
+    """The MoE grouped GEMM's tuning workload: the kernel's parameters (gather ``X[T, K],
+    assignments[P], offsets[E+1], W[E, K, N], H[P, N]``; scatter ``H[P, K], assignments[P],
+    offsets[E+1], W[E, K, N], route_weight[P], Y[P, N]``) with ``T = tokens`` and
+    ``P = tokens * top_k`` static (MetaSchedule measures static shapes).  Its body (each
+    position's expert from the offsets, then the gathered GEMM) carries the knob annotations
+    and the cost model's features; it is never built: the candidate is the TIRx kernel of the
+    annotated config (:func:`prepare_candidate`).  No bias, no activation: the tiles do not
+    depend on the epilogue."""
+    out_dtype = out_dtype or dtype
+    E, K, N, TK, NT = int(num_experts), int(k), int(n), int(top_k), int(tokens)
+    if min(E, K, N, TK, NT) <= 0 or mode not in ("gather", "scatter"):
+        raise ValueError(f"grouped tuning workload: mode gather/scatter and positive sizes, got {mode!r}, "
+                         f"K={k}, N={n}, E={num_experts}, top_k={top_k}, tokens={tokens}")
+    P = NT * TK
+    rows = NT if mode == "gather" else P
+
+    gather = mode == "gather"
+
+    @T.macro
+    def body(A, ASG, OFF, W, RW, C):
+        EXP = T.alloc_buffer((P,), "int32")
+        for p, e in T.grid(P, E):
+            with T.sblock("expert_of"):
+                vp, ve = T.axis.remap("SR", [p, e])
+                with T.init():
+                    EXP[vp] = 0
+                EXP[vp] = EXP[vp] + T.Select(OFF[ve + 1] <= vp, 1, 0)
+        for p, j, kk in T.grid(P, N, K):
+            with T.sblock("matmul"):
+                vp, vj, vk = T.axis.remap("SSR", [p, j, kk])
+                with T.init():
+                    C[vp, vj] = T.Cast(out_dtype, 0)
+                C[vp, vj] = C[vp, vj] + T.Cast(out_dtype, (RW[vp] if not gather else T.float32(1)) * T.Cast(
+                    "float32", A[ASG[vp] // TK if gather else vp, vk]) * T.Cast("float32", W[EXP[vp], vk, vj]))
+
+    if gather:     # (each prim_func is parsed where it is defined: only the mode's)
+        @T.prim_func(s_tir=True)
+        def gather_workload(a: T.handle, s: T.handle, o: T.handle, w: T.handle, c: T.handle):
+            A = T.match_buffer(a, (rows, K), dtype)
+            ASG = T.match_buffer(s, (P,), "int32")
+            OFF = T.match_buffer(o, (E + 1,), "int32")
+            W = T.match_buffer(w, (E, K, N), dtype)
+            C = T.match_buffer(c, (P, N), out_dtype)
+            body(A, ASG, OFF, W, None, C)
+
+        func = gather_workload
+    else:
+        @T.prim_func(s_tir=True)
+        def scatter_workload(a: T.handle, s: T.handle, o: T.handle, w: T.handle, r: T.handle, c: T.handle):
+            A = T.match_buffer(a, (rows, K), dtype)
+            ASG = T.match_buffer(s, (P,), "int32")
+            OFF = T.match_buffer(o, (E + 1,), "int32")
+            W = T.match_buffer(w, (E, K, N), dtype)
+            RW = T.match_buffer(r, (P,), "float32")
+            C = T.match_buffer(c, (P, N), out_dtype)
+            body(A, ASG, OFF, W, RW, C)
+
+        func = scatter_workload
+    tag = f"{GROUPED_WORKLOAD}{mode}_k{K}_n{N}_e{E}_top{TK}_t{NT}_{dtype}_{out_dtype}"
+    return func.with_attrs({"global_symbol": "main", "pit.workload": tag, "tirx.noalias": True})
+
+
+def grouped_workload_params(func: tirx.PrimFunc):
+    """``(mode, K, N, E, top_k, tokens, in_dtype, out_dtype)`` of a :func:`grouped_tuning_workload`"""
+    import re
+
+    mt = re.match(_GROUPED_RE, workload_tag(func))
+    if not mt:
+        raise ValueError(f"not a grouped GEMM tuning workload: {workload_tag(func) or '?'}")
+    mode, *sizes, in_dtype, out_dtype = mt.groups()
+    return (mode, *(int(v) for v in sizes), in_dtype, out_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def valid_grouped_configs(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str,
+                          out_dtype: str) -> tuple[WgmmaConfig, ...]:
+    """Every :data:`GROUPED_KNOBS` combination the grouped wgmma kernel takes (its checks,
+    :func:`~pit_tvm.schedules.hopper.grouped.check_grouped_config`)"""
+    from pit_tvm.schedules.hopper.grouped import check_grouped_config
+
+    return _product(GROUPED_KNOBS, WgmmaConfig,
+                    lambda cfg: check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, cfg))
+
+
+def _valid_grouped(func, arch):
+    mode, k, n, e, top_k, _, in_dtype, out_dtype = grouped_workload_params(func)
+    return valid_grouped_configs(mode, k, n, e, top_k, in_dtype, out_dtype)
+
+
+def _planned_grouped(func, arch):
+    from pit_tvm.schedules.hopper.grouped import grouped_config
+
+    _, _, n, e, top_k, tokens, _, _ = grouped_workload_params(func)
+    return grouped_config(n, e, top_k, tokens)
+
+
+def _grouped_kernel(func, cfg):
+    from pit_tvm.schedules.hopper.grouped import wgmma_grouped_gemm_func
+
+    mode, k, n, e, top_k, _, in_dtype, out_dtype = grouped_workload_params(func)
+    return wgmma_grouped_gemm_func(mode, k, n, e, top_k, in_dtype, out_dtype, False, None, cfg).with_attr(
+        "global_symbol", "main")
+
+
+#: the MoE grouped wgmma kernel's knobs (sm_90a)
+WGMMA_GROUPED = KnobSet("wgmma.grouped", GROUPED_KNOBS, _GROUPED_PRIORS, "pit.wgmma_grouped.", WgmmaConfig,
+                        GROUPED_KNOB_BLOCK, GROUPED_WORKLOAD, _valid_grouped, _planned_grouped,
+                        kernel=_grouped_kernel)
 #: each kernel's knobs by its name (:func:`pit_tvm.tuning.tune.tuned_kernel`)
-KNOBSETS = {ks.name: ks for ks in (MMA_SYNC, WGMMA, MMA_SYNC_TILES, WGMMA_TILES)}
+KNOBSETS = {ks.name: ks for ks in (MMA_SYNC, WGMMA, MMA_SYNC_TILES, WGMMA_TILES, WGMMA_GROUPED)}
 
 
 def knobset_of(config, workload: tirx.PrimFunc) -> KnobSet:

@@ -195,10 +195,15 @@ def resolve_log_dir(path, k: int, n: int, dtype: str = "float16", kernel: str = 
                     micro_tile=None) -> Path | None:
     """The database directory for (k, n, dtype, kernel, the kernel's micro-tile) given a
     database directory or a log root."""
+    return resolve_leaf(path, _leaf(k, n, dtype, kernel, micro_tile))
+
+
+def resolve_leaf(path, leaf: str) -> Path | None:
+    """The database directory ``leaf`` given a database directory or a log root (the current
+    GPU's subdirectory preferred, then any GPU's)."""
     p = Path(path)
     if _is_db_dir(p):
         return p
-    leaf = _leaf(k, n, dtype, kernel, micro_tile)
     for cand in (p / leaf, p / gpu_name() / leaf):
         if _is_db_dir(cand):
             return cand

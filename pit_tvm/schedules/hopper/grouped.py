@@ -30,7 +30,7 @@ from pit_tvm.schedules.hopper.lowering import lower_tirx
 from pit_tvm.schedules.hopper.planner import wgmma_config
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
 
-__all__ = ["wgmma_grouped_gemm_func", "grouped_config", "GROUPED_ATTR", "GROUPED_ACTIVATIONS", "MAX_EXPERTS"]
+__all__ = ["wgmma_grouped_gemm_func", "grouped_config", "check_grouped_config", "GROUPED_ATTR", "GROUPED_ACTIVATIONS", "MAX_EXPERTS"]
 
 #: the attr of a grouped GEMM kernel: its mode, experts, top_k and :class:`WgmmaConfig`'s knobs
 GROUPED_ATTR = "pit.wgmma_grouped"
@@ -71,6 +71,26 @@ def grouped_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None 
     return wgmma_config(n, rows=BLOCK_M * expected_pairs(num_experts, top_k, tokens))
 
 
+def check_grouped_config(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str, out_dtype: str,
+                         config: WgmmaConfig | None) -> None:
+    """Raise ValueError where the grouped kernel does not take these arguments and tiles (the
+    checks of :func:`wgmma_grouped_gemm_func`; the tuning space's filter)."""
+    if mode not in ("gather", "scatter"):
+        raise ValueError(f"the grouped GEMM's mode is 'gather' (fc1) or 'scatter' (fc2), got {mode!r}")
+    if not 0 < int(num_experts) <= MAX_EXPERTS:
+        raise ValueError(f"the grouped GEMM takes 1..{MAX_EXPERTS} experts, got {num_experts}")
+    if int(top_k) < 1 or int(top_k) > int(num_experts):
+        raise ValueError(f"top_k must be in 1..num_experts={num_experts}, got {top_k}")
+    if in_dtype not in IN_DTYPES or out_dtype not in OUT_DTYPES:
+        raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
+    if (config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64
+            or config.block_k != BLOCK_K):
+        raise ValueError(f"the grouped GEMM's tiles need K % {BLOCK_K} == 0 and N % block_n == 0 (block_n a "
+                         f"multiple of 64, block_k {BLOCK_K}), got K={k}, N={n}, {config}")
+    if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
+        raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
+
+
 @functools.lru_cache(maxsize=64)
 def wgmma_grouped_gemm_func(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str = "float16",
                             out_dtype: str = "float16", bias: bool = False, activation: str | None = None,
@@ -79,22 +99,9 @@ def wgmma_grouped_gemm_func(mode: str, k: int, n: int, num_experts: int, top_k: 
     or "scatter" (fc2), for ``num_experts`` weights ``[E, k, n]``; ``T`` and ``P`` symbolic.
     ``config``: the tiles (default :func:`grouped_config` for many tokens; 64-deep K tiles).
     Raises ValueError when the shape, dtypes or config do not fit."""
-    if mode not in ("gather", "scatter"):
-        raise ValueError(f"the grouped GEMM's mode is 'gather' (fc1) or 'scatter' (fc2), got {mode!r}")
     act = _activation(activation)
-    if not 0 < int(num_experts) <= MAX_EXPERTS:
-        raise ValueError(f"the grouped GEMM takes 1..{MAX_EXPERTS} experts, got {num_experts}")
-    if int(top_k) < 1 or int(top_k) > int(num_experts):
-        raise ValueError(f"top_k must be in 1..num_experts={num_experts}, got {top_k}")
-    if in_dtype not in IN_DTYPES or out_dtype not in OUT_DTYPES:
-        raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
     config = config or grouped_config(n, num_experts, top_k)
-    if (config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64
-            or config.block_k != BLOCK_K):
-        raise ValueError(f"the grouped GEMM's tiles need K % {BLOCK_K} == 0 and N % block_n == 0 (block_n a "
-                         f"multiple of 64, block_k {BLOCK_K}), got K={k}, N={n}, {config}")
-    if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
-        raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
+    check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, config)
     func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, mode, config,
                        row_scale=mode == "scatter", num_experts=int(num_experts), top_k=int(top_k))
     func = lower_tirx(func, TARGET)
