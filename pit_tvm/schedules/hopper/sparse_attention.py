@@ -1,0 +1,401 @@
+"""Block-sparse attention on the H100 (sm_90a): a FlashAttention-style online-softmax kernel
+that reads only the key blocks a per-call device index lists (PIT's SRead along the key axis).
+
+Workload (``q``: ``[B, H, Sq, D]``, ``k, v``: ``[B, H, Sk, D]``, fp16 or bf16, D 64 or 128)::
+
+    o[b, h, q] = sum_k softmax_k(q . k * scale + mask(b, h, q, k)) v[b, h, k]   over allowed k
+
+with ``allowed(b, h, q, k)`` the pattern's element predicate (a mask tensor, causal, a window,
+global tokens, documents: :func:`pit_tvm.ops.sparse_attention.pattern_predicate`).  A row with
+no allowed key gives 0.  The softmax's sum and the P V product do not depend on the keys'
+order, so a query block may visit only its listed key blocks, in any order.
+
+Index (built on the device every call, ``pit_tvm/index/``): per ``(b, head group hg, 128-query
+block qb)`` ``block_counts[b, hg, qb]`` listed key blocks of ``key_block`` keys,
+``block_ids[b, hg, qb, j]`` their ids and ``block_partial[b, hg, qb, j]`` (1: the listed block
+has a disallowed entry, so the element predicate is applied in it; 0: every entry allowed).
+``hg`` is the mask's head (``per_head``) or 0.
+
+One CTA per (128-query block, head, batch), 2 consumer warpgroups (256 threads), each thread
+also copying; all shapes are compile-time but B, H, Sq and Sk::
+
+    SRead  Q_s[128, D]                        <- cp.async once (rows past Sq zero-filled)
+    prologue: K_s, V_s[KB, D] of listed blocks 0 .. STAGES-2 <- cp.async ring, one group a block
+    for j in listed blocks of (b, hg, qb):                 (block id via block_ids: SRead)
+        wait for block j's group; CTA barrier (block j landed; slot of j-1 free)
+        cp.async block j + STAGES - 1 into the slot of j - 1
+        warpgroup g (queries 64g .. 64g+63):
+            S[64, KB]  = Q_s[64g:] K_s^T            D/16  x wgmma m64nKBk16 (K_s: B, K-major)
+            partial or tail block: S = allowed ? S * scale + bias : -inf   (predicate on the fly)
+            m_new = max(m, rowmax S); alpha = 2^(m - m_new); P = 2^(S - m_new)  (log2 domain)
+            l = l alpha + rowsum P;  O_acc *= alpha
+            P_s[64g:, :KB] <- P (fp16 / bf16)       A layout: 64-key column tiles, swizzled
+            O_acc[64, D] += P_s V_s                  KB/16 x wgmma m64nDk16 (V_s: B, MN-major)
+    SWrite O_acc / l (0 where l = 0) -> staged tile [128, D + 8] -> 16 B stores, rows < Sq
+
+Shared memory (elements): Q 128 x D, P 128 x KB, then the ring of ``stages`` slots of
+K and V (KB x D each); every tile is stored as 64-column tiles of 128-byte-swizzled rows
+(:func:`~.smem.swizzle_128b`).  Design notes: docs/design/sparse_attention.md, "Kernel".
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+from pit_tvm.schedules.hopper.barriers import WARPGROUP_BARRIERS, named_barrier_sync
+from pit_tvm.schedules.hopper.config import BLOCK_M, CONSUMER_WARPGROUPS, TARGET, THREADS
+from pit_tvm.schedules.hopper.lowering import lower_tirx
+from pit_tvm.schedules.hopper.smem import PTX_TYPE, SWIZZLE_128B, k_major_strides, mn_major_strides, swizzle_128b
+from pit_tvm.schedules.limits import IN_DTYPES, dtype_bytes, max_smem_bytes
+
+__all__ = ["HEAD_DIMS", "KEY_BLOCKS", "QUERY_BLOCK", "block_sparse_attention_func", "sparse_attention_smem_bytes"]
+
+QUERY_BLOCK = BLOCK_M          # queries per CTA: 2 warpgroups x wgmma M=64
+HEAD_DIMS = (64, 128)
+KEY_BLOCKS = (64, 128)
+ATOM = 64                      # columns of one 128-byte swizzle atom of fp16 / bf16
+#: a masked score (log2 domain): finite, so that ``masked - row max`` never makes a NaN
+MASKED = -3.0e38
+LOG2E = 1.4426950408889634
+
+
+def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int) -> int:
+    """dynamic shared memory of :func:`block_sparse_attention_func`'s kernel"""
+    return (QUERY_BLOCK * head_dim + QUERY_BLOCK * key_block + stages * 2 * key_block * head_dim) * 2
+
+
+def _check(head_dim, in_dtype, key_block, stages, pattern):
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"block-sparse attention's Hopper kernel takes head dims {HEAD_DIMS}, got {head_dim}")
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f"block-sparse attention's Hopper kernel takes {IN_DTYPES}, got {in_dtype}")
+    if key_block not in KEY_BLOCKS:
+        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block}")
+    if stages < 2:
+        raise ValueError(f"the K / V ring needs at least 2 stages, got {stages}")
+    smem = sparse_attention_smem_bytes(head_dim, key_block, stages)
+    if smem > max_smem_bytes("sm_90a"):
+        raise ValueError(f"head dim {head_dim}, key block {key_block} and {stages} stages need {smem} bytes "
+                         f"of shared memory, over the H100's {max_smem_bytes('sm_90a')}")
+    if getattr(pattern, "mask", None) not in (None, "bool", "additive"):
+        raise ValueError(f"pattern.mask must be None, 'bool' or 'additive', got {pattern.mask!r}")
+
+
+def _pattern_inputs(pattern) -> tuple[str, ...]:
+    """the run-time pattern inputs the kernel takes, in the contract's order"""
+    names = []
+    if pattern.mask is not None:
+        names.append("mask")
+    if getattr(pattern, "global_tokens", False):
+        names.append("global_flags")
+    if getattr(pattern, "documents", False):
+        names.append("doc_ids")
+    return tuple(names)
+
+
+def _element_terms():
+    """the op's ``pattern_predicate`` and ``pattern_score_bias`` (the CPU kernel's too), or, on
+    a branch without the op, the mask-tensor pattern's (with ``causal``)"""
+    try:
+        from pit_tvm.ops.sparse_attention import pattern_predicate, pattern_score_bias
+        return pattern_predicate, pattern_score_bias
+    except ImportError:
+        return _mask_predicate, _mask_bias
+
+
+def _mask_entry(buffers, b, h, q, k):
+    m = buffers["mask"]
+    hm = 0 if isinstance(m.shape[1], tirx.IntImm) and m.shape[1].value == 1 else h
+    return m[b, hm, q, k]
+
+
+def _mask_predicate(pattern, buffers, b, h, q, k):
+    """allowed(b, h, q, k) of a mask-tensor pattern (with ``causal``): a boolean mask's entry is
+    non-zero, an additive mask's above -1e30"""
+    ok = T.bool(True)
+    if pattern.mask == "bool":
+        ok = _mask_entry(buffers, b, h, q, k) != tirx.const(0, "bool")
+    elif pattern.mask == "additive":
+        ok = T.Cast("float32", _mask_entry(buffers, b, h, q, k)) > T.float32(-1.0e30)
+    if getattr(pattern, "causal", False):
+        ok = T.And(ok, k <= q)
+    return ok
+
+
+def _mask_bias(pattern, buffers, b, h, q, k):
+    """the additive mask's entry (0 without one)"""
+    return T.Cast("float32", _mask_entry(buffers, b, h, q, k)) if pattern.mask == "additive" else T.float32(0)
+
+
+@functools.lru_cache(maxsize=64)
+def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16", key_block: int = 64, *,
+                                scale: float | None = None, per_head: bool = False, mask_dtype: str | None = None,
+                                stages: int = 2) -> tirx.PrimFunc:
+    """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
+    [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
+
+    ``scale``: the scores' factor (default ``1 / sqrt(head_dim)``); ``per_head``: the mask,
+    and so the index, has H heads (else one head group); ``mask_dtype``: the mask tensor's
+    dtype (default ``bool`` for a boolean mask, ``in_dtype`` for an additive one);
+    ``stages``: K / V blocks in the ring.  An additive mask's values are added in partial
+    blocks only: the index marks a block full only where every entry is allowed with bias 0.
+    Raises ValueError where the kernel does not apply."""
+    D, KB = int(head_dim), int(key_block)
+    _check(D, in_dtype, KB, int(stages), pattern)
+    STAGES = int(stages)
+    SCALE2 = (1.0 / math.sqrt(D) if scale is None else float(scale)) * LOG2E
+    additive = pattern.mask == "additive"
+    if mask_dtype is None:
+        mask_dtype = "bool" if pattern.mask == "bool" else in_dtype
+    inputs = _pattern_inputs(pattern)
+    predicate, score_bias = _element_terms()
+
+    QB = QUERY_BLOCK
+    ROW_CHUNKS = D // 8            # 16-byte chunks per row of Q / K / V / O
+    ACC_S = KB // 2                # fp32 scores per thread: m64 x nKB over 128 threads
+    ACC_O = D // 2
+    Q_OFF = 0
+    P_OFF = Q_OFF + QB * D         # P: KB / 64 column tiles of [128 rows x 64 keys]
+    RING_OFF = P_OFF + QB * KB
+    SLOT = 2 * KB * D              # a ring slot: K block, then V block
+    O_ROW = D + 8                  # staged O pitch (16 bytes of padding against bank conflicts)
+    SMEM_ELEMS = sparse_attention_smem_bytes(D, KB, STAGES) // dtype_bytes(in_dtype)
+    t = PTX_TYPE[in_dtype]
+    wgmma_s = f"wgmma.mma_async.sync.aligned.m64n{KB}k16.f32.{t}.{t}"
+    wgmma_o = f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{t}.{t}"
+    KM_LBO, KM_SBO = k_major_strides(ATOM)      # K-major rows of 128 B (Q, K, P)
+    V_LBO, V_SBO = mn_major_strides(KB)         # V as MN-major B: 64-column atoms of KB rows
+    masked = tirx.const(MASKED, "float32")
+    full = T.uint32(0xFFFFFFFF)
+
+    def tiled(rows, r, ch):
+        """element offset of 16-byte chunk ``ch`` of row ``r`` in a [rows x D] tile stored as
+        64-column tiles of 128-byte-swizzled rows"""
+        return (ch // 8) * (rows * ATOM) + r * ATOM + swizzle_128b(ch % 8, r) * 8
+
+    def k_step(rows, kk):
+        """16-byte units from a K-major operand's descriptor to its k16 step ``kk``"""
+        return T.Cast("uint64", ((kk // 4) * rows * ATOM + (kk % 4) * 16) // 8)
+
+    def copy16(dst, src, read):
+        """16-byte cp.async (to wrap in ``T.evaluate``); zero-fills ``dst`` where ``read`` is false"""
+        return T.ptx["cp.async.cg.shared.global"](dst, src, 16, T.Cast("uint32", T.if_then_else(read, 16, 0)))
+
+    def quad_max(x):
+        x = T.max(x, T.cuda.__shfl_xor_sync(full, x, 1, 32))
+        return T.max(x, T.cuda.__shfl_xor_sync(full, x, 2, 32))
+
+    def quad_sum(x):
+        x = x + T.cuda.__shfl_xor_sync(full, x, 1, 32)
+        return x + T.cuda.__shfl_xor_sync(full, x, 2, 32)
+
+    @T.macro
+    def load_block(K, V, b, h, Sk, smem, slot, kblk, tid):
+        """SRead: key block ``kblk``'s KB rows of K and V into ring slot ``slot`` (keys past
+        Sk zero-filled, not read); one cp.async group"""
+        for c in T.unroll(KB * ROW_CHUNKS // THREADS):
+            r = (tid + THREADS * c) // ROW_CHUNKS
+            ch = (tid + THREADS * c) % ROW_CHUNKS
+            key = kblk * KB + r
+            src_key = T.min(key, Sk - 1)
+            T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + tiled(KB, r, ch)]),
+                              K.ptr_to([b, h, src_key, ch * 8]), key < Sk))
+            T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + KB * D + tiled(KB, r, ch)]),
+                              V.ptr_to([b, h, src_key, ch * 8]), key < Sk))
+
+    def mask_head(h):
+        """the mask's (and the index's) head of head h"""
+        return h if per_head else 0
+
+    def needs_predicate(partial, kblk, Sk):
+        """a partial block, or the tail block (keys past Sk)"""
+        return T.Or(partial != 0, (kblk + 1) * KB > Sk)
+
+    @T.macro
+    def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, O, B, H, Sq, Sk):
+        T.device_entry()
+        qb, h, b = T.cta_id([(Sq + QB - 1) // QB, H, B])
+        tid = T.thread_id([THREADS])
+        smem = T.alloc_buffer([SMEM_ELEMS], in_dtype, scope="shared.dyn", align=1024)
+        acc_s = T.alloc_local([ACC_S], "float32")
+        acc_o = T.alloc_local([ACC_O], "float32")
+        row_max = T.alloc_local([2], "float32")    # running max (log2 domain) of rows i = 0, 1
+        row_sum = T.alloc_local([2], "float32")    # this thread's part of the running sum
+        alpha = T.alloc_local([2], "float32")
+        m_new = T.alloc_local([1], "float32")
+        desc_a = T.alloc_local([1], "uint64")
+        desc_b = T.alloc_local([1], "uint64")
+        wg = tid // 128
+        w = (tid % 128) // 32
+        lane = tid % 32
+        hg = mask_head(h)
+        count = COUNTS[b, hg, qb]
+        # SRead: the query block (rows past Sq zero-filled), its own cp.async group
+        for c in T.unroll(QB * ROW_CHUNKS // THREADS):
+            r = (tid + THREADS * c) // ROW_CHUNKS
+            ch = (tid + THREADS * c) % ROW_CHUNKS
+            query = qb * QB + r
+            T.evaluate(copy16(smem.ptr_to([Q_OFF + tiled(QB, r, ch)]),
+                              Q.ptr_to([b, h, T.min(query, Sq - 1), ch * 8]), query < Sq))
+        T.ptx["cp.async.commit_group"]()
+        # prologue: listed blocks 0 .. STAGES-2, one group each (empty groups past the count)
+        for j in T.unroll(STAGES - 1):
+            if j < count:
+                load_block(K, V, b, h, Sk, smem, j, IDS[b, hg, qb, j], tid)
+            T.ptx["cp.async.commit_group"]()
+        for i in T.unroll(ACC_O):
+            acc_o[i] = T.float32(0)
+        for i in T.unroll(2):
+            row_max[i] = masked
+            row_sum[i] = T.float32(0)
+        for j in T.serial(count):
+            kblk = IDS[b, hg, qb, j]
+            slot = j % STAGES
+            # block j landed (this thread's copies, then everyone's); every warpgroup is
+            # past block j-1's wgmma, so its slot may be refilled
+            T.ptx["cp.async.wait_group"](STAGES - 2)
+            T.ptx["fence.proxy.async.shared::cta"]()
+            T.cuda.cta_sync()
+            if j + STAGES - 1 < count:
+                load_block(K, V, b, h, Sk, smem, (j + STAGES - 1) % STAGES, IDS[b, hg, qb, j + STAGES - 1],
+                           tid)
+            T.ptx["cp.async.commit_group"]()
+            # S = Q K^T: this warpgroup's 64 queries against the block's KB keys
+            for i in T.unroll(ACC_S):
+                acc_s[i] = T.float32(0)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
+                                                  smem.ptr_to([Q_OFF + wg * 64 * ATOM]),
+                                                  KM_LBO, KM_SBO, SWIZZLE_128B)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
+                                                  smem.ptr_to([RING_OFF + slot * SLOT]),
+                                                  KM_LBO, KM_SBO, SWIZZLE_128B)
+            T.ptx.wgmma.fence.sync.aligned()
+            for kk in T.unroll(D // 16):
+                T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
+                               desc_a[0] + k_step(QB, kk), desc_b[0] + k_step(KB, kk), True, 1, 1, 0, 0)
+            T.ptx.wgmma.commit_group.sync.aligned()
+            T.ptx.wgmma.wait_group.sync.aligned(0)
+            # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
+            # 8nb + 2(lane%4) (+1) of the block in acc_s[4nb + 2i + e]
+            if needs_predicate(PARTIAL[b, hg, qb, j], kblk, Sk):
+                # partial (or tail) block: the element predicate, on the fly
+                for nb in T.unroll(KB // 8):
+                    for i in T.unroll(2):
+                        for e in T.unroll(2):
+                            query = T.min(qb * QB + wg * 64 + w * 16 + lane // 4 + 8 * i, Sq - 1)
+                            key = kblk * KB + nb * 8 + (lane % 4) * 2 + e
+                            key_c = T.min(key, Sk - 1)
+                            score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
+                            if additive:
+                                score = score + score_bias(pattern, buffers, b, h, query, key_c) * T.float32(LOG2E)
+                            acc_s[nb * 4 + i * 2 + e] = T.Select(
+                                T.And(key < Sk, predicate(pattern, buffers, b, h, query, key_c)),
+                                T.max(score, masked), masked)
+            else:
+                for i in T.unroll(ACC_S):
+                    acc_s[i] = acc_s[i] * T.float32(SCALE2)
+            # online softmax (log2 domain): new running max, the old terms' factor, P
+            for i in T.unroll(2):
+                m_new[0] = row_max[i]
+                for nb in T.unroll(KB // 8):
+                    for e in T.unroll(2):
+                        m_new[0] = T.max(m_new[0], acc_s[nb * 4 + i * 2 + e])
+                m_new[0] = quad_max(m_new[0])
+                # every key so far masked: subtract 0, so that masked scores give 2^-3e38 = 0
+                m_use = T.Select(m_new[0] <= masked, T.float32(0), m_new[0])
+                alpha[i] = T.exp2(row_max[i] - m_use)
+                row_max[i] = m_new[0]
+                row_sum[i] = row_sum[i] * alpha[i]
+                for nb in T.unroll(KB // 8):
+                    for e in T.unroll(2):
+                        acc_s[nb * 4 + i * 2 + e] = T.exp2(acc_s[nb * 4 + i * 2 + e] - m_use)
+                        row_sum[i] = row_sum[i] + acc_s[nb * 4 + i * 2 + e]
+            for nb in T.unroll(D // 8):
+                for i in T.unroll(2):
+                    for e in T.unroll(2):
+                        acc_o[nb * 4 + i * 2 + e] = acc_o[nb * 4 + i * 2 + e] * alpha[i]
+            # P (unnormalised) as wgmma's A, this warpgroup's 64 rows
+            for nb in T.unroll(KB // 8):
+                for i in T.unroll(2):
+                    for e in T.vectorized(2):
+                        smem[P_OFF + tiled(QB, wg * 64 + w * 16 + lane // 4 + 8 * i, nb)
+                             + (lane % 4) * 2 + e] = T.Cast(in_dtype, acc_s[nb * 4 + i * 2 + e])
+            T.ptx["fence.proxy.async.shared::cta"]()
+            T.evaluate(named_barrier_sync(WARPGROUP_BARRIERS + wg, 128))
+            # O_acc += P V
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
+                                                  smem.ptr_to([P_OFF + wg * 64 * ATOM]),
+                                                  KM_LBO, KM_SBO, SWIZZLE_128B)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
+                                                  smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
+                                                  V_LBO, V_SBO, SWIZZLE_128B)
+            T.ptx.wgmma.fence.sync.aligned()
+            for kk in T.unroll(KB // 16):
+                T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
+                               desc_a[0] + k_step(QB, kk), desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8),
+                               True, 1, 1, 0, 1)
+            T.ptx.wgmma.commit_group.sync.aligned()
+            T.ptx.wgmma.wait_group.sync.aligned(0)
+        # SWrite: O / l (0 for a row without an allowed key) -> staged tile over the ring
+        T.ptx["cp.async.wait_group"](0)
+        T.cuda.cta_sync()
+        for i in T.unroll(2):
+            row_sum[i] = quad_sum(row_sum[i])
+        for nb in T.unroll(D // 8):
+            for i in T.unroll(2):
+                for e in T.vectorized(2):
+                    smem[RING_OFF + (wg * 64 + w * 16 + lane // 4 + 8 * i) * O_ROW + nb * 8 + (lane % 4) * 2 + e] = \
+                        T.Cast(in_dtype, T.if_then_else(row_sum[i] > T.float32(0),
+                                                        acc_o[nb * 4 + i * 2 + e] / row_sum[i], T.float32(0)))
+        T.cuda.cta_sync()
+        for c in T.unroll(QB * ROW_CHUNKS // THREADS):
+            r = (tid + THREADS * c) // ROW_CHUNKS
+            ch = (tid + THREADS * c) % ROW_CHUNKS
+            if qb * QB + r < Sq:
+                for e in T.vectorized(8):
+                    O[b, h, qb * QB + r, ch * 8 + e] = smem[RING_OFF + r * O_ROW + ch * 8 + e]
+
+    return lower_tirx(_signature(body, D, KB, in_dtype, mask_dtype, inputs, per_head, pattern), TARGET)
+
+
+def _signature(body, D, KB, in_dtype, mask_dtype, inputs, per_head, pattern):
+    """The PrimFunc around ``body`` with the contract's parameters: ``q, k, v, block_counts,
+    block_ids, block_partial``, the pattern's run-time inputs (``mask, global_flags, doc_ids``
+    as present), ``o``; B, H, Sq and Sk symbolic."""
+    def pattern_buffers(B, H, Sq, Sk, mask, flags, docs):
+        """the pattern's run-time inputs by name (the predicate's ``buffers``)"""
+        extra = {}
+        if "mask" in inputs:
+            extra["mask"] = T.match_buffer(mask, (B, H if per_head else 1, Sq, Sk), mask_dtype)
+        if "global_flags" in inputs:
+            extra["global_flags"] = T.match_buffer(flags, (B, Sk), "int32")
+        if "doc_ids" in inputs:
+            extra["doc_ids"] = T.match_buffer(docs, (B, Sk), "int32")
+        return extra
+
+    @T.prim_func(s_tir=False)
+    def kernel(q: T.handle, k: T.handle, v: T.handle, counts: T.handle, ids: T.handle, partial: T.handle,
+               mask: T.handle, flags: T.handle, docs: T.handle, o: T.handle):
+        B = T.int64()
+        H = T.int64()
+        Sq = T.int64()
+        Sk = T.int64()
+        body(T.match_buffer(q, (B, H, Sq, D), in_dtype), T.match_buffer(k, (B, H, Sk, D), in_dtype),
+             T.match_buffer(v, (B, H, Sk, D), in_dtype),
+             T.match_buffer(counts, (B, H if per_head else 1, (Sq + QUERY_BLOCK - 1) // QUERY_BLOCK), "int32"),
+             T.match_buffer(ids, (B, H if per_head else 1, (Sq + QUERY_BLOCK - 1) // QUERY_BLOCK, (Sk + KB - 1) // KB),
+                            "int32"),
+             T.match_buffer(partial, (B, H if per_head else 1, (Sq + QUERY_BLOCK - 1) // QUERY_BLOCK,
+                                      (Sk + KB - 1) // KB), "int32"),
+             pattern_buffers(B, H, Sq, Sk, mask, flags, docs),
+             T.match_buffer(o, (B, H, Sq, D), in_dtype),
+             T.Cast("int32", B), T.Cast("int32", H), T.Cast("int32", Sq), T.Cast("int32", Sk))
+
+    names = ("q", "k", "v", "block_counts", "block_ids", "block_partial", "mask", "global_flags", "doc_ids", "o")
+    takes = set(inputs)
+    params = [p for name, p in zip(names, kernel.params)
+              if name not in ("mask", "global_flags", "doc_ids") or name in takes]
+    return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)
