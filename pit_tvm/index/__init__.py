@@ -15,3 +15,4 @@ from .tiles import (  # noqa: F401
     tiles_from_index,
 )
 from .tiles import __all__  # noqa: F401
+from .attention import attention_block_index_func, reference_attention_block_index  # noqa: F401,E402

@@ -1,0 +1,298 @@
+"""The block index of sparse attention, built on the device every call.
+
+For each (batch ``b``, head group ``hg``, 128-query block ``qb``) it lists the key blocks of
+``key_block`` rows that hold at least one allowed (query, key) pair, in ascending order:
+
+* ``block_counts`` int32 ``[B, HG, QB]``: how many key blocks are listed;
+* ``block_ids`` int32 ``[B, HG, QB, KB]``: the listed key block ids, tail ``-1``;
+* ``block_partial`` int32 ``[B, HG, QB, KB]``: 1 where the listed block needs the element
+  predicate (it holds a disallowed pair, or an additive mask value other than 0 on an allowed
+  one), 0 for a full block (every pair allowed, nothing added); 0 in the tail.
+
+``QB = ceil(Sq / 128)``, ``KB = ceil(Sk / key_block)``; ``HG`` is the mask's head dim (1 or H),
+1 for a pattern without a mask.  Pairs outside ``[0, Sq) x [0, Sk)`` (the tails of the last
+blocks) count neither as allowed nor as disallowed: the kernels bound-check them anyway.
+
+Two kernels, no atomics, no host round trip (so deterministic byte for byte):
+
+1. ``classify``: one CTA per (b, hg, qb, kb) block, 256 threads evaluate
+   :func:`pit_tvm.ops.sparse_attention.pattern_predicate` over its pairs (a mask tensor is read
+   once, coalesced along the keys) and sum two counters (allowed, needs-predicate) in shared
+   memory; the block's class (0 empty, 1 partial, 2 full) goes to an int8 scratch.
+2. ``compact``: one CTA per (b, hg, qb); each thread owns a contiguous run of key blocks, a
+   block scan of the runs' counts gives each its write position, then it writes its ids,
+   partial flags and the ``-1`` tail; thread 0 writes the count.
+
+On the CPU the same kernels run with ``parallel`` CTAs and serial thread loops
+(:mod:`pit_tvm.index._kernels`).
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import tirx
+from tvm.script import tirx as T
+
+from pit_tvm.target import is_gpu, make_target
+
+from ._kernels import LOG_NT, NT, make_block_scan, schedule_cpu, schedule_cuda
+
+__all__ = ["attention_block_index_func", "reference_attention_block_index", "MASK_DTYPES"]
+
+MASK_DTYPES = {"bool": ("bool",), "additive": ("float16", "bfloat16", "float32")}
+# the classify counters share one int32: allowed + needs_predicate * _BAD_UNIT (a block has at
+# most 128 * 128 = 2**14 pairs, so both fit)
+_BAD_UNIT = 1 << 15
+
+
+def _check(pattern, key_block, dtype, mask_dtype):
+    from pit_tvm.ops.sparse_attention import ATTENTION_DTYPES, KEY_BLOCKS, QUERY_BLOCK
+
+    if key_block not in KEY_BLOCKS:
+        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
+    if dtype not in ATTENTION_DTYPES:
+        raise ValueError(f"attention dtype must be one of {ATTENTION_DTYPES}, got {dtype!r}")
+    if pattern.mask is not None and mask_dtype not in MASK_DTYPES[pattern.mask]:
+        raise ValueError(f"a {pattern.mask} mask must have dtype {' or '.join(MASK_DTYPES[pattern.mask])}, "
+                         f"got {mask_dtype!r}")
+    assert QUERY_BLOCK * key_block < _BAD_UNIT * 2
+
+
+def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask_dtype: str | None = None
+                               ) -> tirx.PrimFunc:
+    """PrimFunc ``(q[B, H, Sq, d], k[B, H, Sk, d], <mask, global_flags, doc_ids as the pattern
+    has them>, block_counts, block_ids, block_partial)`` building the block index (q and k give
+    the sizes only; they are not read).  B, H, Sq, Sk, d and the mask's head dim are symbolic."""
+    from pit_tvm.ops.sparse_attention import QUERY_BLOCK, pattern_predicate
+
+    _check(pattern, key_block, dtype, mask_dtype)
+    target = make_target(target)
+    st = schedule_cuda() if is_gpu(target) else schedule_cpu()
+    BX, TX, SH = st.bx, st.tx, st.shared
+    QBL, KBL = QUERY_BLOCK, key_block
+    PER_THREAD = QBL * KBL // NT
+    names = pattern.inputs
+    mask_is_additive = pattern.mask == "additive"
+    block_scan = make_block_scan(st)
+
+    def needs_predicate(bufs, b, hg, q, k):
+        """int32 (allowed, needs the predicate) pair counters of one in-bounds pair"""
+        ok = pattern_predicate(pattern, bufs, b, hg, q, k)
+        bad = T.Not(ok)
+        if mask_is_additive:
+            value = bufs[0][b, hg, q, k]
+            bad = T.Or(bad, value != tirx.const(0, mask_dtype))
+        return T.Select(ok, T.int32(1), T.int32(0)) + T.Select(bad, T.int32(_BAD_UNIT), T.int32(0))
+
+    @T.macro
+    def block_reduce(sA):
+        for step in T.unroll(LOG_NT):
+            for tx in TX(NT):
+                if tx < T.shift_right(NT // 2, step):
+                    sA[tx] = sA[tx] + sA[tx + T.shift_right(NT // 2, step)]
+
+    @T.macro
+    def classify(bufs, FL, B, HG, Sq, Sk, QB, KB):
+        for blk in BX(B * HG * QB * KB):
+            sA = T.alloc_buffer((NT,), "int32", scope=SH)
+            for tx in TX(NT):
+                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc[0] = 0
+                for i in range(PER_THREAD):
+                    if (blk // (HG * QB * KB) < B
+                            and (blk // KB) % QB * QBL + (i * NT + tx) // KBL < Sq
+                            and blk % KB * KBL + (i * NT + tx) % KBL < Sk):
+                        acc[0] = acc[0] + needs_predicate(
+                            bufs, blk // (HG * QB * KB), (blk // (QB * KB)) % HG,
+                            (blk // KB) % QB * QBL + (i * NT + tx) // KBL, blk % KB * KBL + (i * NT + tx) % KBL)
+                sA[tx] = acc[0]
+            block_reduce(sA)
+            for tx in TX(NT):
+                if tx == 0:
+                    # (through a register: a shared load in a branch condition does not lower)
+                    tot = T.alloc_buffer((1,), "int32", scope="local")
+                    tot[0] = sA[0]
+                    FL[blk] = T.Select(tot[0] % _BAD_UNIT == 0, T.int8(0),
+                                       T.Select(tot[0] >= _BAD_UNIT, T.int8(1), T.int8(2)))
+
+    @T.macro
+    def compact(FL, CNT, IDS, PART, B, HG, QB, KB):
+        for g in BX(B * HG * QB):
+            sA = T.alloc_buffer((NT,), "int32", scope=SH)
+            sB = T.alloc_buffer((NT,), "int32", scope=SH)
+            for tx in TX(NT):
+                acc = T.alloc_buffer((1,), "int32", scope="local")
+                acc[0] = 0
+                for j in range((KB + (NT - 1)) // NT):
+                    if tx * ((KB + (NT - 1)) // NT) + j < KB:
+                        if FL[g * KB + tx * ((KB + (NT - 1)) // NT) + j] != T.int8(0):
+                            acc[0] = acc[0] + 1
+                sA[tx] = acc[0]
+            block_scan(sA, sB)
+            for tx in TX(NT):
+                pos = T.alloc_buffer((1,), "int32", scope="local")
+                pos[0] = 0
+                if tx > 0:
+                    pos[0] = sA[tx - 1]
+                for j in range((KB + (NT - 1)) // NT):
+                    if tx * ((KB + (NT - 1)) // NT) + j < KB:
+                        if FL[g * KB + tx * ((KB + (NT - 1)) // NT) + j] != T.int8(0):
+                            IDS[g // (HG * QB), g // QB % HG, g % QB, pos[0]] = T.Cast(
+                                "int32", tx * ((KB + (NT - 1)) // NT) + j)
+                            PART[g // (HG * QB), g // QB % HG, g % QB, pos[0]] = T.Select(
+                                FL[g * KB + tx * ((KB + (NT - 1)) // NT) + j] == T.int8(1), T.int32(1), T.int32(0))
+                            pos[0] = pos[0] + 1
+                if tx == 0:
+                    CNT[g // (HG * QB), g // QB % HG, g % QB] = sA[NT - 1]
+            for tx in TX(NT):
+                total = T.alloc_buffer((1,), "int32", scope="local")
+                total[0] = sA[NT - 1]
+                for j in range((KB + (NT - 1)) // NT):
+                    if j * NT + tx < KB:
+                        if j * NT + tx >= T.Cast("int64", total[0]):
+                            IDS[g // (HG * QB), g // QB % HG, g % QB, j * NT + tx] = -1
+                            PART[g // (HG * QB), g // QB % HG, g % QB, j * NT + tx] = 0
+
+    n_in = len(names)
+    mdt = mask_dtype or "bool"
+
+    def qb_of(Sq):
+        return (Sq + (QBL - 1)) // QBL
+
+    def kb_of(Sk):
+        return (Sk + (KBL - 1)) // KBL
+
+    # one PrimFunc per combination of run-time inputs (TVMScript takes a fixed parameter list)
+    if names == ():
+        @T.prim_func(s_tir=True)
+        def index(q: T.handle, k: T.handle, c: T.handle, i: T.handle, p: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, Sq, Sk, D = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, Sq, D), dtype)
+            K = T.match_buffer(k, (B, H, Sk, D), dtype)
+            CNT = T.match_buffer(c, (B, 1, qb_of(Sq)), "int32")
+            IDS = T.match_buffer(i, (B, 1, qb_of(Sq), kb_of(Sk)), "int32")
+            PART = T.match_buffer(p, (B, 1, qb_of(Sq), kb_of(Sk)), "int32")
+            FL = T.sblock_alloc_buffer((T.max(B * qb_of(Sq) * kb_of(Sk), 1),), "int8")
+            classify((), FL, B, T.int64(1), Sq, Sk, qb_of(Sq), kb_of(Sk))
+            compact(FL, CNT, IDS, PART, B, T.int64(1), qb_of(Sq), kb_of(Sk))
+    elif names[0] == "mask" and n_in == 1:
+        @T.prim_func(s_tir=True)
+        def index(q: T.handle, k: T.handle, m: T.handle, c: T.handle, i: T.handle, p: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, Sq, Sk, D, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, Sq, D), dtype)
+            K = T.match_buffer(k, (B, H, Sk, D), dtype)
+            M = T.match_buffer(m, (B, HG, Sq, Sk), mdt)
+            CNT = T.match_buffer(c, (B, HG, qb_of(Sq)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            FL = T.sblock_alloc_buffer((T.max(B * HG * qb_of(Sq) * kb_of(Sk), 1),), "int8")
+            classify((M,), FL, B, HG, Sq, Sk, qb_of(Sq), kb_of(Sk))
+            compact(FL, CNT, IDS, PART, B, HG, qb_of(Sq), kb_of(Sk))
+    elif names[0] == "mask":
+        return _mask_and_description_index(pattern, key_block, dtype, mdt, classify, compact, qb_of, kb_of, target)
+    elif n_in == 1:
+        @T.prim_func(s_tir=True)
+        def index(q: T.handle, k: T.handle, x: T.handle, c: T.handle, i: T.handle, p: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, D = T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), dtype)
+            K = T.match_buffer(k, (B, H, S, D), dtype)
+            X = T.match_buffer(x, (B, S), "int32")
+            CNT = T.match_buffer(c, (B, 1, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, 1, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, 1, qb_of(S), kb_of(S)), "int32")
+            FL = T.sblock_alloc_buffer((T.max(B * qb_of(S) * kb_of(S), 1),), "int8")
+            classify((X,), FL, B, T.int64(1), S, S, qb_of(S), kb_of(S))
+            compact(FL, CNT, IDS, PART, B, T.int64(1), qb_of(S), kb_of(S))
+    else:
+        @T.prim_func(s_tir=True)
+        def index(q: T.handle, k: T.handle, x: T.handle, y: T.handle, c: T.handle, i: T.handle, p: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, D = T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), dtype)
+            K = T.match_buffer(k, (B, H, S, D), dtype)
+            X = T.match_buffer(x, (B, S), "int32")
+            Y = T.match_buffer(y, (B, S), "int32")
+            CNT = T.match_buffer(c, (B, 1, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, 1, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, 1, qb_of(S), kb_of(S)), "int32")
+            FL = T.sblock_alloc_buffer((T.max(B * qb_of(S) * kb_of(S), 1),), "int8")
+            classify((X, Y), FL, B, T.int64(1), S, S, qb_of(S), kb_of(S))
+            compact(FL, CNT, IDS, PART, B, T.int64(1), qb_of(S), kb_of(S))
+
+    return _finish(index, pattern, key_block, dtype, mdt, target)
+
+
+def _mask_and_description_index(pattern, key_block, dtype, mdt, classify, compact, qb_of, kb_of, target):
+    """The index of a mask plus global flags and / or document ids (Sq = Sk = S)."""
+    names = pattern.inputs
+    if len(names) == 2:
+        @T.prim_func(s_tir=True)
+        def index(q: T.handle, k: T.handle, m: T.handle, x: T.handle, c: T.handle, i: T.handle, p: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, D, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), dtype)
+            K = T.match_buffer(k, (B, H, S, D), dtype)
+            M = T.match_buffer(m, (B, HG, S, S), mdt)
+            X = T.match_buffer(x, (B, S), "int32")
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            FL = T.sblock_alloc_buffer((T.max(B * HG * qb_of(S) * kb_of(S), 1),), "int8")
+            classify((M, X), FL, B, HG, S, S, qb_of(S), kb_of(S))
+            compact(FL, CNT, IDS, PART, B, HG, qb_of(S), kb_of(S))
+    else:
+        @T.prim_func(s_tir=True)
+        def index(q: T.handle, k: T.handle, m: T.handle, x: T.handle, y: T.handle, c: T.handle, i: T.handle,
+                  p: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, D, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), dtype)
+            K = T.match_buffer(k, (B, H, S, D), dtype)
+            M = T.match_buffer(m, (B, HG, S, S), mdt)
+            X = T.match_buffer(x, (B, S), "int32")
+            Y = T.match_buffer(y, (B, S), "int32")
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            FL = T.sblock_alloc_buffer((T.max(B * HG * qb_of(S) * kb_of(S), 1),), "int8")
+            classify((M, X, Y), FL, B, HG, S, S, qb_of(S), kb_of(S))
+            compact(FL, CNT, IDS, PART, B, HG, qb_of(S), kb_of(S))
+    return _finish(index, pattern, key_block, dtype, mdt, target)
+
+
+def _finish(func, pattern, key_block, dtype, mdt, target):
+    name = f"pit_attention_index_{pattern.tag}_kb{key_block}_{dtype}" + (f"_{mdt}" if pattern.mask else "")
+    func = func.with_attr("global_symbol", name).with_attr("pit.index.num_inputs", 2 + len(pattern.inputs))
+    if is_gpu(target):
+        func = func.with_attr("tirx.is_scheduled", True)
+    return func
+
+
+def reference_attention_block_index(pattern, q_shape, k_shape, key_block: int, *, mask=None, global_flags=None,
+                                    doc_ids=None):
+    """numpy reference of :func:`attention_block_index_func`: ``(counts, ids, partial)``."""
+    from pit_tvm.ops.sparse_attention import QUERY_BLOCK, reference_allowed
+
+    B, H, Sq, _ = q_shape
+    Sk = k_shape[2]
+    allowed = reference_allowed(pattern, B, H, Sq, Sk, mask=mask, global_flags=global_flags, doc_ids=doc_ids)
+    needs = ~allowed
+    if pattern.mask == "additive":
+        needs = needs | (np.asarray(mask).astype(np.float32) != 0)
+    HG = allowed.shape[1] if pattern.mask is None else np.asarray(mask).shape[1]
+    allowed = np.broadcast_to(allowed, (B, HG, Sq, Sk))
+    needs = np.broadcast_to(needs, (B, HG, Sq, Sk))
+    QB, KB = -(-Sq // QUERY_BLOCK), -(-Sk // key_block)
+    pad = ((0, 0), (0, 0), (0, QB * QUERY_BLOCK - Sq), (0, KB * key_block - Sk))
+    a = np.pad(allowed, pad).reshape(B, HG, QB, QUERY_BLOCK, KB, key_block).any(axis=(3, 5))
+    n = np.pad(needs, pad).reshape(B, HG, QB, QUERY_BLOCK, KB, key_block).any(axis=(3, 5))
+    counts = a.sum(axis=-1).astype(np.int32)
+    ids = np.full((B, HG, QB, KB), -1, np.int32)
+    partial = np.zeros((B, HG, QB, KB), np.int32)
+    for idx in np.ndindex(B, HG, QB):
+        listed = np.nonzero(a[idx])[0]
+        ids[idx][: len(listed)] = listed
+        partial[idx][: len(listed)] = n[idx][listed]
+    return counts, ids, partial

@@ -1,0 +1,452 @@
+"""Block-sparse attention whose pattern is data known only at run time (issue 36).
+
+``o = softmax(q k^T * scale + bias, restricted to the allowed keys) v`` for q ``[B, H, Sq, d]``,
+k / v ``[B, H, Sk, d]``.  Which (query, key) pairs are allowed is described by an
+:class:`AttentionPattern` (its compile-time structure) plus run-time tensors:
+
+* ``mask`` ``[B, 1 or H, Sq, Sk]``: boolean (True = allowed) or additive (a float added to the
+  score; an entry ``<= MASK_THRESHOLD`` (-1e4, so ``-inf``, ``finfo.min``, ``-1e9`` and BERT's
+  ``-10000``) means *disallowed*, the others are added to the allowed scores);
+* ``global_flags`` ``[B, S]`` int32 (non-zero: a global token) with a ``window``: a global query
+  row attends to every key and every row attends to the global keys;
+* ``doc_ids`` ``[B, S]`` int32: a key is allowed only within its query's document (packed
+  sequences);
+* ``causal``: key ``k`` allowed for query ``q`` only when ``k <= q`` (top-left aligned, as
+  PyTorch's ``is_causal``).
+
+A query row with no allowed key yields 0 (docs/guide/semantics.md).  On the device a block index
+(:mod:`pit_tvm.index.attention`) lists, per (batch, head group, 128-query block), the key blocks
+with an allowed entry and whether each needs the element predicate; the kernel iterates only
+those (PIT's SRead along the permutation-invariant key axis).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import tirx
+from tvm.script import tirx as T
+
+__all__ = [
+    "AttentionPattern",
+    "MASK_THRESHOLD",
+    "QUERY_BLOCK",
+    "KEY_BLOCKS",
+    "pattern_predicate",
+    "pattern_score_bias",
+    "pattern_inputs",
+    "reference_sparse_attention",
+    "reference_allowed",
+    "sparse_attention_func",
+    "emit_sparse_attention",
+    "SparseAttention",
+    "sparse_attention",
+]
+
+#: an additive mask entry at or below this value disallows its (query, key) pair
+MASK_THRESHOLD = -1.0e4
+#: query rows per index entry (and per tile of the kernels)
+QUERY_BLOCK = 128
+#: key rows per listed key block that the index and kernels support
+KEY_BLOCKS = (64, 128)
+MASK_KINDS = (None, "bool", "additive")
+ATTENTION_DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class AttentionPattern:
+    """The compile-time structure of a run-time attention pattern.
+
+    ``mask``: None, ``"bool"`` or ``"additive"`` (a ``[B, 1 or H, Sq, Sk]`` run-time input);
+    ``causal``: keys after the query are disallowed; ``window``: ``|q - k| <= window`` allowed
+    (None: no window); ``global_tokens``: a run-time ``global_flags[B, S]`` int32 input, a global
+    query row attends to every key and every row to the global keys (with ``window``; without
+    one a global flag widens nothing); ``documents``: a run-time ``doc_ids[B, S]`` int32 input,
+    keys allowed only within the query's document.
+
+    allowed(b, h, q, k) = mask_ok AND causal_ok AND doc_ok AND window_or_global_ok.
+    """
+
+    mask: str | None = None
+    causal: bool = False
+    window: int | None = None
+    global_tokens: bool = False
+    documents: bool = False
+
+    def __post_init__(self):
+        if self.mask not in MASK_KINDS:
+            raise ValueError(f"AttentionPattern.mask must be None, 'bool' or 'additive', got {self.mask!r}")
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, (int, np.integer))
+                                        or self.window < 0):
+            raise ValueError(f"AttentionPattern.window must be None or an int >= 0, got {self.window!r}")
+        if self.global_tokens and self.window is None:
+            warnings.warn("AttentionPattern: global_tokens without a window widens nothing "
+                          "(global tokens only add keys outside the window)", stacklevel=3)
+        if self.window is not None:
+            object.__setattr__(self, "window", int(self.window))
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The run-time pattern inputs in the order the kernels take them."""
+        return pattern_inputs(self)
+
+    @property
+    def tag(self) -> str:
+        """A short name for kernel symbols: ``m-bool_c_w256_g_d``."""
+        parts = [f"m{self.mask}" if self.mask else "nomask"]
+        if self.causal:
+            parts.append("c")
+        if self.window is not None:
+            parts.append(f"w{self.window}")
+        if self.global_tokens:
+            parts.append("g")
+        if self.documents:
+            parts.append("d")
+        return "_".join(parts)
+
+
+def pattern_inputs(pattern: AttentionPattern) -> tuple[str, ...]:
+    """``("mask", "global_flags", "doc_ids")``, those the pattern has, in that order."""
+    names = []
+    if pattern.mask is not None:
+        names.append("mask")
+    if pattern.global_tokens:
+        names.append("global_flags")
+    if pattern.documents:
+        names.append("doc_ids")
+    return tuple(names)
+
+
+def _buffers_by_name(pattern, buffers) -> dict:
+    if isinstance(buffers, dict):
+        found = dict(buffers)
+    else:
+        found = dict(zip(pattern_inputs(pattern), buffers))
+    missing = [n for n in pattern_inputs(pattern) if n not in found]
+    if missing:
+        raise ValueError(f"pattern {pattern.tag} needs the buffers {missing}")
+    return found
+
+
+def _mask_value(mask_buf, b, h, q, k):
+    # the mask's head dim is 1 or H: min(h, HG - 1) reads head 0 of a shared mask, head h else
+    hg = T.min(T.Cast("int64", h), T.Cast("int64", mask_buf.shape[1]) - T.int64(1))
+    return mask_buf[b, hg, q, k]
+
+
+def pattern_predicate(pattern: AttentionPattern, buffers, b, h, q, k):
+    """TIR boolean: is key ``k`` allowed for query ``q`` of batch ``b``, head ``h``.
+
+    ``buffers``: ``{"mask": ..., "global_flags": ..., "doc_ids": ...}`` (those the pattern has)
+    or a sequence of them in :func:`pattern_inputs` order.  ``h`` indexes heads (0..H-1); a mask
+    with one head group is read at head 0.  Bounds (``q < Sq``, ``k < Sk``) are the caller's.
+    """
+    bufs = _buffers_by_name(pattern, buffers)
+    conds = []
+    if pattern.mask == "bool":
+        conds.append(_mask_value(bufs["mask"], b, h, q, k))
+    elif pattern.mask == "additive":
+        m = _mask_value(bufs["mask"], b, h, q, k)
+        conds.append(T.Cast("float32", m) > T.float32(MASK_THRESHOLD))
+    if pattern.causal:
+        conds.append(k <= q)
+    if pattern.documents:
+        doc = bufs["doc_ids"]
+        conds.append(doc[b, q] == doc[b, k])
+    if pattern.window is not None:
+        near = T.And(k <= q + pattern.window, q <= k + pattern.window)
+        if pattern.global_tokens:
+            g = bufs["global_flags"]
+            near = T.Or(near, T.Or(g[b, k] != 0, g[b, q] != 0))
+        conds.append(near)
+    if not conds:
+        return tirx.const(True, "bool")
+    out = conds[0]
+    for c in conds[1:]:
+        out = T.And(out, c)
+    return out
+
+
+def pattern_score_bias(pattern: AttentionPattern, buffers, b, h, q, k):
+    """float32 TIR value added to the score of an allowed (q, k): the additive mask's entry,
+    else 0.  The index marks a block partial wherever this is non-zero, so a kernel adds it
+    only in partial blocks."""
+    if pattern.mask != "additive":
+        return T.float32(0)
+    return T.Cast("float32", _mask_value(_buffers_by_name(pattern, buffers)["mask"], b, h, q, k))
+
+
+# --------------------------------------------------------------------------- numpy reference
+def reference_allowed(pattern: AttentionPattern, batch: int, heads: int, sq: int, sk: int, *,
+                      mask=None, global_flags=None, doc_ids=None) -> np.ndarray:
+    """bool ``[B, 1 or H, Sq, Sk]`` of the element predicate (numpy)."""
+    allowed = np.ones((batch, 1, sq, sk), dtype=bool)
+    qi = np.arange(sq)[:, None]
+    ki = np.arange(sk)[None, :]
+    if pattern.mask == "bool":
+        allowed = allowed & np.asarray(mask).astype(bool)
+    elif pattern.mask == "additive":
+        allowed = allowed & (np.asarray(mask).astype(np.float32) > np.float32(MASK_THRESHOLD))
+    if pattern.causal:
+        allowed = allowed & (ki <= qi)[None, None]
+    if pattern.documents:
+        d = np.asarray(doc_ids)
+        allowed = allowed & (d[:, :sq, None] == d[:, None, :sk])[:, None]
+    if pattern.window is not None:
+        near = np.broadcast_to((np.abs(qi - ki) <= pattern.window)[None, None], (batch, 1, sq, sk))
+        if pattern.global_tokens:
+            g = np.asarray(global_flags) != 0
+            near = near | g[:, None, None, :sk] | g[:, None, :sq, None]
+        allowed = allowed & near
+    return allowed
+
+
+def reference_sparse_attention(q, k, v, pattern: AttentionPattern, *, mask=None, global_flags=None,
+                               doc_ids=None, scale=None) -> np.ndarray:
+    """numpy fp64 reference of the op: masked softmax attention, rows with no allowed key -> 0."""
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    B, H, Sq, D = q.shape
+    Sk = k.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    allowed = reference_allowed(pattern, B, H, Sq, Sk, mask=mask, global_flags=global_flags, doc_ids=doc_ids)
+    scores = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if pattern.mask == "additive":
+        scores = scores + np.where(allowed, np.asarray(mask).astype(np.float64), 0.0)
+    allowed = np.broadcast_to(allowed, scores.shape)
+    scores = np.where(allowed, scores, -np.inf)
+    row_max = scores.max(axis=-1, keepdims=True)
+    row_max = np.where(np.isfinite(row_max), row_max, 0.0)
+    p = np.where(allowed, np.exp(scores - row_max), 0.0)
+    denom = p.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhqk,bhkd->bhqd", p, v)
+    return np.where(denom > 0, out / np.where(denom > 0, denom, 1.0), 0.0)
+
+
+# --------------------------------------------------------------------------- generic kernel
+def _vector_width(d: int) -> int:
+    for w in (8, 4, 2):
+        if d % w == 0:
+            return w
+    return 1
+
+
+def sparse_attention_func(head_dim: int, pattern: AttentionPattern, in_dtype: str, target, *,
+                          key_block: int = 64, scale: float | None = None, mask_dtype: str | None = None
+                          ) -> tirx.PrimFunc:
+    """The generic kernel (any target): PrimFunc ``(q[B, H, Sq, d], k[B, H, Sk, d], v[B, H, Sk, d],
+    block_counts, block_ids, block_partial, <mask, global_flags, doc_ids as present>,
+    o[B, H, Sq, d])``, the Hopper kernel's signature (contracts/ATTENTION.md).
+
+    One task per (b, h, 128-query block) (a CUDA block of 128 threads, a row each; a parallel
+    task on the CPU, its rows in turn).  A row walks only the listed key blocks: per block it
+    scores the keys (the element predicate and the additive mask only in partial blocks),
+    then one online-softmax step (rescale by the new running max, accumulate ``p v``), fp32
+    throughout; a row with no allowed key writes 0.  B, H, Sq, Sk and the mask's head dim are
+    symbolic; the dot products and the ``p v`` updates are vectorised over d on the CPU."""
+    from pit_tvm.index.attention import MASK_DTYPES
+
+    D = int(head_dim)
+    if D <= 0:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    if in_dtype not in ATTENTION_DTYPES:
+        raise ValueError(f"sparse attention dtype must be one of {ATTENTION_DTYPES}, got {in_dtype!r}")
+    if key_block not in KEY_BLOCKS:
+        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
+    if pattern.mask is not None and mask_dtype not in MASK_DTYPES[pattern.mask]:
+        raise ValueError(f"a {pattern.mask} mask must have dtype {' or '.join(MASK_DTYPES[pattern.mask])}, "
+                         f"got {mask_dtype!r}")
+    from pit_tvm.target import is_gpu, make_target
+
+    target = make_target(target)
+    gpu = is_gpu(target)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    QBL, KBL = QUERY_BLOCK, key_block
+    VW = 1 if gpu else _vector_width(D)
+    ND = D // VW
+    vec = T.unroll if gpu else T.vectorized
+    BX = (lambda n: T.thread_binding(n, thread="blockIdx.x")) if gpu else T.parallel
+    TX = (lambda n: T.thread_binding(n, thread="threadIdx.x")) if gpu else T.serial
+    NEG = -3.0e38          # "no score": below any finite score, and exp(NEG - finite) == 0
+    has_bias = pattern.mask == "additive"
+
+    @T.macro
+    def body(Q, K, V, CNT, IDS, PART, bufs, O, B, H, HG, Sq, Sk, QB):
+        for t in BX(B * H * QB):
+            for r in TX(QBL):
+                if t % QB * QBL + r < Sq:
+                    qv = T.alloc_buffer((D,), "float32", scope="local")
+                    acc = T.alloc_buffer((D,), "float32", scope="local")
+                    sc = T.alloc_buffer((KBL,), "float32", scope="local")
+                    part = T.alloc_buffer((VW,), "float32", scope="local")
+                    st = T.alloc_buffer((4,), "float32", scope="local")   # running max, sum; block max; alpha
+                    for d0 in range(ND):
+                        for e in vec(VW):
+                            qv[d0 * VW + e] = T.Cast("float32", Q[t // (H * QB), t // QB % H, t % QB * QBL + r,
+                                                                  d0 * VW + e]) * T.float32(scale)
+                            acc[d0 * VW + e] = T.float32(0)
+                    st[0] = T.float32(NEG)
+                    st[1] = T.float32(0)
+                    for j in range((Sk + (KBL - 1)) // KBL):
+                        if j < T.Cast("int64", CNT[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB]):
+                            st[2] = T.float32(NEG)
+                            for c in range(KBL):
+                                sc[c] = T.float32(NEG)
+                                if T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c < Sk:
+                                    if (PART[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j] == 0
+                                            or pattern_predicate(pattern, bufs, t // (H * QB), t // QB % H,
+                                                                 t % QB * QBL + r,
+                                                                 T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c)):
+                                        for e in vec(VW):
+                                            part[e] = T.float32(0)
+                                        for d0 in range(ND):
+                                            for e in vec(VW):
+                                                part[e] = part[e] + qv[d0 * VW + e] * T.Cast(
+                                                    "float32", K[t // (H * QB), t // QB % H,
+                                                                 T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c,
+                                                                 d0 * VW + e])
+                                        sc[c] = T.float32(0)
+                                        for e in range(VW):
+                                            sc[c] = sc[c] + part[e]
+                                        if has_bias:
+                                            if PART[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j] != 0:
+                                                sc[c] = sc[c] + pattern_score_bias(
+                                                    pattern, bufs, t // (H * QB), t // QB % H, t % QB * QBL + r,
+                                                    T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c)
+                                        st[2] = T.max(st[2], sc[c])
+                            if st[2] > T.float32(NEG):
+                                # one online-softmax step for the block
+                                st[3] = T.exp(st[0] - T.max(st[0], st[2]))
+                                st[0] = T.max(st[0], st[2])
+                                st[1] = st[1] * st[3]
+                                for d0 in range(ND):
+                                    for e in vec(VW):
+                                        acc[d0 * VW + e] = acc[d0 * VW + e] * st[3]
+                                for c in range(KBL):
+                                    if sc[c] > T.float32(NEG):
+                                        sc[c] = T.exp(sc[c] - st[0])
+                                        st[1] = st[1] + sc[c]
+                                        for d0 in range(ND):
+                                            for e in vec(VW):
+                                                acc[d0 * VW + e] = acc[d0 * VW + e] + sc[c] * T.Cast(
+                                                    "float32", V[t // (H * QB), t // QB % H,
+                                                                 T.Cast("int64", IDS[t // (H * QB), T.min(t // QB % H, HG - 1), t % QB, j]) * KBL + c,
+                                                                 d0 * VW + e])
+                    if st[1] > T.float32(0):
+                        st[1] = T.float32(1) / st[1]
+                    for d0 in range(ND):
+                        for e in vec(VW):
+                            O[t // (H * QB), t // QB % H, t % QB * QBL + r, d0 * VW + e] = T.Cast(
+                                in_dtype, acc[d0 * VW + e] * st[1])
+
+    names = pattern.inputs
+    mdt = mask_dtype or "bool"
+
+    def qb_of(s):
+        return (s + (QBL - 1)) // QBL
+
+    def kb_of(s):
+        return (s + (KBL - 1)) // KBL
+
+    n_mask = int(pattern.mask is not None)
+    n_desc = len(names) - n_mask
+    if n_mask == 0 and n_desc == 0:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, Sq, Sk, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, Sq, D), in_dtype)
+            K = T.match_buffer(k, (B, H, Sk, D), in_dtype)
+            V = T.match_buffer(v, (B, H, Sk, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(Sq)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            O = T.match_buffer(o, (B, H, Sq, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (), O, B, H, HG, Sq, Sk, qb_of(Sq))
+    elif n_mask == 1 and n_desc == 0:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
+                 o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, Sq, Sk, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, Sq, D), in_dtype)
+            K = T.match_buffer(k, (B, H, Sk, D), in_dtype)
+            V = T.match_buffer(v, (B, H, Sk, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(Sq)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
+            M = T.match_buffer(m, (B, MH, Sq, Sk), mdt)
+            O = T.match_buffer(o, (B, H, Sq, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (M,), O, B, H, HG, Sq, Sk, qb_of(Sq))
+    elif n_mask == 0 and n_desc == 1:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, x: T.handle,
+                 o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, HG = T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
+            K = T.match_buffer(k, (B, H, S, D), in_dtype)
+            V = T.match_buffer(v, (B, H, S, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            X = T.match_buffer(x, (B, S), "int32")
+            O = T.match_buffer(o, (B, H, S, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (X,), O, B, H, HG, S, S, qb_of(S))
+    elif n_mask == 0 and n_desc == 2:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, x: T.handle,
+                 y: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, HG = T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
+            K = T.match_buffer(k, (B, H, S, D), in_dtype)
+            V = T.match_buffer(v, (B, H, S, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            X = T.match_buffer(x, (B, S), "int32")
+            Y = T.match_buffer(y, (B, S), "int32")
+            O = T.match_buffer(o, (B, H, S, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (X, Y), O, B, H, HG, S, S, qb_of(S))
+    elif n_desc == 1:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
+                 x: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
+            K = T.match_buffer(k, (B, H, S, D), in_dtype)
+            V = T.match_buffer(v, (B, H, S, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            M = T.match_buffer(m, (B, MH, S, S), mdt)
+            X = T.match_buffer(x, (B, S), "int32")
+            O = T.match_buffer(o, (B, H, S, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (M, X), O, B, H, HG, S, S, qb_of(S))
+    else:
+        @T.prim_func(s_tir=True)
+        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
+                 x: T.handle, y: T.handle, o: T.handle):
+            T.func_attr({"tirx.noalias": True})
+            B, H, S, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
+            K = T.match_buffer(k, (B, H, S, D), in_dtype)
+            V = T.match_buffer(v, (B, H, S, D), in_dtype)
+            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
+            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
+            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
+            M = T.match_buffer(m, (B, MH, S, S), mdt)
+            X = T.match_buffer(x, (B, S), "int32")
+            Y = T.match_buffer(y, (B, S), "int32")
+            O = T.match_buffer(o, (B, H, S, D), in_dtype)
+            body(Q, K, V, CNT, IDS, PART, (M, X, Y), O, B, H, HG, S, S, qb_of(S))
+
+    name = (f"pit_sparse_attention_generic_{pattern.tag}_d{D}_kb{KBL}_{in_dtype}"
+            + (f"_{mdt}" if pattern.mask else ""))
+    func = attn.with_attr("global_symbol", name).with_attr("pit.attention.key_block", KBL)
+    if gpu:
+        func = func.with_attr("tirx.is_scheduled", True)
+    return func
