@@ -14,7 +14,7 @@ Index (built on the device every call, ``pit_tvm/index/``): per ``(b, head group
 block qb)`` ``block_counts[b, hg, qb]`` listed key blocks of ``key_block`` keys,
 ``block_ids[b, hg, qb, j]`` their ids and ``block_partial[b, hg, qb, j]`` (1: the listed block
 has a disallowed entry, so the element predicate is applied in it; 0: every entry allowed).
-``hg`` is the mask's head (``per_head``) or 0.
+``hg = min(h, HG - 1)`` (HG: the mask's head dim, 1 or H; 1 without a mask).
 
 One CTA per (128-query block, head, batch), 2 consumer warpgroups (256 threads), each thread
 also copying; all shapes are compile-time but B, H, Sq and Sk::
@@ -84,61 +84,14 @@ def _check(head_dim, in_dtype, key_block, stages, pattern):
         raise ValueError(f"pattern.mask must be None, 'bool' or 'additive', got {pattern.mask!r}")
 
 
-def _pattern_inputs(pattern) -> tuple[str, ...]:
-    """the run-time pattern inputs the kernel takes, in the contract's order"""
-    names = []
-    if pattern.mask is not None:
-        names.append("mask")
-    if getattr(pattern, "global_tokens", False):
-        names.append("global_flags")
-    if getattr(pattern, "documents", False):
-        names.append("doc_ids")
-    return tuple(names)
-
-
-def _element_terms():
-    """the op's ``pattern_predicate`` and ``pattern_score_bias`` (the CPU kernel's too), or, on
-    a branch without the op, the mask-tensor pattern's (with ``causal``)"""
-    try:
-        from pit_tvm.ops.sparse_attention import pattern_predicate, pattern_score_bias
-        return pattern_predicate, pattern_score_bias
-    except ImportError:
-        return _mask_predicate, _mask_bias
-
-
-def _mask_entry(buffers, b, h, q, k):
-    m = buffers["mask"]
-    hm = 0 if isinstance(m.shape[1], tirx.IntImm) and m.shape[1].value == 1 else h
-    return m[b, hm, q, k]
-
-
-def _mask_predicate(pattern, buffers, b, h, q, k):
-    """allowed(b, h, q, k) of a mask-tensor pattern (with ``causal``): a boolean mask's entry is
-    non-zero, an additive mask's above -1e30"""
-    ok = T.bool(True)
-    if pattern.mask == "bool":
-        ok = _mask_entry(buffers, b, h, q, k) != tirx.const(0, "bool")
-    elif pattern.mask == "additive":
-        ok = T.Cast("float32", _mask_entry(buffers, b, h, q, k)) > T.float32(-1.0e30)
-    if getattr(pattern, "causal", False):
-        ok = T.And(ok, k <= q)
-    return ok
-
-
-def _mask_bias(pattern, buffers, b, h, q, k):
-    """the additive mask's entry (0 without one)"""
-    return T.Cast("float32", _mask_entry(buffers, b, h, q, k)) if pattern.mask == "additive" else T.float32(0)
-
-
 @functools.lru_cache(maxsize=64)
 def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16", key_block: int = 64, *,
-                                scale: float | None = None, per_head: bool = False, mask_dtype: str | None = None,
+                                scale: float | None = None, mask_dtype: str | None = None,
                                 stages: int = 2) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
-    ``scale``: the scores' factor (default ``1 / sqrt(head_dim)``); ``per_head``: the mask,
-    and so the index, has H heads (else one head group); ``mask_dtype``: the mask tensor's
+    ``scale``: the scores' factor (default ``1 / sqrt(head_dim)``); ``mask_dtype``: the mask tensor's
     dtype (default ``bool`` for a boolean mask, ``in_dtype`` for an additive one);
     ``stages``: K / V blocks in the ring.  An additive mask's values are added in partial
     blocks only: the index marks a block full only where every entry is allowed with bias 0.
@@ -150,8 +103,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     additive = pattern.mask == "additive"
     if mask_dtype is None:
         mask_dtype = "bool" if pattern.mask == "bool" else in_dtype
-    inputs = _pattern_inputs(pattern)
-    predicate, score_bias = _element_terms()
+    # the op's element terms (imported here: the op's kernel choice imports this module)
+    from pit_tvm.ops.sparse_attention import pattern_inputs, pattern_predicate, pattern_score_bias
+    inputs = pattern_inputs(pattern)
 
     QB = QUERY_BLOCK
     ROW_CHUNKS = D // 8            # 16-byte chunks per row of Q / K / V / O
@@ -206,16 +160,12 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + KB * D + tiled(KB, r, ch)]),
                               V.ptr_to([b, h, src_key, ch * 8]), key < Sk))
 
-    def mask_head(h):
-        """the mask's (and the index's) head of head h"""
-        return h if per_head else 0
-
     def needs_predicate(partial, kblk, Sk):
         """a partial block, or the tail block (keys past Sk)"""
         return T.Or(partial != 0, (kblk + 1) * KB > Sk)
 
     @T.macro
-    def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, O, B, H, Sq, Sk):
+    def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, O, B, H, HG, Sq, Sk):
         T.device_entry()
         qb, h, b = T.cta_id([(Sq + QB - 1) // QB, H, B])
         tid = T.thread_id([THREADS])
@@ -231,7 +181,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         wg = tid // 128
         w = (tid % 128) // 32
         lane = tid % 32
-        hg = mask_head(h)
+        hg = T.min(h, HG - 1)
         count = COUNTS[b, hg, qb]
         # SRead: the query block (rows past Sq zero-filled), its own cp.async group
         for c in T.unroll(QB * ROW_CHUNKS // THREADS):
@@ -290,9 +240,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                             key_c = T.min(key, Sk - 1)
                             score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
                             if additive:
-                                score = score + score_bias(pattern, buffers, b, h, query, key_c) * T.float32(LOG2E)
+                                score = score + pattern_score_bias(pattern, buffers, b, h, query, key_c) * T.float32(LOG2E)
                             acc_s[nb * 4 + i * 2 + e] = T.Select(
-                                T.And(key < Sk, predicate(pattern, buffers, b, h, query, key_c)),
+                                T.And(key < Sk, pattern_predicate(pattern, buffers, b, h, query, key_c)),
                                 T.max(score, masked), masked)
             else:
                 for i in T.unroll(ACC_S):
@@ -358,44 +308,53 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 for e in T.vectorized(8):
                     O[b, h, qb * QB + r, ch * 8 + e] = smem[RING_OFF + r * O_ROW + ch * 8 + e]
 
-    return lower_tirx(_signature(body, D, KB, in_dtype, mask_dtype, inputs, per_head, pattern), TARGET)
+    func = _signature(body, D, KB, in_dtype, mask_dtype, inputs)
+    name = f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}" + (f"_{mask_dtype}" if pattern.mask else "")
+    return lower_tirx(func, TARGET).with_attr("global_symbol", name).with_attr("pit.attention.key_block", KB)
 
 
-def _signature(body, D, KB, in_dtype, mask_dtype, inputs, per_head, pattern):
+def _signature(body, D, KB, in_dtype, mask_dtype, inputs):
     """The PrimFunc around ``body`` with the contract's parameters: ``q, k, v, block_counts,
     block_ids, block_partial``, the pattern's run-time inputs (``mask, global_flags, doc_ids``
-    as present), ``o``; B, H, Sq and Sk symbolic."""
-    def pattern_buffers(B, H, Sq, Sk, mask, flags, docs):
+    as present), ``o``.  B, H, Sq, Sk and the head dims of the mask (MH) and the index (HG)
+    symbolic; with global tokens or documents (``[B, S]`` inputs) Sq = Sk = S."""
+    one_length = "global_flags" in inputs or "doc_ids" in inputs
+
+    def key_length(Sq, Sk):
+        return Sq if one_length else Sk
+
+    def pattern_buffers(B, MH, Sq, Sk, mask, flags, docs):
         """the pattern's run-time inputs by name (the predicate's ``buffers``)"""
         extra = {}
         if "mask" in inputs:
-            extra["mask"] = T.match_buffer(mask, (B, H if per_head else 1, Sq, Sk), mask_dtype)
+            extra["mask"] = T.match_buffer(mask, (B, MH, Sq, Sk), mask_dtype)
         if "global_flags" in inputs:
             extra["global_flags"] = T.match_buffer(flags, (B, Sk), "int32")
         if "doc_ids" in inputs:
             extra["doc_ids"] = T.match_buffer(docs, (B, Sk), "int32")
         return extra
 
+    def blocks(n, size):
+        return (n + (size - 1)) // size
+
+    @T.macro
+    def with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, o, B, H, HG, MH, Sq, Sk):
+        body(T.match_buffer(q, (B, H, Sq, D), in_dtype), T.match_buffer(k, (B, H, Sk, D), in_dtype),
+             T.match_buffer(v, (B, H, Sk, D), in_dtype),
+             T.match_buffer(counts, (B, HG, blocks(Sq, QUERY_BLOCK)), "int32"),
+             T.match_buffer(ids, (B, HG, blocks(Sq, QUERY_BLOCK), blocks(Sk, KB)), "int32"),
+             T.match_buffer(partial, (B, HG, blocks(Sq, QUERY_BLOCK), blocks(Sk, KB)), "int32"),
+             pattern_buffers(B, MH, Sq, Sk, mask, flags, docs),
+             T.match_buffer(o, (B, H, Sq, D), in_dtype),
+             T.Cast("int32", B), T.Cast("int32", H), T.Cast("int32", HG), T.Cast("int32", Sq), T.Cast("int32", Sk))
+
     @T.prim_func(s_tir=False)
     def kernel(q: T.handle, k: T.handle, v: T.handle, counts: T.handle, ids: T.handle, partial: T.handle,
                mask: T.handle, flags: T.handle, docs: T.handle, o: T.handle):
-        B = T.int64()
-        H = T.int64()
-        Sq = T.int64()
-        Sk = T.int64()
-        body(T.match_buffer(q, (B, H, Sq, D), in_dtype), T.match_buffer(k, (B, H, Sk, D), in_dtype),
-             T.match_buffer(v, (B, H, Sk, D), in_dtype),
-             T.match_buffer(counts, (B, H if per_head else 1, (Sq + QUERY_BLOCK - 1) // QUERY_BLOCK), "int32"),
-             T.match_buffer(ids, (B, H if per_head else 1, (Sq + QUERY_BLOCK - 1) // QUERY_BLOCK, (Sk + KB - 1) // KB),
-                            "int32"),
-             T.match_buffer(partial, (B, H if per_head else 1, (Sq + QUERY_BLOCK - 1) // QUERY_BLOCK,
-                                      (Sk + KB - 1) // KB), "int32"),
-             pattern_buffers(B, H, Sq, Sk, mask, flags, docs),
-             T.match_buffer(o, (B, H, Sq, D), in_dtype),
-             T.Cast("int32", B), T.Cast("int32", H), T.Cast("int32", Sq), T.Cast("int32", Sk))
+        B, H, HG, MH, Sq, Sk = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+        with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, o, B, H, HG, MH, Sq, key_length(Sq, Sk))
 
     names = ("q", "k", "v", "block_counts", "block_ids", "block_partial", "mask", "global_flags", "doc_ids", "o")
-    takes = set(inputs)
     params = [p for name, p in zip(names, kernel.params)
-              if name not in ("mask", "global_flags", "doc_ids") or name in takes]
+              if name not in ("mask", "global_flags", "doc_ids") or name in inputs]
     return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)
