@@ -13,11 +13,12 @@ order, so a query block may visit only its listed key blocks, in any order.
 Index (built on the device every call, ``pit_tvm/index/``): per ``(b, head group hg, 128-query
 block qb)`` ``block_counts[b, hg, qb]`` listed key blocks of ``key_block`` keys,
 ``block_ids[b, hg, qb, j]`` their ids and ``block_partial[b, hg, qb, j]`` (1: the listed block
-has a disallowed entry, so the element predicate is applied in it; 0: every entry allowed).
+has a disallowed entry or a non-zero additive bias, so the element predicate is applied in
+it; 0: every entry allowed, nothing added).
 ``hg = min(h, HG - 1)`` (HG: the mask's head dim, 1 or H; 1 without a mask).
 
 One CTA per (128-query block, head, batch), 2 consumer warpgroups (256 threads), each thread
-also copying; all shapes are compile-time but B, H, Sq and Sk::
+also copying; B, H, Sq, Sk, HG and the mask's head dim symbolic::
 
     SRead  Q_s[128, D]                        <- cp.async once (rows past Sq zero-filled)
     prologue: K_s, V_s[KB, D] of listed blocks 0 .. STAGES-2 <- cp.async ring, one group a block
@@ -46,16 +47,16 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from pit_tvm.schedules.hopper.barriers import WARPGROUP_BARRIERS, named_barrier_sync
-from pit_tvm.schedules.hopper.config import BLOCK_M, CONSUMER_WARPGROUPS, TARGET, THREADS
+from pit_tvm.ops.sparse_attention import KEY_BLOCKS, QUERY_BLOCK
+from pit_tvm.schedules.hopper.config import TARGET, THREADS
 from pit_tvm.schedules.hopper.lowering import lower_tirx
 from pit_tvm.schedules.hopper.smem import PTX_TYPE, SWIZZLE_128B, k_major_strides, mn_major_strides, swizzle_128b
 from pit_tvm.schedules.limits import IN_DTYPES, dtype_bytes, max_smem_bytes
 
-__all__ = ["HEAD_DIMS", "KEY_BLOCKS", "QUERY_BLOCK", "block_sparse_attention_func", "sparse_attention_smem_bytes"]
+__all__ = ["HEAD_DIMS", "block_sparse_attention_func", "sparse_attention_smem_bytes"]
 
-QUERY_BLOCK = BLOCK_M          # queries per CTA: 2 warpgroups x wgmma M=64
+# a CTA computes one of the index's QUERY_BLOCK (128) query blocks: 2 warpgroups x wgmma M=64
 HEAD_DIMS = (64, 128)
-KEY_BLOCKS = (64, 128)
 ATOM = 64                      # columns of one 128-byte swizzle atom of fp16 / bf16
 #: a masked score (log2 domain): finite, so that ``masked - row max`` never makes a NaN
 MASKED = -3.0e38
@@ -67,7 +68,7 @@ def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int) -> i
     return (QUERY_BLOCK * head_dim + QUERY_BLOCK * key_block + stages * 2 * key_block * head_dim) * 2
 
 
-def _check(head_dim, in_dtype, key_block, stages, pattern):
+def _check(head_dim, in_dtype, key_block, stages):
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"block-sparse attention's Hopper kernel takes head dims {HEAD_DIMS}, got {head_dim}")
     if in_dtype not in IN_DTYPES:
@@ -80,8 +81,6 @@ def _check(head_dim, in_dtype, key_block, stages, pattern):
     if smem > max_smem_bytes("sm_90a"):
         raise ValueError(f"head dim {head_dim}, key block {key_block} and {stages} stages need {smem} bytes "
                          f"of shared memory, over the H100's {max_smem_bytes('sm_90a')}")
-    if getattr(pattern, "mask", None) not in (None, "bool", "additive"):
-        raise ValueError(f"pattern.mask must be None, 'bool' or 'additive', got {pattern.mask!r}")
 
 
 @functools.lru_cache(maxsize=64)
@@ -97,13 +96,12 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     blocks only: the index marks a block full only where every entry is allowed with bias 0.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
-    _check(D, in_dtype, KB, int(stages), pattern)
+    _check(D, in_dtype, KB, int(stages))
     STAGES = int(stages)
     SCALE2 = (1.0 / math.sqrt(D) if scale is None else float(scale)) * LOG2E
     additive = pattern.mask == "additive"
     if mask_dtype is None:
         mask_dtype = "bool" if pattern.mask == "bool" else in_dtype
-    # the op's element terms (imported here: the op's kernel choice imports this module)
     from pit_tvm.ops.sparse_attention import pattern_inputs, pattern_predicate, pattern_score_bias
     inputs = pattern_inputs(pattern)
 
@@ -240,7 +238,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                             key_c = T.min(key, Sk - 1)
                             score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
                             if additive:
-                                score = score + pattern_score_bias(pattern, buffers, b, h, query, key_c) * T.float32(LOG2E)
+                                score = score + T.float32(LOG2E) * pattern_score_bias(pattern, buffers, b, h,
+                                                                                      query, key_c)
                             acc_s[nb * 4 + i * 2 + e] = T.Select(
                                 T.And(key < Sk, pattern_predicate(pattern, buffers, b, h, query, key_c)),
                                 T.max(score, masked), masked)
@@ -309,7 +308,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     O[b, h, qb * QB + r, ch * 8 + e] = smem[RING_OFF + r * O_ROW + ch * 8 + e]
 
     func = _signature(body, D, KB, in_dtype, mask_dtype, inputs)
-    name = f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}" + (f"_{mask_dtype}" if pattern.mask else "")
+    name = (f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}"
+            + (f"_{mask_dtype}" if pattern.mask else ""))
     return lower_tirx(func, TARGET).with_attr("global_symbol", name).with_attr("pit.attention.key_block", KB)
 
 
