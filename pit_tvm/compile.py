@@ -34,6 +34,7 @@ from .passes.dense import DenseMatmulToPITKernels
 from .passes.frontend import ONNX_NAMES_ATTR, fold_shape_computations, import_onnx, load_model
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
 from .passes.propagate_padding import PropagatePadding
+from .passes.sparse_attention import SparseAttentionToPIT
 from .passes.strips import ListStripsInProducer
 from .errors import UserError
 from .runtime.library import LIBRARY_SUFFIX, METADATA_FORMAT, library_digest
@@ -258,7 +259,7 @@ def symbolic_dims_error(err: Exception, symbolic: dict, tensors=()) -> Exception
 
 
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
-                 cuda_graph=False, expected_density=None, padding=None) -> CompiledModel:
+                 cuda_graph=False, expected_density=None, padding=None, sparse_attention=None) -> CompiledModel:
     """Compile an ONNX model (path or ``onnx.ModelProto``) with PIT for its dynamic sparsity.
 
     What is not an ONNX model with outputs (an empty file, other bytes, a directory), and a
@@ -311,14 +312,21 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # needed; after the other sources: a matmul they annotate keeps its kernel
     if padding:
         annotated = PropagatePadding(padding)(annotated)
-    notes = annotations_of(annotated)
+    attention = annotated
+    if sparse_attention is not False:
+        if sparse_attention is not None and not isinstance(sparse_attention, str):
+            raise TypeError(f"sparse_attention= must be None, False or a graph input name, got "
+                            f"{type(sparse_attention).__name__} {sparse_attention!r}")
+        # attention with a run-time mask: block index + sparse kernel (before the matmul passes)
+        attention = SparseAttentionToPIT(tgt, mask_input=sparse_attention)(annotated)
+    notes = annotations_of(attention)
     try:
-        lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(annotated)
+        lowered = LowerToPIT(target=tgt, tuning_log=tuning_log, expected_density=expected_density)(attention)
     except Exception as err:  # the op layer (pit_tvm.ops.matmul) is not importable
         if "pit_tvm.ops" not in repr(err) and "emit_pit_matmul" not in repr(err):
             raise
         warnings.warn(f"PIT op layer unavailable ({err}); annotated matmuls stay dense")
-        lowered = annotated
+        lowered = attention
         for n in notes:
             if n.get("status") == "pit":
                 n["status"] = "dense"

@@ -450,3 +450,301 @@ def sparse_attention_func(head_dim: int, pattern: AttentionPattern, in_dtype: st
     if gpu:
         func = func.with_attr("tirx.is_scheduled", True)
     return func
+
+
+# --------------------------------------------------------------------------- Relax emission
+def _static_int(dim):
+    return int(dim) if isinstance(dim, tirx.IntImm) else None
+
+
+def _check_relax_inputs(q, k, v, pattern, runtime):
+    """Check the Relax operands (rank, dtype, static head dim, the pattern inputs' shapes
+    where static); return (dtype, head_dim, mask_dtype).  A ValueError names the problem."""
+    from tvm import relax
+
+    tys = []
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        ty = x.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None or len(ty.shape) != 4:
+            raise ValueError(f"sparse attention: {name} must be a [B, H, S, d] tensor, got {ty}")
+        tys.append(ty)
+    dtype = str(tys[0].dtype)
+    if dtype not in ATTENTION_DTYPES or any(str(t.dtype) != dtype for t in tys):
+        raise ValueError(f"sparse attention: q, k, v must share one dtype of {ATTENTION_DTYPES}, got "
+                         f"{[str(t.dtype) for t in tys]}")
+    d = _static_int(tys[0].shape[3])
+    if d is None or any(_static_int(t.shape[3]) != d for t in tys):
+        raise ValueError(f"sparse attention: the head dim must be static and equal in q, k, v, got "
+                         f"{[t.shape[3] for t in tys]}")
+    mask_dtype = None
+    for name in pattern.inputs:
+        x = runtime.get(name)
+        if x is None:
+            raise ValueError(f"sparse attention: pattern {pattern.tag} needs the input {name!r}")
+        ty = x.ty
+        rank = 4 if name == "mask" else 2
+        if not isinstance(ty, relax.TensorType) or ty.shape is None or len(ty.shape) != rank:
+            raise ValueError(f"sparse attention: {name} must be a rank-{rank} tensor, got {ty}")
+        if name == "mask":
+            mask_dtype = str(ty.dtype)
+            hg = _static_int(ty.shape[1])
+            heads = _static_int(tys[0].shape[1])
+            if hg is not None and heads is not None and hg not in (1, heads):
+                raise ValueError(f"sparse attention: mask {list(ty.shape)} does not broadcast over the "
+                                 f"{heads} heads of q (its head dim must be 1 or {heads})")
+        elif str(ty.dtype) != "int32":
+            raise ValueError(f"sparse attention: {name} must be int32, got {ty.dtype}")
+    for name in runtime:
+        if name not in pattern.inputs and runtime[name] is not None:
+            raise ValueError(f"sparse attention: {name} given, but pattern {pattern.tag} does not take it")
+    return dtype, d, mask_dtype
+
+
+def _hopper_kernel(target, head_dim, pattern, dtype, scale, mask_dtype):
+    """attnkernel's sm_90a kernel, or None (with a warning when it exists but does not apply)."""
+    from pit_tvm.target import is_gpu
+
+    if not is_gpu(target) or str(target.attrs.get("arch", "")) != "sm_90a":
+        return None
+    try:
+        from pit_tvm.schedules.hopper.sparse_attention import block_sparse_attention_func
+    except ImportError:
+        return None
+    try:
+        return block_sparse_attention_func(head_dim, pattern, dtype, scale=scale, mask_dtype=mask_dtype)
+    except (ValueError, TypeError) as err:
+        warnings.warn(f"sparse attention: the sm_90a kernel does not apply ({err}); the generic kernel runs",
+                      stacklevel=3)
+        return None
+
+
+def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, global_flags=None, doc_ids=None,
+                          scale=None, target="llvm", key_block: int | None = None):
+    """Emit the block index and the sparse attention kernel into ``bb``; return ``o``
+    (``[B, H, Sq, d]``, q's dtype).
+
+    q / k / v ``[B, H, S, d]`` Relax tensors (B, H, S may be symbolic, d static); the pattern's
+    run-time inputs as named (see :class:`AttentionPattern`).  On sm_90a the Hopper kernel
+    (:func:`pit_tvm.schedules.hopper.sparse_attention.block_sparse_attention_func`) where it
+    applies, else :func:`sparse_attention_func`.  Bad operands are a ValueError naming them."""
+    from tvm import relax
+
+    from pit_tvm.index.attention import attention_block_index_func
+    from pit_tvm.ops.matmul import _add_once
+    from pit_tvm.target import is_gpu, make_target
+
+    target = make_target(target)
+    runtime = {"mask": mask, "global_flags": global_flags, "doc_ids": doc_ids}
+    dtype, d, mask_dtype = _check_relax_inputs(q, k, v, pattern, runtime)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    func = _hopper_kernel(target, d, pattern, dtype, scale, mask_dtype)
+    if func is None:
+        kb = key_block or (128 if is_gpu(target) else 64)
+        func = sparse_attention_func(d, pattern, dtype, target, key_block=kb, scale=scale, mask_dtype=mask_dtype)
+    attrs = func.attrs or {}
+    kb = int(attrs["pit.attention.key_block"]) if "pit.attention.key_block" in attrs else (key_block or 128)
+    name = str(attrs["global_symbol"]) if "global_symbol" in attrs else f"pit_sparse_attention_{pattern.tag}"
+    name += "_scale" + repr(scale).replace(".", "p").replace("-", "m").replace("+", "")
+    kernel_gv = _add_once(bb, name, lambda: func)
+    index_func = attention_block_index_func(pattern, kb, dtype, target, mask_dtype=mask_dtype)
+    index_gv = _add_once(bb, str(index_func.attrs["global_symbol"]), lambda: index_func)
+
+    B, H, Sq, _ = q.ty.shape
+    Sk = k.ty.shape[2]
+    HG = mask.ty.shape[1] if pattern.mask is not None else tirx.const(1, "int64")
+    QB = tirx.floordiv(Sq + (QUERY_BLOCK - 1), QUERY_BLOCK)
+    KB = tirx.floordiv(Sk + (kb - 1), kb)
+    extra = [runtime[n] for n in pattern.inputs]
+    index = bb.emit(relax.call_tir(index_gv, [q, k, *extra],
+                                   [relax.TensorType([B, HG, QB], "int32"),
+                                    relax.TensorType([B, HG, QB, KB], "int32"),
+                                    relax.TensorType([B, HG, QB, KB], "int32")]))
+    counts, ids, partial = (bb.emit(relax.TupleGetItem(index, i)) for i in range(3))
+    return bb.emit(relax.call_tir(kernel_gv, [q, k, v, counts, ids, partial, *extra],
+                                  relax.TensorType(list(q.ty.shape), dtype)))
+
+
+# --------------------------------------------------------------------------- Python API
+def _pattern_of(pattern, kwargs) -> AttentionPattern:
+    if pattern is None:
+        return AttentionPattern(**kwargs)
+    if kwargs:
+        raise TypeError(f"give either pattern= or the pattern fields {sorted(kwargs)}, not both")
+    if not isinstance(pattern, AttentionPattern):
+        raise TypeError(f"pattern must be an AttentionPattern, got {type(pattern).__name__}")
+    return pattern
+
+
+class SparseAttention:
+    """Block-sparse attention whose pattern is data, compiled once for (head dim, pattern,
+    dtype, target); each call builds the block index on the device and runs the kernel.
+
+    Use :func:`sparse_attention` to create one.  ``op(q, k, v, mask=..., global_flags=...,
+    doc_ids=...)`` takes numpy arrays or DLPack tensors (torch, TVM, ...) ``[B, H, S, d]`` (B, H
+    and S vary per call) and returns ``o`` of q's kind; ``op.index(q, k, ...)`` returns the
+    device index ``(block_counts, block_ids, block_partial)`` for inspection.
+    """
+
+    def __init__(self, head_dim, pattern: AttentionPattern, dtype="float16", target="llvm", scale=None,
+                 key_block=None, mask_dtype=None):
+        from tvm import relax
+
+        from pit_tvm._args import dtype_name, positive_int
+        from pit_tvm.index.attention import MASK_DTYPES, attention_block_index_func
+        from pit_tvm.ops.matmul import _op_target
+        from pit_tvm.target import build, device_for
+
+        self.head_dim = positive_int(head_dim, "head_dim")
+        self.pattern = pattern
+        self.dtype = dtype_name(dtype)
+        if self.dtype not in ATTENTION_DTYPES:
+            raise ValueError(f"unsupported dtype {self.dtype!r}: use one of {', '.join(ATTENTION_DTYPES)}")
+        if pattern.mask is not None:
+            mask_dtype = dtype_name(mask_dtype) if mask_dtype is not None else (
+                "bool" if pattern.mask == "bool" else self.dtype)
+            if mask_dtype not in MASK_DTYPES[pattern.mask]:
+                raise ValueError(f"a {pattern.mask} mask must have dtype {' or '.join(MASK_DTYPES[pattern.mask])}, "
+                                 f"got {mask_dtype!r}")
+        self.mask_dtype = mask_dtype if pattern.mask is not None else None
+        self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
+        self.target = _op_target(target)
+        self.device = device_for(self.target)
+        descriptions = pattern.global_tokens or pattern.documents
+        b, h = tirx.Var("b", "int64"), tirx.Var("h", "int64")
+        sq = tirx.Var("s" if descriptions else "sq", "int64")
+        sk = sq if descriptions else tirx.Var("sk", "int64")
+        q = relax.Var("q", relax.TensorType([b, h, sq, self.head_dim], self.dtype))
+        k = relax.Var("k", relax.TensorType([b, h, sk, self.head_dim], self.dtype))
+        v = relax.Var("v", relax.TensorType([b, h, sk, self.head_dim], self.dtype))
+        runtime = {}
+        if pattern.mask is not None:
+            runtime["mask"] = relax.Var("mask", relax.TensorType([b, tirx.Var("hg", "int64"), sq, sk], self.mask_dtype))
+        for name in ("global_flags", "doc_ids"):
+            if name in pattern.inputs:
+                runtime[name] = relax.Var(name, relax.TensorType([b, sq], "int32"))
+        bb = relax.BlockBuilder()
+        with bb.function("main", [q, k, v, *runtime.values()]):
+            with bb.dataflow():
+                o = emit_sparse_attention(bb, q, k, v, pattern, scale=self.scale, target=self.target,
+                                          key_block=key_block, **runtime)
+                out = bb.emit_output(o)
+            bb.emit_func_output(out)
+        mod = bb.get()
+        self.kernel_name = next(gv.name_hint for gv in mod.get_global_vars()
+                                if gv.name_hint.startswith(("pit_sparse_attention", "pit_block_sparse")))
+        kernel = mod[self.kernel_name]
+        self.key_block = int(kernel.attrs["pit.attention.key_block"]) if "pit.attention.key_block" in kernel.attrs \
+            else 128
+        self.index_name = str(attention_block_index_func(pattern, self.key_block, self.dtype, self.target,
+                                                         mask_dtype=self.mask_dtype).attrs["global_symbol"])
+        self.executable = build(mod, self.target)
+        self._main = None
+
+    # -- tensors in and out ---------------------------------------------------------
+    def _tensor(self, x, name, want_dtype, rank):
+        from pit_tvm._args import dtype_name
+        from pit_tvm.runtime.loader import dlpack_to_tvm, numpy_dtype
+        import tvm
+
+        if x is None:
+            raise TypeError(f"{name} is required by pattern {self.pattern.tag}")
+        if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
+            t = dlpack_to_tvm(x, name)
+            if dtype_name(t.dtype) != want_dtype:
+                raise ValueError(f"{name}: dtype {t.dtype} given, {want_dtype} expected")
+            dev = t.device
+            if (dev.dlpack_device_type(), dev.index) != (self.device.dlpack_device_type(), self.device.index):
+                raise ValueError(f"{name} is on {dev}, the op runs on {self.device}")
+        else:
+            arr = np.asarray(x)
+            have = dtype_name(arr.dtype)
+            if have != want_dtype:
+                # integer / bool pattern descriptions are converted (exactly); floats are not
+                if want_dtype == "int32" and (np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool):
+                    arr = arr.astype(np.int32)
+                else:
+                    raise ValueError(f"{name}: dtype {have} given, {want_dtype} expected")
+            t = tvm.runtime.tensor(np.ascontiguousarray(arr, dtype=numpy_dtype(want_dtype)), self.device)
+        if len(t.shape) != rank:
+            raise ValueError(f"{name} must have rank {rank}, got shape {tuple(t.shape)}")
+        return t
+
+    def _inputs(self, q, k, v, mask, global_flags, doc_ids):
+        qt = self._tensor(q, "q", self.dtype, 4)
+        kt = self._tensor(k, "k", self.dtype, 4)
+        vt = self._tensor(v, "v", self.dtype, 4) if v is not None else None
+        B, H, Sq, D = (int(s) for s in qt.shape)
+        if D != self.head_dim:
+            raise ValueError(f"q: head dim {D}, the op was built for {self.head_dim}")
+        Sk = int(kt.shape[2])
+        for name, t in (("k", kt), ("v", vt)):
+            if t is not None and tuple(int(s) for s in t.shape) != (B, H, Sk, D):
+                raise ValueError(f"{name} must have shape {(B, H, Sk, D)} (q's B, H, d), got {tuple(t.shape)}")
+        given = {"mask": mask, "global_flags": global_flags, "doc_ids": doc_ids}
+        for name, x in given.items():
+            if x is not None and name not in self.pattern.inputs:
+                raise ValueError(f"{name} given, but pattern {self.pattern.tag} does not take it")
+        extra = []
+        if self.pattern.mask is not None:
+            m = self._tensor(mask, "mask", self.mask_dtype, 4)
+            shape = tuple(int(s) for s in m.shape)
+            if shape[0] != B or shape[1] not in (1, H) or shape[2:] != (Sq, Sk):
+                raise ValueError(f"mask of shape {shape} does not broadcast to the scores [B, H, Sq, Sk] = "
+                                 f"{[B, H, Sq, Sk]}: [{B}, 1 or {H}, {Sq}, {Sk}] expected")
+            extra.append(m)
+        for name in ("global_flags", "doc_ids"):
+            if name in self.pattern.inputs:
+                t = self._tensor(given[name], name, "int32", 2)
+                if tuple(int(s) for s in t.shape) != (B, Sq) or Sq != Sk:
+                    raise ValueError(f"{name} must have shape {(B, Sq)} ([B, S], self-attention: Sq = Sk), got "
+                                     f"{tuple(t.shape)} with Sq {Sq}, Sk {Sk}")
+                extra.append(t)
+        return qt, kt, vt, extra
+
+    def index(self, q, k, mask=None, global_flags=None, doc_ids=None):
+        """``(block_counts, block_ids, block_partial)`` of this call's pattern, on the device."""
+        qt, kt, _, extra = self._inputs(q, k, None, mask, global_flags, doc_ids)
+        import tvm
+
+        B, _, Sq, _ = (int(s) for s in qt.shape)
+        Sk = int(kt.shape[2])
+        HG = int(extra[0].shape[1]) if self.pattern.mask is not None else 1
+        QB, KB = -(-Sq // QUERY_BLOCK), -(-Sk // self.key_block)
+        outs = (tvm.runtime.empty((B, HG, QB), "int32", self.device),
+                tvm.runtime.empty((B, HG, QB, KB), "int32", self.device),
+                tvm.runtime.empty((B, HG, QB, KB), "int32", self.device))
+        self.executable[self.index_name](qt, kt, *extra, *outs)
+        return outs
+
+    def __call__(self, q, k, v, mask=None, global_flags=None, doc_ids=None):
+        """``o`` of q's kind (TVM tensor, torch tensor, else numpy)."""
+        import tvm
+
+        qt, kt, vt, extra = self._inputs(q, k, v, mask, global_flags, doc_ids)
+        if self._main is None:
+            from tvm import relax
+
+            self._main = relax.VirtualMachine(self.executable, self.device)["main"]
+        o = self._main(qt, kt, vt, *extra)
+        if isinstance(q, tvm.runtime.Tensor):
+            return o
+        if type(q).__module__.startswith("torch"):
+            import torch
+
+            return torch.from_dlpack(o)
+        return o.numpy()
+
+
+def sparse_attention(head_dim, pattern: AttentionPattern | None = None, dtype="float16", target="llvm",
+                     scale=None, key_block=None, mask_dtype=None, **pattern_fields) -> SparseAttention:
+    """Compile block-sparse attention for ``head_dim`` and a pattern known only at run time.
+
+    ``pattern``: an :class:`AttentionPattern`, or its fields as keywords (``mask="bool"``,
+    ``causal=True``, ``window=256, global_tokens=True``, ``documents=True``).  ``dtype``: float16,
+    bfloat16 or float32; ``target``: ``"llvm"``, ``"cuda"``, ``"cuda:sm_XY"``; ``scale``: the
+    score scale (default ``1 / sqrt(head_dim)``); ``key_block``: 64 or 128 (the generic kernel's
+    key block; default 64 on the CPU, 128 on CUDA); ``mask_dtype``: an additive mask's dtype
+    (default ``dtype``).  Rows with no allowed key give 0.
+    """
+    return SparseAttention(head_dim, _pattern_of(pattern, pattern_fields), dtype, target, scale, key_block,
+                           mask_dtype)

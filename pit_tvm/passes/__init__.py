@@ -15,6 +15,7 @@ _PUBLIC = {
     "DenseMatmulToPITKernels": "pit_tvm.passes.dense",
     "CombineParallelMatmuls": "pit_tvm.passes.combine",
     "FuseAttention": "pit_tvm.passes.attention",
+    "SparseAttentionToPIT": "pit_tvm.passes.sparse_attention",
     "ListStripsInProducer": "pit_tvm.passes.strips",
     "import_onnx": "pit_tvm.passes.frontend",
     "UnsupportedOnnxError": "pit_tvm.passes.frontend",
