@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from _helpers import np_dtype
 from pit_tvm.index.attention import reference_attention_block_index
-from pit_tvm.nvcc import cuda_sources, find_nvcc, ptxas_log
+from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.ops.sparse_attention import QUERY_BLOCK, AttentionPattern, reference_sparse_attention
 from pit_tvm.schedules.hopper.sparse_attention import block_sparse_attention_func, sparse_attention_smem_bytes
 from pit_tvm.target import build
@@ -83,6 +83,22 @@ def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype):
     assert "cp_async" in src and "exp2f" in src
     log = ptxas_log(src, "sm_90a")
     assert "0 bytes spill stores" in log and "C7515" not in log, log[-2000:]
+
+
+def test_op_takes_the_kernel_on_sm90a():
+    """``sparse_attention`` for an sm_90a target builds with this kernel (the index kernel
+    before it) and nvcc compiles the module for sm_90a; head dim 96 falls back to the generic
+    kernel with a warning."""
+    import pit_tvm
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    op = pit_tvm.sparse_attention(64, AttentionPattern(mask="bool", causal=True), dtype="float16", target="cuda")
+    assert op.kernel_name.startswith("pit_sparse_attention_hopper_")
+    assert check_cuda_compiles(op.executable, archs=("sm_90a",)) >= 1
+    with pytest.warns(UserWarning, match="sm_90a kernel does not apply"):
+        op = pit_tvm.sparse_attention(96, BOOL, dtype="float16", target="cuda")
+    assert op.kernel_name.startswith("pit_sparse_attention_generic")
 
 
 # ------------------------------------------------------------------------------------ GPU
