@@ -65,22 +65,25 @@ def test_signature(pattern, inputs):
     assert (sq.same_as(sk)) == bool(pattern.global_tokens or pattern.documents)
 
 
-@pytest.mark.parametrize("pattern,head_dim,key_block,dtype", [
-    (BOOL, 64, 64, "float16"),
-    (BOOL, 128, 64, "bfloat16"),
-    (AttentionPattern(causal=True), 64, 128, "float16"),
-    (AttentionPattern(mask="additive", causal=True), 128, 128, "float16"),
-    (AttentionPattern(window=256, global_tokens=True), 64, 64, "bfloat16"),
+@pytest.mark.parametrize("pattern,head_dim,key_block,dtype,p_in_registers", [
+    (BOOL, 64, 64, "float16", False),
+    (BOOL, 128, 64, "bfloat16", False),
+    (AttentionPattern(causal=True), 64, 128, "float16", False),
+    (AttentionPattern(mask="additive", causal=True), 128, 128, "float16", False),
+    (AttentionPattern(window=256, global_tokens=True), 64, 64, "bfloat16", False),
+    (AttentionPattern(documents=True, causal=True), 128, 64, "bfloat16", True),
 ])
-def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype):
-    """wgmma for Q K^T (n = key block) and P V (n = head dim), the K / V ring by cp.async; ptxas
-    keeps the wgmma asynchronous (no C7515) and spills nothing."""
+def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, p_in_registers):
+    """wgmma for Q K^T (n = key block) and P V (n = head dim; P from shared memory or from
+    registers), the K / V ring by cp.async; ptxas keeps the wgmma asynchronous (no C7515) and
+    spills nothing."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block)
+    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, p_in_registers=p_in_registers)
     src = cuda_sources(build(tvm.IRModule({"main": f}), TARGET))[0]
     assert f"m64n{key_block}k16" in src and f"m64n{head_dim}k16" in src
     assert "cp_async" in src and "exp2f" in src
+    assert ("wgmma_" + ("f16" if dtype == "float16" else "bf16") + "_rs_" in src) == p_in_registers
     log = ptxas_log(src, "sm_90a")
     assert "0 bytes spill stores" in log and "C7515" not in log, log[-2000:]
 
@@ -125,11 +128,11 @@ def _block_mask(rng, b, mh, sq, sk, key_block, density=0.4, partial=0.5):
     return mask
 
 
-def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, **inputs):
+def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, p_in_registers=False, **inputs):
     """the kernel's output for (q, k, v) and the pattern's inputs, with the index of the numpy
     reference unless ``index`` is given"""
     counts, ids, partial = index or reference_attention_block_index(pattern, q.shape, k.shape, key_block, **inputs)
-    f = _built(pattern, head_dim, key_block, dtype)
+    f = _built(pattern, head_dim, key_block, dtype, p_in_registers)
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full(q.shape, 7, np.float32).astype(q.dtype), dev)
     args = [q, k, v, counts, ids, partial] + [inputs[n] for n in pattern.inputs]
@@ -138,9 +141,9 @@ def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, **inputs):
 
 
 @functools.lru_cache(maxsize=None)
-def _built(pattern, head_dim, key_block, dtype):
-    return build(tvm.IRModule({"main": block_sparse_attention_func(head_dim, pattern, dtype, key_block)}),
-                 TARGET)["main"]
+def _built(pattern, head_dim, key_block, dtype, p_in_registers):
+    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, p_in_registers=p_in_registers)
+    return build(tvm.IRModule({"main": f}), TARGET)["main"]
 
 
 def _check(got, ref, dtype):
@@ -149,17 +152,18 @@ def _check(got, ref, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("p_in_registers", [False, True], ids=["p_smem", "p_regs"])
 @pytest.mark.parametrize("head_dim,key_block", [(64, 64), (64, 128), (128, 64), (128, 128)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("sq,sk,mask_heads", [(384, 384, 1), (300, 200, 3)])
-def test_gpu_random_block_mask(head_dim, key_block, dtype, sq, sk, mask_heads):
+def test_gpu_random_block_mask(head_dim, key_block, dtype, sq, sk, mask_heads, p_in_registers):
     """random block masks (full and partial blocks, empty rows, an empty query block), tails
-    on both axes, one mask for all heads or one a head"""
+    on both axes, one mask for all heads or one a head; P through shared memory or registers"""
     b, h = 2, 3
     rng = np.random.default_rng(head_dim + key_block + sq + mask_heads)
     q, k, v = _inputs(rng, b, h, sq, sk, head_dim, dtype)
     mask = _block_mask(rng, b, mask_heads, sq, sk, key_block)
-    got = _run(BOOL, q, k, v, head_dim, key_block, dtype, mask=mask)
+    got = _run(BOOL, q, k, v, head_dim, key_block, dtype, p_in_registers=p_in_registers, mask=mask)
     _check(got, reference_sparse_attention(q, k, v, BOOL, mask=mask), dtype)
     assert np.all(got[:, :, 3::17] == 0)             # rows with no allowed key give 0
 

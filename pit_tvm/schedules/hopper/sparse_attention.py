@@ -63,12 +63,14 @@ MASKED = -3.0e38
 LOG2E = 1.4426950408889634
 
 
-def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int) -> int:
-    """dynamic shared memory of :func:`block_sparse_attention_func`'s kernel"""
-    return (QUERY_BLOCK * head_dim + QUERY_BLOCK * key_block + stages * 2 * key_block * head_dim) * 2
+def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int, p_in_registers: bool = False) -> int:
+    """dynamic shared memory of :func:`block_sparse_attention_func`'s kernel: Q, P (unless in
+    registers), the K / V ring"""
+    p_tile = 0 if p_in_registers else QUERY_BLOCK * key_block
+    return (QUERY_BLOCK * head_dim + p_tile + stages * 2 * key_block * head_dim) * 2
 
 
-def _check(head_dim, in_dtype, key_block, stages):
+def _check(head_dim, in_dtype, key_block, stages, p_in_registers):
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"block-sparse attention's Hopper kernel takes head dims {HEAD_DIMS}, got {head_dim}")
     if in_dtype not in IN_DTYPES:
@@ -77,7 +79,7 @@ def _check(head_dim, in_dtype, key_block, stages):
         raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block}")
     if stages < 2:
         raise ValueError(f"the K / V ring needs at least 2 stages, got {stages}")
-    smem = sparse_attention_smem_bytes(head_dim, key_block, stages)
+    smem = sparse_attention_smem_bytes(head_dim, key_block, stages, p_in_registers)
     if smem > max_smem_bytes("sm_90a"):
         raise ValueError(f"head dim {head_dim}, key block {key_block} and {stages} stages need {smem} bytes "
                          f"of shared memory, over the H100's {max_smem_bytes('sm_90a')}")
@@ -86,17 +88,19 @@ def _check(head_dim, in_dtype, key_block, stages):
 @functools.lru_cache(maxsize=64)
 def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16", key_block: int = 64, *,
                                 scale: float | None = None, mask_dtype: str | None = None,
-                                stages: int = 2) -> tirx.PrimFunc:
+                                stages: int = 2, p_in_registers: bool = False) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
     ``scale``: the scores' factor (default ``1 / sqrt(head_dim)``); ``mask_dtype``: the mask tensor's
     dtype (default ``bool`` for a boolean mask, ``in_dtype`` for an additive one);
-    ``stages``: K / V blocks in the ring.  An additive mask's values are added in partial
-    blocks only: the index marks a block full only where every entry is allowed with bias 0.
+    ``stages``: K / V blocks in the ring; ``p_in_registers``: P V takes P from registers
+    (wgmma's register-A form: the scores' accumulator fragment is the A fragment) instead of
+    through shared memory.  An additive mask's values are added in partial blocks only: the
+    index marks a block full only where every entry is allowed with bias 0.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
-    _check(D, in_dtype, KB, int(stages))
+    _check(D, in_dtype, KB, int(stages), bool(p_in_registers))
     STAGES = int(stages)
     SCALE2 = (1.0 / math.sqrt(D) if scale is None else float(scale)) * LOG2E
     additive = pattern.mask == "additive"
@@ -110,14 +114,15 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     ACC_S = KB // 2                # fp32 scores per thread: m64 x nKB over 128 threads
     ACC_O = D // 2
     Q_OFF = 0
-    P_OFF = Q_OFF + QB * D         # P: KB / 64 column tiles of [128 rows x 64 keys]
-    RING_OFF = P_OFF + QB * KB
+    P_OFF = Q_OFF + QB * D         # P (not p_in_registers): KB / 64 column tiles of [128 rows x 64 keys]
+    RING_OFF = P_OFF + (0 if p_in_registers else QB * KB)
     SLOT = 2 * KB * D              # a ring slot: K block, then V block
     O_ROW = D + 8                  # staged O pitch (16 bytes of padding against bank conflicts)
-    SMEM_ELEMS = sparse_attention_smem_bytes(D, KB, STAGES) // dtype_bytes(in_dtype)
+    SMEM_ELEMS = sparse_attention_smem_bytes(D, KB, STAGES, p_in_registers) // dtype_bytes(in_dtype)
     t = PTX_TYPE[in_dtype]
     wgmma_s = f"wgmma.mma_async.sync.aligned.m64n{KB}k16.f32.{t}.{t}"
     wgmma_o = f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{t}.{t}"
+    pack_pair = f"cvt.rn.{t}x2.f32"             # (hi, lo) fp32 -> one b32 of two halves
     KM_LBO, KM_SBO = k_major_strides(ATOM)      # K-major rows of 128 B (Q, K, P)
     V_LBO, V_SBO = mn_major_strides(KB)         # V as MN-major B: 64-column atoms of KB rows
     masked = tirx.const(MASKED, "float32")
@@ -176,6 +181,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         m_new = T.alloc_local([1], "float32")
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
+        p_regs = T.alloc_local([KB // 4 if p_in_registers else 1], "uint32")   # P as wgmma's register A
         wg = tid // 128
         w = (tid % 128) // 32
         lane = tid % 32
@@ -266,26 +272,41 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 for i in T.unroll(2):
                     for e in T.unroll(2):
                         acc_o[nb * 4 + i * 2 + e] = acc_o[nb * 4 + i * 2 + e] * alpha[i]
-            # P (unnormalised) as wgmma's A, this warpgroup's 64 rows
-            for nb in T.unroll(KB // 8):
-                for i in T.unroll(2):
-                    for e in T.vectorized(2):
-                        smem[P_OFF + tiled(QB, wg * 64 + w * 16 + lane // 4 + 8 * i, nb)
-                             + (lane % 4) * 2 + e] = T.Cast(in_dtype, acc_s[nb * 4 + i * 2 + e])
-            T.ptx["fence.proxy.async.shared::cta"]()
-            T.evaluate(named_barrier_sync(WARPGROUP_BARRIERS + wg, 128))
-            # O_acc += P V
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
-                                                  smem.ptr_to([P_OFF + wg * 64 * ATOM]),
-                                                  KM_LBO, KM_SBO, SWIZZLE_128B)
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
-                                                  smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
-                                                  V_LBO, V_SBO, SWIZZLE_128B)
-            T.ptx.wgmma.fence.sync.aligned()
-            for kk in T.unroll(KB // 16):
-                T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
-                               desc_a[0] + k_step(QB, kk), desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8),
-                               True, 1, 1, 0, 1)
+            if p_in_registers:
+                # O_acc += P V with P as wgmma's register A: k16 step kk takes the scores of keys
+                # 16kk .. 16kk+15, rows r and r+8, as four f16x2 / bf16x2 pairs
+                for kk in T.unroll(KB // 16):
+                    for a in T.unroll(4):
+                        T.ptx[pack_pair](p_regs[kk * 4 + a], acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2 + 1],
+                                         acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2])
+                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
+                                                      smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
+                                                      V_LBO, V_SBO, SWIZZLE_128B)
+                T.ptx.wgmma.fence.sync.aligned()
+                for kk in T.unroll(KB // 16):
+                    T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)], *[p_regs[kk * 4 + a] for a in range(4)],
+                                   desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8), True, 1, 1, 1)
+            else:
+                # P (unnormalised) as wgmma's A in shared memory, this warpgroup's 64 rows
+                for nb in T.unroll(KB // 8):
+                    for i in T.unroll(2):
+                        for e in T.vectorized(2):
+                            smem[P_OFF + tiled(QB, wg * 64 + w * 16 + lane // 4 + 8 * i, nb)
+                                 + (lane % 4) * 2 + e] = T.Cast(in_dtype, acc_s[nb * 4 + i * 2 + e])
+                T.ptx["fence.proxy.async.shared::cta"]()
+                T.evaluate(named_barrier_sync(WARPGROUP_BARRIERS + wg, 128))
+                # O_acc += P V
+                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
+                                                      smem.ptr_to([P_OFF + wg * 64 * ATOM]),
+                                                      KM_LBO, KM_SBO, SWIZZLE_128B)
+                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
+                                                      smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
+                                                      V_LBO, V_SBO, SWIZZLE_128B)
+                T.ptx.wgmma.fence.sync.aligned()
+                for kk in T.unroll(KB // 16):
+                    T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
+                                   desc_a[0] + k_step(QB, kk), desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8),
+                                   True, 1, 1, 0, 1)
             T.ptx.wgmma.commit_group.sync.aligned()
             T.ptx.wgmma.wait_group.sync.aligned(0)
         # SWrite: O / l (0 for a row without an allowed key) -> staged tile over the ring
