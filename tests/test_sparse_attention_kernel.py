@@ -65,27 +65,41 @@ def test_signature(pattern, inputs):
     assert (sq.same_as(sk)) == bool(pattern.global_tokens or pattern.documents)
 
 
-@pytest.mark.parametrize("pattern,head_dim,key_block,dtype,p_in_registers", [
-    (BOOL, 64, 64, "float16", False),
-    (BOOL, 128, 64, "bfloat16", False),
-    (AttentionPattern(causal=True), 64, 128, "float16", False),
-    (AttentionPattern(mask="additive", causal=True), 128, 128, "float16", False),
-    (AttentionPattern(window=256, global_tokens=True), 64, 64, "bfloat16", False),
-    (AttentionPattern(documents=True, causal=True), 128, 64, "bfloat16", True),
+#: the kernel's forms: P through shared memory (all threads copy), P in registers, and P in
+#: registers with a loader warpgroup filling the ring
+VARIANTS = {"p_smem": {}, "p_regs": {"p_in_registers": True},
+            "ws": {"p_in_registers": True, "warp_specialized": True}}
+
+
+@pytest.mark.parametrize("pattern,head_dim,key_block,dtype,variant", [
+    (BOOL, 64, 64, "float16", "p_smem"),
+    (BOOL, 128, 64, "bfloat16", "p_smem"),
+    (AttentionPattern(causal=True), 64, 128, "float16", "p_smem"),
+    (AttentionPattern(mask="additive", causal=True), 128, 128, "float16", "p_smem"),
+    (AttentionPattern(window=256, global_tokens=True), 64, 64, "bfloat16", "p_smem"),
+    (AttentionPattern(documents=True, causal=True), 128, 64, "bfloat16", "p_regs"),
+    (BOOL, 128, 128, "float16", "ws"),
+    (AttentionPattern(window=256, global_tokens=True), 64, 128, "float16", "ws"),
 ])
-def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, p_in_registers):
+def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, variant):
     """wgmma for Q K^T (n = key block) and P V (n = head dim; P from shared memory or from
-    registers), the K / V ring by cp.async; ptxas keeps the wgmma asynchronous (no C7515) and
-    spills nothing."""
+    registers), the K / V ring by cp.async (a loader warpgroup's, with the ring's mbarriers);
+    ptxas keeps the wgmma asynchronous (no C7515) and spills nothing."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, p_in_registers=p_in_registers)
+    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, **VARIANTS[variant])
     src = cuda_sources(build(tvm.IRModule({"main": f}), TARGET))[0]
     assert f"m64n{key_block}k16" in src and f"m64n{head_dim}k16" in src
     assert "cp_async" in src and "exp2f" in src
-    assert ("wgmma_" + ("f16" if dtype == "float16" else "bf16") + "_rs_" in src) == p_in_registers
+    assert ("wgmma_" + ("f16" if dtype == "float16" else "bf16") + "_rs_" in src) == (variant != "p_smem")
+    assert ("mbarrier_arrive_noinc" in src) == (variant == "ws")
     log = ptxas_log(src, "sm_90a")
     assert "0 bytes spill stores" in log and "C7515" not in log, log[-2000:]
+
+
+def test_warp_specialized_needs_p_in_registers():
+    with pytest.raises(ValueError, match="p_in_registers"):
+        block_sparse_attention_func(64, BOOL, "float16", 64, warp_specialized=True)
 
 
 def test_op_takes_the_kernel_on_sm90a():
@@ -128,11 +142,11 @@ def _block_mask(rng, b, mh, sq, sk, key_block, density=0.4, partial=0.5):
     return mask
 
 
-def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, p_in_registers=False, **inputs):
+def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, variant="p_smem", **inputs):
     """the kernel's output for (q, k, v) and the pattern's inputs, with the index of the numpy
     reference unless ``index`` is given"""
     counts, ids, partial = index or reference_attention_block_index(pattern, q.shape, k.shape, key_block, **inputs)
-    f = _built(pattern, head_dim, key_block, dtype, p_in_registers)
+    f = _built(pattern, head_dim, key_block, dtype, variant)
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full(q.shape, 7, np.float32).astype(q.dtype), dev)
     args = [q, k, v, counts, ids, partial] + [inputs[n] for n in pattern.inputs]
@@ -141,8 +155,8 @@ def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, p_in_register
 
 
 @functools.lru_cache(maxsize=None)
-def _built(pattern, head_dim, key_block, dtype, p_in_registers):
-    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, p_in_registers=p_in_registers)
+def _built(pattern, head_dim, key_block, dtype, variant):
+    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, **VARIANTS[variant])
     return build(tvm.IRModule({"main": f}), TARGET)["main"]
 
 
@@ -152,35 +166,37 @@ def _check(got, ref, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("p_in_registers", [False, True], ids=["p_smem", "p_regs"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("head_dim,key_block", [(64, 64), (64, 128), (128, 64), (128, 128)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("sq,sk,mask_heads", [(384, 384, 1), (300, 200, 3)])
-def test_gpu_random_block_mask(head_dim, key_block, dtype, sq, sk, mask_heads, p_in_registers):
+def test_gpu_random_block_mask(head_dim, key_block, dtype, sq, sk, mask_heads, variant):
     """random block masks (full and partial blocks, empty rows, an empty query block), tails
-    on both axes, one mask for all heads or one a head; P through shared memory or registers"""
+    on both axes, one mask for all heads or one a head; every form of the kernel"""
     b, h = 2, 3
     rng = np.random.default_rng(head_dim + key_block + sq + mask_heads)
     q, k, v = _inputs(rng, b, h, sq, sk, head_dim, dtype)
     mask = _block_mask(rng, b, mask_heads, sq, sk, key_block)
-    got = _run(BOOL, q, k, v, head_dim, key_block, dtype, p_in_registers=p_in_registers, mask=mask)
+    got = _run(BOOL, q, k, v, head_dim, key_block, dtype, variant=variant, mask=mask)
     _check(got, reference_sparse_attention(q, k, v, BOOL, mask=mask), dtype)
     assert np.all(got[:, :, 3::17] == 0)             # rows with no allowed key give 0
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("head_dim,key_block,seq", [(64, 64, 333), (128, 128, 512), (128, 64, 130)])
-def test_gpu_causal(head_dim, key_block, seq):
+def test_gpu_causal(head_dim, key_block, seq, variant):
     pattern = AttentionPattern(causal=True)
     rng = np.random.default_rng(seq)
     q, k, v = _inputs(rng, 2, 2, seq, seq, head_dim, "float16")
-    _check(_run(pattern, q, k, v, head_dim, key_block, "float16"),
+    _check(_run(pattern, q, k, v, head_dim, key_block, "float16", variant=variant),
            reference_sparse_attention(q, k, v, pattern), "float16")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,key_block,mask_dtype", [(64, 64, "float16"), (128, 128, "float16")])
-def test_gpu_additive_mask(head_dim, key_block, mask_dtype):
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("head_dim,key_block", [(64, 64), (128, 128)])
+def test_gpu_additive_mask(head_dim, key_block, variant):
     """an additive mask: finite biases on allowed keys (added in partial blocks), -inf and
     -1e4 entries (disallowed), zero blocks (full: nothing added), causal on top"""
     pattern = AttentionPattern(mask="additive", causal=True)
@@ -191,30 +207,32 @@ def test_gpu_additive_mask(head_dim, key_block, mask_dtype):
     bias = np.where(rng.random(keep.shape) < 0.3, rng.standard_normal(keep.shape) * 2, 0.0)
     bias[:, :, :, key_block:2 * key_block] = 0.0     # a column of blocks without bias
     mask = np.where(keep, bias, np.where(rng.random(keep.shape) < 0.5, -np.inf, -1e4)).astype(np.float16)
-    got = _run(pattern, q, k, v, head_dim, key_block, "float16", mask=mask)
+    got = _run(pattern, q, k, v, head_dim, key_block, "float16", variant=variant, mask=mask)
     _check(got, reference_sparse_attention(q, k, v, pattern, mask=mask), "float16")
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gpu_longformer_and_documents(head_dim):
+def test_gpu_longformer_and_documents(head_dim, variant):
     """window + global tokens drawn per call; packed documents, causal"""
     b, h, s, key_block = 2, 2, 700, 64
     rng = np.random.default_rng(head_dim + 1)
     q, k, v = _inputs(rng, b, h, s, s, head_dim, "bfloat16")
     longformer = AttentionPattern(window=96, global_tokens=True)
     flags = (rng.random((b, s)) < 0.02).astype(np.int32)
-    got = _run(longformer, q, k, v, head_dim, key_block, "bfloat16", global_flags=flags)
+    got = _run(longformer, q, k, v, head_dim, key_block, "bfloat16", variant=variant, global_flags=flags)
     _check(got, reference_sparse_attention(q, k, v, longformer, global_flags=flags), "bfloat16")
     documents = AttentionPattern(causal=True, documents=True)
     docs = np.stack([np.repeat(np.arange(6), np.diff(np.r_[0, np.sort(rng.choice(np.arange(1, s), 5, False)), s]))
                      for _ in range(b)]).astype(np.int32)
-    got = _run(documents, q, k, v, head_dim, key_block, "bfloat16", doc_ids=docs)
+    got = _run(documents, q, k, v, head_dim, key_block, "bfloat16", variant=variant, doc_ids=docs)
     _check(got, reference_sparse_attention(q, k, v, documents, doc_ids=docs), "bfloat16")
 
 
 @pytest.mark.gpu
-def test_gpu_reads_only_the_index():
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gpu_reads_only_the_index(variant):
     """The kernel visits the listed key blocks only, and applies the predicate only in blocks
     flagged partial: with a listed block dropped from the index, the result is the reference
     with that block's keys masked; with a partial block flagged full, the reference with the
@@ -227,27 +245,27 @@ def test_gpu_reads_only_the_index():
     dropped = mask.copy()
     dropped[:, :, :QUERY_BLOCK, kb:2 * kb] = False                      # block 1 of query block 0
     index = reference_attention_block_index(BOOL, q.shape, k.shape, kb, mask=dropped)
-    got = _run(BOOL, q, k, v, d, kb, "float16", index=index, mask=mask)
+    got = _run(BOOL, q, k, v, d, kb, "float16", index=index, variant=variant, mask=mask)
     _check(got, reference_sparse_attention(q, k, v, BOOL, mask=dropped), "float16")
     counts, ids, partial = reference_attention_block_index(BOOL, q.shape, k.shape, kb, mask=mask)
     assert partial[0, 0, 0, 2] == 1
     partial[:, :, 1, 2] = 0                                             # query block 1: "full"
-    got = _run(BOOL, q, k, v, d, kb, "float16", index=(counts, ids, partial), mask=mask)
+    got = _run(BOOL, q, k, v, d, kb, "float16", index=(counts, ids, partial), variant=variant, mask=mask)
     trusted = mask.copy()
     trusted[:, :, QUERY_BLOCK:, 2 * kb:3 * kb] = True
     _check(got, reference_sparse_attention(q, k, v, BOOL, mask=trusted), "float16")
 
 
 @pytest.mark.gpu
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=24, deadline=None)
 @given(b=st.integers(1, 3), h=st.integers(1, 3), sq=st.integers(1, 600), sk=st.integers(1, 600),
-       density=st.floats(0.0, 1.0), seed=st.integers(0, 2**16))
-def test_gpu_fuzz_shapes(b, h, sq, sk, density, seed):
-    """any B, H, Sq, Sk (one build: they are symbolic) and block density"""
+       density=st.floats(0.0, 1.0), seed=st.integers(0, 2**16), variant=st.sampled_from(list(VARIANTS)))
+def test_gpu_fuzz_shapes(b, h, sq, sk, density, seed, variant):
+    """any B, H, Sq, Sk (one build a form: they are symbolic) and block density"""
     rng = np.random.default_rng(seed)
     q, k, v = _inputs(rng, b, h, sq, sk, 64, "float16")
     mask = _block_mask(rng, b, 1, sq, sk, 64, density=density)
-    got = _run(BOOL, q, k, v, 64, 64, "float16", mask=mask)
+    got = _run(BOOL, q, k, v, 64, 64, "float16", variant=variant, mask=mask)
     _check(got, reference_sparse_attention(q, k, v, BOOL, mask=mask), "float16")
 
 

@@ -42,14 +42,19 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.schedules.hopper.barriers import WARPGROUP_BARRIERS, named_barrier_sync
 from pit_tvm.ops.sparse_attention import KEY_BLOCKS, QUERY_BLOCK
-from pit_tvm.schedules.hopper.config import TARGET, THREADS
+from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, WARPGROUP_BARRIERS, exit_thread,
+                                               named_barrier_sync)
+from pit_tvm.schedules.hopper.config import CONSUMER_WARPGROUPS, LOADER_THREADS, TARGET, THREADS
 from pit_tvm.schedules.hopper.lowering import lower_tirx
+from pit_tvm.schedules.hopper.operands import Unpacked
+from pit_tvm.schedules.hopper.ring import MbarrierRing
 from pit_tvm.schedules.hopper.smem import PTX_TYPE, SWIZZLE_128B, k_major_strides, mn_major_strides, swizzle_128b
 from pit_tvm.schedules.limits import IN_DTYPES, dtype_bytes, max_smem_bytes
 
@@ -61,6 +66,23 @@ ATOM = 64                      # columns of one 128-byte swizzle atom of fp16 / 
 #: a masked score (log2 domain): finite, so that ``masked - row max`` never makes a NaN
 MASKED = -3.0e38
 LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class ConsumerRegisters(Unpacked):
+    """A consumer thread's registers (local arrays): the scores S and output O_acc fragments,
+    its two rows' running max and sum, the rescale factor, the block's row max, the wgmma
+    descriptors, P packed as wgmma's register A"""
+
+    acc_s: Any
+    acc_o: Any
+    row_max: Any
+    row_sum: Any
+    alpha: Any
+    m_new: Any
+    desc_a: Any
+    desc_b: Any
+    p_regs: Any
 
 
 def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int, p_in_registers: bool = False) -> int:
@@ -88,7 +110,8 @@ def _check(head_dim, in_dtype, key_block, stages, p_in_registers):
 @functools.lru_cache(maxsize=64)
 def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16", key_block: int = 64, *,
                                 scale: float | None = None, mask_dtype: str | None = None,
-                                stages: int = 2, p_in_registers: bool = False) -> tirx.PrimFunc:
+                                stages: int = 2, p_in_registers: bool = False,
+                                warp_specialized: bool = False) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -96,11 +119,15 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     dtype (default ``bool`` for a boolean mask, ``in_dtype`` for an additive one);
     ``stages``: K / V blocks in the ring; ``p_in_registers``: P V takes P from registers
     (wgmma's register-A form: the scores' accumulator fragment is the A fragment) instead of
-    through shared memory.  An additive mask's values are added in partial blocks only: the
+    through shared memory; ``warp_specialized``: a loader warpgroup fills the ring (``ring.py``'s
+    full / empty mbarriers), so that the consumer warpgroups run apart (needs
+    ``p_in_registers``).  An additive mask's values are added in partial blocks only: the
     index marks a block full only where every entry is allowed with bias 0.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     _check(D, in_dtype, KB, int(stages), bool(p_in_registers))
+    if warp_specialized and not p_in_registers:
+        raise ValueError("warp_specialized needs p_in_registers (the consumer warpgroups share no P tile barrier)")
     STAGES = int(stages)
     SCALE2 = (1.0 / math.sqrt(D) if scale is None else float(scale)) * LOG2E
     additive = pattern.mask == "additive"
@@ -125,6 +152,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     pack_pair = f"cvt.rn.{t}x2.f32"             # (hi, lo) fp32 -> one b32 of two halves
     KM_LBO, KM_SBO = k_major_strides(ATOM)      # K-major rows of 128 B (Q, K, P)
     V_LBO, V_SBO = mn_major_strides(KB)         # V as MN-major B: 64-column atoms of KB rows
+    LAUNCH_THREADS = THREADS + (LOADER_THREADS if warp_specialized else 0)
+    ring = MbarrierRing(STAGES)
     masked = tirx.const(MASKED, "float32")
     full = T.uint32(0xFFFFFFFF)
 
@@ -150,12 +179,23 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         return x + T.cuda.__shfl_xor_sync(full, x, 2, 32)
 
     @T.macro
-    def load_block(K, V, b, h, Sk, smem, slot, kblk, tid):
-        """SRead: key block ``kblk``'s KB rows of K and V into ring slot ``slot`` (keys past
-        Sk zero-filled, not read); one cp.async group"""
-        for c in T.unroll(KB * ROW_CHUNKS // THREADS):
-            r = (tid + THREADS * c) // ROW_CHUNKS
-            ch = (tid + THREADS * c) % ROW_CHUNKS
+    def load_q(Q, b, h, qb, Sq, smem, t, threads):
+        """SRead: the query block's 128 rows of Q by ``threads`` copying threads (rows past Sq
+        zero-filled, not read)"""
+        for c in T.unroll(QB * ROW_CHUNKS // threads):
+            r = (t + threads * c) // ROW_CHUNKS
+            ch = (t + threads * c) % ROW_CHUNKS
+            query = qb * QB + r
+            T.evaluate(copy16(smem.ptr_to([Q_OFF + tiled(QB, r, ch)]),
+                              Q.ptr_to([b, h, T.min(query, Sq - 1), ch * 8]), query < Sq))
+
+    @T.macro
+    def load_block(K, V, b, h, Sk, smem, slot, kblk, t, threads):
+        """SRead: key block ``kblk``'s KB rows of K and V into ring slot ``slot`` by ``threads``
+        copying threads (keys past Sk zero-filled, not read)"""
+        for c in T.unroll(KB * ROW_CHUNKS // threads):
+            r = (t + threads * c) // ROW_CHUNKS
+            ch = (t + threads * c) % ROW_CHUNKS
             key = kblk * KB + r
             src_key = T.min(key, Sk - 1)
             T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + tiled(KB, r, ch)]),
@@ -168,11 +208,139 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         return T.Or(partial != 0, (kblk + 1) * KB > Sk)
 
     @T.macro
+    def attend(kblk, partial, slot, b, h, qb, Sq, Sk, buffers, smem, tid, r):
+        """a consumer warpgroup's step on the key block ``kblk`` in ring slot ``slot``: its 64
+        queries' scores, the online softmax, ``O_acc += P V`` (``r``: its registers)"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        wg = tid // 128
+        w = (tid % 128) // 32
+        lane = tid % 32
+        # S = Q K^T: this warpgroup's 64 queries against the block's KB keys
+        for i in T.unroll(ACC_S):
+            acc_s[i] = T.float32(0)
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([Q_OFF + wg * 64 * ATOM]),
+                                              KM_LBO, KM_SBO, SWIZZLE_128B)
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([RING_OFF + slot * SLOT]),
+                                              KM_LBO, KM_SBO, SWIZZLE_128B)
+        T.ptx.wgmma.fence.sync.aligned()
+        for kk in T.unroll(D // 16):
+            T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
+                           desc_a[0] + k_step(QB, kk), desc_b[0] + k_step(KB, kk), True, 1, 1, 0, 0)
+        T.ptx.wgmma.commit_group.sync.aligned()
+        T.ptx.wgmma.wait_group.sync.aligned(0)
+        # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
+        # 8nb + 2(lane%4) (+1) of the block in acc_s[4nb + 2i + e]
+        if needs_predicate(partial, kblk, Sk):
+            # partial (or tail) block: the element predicate, on the fly
+            for nb in T.unroll(KB // 8):
+                for i in T.unroll(2):
+                    for e in T.unroll(2):
+                        query = T.min(qb * QB + wg * 64 + w * 16 + lane // 4 + 8 * i, Sq - 1)
+                        key = kblk * KB + nb * 8 + (lane % 4) * 2 + e
+                        key_c = T.min(key, Sk - 1)
+                        score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
+                        if additive:
+                            score = score + T.float32(LOG2E) * pattern_score_bias(pattern, buffers, b, h,
+                                                                                  query, key_c)
+                        acc_s[nb * 4 + i * 2 + e] = T.Select(
+                            T.And(key < Sk, pattern_predicate(pattern, buffers, b, h, query, key_c)),
+                            T.max(score, masked), masked)
+        else:
+            for i in T.unroll(ACC_S):
+                acc_s[i] = acc_s[i] * T.float32(SCALE2)
+        # online softmax (log2 domain): new running max, the old terms' factor, P
+        for i in T.unroll(2):
+            m_new[0] = row_max[i]
+            for nb in T.unroll(KB // 8):
+                for e in T.unroll(2):
+                    m_new[0] = T.max(m_new[0], acc_s[nb * 4 + i * 2 + e])
+            m_new[0] = quad_max(m_new[0])
+            # every key so far masked: subtract 0, so that masked scores give 2^-3e38 = 0
+            m_use = T.Select(m_new[0] <= masked, T.float32(0), m_new[0])
+            alpha[i] = T.exp2(row_max[i] - m_use)
+            row_max[i] = m_new[0]
+            row_sum[i] = row_sum[i] * alpha[i]
+            for nb in T.unroll(KB // 8):
+                for e in T.unroll(2):
+                    acc_s[nb * 4 + i * 2 + e] = T.exp2(acc_s[nb * 4 + i * 2 + e] - m_use)
+                    row_sum[i] = row_sum[i] + acc_s[nb * 4 + i * 2 + e]
+        for nb in T.unroll(D // 8):
+            for i in T.unroll(2):
+                for e in T.unroll(2):
+                    acc_o[nb * 4 + i * 2 + e] = acc_o[nb * 4 + i * 2 + e] * alpha[i]
+        if p_in_registers:
+            # O_acc += P V with P as wgmma's register A: k16 step kk takes the scores of keys
+            # 16kk .. 16kk+15, rows r and r+8, as four f16x2 / bf16x2 pairs
+            for kk in T.unroll(KB // 16):
+                for a in T.unroll(4):
+                    T.ptx[pack_pair](p_regs[kk * 4 + a], acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2 + 1],
+                                     acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2])
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
+                                                  smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
+                                                  V_LBO, V_SBO, SWIZZLE_128B)
+            T.ptx.wgmma.fence.sync.aligned()
+            for kk in T.unroll(KB // 16):
+                T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)], *[p_regs[kk * 4 + a] for a in range(4)],
+                               desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8), True, 1, 1, 1)
+        else:
+            # P (unnormalised) as wgmma's A in shared memory, this warpgroup's 64 rows
+            for nb in T.unroll(KB // 8):
+                for i in T.unroll(2):
+                    for e in T.vectorized(2):
+                        smem[P_OFF + tiled(QB, wg * 64 + w * 16 + lane // 4 + 8 * i, nb)
+                             + (lane % 4) * 2 + e] = T.Cast(in_dtype, acc_s[nb * 4 + i * 2 + e])
+            T.ptx["fence.proxy.async.shared::cta"]()
+            T.evaluate(named_barrier_sync(WARPGROUP_BARRIERS + wg, 128))
+            # O_acc += P V
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([P_OFF + wg * 64 * ATOM]),
+                                                  KM_LBO, KM_SBO, SWIZZLE_128B)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
+                                                  smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
+                                                  V_LBO, V_SBO, SWIZZLE_128B)
+            T.ptx.wgmma.fence.sync.aligned()
+            for kk in T.unroll(KB // 16):
+                T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
+                               desc_a[0] + k_step(QB, kk), desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8),
+                               True, 1, 1, 0, 1)
+        T.ptx.wgmma.commit_group.sync.aligned()
+        T.ptx.wgmma.wait_group.sync.aligned(0)
+
+    def consumers_sync():
+        """the barrier of the two consumer warpgroups (the loader warpgroup, where there is one,
+        takes no part)"""
+        return named_barrier_sync(CONSUMERS_BARRIER, THREADS) if warp_specialized else T.cuda.cta_sync()
+
+    @T.macro
+    def store_o(O, b, h, qb, Sq, smem, tid, r):
+        """SWrite: O_acc / l (0 for a row without an allowed key) -> the staged [128, D + 8]
+        tile over the ring (every consumer is done with it) -> 16-byte stores of rows < Sq"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        w = (tid % 128) // 32
+        lane = tid % 32
+        T.evaluate(consumers_sync())
+        for i in T.unroll(2):
+            row_sum[i] = quad_sum(row_sum[i])
+        for nb in T.unroll(D // 8):
+            for i in T.unroll(2):
+                for e in T.vectorized(2):
+                    smem[RING_OFF + (tid // 128 * 64 + w * 16 + lane // 4 + 8 * i) * O_ROW + nb * 8
+                         + (lane % 4) * 2 + e] = T.Cast(in_dtype, T.if_then_else(
+                             row_sum[i] > T.float32(0), acc_o[nb * 4 + i * 2 + e] / row_sum[i], T.float32(0)))
+        T.evaluate(consumers_sync())
+        for c in T.unroll(QB * ROW_CHUNKS // THREADS):
+            row = (tid + THREADS * c) // ROW_CHUNKS
+            ch = (tid + THREADS * c) % ROW_CHUNKS
+            if qb * QB + row < Sq:
+                for e in T.vectorized(8):
+                    O[b, h, qb * QB + row, ch * 8 + e] = smem[RING_OFF + row * O_ROW + ch * 8 + e]
+
+    @T.macro
     def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, O, B, H, HG, Sq, Sk):
         T.device_entry()
         qb, h, b = T.cta_id([(Sq + QB - 1) // QB, H, B])
-        tid = T.thread_id([THREADS])
+        tid = T.thread_id([LAUNCH_THREADS])
         smem = T.alloc_buffer([SMEM_ELEMS], in_dtype, scope="shared.dyn", align=1024)
+        bars = T.alloc_buffer([2 * STAGES + 1 if warp_specialized else 1], "uint64", scope="shared", align=8)
         acc_s = T.alloc_local([ACC_S], "float32")
         acc_o = T.alloc_local([ACC_O], "float32")
         row_max = T.alloc_local([2], "float32")    # running max (log2 domain) of rows i = 0, 1
@@ -182,151 +350,59 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
         p_regs = T.alloc_local([KB // 4 if p_in_registers else 1], "uint32")   # P as wgmma's register A
-        wg = tid // 128
-        w = (tid % 128) // 32
-        lane = tid % 32
+        r = T.meta_var(ConsumerRegisters(acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs))
         hg = T.min(h, HG - 1)
         count = COUNTS[b, hg, qb]
-        # SRead: the query block (rows past Sq zero-filled), its own cp.async group
-        for c in T.unroll(QB * ROW_CHUNKS // THREADS):
-            r = (tid + THREADS * c) // ROW_CHUNKS
-            ch = (tid + THREADS * c) % ROW_CHUNKS
-            query = qb * QB + r
-            T.evaluate(copy16(smem.ptr_to([Q_OFF + tiled(QB, r, ch)]),
-                              Q.ptr_to([b, h, T.min(query, Sq - 1), ch * 8]), query < Sq))
-        T.ptx["cp.async.commit_group"]()
-        # prologue: listed blocks 0 .. STAGES-2, one group each (empty groups past the count)
-        for j in T.unroll(STAGES - 1):
-            if j < count:
-                load_block(K, V, b, h, Sk, smem, j, IDS[b, hg, qb, j], tid)
-            T.ptx["cp.async.commit_group"]()
         for i in T.unroll(ACC_O):
             acc_o[i] = T.float32(0)
         for i in T.unroll(2):
             row_max[i] = masked
             row_sum[i] = T.float32(0)
-        for j in T.serial(count):
-            kblk = IDS[b, hg, qb, j]
-            slot = j % STAGES
-            # block j landed (this thread's copies, then everyone's); every warpgroup is
-            # past block j-1's wgmma, so its slot may be refilled
-            T.ptx["cp.async.wait_group"](STAGES - 2)
-            T.ptx["fence.proxy.async.shared::cta"]()
+        if warp_specialized:
+            # full[s] (bars[s]): the loader's 128 threads' copies of the slot landed; empty[s]
+            # (bars[STAGES + s]): both consumer warpgroups are done with it; bars[2 STAGES]: Q
+            if tid == 0:
+                ring.init(bars, LOADER_THREADS, CONSUMER_WARPGROUPS)
+                T.ptx.mbarrier.init.shared.b64(bars.ptr_to([2 * STAGES]), T.uint32(LOADER_THREADS))
             T.cuda.cta_sync()
-            if j + STAGES - 1 < count:
-                load_block(K, V, b, h, Sk, smem, (j + STAGES - 1) % STAGES, IDS[b, hg, qb, j + STAGES - 1],
-                           tid)
-            T.ptx["cp.async.commit_group"]()
-            # S = Q K^T: this warpgroup's 64 queries against the block's KB keys
-            for i in T.unroll(ACC_S):
-                acc_s[i] = T.float32(0)
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
-                                                  smem.ptr_to([Q_OFF + wg * 64 * ATOM]),
-                                                  KM_LBO, KM_SBO, SWIZZLE_128B)
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
-                                                  smem.ptr_to([RING_OFF + slot * SLOT]),
-                                                  KM_LBO, KM_SBO, SWIZZLE_128B)
-            T.ptx.wgmma.fence.sync.aligned()
-            for kk in T.unroll(D // 16):
-                T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
-                               desc_a[0] + k_step(QB, kk), desc_b[0] + k_step(KB, kk), True, 1, 1, 0, 0)
-            T.ptx.wgmma.commit_group.sync.aligned()
-            T.ptx.wgmma.wait_group.sync.aligned(0)
-            # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
-            # 8nb + 2(lane%4) (+1) of the block in acc_s[4nb + 2i + e]
-            if needs_predicate(PARTIAL[b, hg, qb, j], kblk, Sk):
-                # partial (or tail) block: the element predicate, on the fly
-                for nb in T.unroll(KB // 8):
-                    for i in T.unroll(2):
-                        for e in T.unroll(2):
-                            query = T.min(qb * QB + wg * 64 + w * 16 + lane // 4 + 8 * i, Sq - 1)
-                            key = kblk * KB + nb * 8 + (lane % 4) * 2 + e
-                            key_c = T.min(key, Sk - 1)
-                            score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
-                            if additive:
-                                score = score + T.float32(LOG2E) * pattern_score_bias(pattern, buffers, b, h,
-                                                                                      query, key_c)
-                            acc_s[nb * 4 + i * 2 + e] = T.Select(
-                                T.And(key < Sk, pattern_predicate(pattern, buffers, b, h, query, key_c)),
-                                T.max(score, masked), masked)
-            else:
-                for i in T.unroll(ACC_S):
-                    acc_s[i] = acc_s[i] * T.float32(SCALE2)
-            # online softmax (log2 domain): new running max, the old terms' factor, P
-            for i in T.unroll(2):
-                m_new[0] = row_max[i]
-                for nb in T.unroll(KB // 8):
-                    for e in T.unroll(2):
-                        m_new[0] = T.max(m_new[0], acc_s[nb * 4 + i * 2 + e])
-                m_new[0] = quad_max(m_new[0])
-                # every key so far masked: subtract 0, so that masked scores give 2^-3e38 = 0
-                m_use = T.Select(m_new[0] <= masked, T.float32(0), m_new[0])
-                alpha[i] = T.exp2(row_max[i] - m_use)
-                row_max[i] = m_new[0]
-                row_sum[i] = row_sum[i] * alpha[i]
-                for nb in T.unroll(KB // 8):
-                    for e in T.unroll(2):
-                        acc_s[nb * 4 + i * 2 + e] = T.exp2(acc_s[nb * 4 + i * 2 + e] - m_use)
-                        row_sum[i] = row_sum[i] + acc_s[nb * 4 + i * 2 + e]
-            for nb in T.unroll(D // 8):
-                for i in T.unroll(2):
-                    for e in T.unroll(2):
-                        acc_o[nb * 4 + i * 2 + e] = acc_o[nb * 4 + i * 2 + e] * alpha[i]
-            if p_in_registers:
-                # O_acc += P V with P as wgmma's register A: k16 step kk takes the scores of keys
-                # 16kk .. 16kk+15, rows r and r+8, as four f16x2 / bf16x2 pairs
-                for kk in T.unroll(KB // 16):
-                    for a in T.unroll(4):
-                        T.ptx[pack_pair](p_regs[kk * 4 + a], acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2 + 1],
-                                         acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2])
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
-                                                      smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
-                                                      V_LBO, V_SBO, SWIZZLE_128B)
-                T.ptx.wgmma.fence.sync.aligned()
-                for kk in T.unroll(KB // 16):
-                    T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)], *[p_regs[kk * 4 + a] for a in range(4)],
-                                   desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8), True, 1, 1, 1)
-            else:
-                # P (unnormalised) as wgmma's A in shared memory, this warpgroup's 64 rows
-                for nb in T.unroll(KB // 8):
-                    for i in T.unroll(2):
-                        for e in T.vectorized(2):
-                            smem[P_OFF + tiled(QB, wg * 64 + w * 16 + lane // 4 + 8 * i, nb)
-                                 + (lane % 4) * 2 + e] = T.Cast(in_dtype, acc_s[nb * 4 + i * 2 + e])
+            if tid >= THREADS:
+                # the loader warpgroup: Q, then each listed block once its slot is free
+                load_q(Q, b, h, qb, Sq, smem, tid - THREADS, LOADER_THREADS)
+                T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([2 * STAGES]))
+                for j in T.serial(count):
+                    ring.acquire(bars, j % STAGES, j)
+                    load_block(K, V, b, h, Sk, smem, j % STAGES, IDS[b, hg, qb, j], tid - THREADS, LOADER_THREADS)
+                    ring.arrive_on_copies(bars, j % STAGES)
+                T.evaluate(exit_thread())
+            T.cuda.mbarrier_wait(bars.ptr_to([2 * STAGES]), 0)
+            for j in T.serial(count):
+                ring.wait_full(bars, j % STAGES, j)
+                # (cp.async wrote through the generic proxy; wgmma reads through the async one)
                 T.ptx["fence.proxy.async.shared::cta"]()
-                T.evaluate(named_barrier_sync(WARPGROUP_BARRIERS + wg, 128))
-                # O_acc += P V
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]),
-                                                      smem.ptr_to([P_OFF + wg * 64 * ATOM]),
-                                                      KM_LBO, KM_SBO, SWIZZLE_128B)
-                T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
-                                                      smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
-                                                      V_LBO, V_SBO, SWIZZLE_128B)
-                T.ptx.wgmma.fence.sync.aligned()
-                for kk in T.unroll(KB // 16):
-                    T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
-                                   desc_a[0] + k_step(QB, kk), desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8),
-                                   True, 1, 1, 0, 1)
-            T.ptx.wgmma.commit_group.sync.aligned()
-            T.ptx.wgmma.wait_group.sync.aligned(0)
-        # SWrite: O / l (0 for a row without an allowed key) -> staged tile over the ring
-        T.ptx["cp.async.wait_group"](0)
-        T.cuda.cta_sync()
-        for i in T.unroll(2):
-            row_sum[i] = quad_sum(row_sum[i])
-        for nb in T.unroll(D // 8):
-            for i in T.unroll(2):
-                for e in T.vectorized(2):
-                    smem[RING_OFF + (wg * 64 + w * 16 + lane // 4 + 8 * i) * O_ROW + nb * 8 + (lane % 4) * 2 + e] = \
-                        T.Cast(in_dtype, T.if_then_else(row_sum[i] > T.float32(0),
-                                                        acc_o[nb * 4 + i * 2 + e] / row_sum[i], T.float32(0)))
-        T.cuda.cta_sync()
-        for c in T.unroll(QB * ROW_CHUNKS // THREADS):
-            r = (tid + THREADS * c) // ROW_CHUNKS
-            ch = (tid + THREADS * c) % ROW_CHUNKS
-            if qb * QB + r < Sq:
-                for e in T.vectorized(8):
-                    O[b, h, qb * QB + r, ch * 8 + e] = smem[RING_OFF + r * O_ROW + ch * 8 + e]
+                attend(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], j % STAGES, b, h, qb, Sq, Sk, buffers, smem, tid, r)
+                ring.release(bars, j + 1, tid)      # (the slot of block j: release takes q - 1)
+        else:
+            # every thread copies: Q, then the first STAGES - 1 listed blocks, one group each
+            # (empty groups past the count)
+            load_q(Q, b, h, qb, Sq, smem, tid, THREADS)
+            T.ptx["cp.async.commit_group"]()
+            for j in T.unroll(STAGES - 1):
+                if j < count:
+                    load_block(K, V, b, h, Sk, smem, j, IDS[b, hg, qb, j], tid, THREADS)
+                T.ptx["cp.async.commit_group"]()
+            for j in T.serial(count):
+                # block j landed (this thread's copies, then everyone's); every warpgroup is
+                # past block j-1's wgmma, so its slot may be refilled
+                T.ptx["cp.async.wait_group"](STAGES - 2)
+                T.ptx["fence.proxy.async.shared::cta"]()
+                T.cuda.cta_sync()
+                if j + STAGES - 1 < count:
+                    load_block(K, V, b, h, Sk, smem, (j + STAGES - 1) % STAGES, IDS[b, hg, qb, j + STAGES - 1],
+                               tid, THREADS)
+                T.ptx["cp.async.commit_group"]()
+                attend(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], j % STAGES, b, h, qb, Sq, Sk, buffers, smem, tid, r)
+            T.ptx["cp.async.wait_group"](0)
+        store_o(O, b, h, qb, Sq, smem, tid, r)
 
     func = _signature(body, D, KB, in_dtype, mask_dtype, inputs)
     name = (f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}"
