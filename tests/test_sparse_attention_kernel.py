@@ -65,10 +65,12 @@ def test_signature(pattern, inputs):
     assert (sq.same_as(sk)) == bool(pattern.global_tokens or pattern.documents)
 
 
-#: the kernel's forms: P through shared memory (all threads copy), P in registers, and P in
-#: registers with a loader warpgroup filling the ring
+#: the kernel's forms: P through shared memory (all threads copy), P in registers, P in
+#: registers with a loader warpgroup filling the ring, and that with a block's softmax
+#: overlapping the previous block's P V (key block 64 only)
 VARIANTS = {"p_smem": {}, "p_regs": {"p_in_registers": True},
-            "ws": {"p_in_registers": True, "warp_specialized": True}}
+            "ws": {"p_in_registers": True, "warp_specialized": True},
+            "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "stages": 3}}
 
 
 @pytest.mark.parametrize("pattern,head_dim,key_block,dtype,variant", [
@@ -80,6 +82,7 @@ VARIANTS = {"p_smem": {}, "p_regs": {"p_in_registers": True},
     (AttentionPattern(documents=True, causal=True), 128, 64, "bfloat16", "p_regs"),
     (BOOL, 128, 128, "float16", "ws"),
     (AttentionPattern(window=256, global_tokens=True), 64, 128, "float16", "ws"),
+    (AttentionPattern(mask="additive", causal=True), 128, 64, "bfloat16", "ws_overlap"),
 ])
 def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, variant):
     """wgmma for Q K^T (n = key block) and P V (n = head dim; P from shared memory or from
@@ -92,14 +95,18 @@ def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, varia
     assert f"m64n{key_block}k16" in src and f"m64n{head_dim}k16" in src
     assert "cp_async" in src and "exp2f" in src
     assert ("wgmma_" + ("f16" if dtype == "float16" else "bf16") + "_rs_" in src) == (variant != "p_smem")
-    assert ("mbarrier_arrive_noinc" in src) == (variant == "ws")
+    assert ("mbarrier_arrive_noinc" in src) == variant.startswith("ws")
     log = ptxas_log(src, "sm_90a")
     assert "0 bytes spill stores" in log and "C7515" not in log, log[-2000:]
 
 
-def test_warp_specialized_needs_p_in_registers():
+def test_form_arguments_checked():
     with pytest.raises(ValueError, match="p_in_registers"):
         block_sparse_attention_func(64, BOOL, "float16", 64, warp_specialized=True)
+    with pytest.raises(ValueError, match="warp_specialized"):
+        block_sparse_attention_func(64, BOOL, "float16", 64, p_in_registers=True, overlap=True)
+    with pytest.raises(ValueError, match="key_block 64"):
+        block_sparse_attention_func(64, BOOL, "float16", 128, **VARIANTS["ws_overlap"])
 
 
 def test_op_takes_the_kernel_on_sm90a():
@@ -156,6 +163,8 @@ def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, variant="p_sm
 
 @functools.lru_cache(maxsize=None)
 def _built(pattern, head_dim, key_block, dtype, variant):
+    if variant == "ws_overlap" and key_block != 64:
+        pytest.skip("overlap takes key block 64")
     f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, **VARIANTS[variant])
     return build(tvm.IRModule({"main": f}), TARGET)["main"]
 

@@ -111,7 +111,7 @@ def _check(head_dim, in_dtype, key_block, stages, p_in_registers):
 def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16", key_block: int = 64, *,
                                 scale: float | None = None, mask_dtype: str | None = None,
                                 stages: int = 2, p_in_registers: bool = False,
-                                warp_specialized: bool = False) -> tirx.PrimFunc:
+                                warp_specialized: bool = False, overlap: bool = False) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -121,13 +121,18 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     (wgmma's register-A form: the scores' accumulator fragment is the A fragment) instead of
     through shared memory; ``warp_specialized``: a loader warpgroup fills the ring (``ring.py``'s
     full / empty mbarriers), so that the consumer warpgroups run apart (needs
-    ``p_in_registers``).  An additive mask's values are added in partial blocks only: the
+    ``p_in_registers``); ``overlap`` (with ``warp_specialized``): a block's softmax runs while
+    the previous block's P V is in flight.  An additive mask's values are added in partial blocks only: the
     index marks a block full only where every entry is allowed with bias 0.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     _check(D, in_dtype, KB, int(stages), bool(p_in_registers))
     if warp_specialized and not p_in_registers:
         raise ValueError("warp_specialized needs p_in_registers (the consumer warpgroups share no P tile barrier)")
+    if overlap and not warp_specialized:
+        raise ValueError("overlap needs warp_specialized (the all-threads loop syncs the CTA every block)")
+    if overlap and key_block != 64:
+        raise ValueError("overlap takes key_block 64 (at 128 the second block's scores spill: 168 registers)")
     STAGES = int(stages)
     SCALE2 = (1.0 / math.sqrt(D) if scale is None else float(scale)) * LOG2E
     additive = pattern.mask == "additive"
@@ -208,17 +213,13 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         return T.Or(partial != 0, (kblk + 1) * KB > Sk)
 
     @T.macro
-    def attend(kblk, partial, slot, b, h, qb, Sq, Sk, buffers, smem, tid, r):
-        """a consumer warpgroup's step on the key block ``kblk`` in ring slot ``slot``: its 64
-        queries' scores, the online softmax, ``O_acc += P V`` (``r``: its registers)"""
+    def issue_qk(slot, smem, tid, r):
+        """S = Q K^T, this warpgroup's 64 queries against the block in ring slot ``slot``: D/16
+        wgmma, one commit group (not waited for)"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
-        wg = tid // 128
-        w = (tid % 128) // 32
-        lane = tid % 32
-        # S = Q K^T: this warpgroup's 64 queries against the block's KB keys
         for i in T.unroll(ACC_S):
             acc_s[i] = T.float32(0)
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([Q_OFF + wg * 64 * ATOM]),
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([Q_OFF + tid // 128 * 64 * ATOM]),
                                               KM_LBO, KM_SBO, SWIZZLE_128B)
         T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([RING_OFF + slot * SLOT]),
                                               KM_LBO, KM_SBO, SWIZZLE_128B)
@@ -227,7 +228,15 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
                            desc_a[0] + k_step(QB, kk), desc_b[0] + k_step(KB, kk), True, 1, 1, 0, 0)
         T.ptx.wgmma.commit_group.sync.aligned()
-        T.ptx.wgmma.wait_group.sync.aligned(0)
+
+    @T.macro
+    def softmax_step(kblk, partial, b, h, qb, Sq, Sk, buffers, tid, r):
+        """the scores of key block ``kblk`` (its element predicate where ``partial`` or the tail
+        block) -> P = 2^(S - running max) in acc_s, the running max and sum, and ``alpha``, the
+        factor O_acc takes before this block's P V"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        w = (tid % 128) // 32
+        lane = tid % 32
         # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
         # 8nb + 2(lane%4) (+1) of the block in acc_s[4nb + 2i + e]
         if needs_predicate(partial, kblk, Sk):
@@ -235,7 +244,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             for nb in T.unroll(KB // 8):
                 for i in T.unroll(2):
                     for e in T.unroll(2):
-                        query = T.min(qb * QB + wg * 64 + w * 16 + lane // 4 + 8 * i, Sq - 1)
+                        query = T.min(qb * QB + tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, Sq - 1)
                         key = kblk * KB + nb * 8 + (lane % 4) * 2 + e
                         key_c = T.min(key, Sk - 1)
                         score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
@@ -264,17 +273,33 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 for e in T.unroll(2):
                     acc_s[nb * 4 + i * 2 + e] = T.exp2(acc_s[nb * 4 + i * 2 + e] - m_use)
                     row_sum[i] = row_sum[i] + acc_s[nb * 4 + i * 2 + e]
+
+    @T.macro
+    def rescale_o(r):
+        """O_acc *= alpha (its rows'), before the block's P V adds to it"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
         for nb in T.unroll(D // 8):
             for i in T.unroll(2):
                 for e in T.unroll(2):
                     acc_o[nb * 4 + i * 2 + e] = acc_o[nb * 4 + i * 2 + e] * alpha[i]
+
+    @T.macro
+    def pack_p(r):
+        """P as wgmma's register A: k16 step kk takes the scores of keys 16kk .. 16kk+15, rows r
+        and r+8 (accumulator column blocks 2kk, 2kk+1), as four f16x2 / bf16x2 pairs"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        for kk in T.unroll(KB // 16):
+            for a in T.unroll(4):
+                T.ptx[pack_pair](p_regs[kk * 4 + a], acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2 + 1],
+                                 acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2])
+
+    @T.macro
+    def issue_pv(slot, smem, tid, r):
+        """O_acc += P V for the block in ring slot ``slot``: KB/16 wgmma, one commit group (not
+        waited for); P from registers (``pack_p``), or first written to shared memory"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        wg = tid // 128
         if p_in_registers:
-            # O_acc += P V with P as wgmma's register A: k16 step kk takes the scores of keys
-            # 16kk .. 16kk+15, rows r and r+8, as four f16x2 / bf16x2 pairs
-            for kk in T.unroll(KB // 16):
-                for a in T.unroll(4):
-                    T.ptx[pack_pair](p_regs[kk * 4 + a], acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2 + 1],
-                                     acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2])
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
                                                   smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
                                                   V_LBO, V_SBO, SWIZZLE_128B)
@@ -284,6 +309,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8), True, 1, 1, 1)
         else:
             # P (unnormalised) as wgmma's A in shared memory, this warpgroup's 64 rows
+            w = (tid % 128) // 32
+            lane = tid % 32
             for nb in T.unroll(KB // 8):
                 for i in T.unroll(2):
                     for e in T.vectorized(2):
@@ -291,7 +318,6 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                              + (lane % 4) * 2 + e] = T.Cast(in_dtype, acc_s[nb * 4 + i * 2 + e])
             T.ptx["fence.proxy.async.shared::cta"]()
             T.evaluate(named_barrier_sync(WARPGROUP_BARRIERS + wg, 128))
-            # O_acc += P V
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([P_OFF + wg * 64 * ATOM]),
                                                   KM_LBO, KM_SBO, SWIZZLE_128B)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
@@ -303,6 +329,18 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                desc_a[0] + k_step(QB, kk), desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8),
                                True, 1, 1, 0, 1)
         T.ptx.wgmma.commit_group.sync.aligned()
+
+    @T.macro
+    def attend(kblk, partial, slot, b, h, qb, Sq, Sk, buffers, smem, tid, r):
+        """a consumer warpgroup's step on the key block ``kblk`` in ring slot ``slot``, in
+        order: its 64 queries' scores, the online softmax, ``O_acc += P V``"""
+        issue_qk(slot, smem, tid, r)
+        T.ptx.wgmma.wait_group.sync.aligned(0)
+        softmax_step(kblk, partial, b, h, qb, Sq, Sk, buffers, tid, r)
+        rescale_o(r)
+        if p_in_registers:
+            pack_p(r)
+        issue_pv(slot, smem, tid, r)
         T.ptx.wgmma.wait_group.sync.aligned(0)
 
     def consumers_sync():
@@ -375,12 +413,38 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     ring.arrive_on_copies(bars, j % STAGES)
                 T.evaluate(exit_thread())
             T.cuda.mbarrier_wait(bars.ptr_to([2 * STAGES]), 0)
-            for j in T.serial(count):
-                ring.wait_full(bars, j % STAGES, j)
-                # (cp.async wrote through the generic proxy; wgmma reads through the async one)
-                T.ptx["fence.proxy.async.shared::cta"]()
-                attend(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], j % STAGES, b, h, qb, Sq, Sk, buffers, smem, tid, r)
-                ring.release(bars, j + 1, tid)      # (the slot of block j: release takes q - 1)
+            if overlap:
+                # block j's scores and softmax while block j-1's P V runs (FA3's intra-warpgroup
+                # overlap): S_j's wgmma, then P_{j-1} V's; the softmax once S_j is in; O_acc's
+                # rescale and P_j's packing once P_{j-1} V retired (it reads both)
+                if count > 0:
+                    ring.wait_full(bars, 0, 0)
+                    T.ptx["fence.proxy.async.shared::cta"]()
+                    issue_qk(0, smem, tid, r)
+                    T.ptx.wgmma.wait_group.sync.aligned(0)
+                    softmax_step(IDS[b, hg, qb, 0], PARTIAL[b, hg, qb, 0], b, h, qb, Sq, Sk, buffers, tid, r)
+                    pack_p(r)
+                    for j in T.serial(1, count):
+                        ring.wait_full(bars, j % STAGES, j)
+                        T.ptx["fence.proxy.async.shared::cta"]()
+                        issue_qk(j % STAGES, smem, tid, r)
+                        issue_pv((j - 1) % STAGES, smem, tid, r)
+                        T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
+                        softmax_step(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], b, h, qb, Sq, Sk, buffers, tid, r)
+                        T.ptx.wgmma.wait_group.sync.aligned(0)          # P_{j-1} V retired
+                        ring.release(bars, j, tid)      # (the slot of block j-1: release takes q - 1)
+                        rescale_o(r)
+                        pack_p(r)
+                    issue_pv((count - 1) % STAGES, smem, tid, r)
+                    T.ptx.wgmma.wait_group.sync.aligned(0)
+            else:
+                for j in T.serial(count):
+                    ring.wait_full(bars, j % STAGES, j)
+                    # (cp.async wrote through the generic proxy; wgmma reads through the async one)
+                    T.ptx["fence.proxy.async.shared::cta"]()
+                    attend(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], j % STAGES, b, h, qb, Sq, Sk, buffers, smem,
+                           tid, r)
+                    ring.release(bars, j + 1, tid)      # (the slot of block j: release takes q - 1)
         else:
             # every thread copies: Q, then the first STAGES - 1 listed blocks, one group each
             # (empty groups past the count)
