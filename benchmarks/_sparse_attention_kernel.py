@@ -23,8 +23,9 @@ from pit_tvm.target import build  # noqa: E402
 #: the kernel's forms: P through shared memory (all threads copy), P in registers, a loader
 #: warpgroup filling the ring (P in registers), and that with each block's softmax overlapping
 #: the previous block's P V (key block 64)
-FORM_ARGS = {"p_smem": {}, "p_regs": {"p_in_registers": True},
-             "ws": {"p_in_registers": True, "warp_specialized": True},
+FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
+             "p_regs": {"p_in_registers": True, "warp_specialized": False},
+             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
              "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True}}
 FORMS = ([(kb, form, 2) for kb in (64, 128) for form in ("p_smem", "p_regs", "ws")]
          + [(64, "ws", 4), (128, "ws", 3), (64, "ws_overlap", 2), (64, "ws_overlap", 3), (64, "ws_overlap", 4)])

@@ -110,22 +110,28 @@ def _check(head_dim, in_dtype, key_block, stages, p_in_registers):
 @functools.lru_cache(maxsize=64)
 def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16", key_block: int = 64, *,
                                 scale: float | None = None, mask_dtype: str | None = None,
-                                stages: int = 2, p_in_registers: bool = False,
-                                warp_specialized: bool = False, overlap: bool = False) -> tirx.PrimFunc:
+                                stages: int | None = None, p_in_registers: bool = True,
+                                warp_specialized: bool = True, overlap: bool | None = None) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
     ``scale``: the scores' factor (default ``1 / sqrt(head_dim)``); ``mask_dtype``: the mask tensor's
     dtype (default ``bool`` for a boolean mask, ``in_dtype`` for an additive one);
-    ``stages``: K / V blocks in the ring; ``p_in_registers``: P V takes P from registers
-    (wgmma's register-A form: the scores' accumulator fragment is the A fragment) instead of
-    through shared memory; ``warp_specialized``: a loader warpgroup fills the ring (``ring.py``'s
-    full / empty mbarriers), so that the consumer warpgroups run apart (needs
-    ``p_in_registers``); ``overlap`` (with ``warp_specialized``): a block's softmax runs while
-    the previous block's P V is in flight.  An additive mask's values are added in partial blocks only: the
-    index marks a block full only where every entry is allowed with bias 0.
-    Raises ValueError where the kernel does not apply."""
+    The kernel's form (docs/design/sparse_attention.md, "Kernel"; the defaults measured fastest):
+    ``p_in_registers``: P V takes P from registers (wgmma's register-A form: the scores'
+    accumulator fragment is the A fragment), not through shared memory; ``warp_specialized``: a
+    loader warpgroup fills the ring (``ring.py``'s full / empty mbarriers), so that the consumer
+    warpgroups run apart (needs ``p_in_registers``); ``overlap`` (with ``warp_specialized``, key
+    block 64; default: where it applies): a block's softmax runs while the previous block's
+    P V is in flight; ``stages``: K / V blocks in the ring (default 4 with ``overlap``, else 2).
+    An additive mask's values are added in partial blocks only: the index marks a block full
+    only where every entry is allowed with bias 0.  Raises ValueError where the kernel does not
+    apply."""
     D, KB = int(head_dim), int(key_block)
+    if overlap is None:
+        overlap = bool(warp_specialized) and KB == 64
+    if stages is None:
+        stages = 4 if overlap else 2
     _check(D, in_dtype, KB, int(stages), bool(p_in_registers))
     if warp_specialized and not p_in_registers:
         raise ValueError("warp_specialized needs p_in_registers (the consumer warpgroups share no P tile barrier)")
