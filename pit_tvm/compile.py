@@ -2,7 +2,8 @@
 
 Pipeline: :func:`~pit_tvm.passes.import_onnx` -> ``FoldConstant`` (so Gemm's transposed weights
 become ``[K, N]`` constants) -> :class:`~pit_tvm.passes.AnnotateDynamicSparsity` -> (``padding=``)
-:class:`~pit_tvm.passes.PropagatePadding` -> :class:`~pit_tvm.passes.LowerToPIT` ->
+:class:`~pit_tvm.passes.PropagatePadding` -> :class:`~pit_tvm.passes.SparseAttentionToPIT`
+(attention with a run-time mask: block index + sparse kernel) -> :class:`~pit_tvm.passes.LowerToPIT` ->
 :class:`~pit_tvm.passes.DenseMatmulToPITKernels` (the
 remaining matmuls on the PIT kernels' dense twin: tensor-core tiles on CUDA, the CPU schedule) ->
 :class:`~pit_tvm.passes.ListStripsInProducer` (a strips index in its producer's epilogue) ->

@@ -210,7 +210,8 @@ def test_bad_input_is_a_clear_error():
 
 CUDA_CASES = [
     (128, AttentionPattern(mask="additive"), "bfloat16", "bfloat16"),
-    (64, AttentionPattern(window=256, global_tokens=True, documents=True), "float16", None),
+    (64, AttentionPattern(window=256, global_tokens=True, causal=True), "float16", None),
+    (128, AttentionPattern(documents=True, causal=True), "float16", None),
 ]
 
 
@@ -229,7 +230,7 @@ GPU_PATTERNS = [AttentionPattern(mask="bool"), AttentionPattern(mask="additive")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("target", ["cuda", "cuda:sm_80"], ids=["sm90a", "generic"])
+@pytest.mark.parametrize("target", ["cuda", "cuda:sm_90"], ids=["sm90a", "generic"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("pattern", GPU_PATTERNS, ids=lambda p: p.tag)
 def test_gpu_every_pattern_against_fp32_reference(pattern, head_dim, target):
@@ -248,3 +249,54 @@ def test_gpu_every_pattern_against_fp32_reference(pattern, head_dim, target):
     op = pit_tvm.sparse_attention(head_dim, pattern, dtype="float16", target=target)
     out = op(q, k, v, **runtime)
     _check(out, reference_sparse_attention(q, k, v, pattern, **runtime), "float16")
+
+
+_INDEXES = {}
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pattern=st.sampled_from([AttentionPattern(causal=True), AttentionPattern(window=63),
+                                AttentionPattern(window=1, causal=True, global_tokens=True),
+                                AttentionPattern(window=130, global_tokens=True),
+                                AttentionPattern(documents=True, causal=True)]),
+       key_block=st.sampled_from([64, 128]), B=st.integers(1, 2), S=st.sampled_from([1, 5, 127, 128, 129, 300]),
+       Sk=st.sampled_from([1, 64, 129, 300]), density=st.sampled_from([0.0, 0.01, 0.2, 1.0]), seed=st.integers(0, 2**16))
+def test_description_index_from_block_extremes_is_exact(pattern, key_block, B, S, Sk, density, seed):
+    """Window / global / causal blocks are classified from the blocks' position extremes (not pair by
+    pair): the index equals the pair-by-pair numpy reference, Sq != Sk included (causal, window)."""
+    from pit_tvm.index import IndexBuilder
+    from pit_tvm.index.attention import attention_block_index_func
+
+    key = (pattern, key_block)
+    if key not in _INDEXES:
+        _INDEXES[key] = IndexBuilder(attention_block_index_func(pattern, key_block, "float32", "llvm"), "llvm")
+    rng = np.random.default_rng(seed)
+    sk = S if pattern.global_tokens else Sk
+    q, k = np.zeros((B, 1, S, 2), np.float32), np.zeros((B, 1, sk, 2), np.float32)
+    runtime = {"global_flags": (rng.random((B, S)) < density).astype(np.int32)} if pattern.global_tokens else {}
+    if pattern.documents:   # packed sequences: non-decreasing ids (documents of random lengths)
+        runtime = {"doc_ids": np.cumsum(rng.random((B, S)) < density, axis=1).astype(np.int32)}
+        q = k = np.zeros((B, 1, S, 2), np.float32)
+    got = [x.numpy() for x in _INDEXES[key](q, k, *runtime.values())]
+    want = reference_attention_block_index(pattern, q.shape, k.shape, key_block, **runtime)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_unsorted_document_ids_list_a_superset_and_the_result_is_exact():
+    """With doc ids that are not non-decreasing the index may list blocks without an allowed pair
+    (marked partial), never leave one out; the op's result is exact either way."""
+    rng = np.random.default_rng(9)
+    pattern = AttentionPattern(documents=True)
+    q, k, v = _qkv(rng, 2, 1, 300, 300, 16)
+    doc_ids = rng.integers(0, 3, (2, 300)).astype(np.int32)
+    op = _op(16, pattern)
+    counts, ids, partial = (x.numpy() for x in op.index(q, k, doc_ids=doc_ids))
+    want_counts, want_ids, _ = reference_attention_block_index(pattern, q.shape, k.shape, op.key_block,
+                                                               doc_ids=doc_ids)
+    for idx in np.ndindex(*counts.shape):
+        listed = ids[idx][:counts[idx]]
+        assert set(want_ids[idx][:want_counts[idx]]) <= set(listed)
+        extra = ~np.isin(listed, want_ids[idx][:want_counts[idx]])
+        assert np.all(partial[idx][:counts[idx]][extra] == 1)
+    _check(op(q, k, v, doc_ids=doc_ids), reference_sparse_attention(q, k, v, pattern, doc_ids=doc_ids), "float32")

@@ -67,6 +67,9 @@ def register(subparsers) -> None:
     p.add_argument("--expected-density", type=float, default=None, metavar="FRACTION",
                    help="fraction of rows the row-sparse PIT matmuls are expected to list (e.g. a sample "
                         "batch's mean attention mask); CUDA tile widths are planned for it (default 0.5)")
+    p.add_argument("--sparse-attention", default=None, metavar="NAME|off",
+                   help="lower the attentions whose mask is computed from graph input NAME to block-sparse "
+                        "attention, whatever the mask's shape; 'off': none (default: masks with a query axis)")
     p.add_argument("-o", "--output", required=True,
                    help="output library (.so is appended to a name that does not end in .so)")
     p.set_defaults(func=run)
@@ -95,7 +98,8 @@ def run(args) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             cm = compile_onnx(args.model, target=args.target, sparse=sparse, tuning_log=args.tuning_log,
-                              auto=not args.no_auto, shapes=shapes, expected_density=args.expected_density)
+                              auto=not args.no_auto, shapes=shapes, expected_density=args.expected_density,
+                              sparse_attention=False if args.sparse_attention == "off" else args.sparse_attention)
     except (ValueError, FileNotFoundError) as err:   # the compiler's bad-argument errors
         raise UserError(str(err)) from err
     for w in caught:     # ours (not TVM's or onnx's deprecation notes)

@@ -91,7 +91,7 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                     sA[tx] = sA[tx] + sA[tx + T.shift_right(NT // 2, step)]
 
     @T.macro
-    def classify(bufs, FL, B, HG, Sq, Sk, QB, KB):
+    def classify_pairs(bufs, FL, B, HG, Sq, Sk, QB, KB):
         for blk in BX(B * HG * QB * KB):
             sA = T.alloc_buffer((NT,), "int32", scope=SH)
             for tx in TX(NT):
@@ -113,6 +113,117 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                     tot[0] = sA[0]
                     FL[blk] = T.Select(tot[0] % _BAD_UNIT == 0, T.int8(0),
                                        T.Select(tot[0] >= _BAD_UNIT, T.int8(1), T.int8(2)))
+
+    # --- window / global tokens / causal without a mask or documents: decided per block from
+    # six min / max reductions of the block's positions (O(128 + key_block) per block, not
+    # O(128 * key_block)); exact, see _block_class_by_extremes
+    has_global = pattern.global_tokens
+    has_docs = pattern.documents
+    BIG = 1 << 30
+    INT_MAX, INT_MIN = 2**31 - 1, -(2**31)
+
+    def doc_of(bufs, b, pos):
+        return bufs[len(bufs) - 1][b, pos]      # (doc_ids comes last)
+
+    def is_global(bufs, b, pos):
+        if has_global:
+            return bufs[0][b, pos] != 0
+        return tirx.const(False, "bool")
+
+    @T.macro
+    def block_reduce_to(sA, op_min):
+        for step in T.unroll(LOG_NT):
+            for tx in TX(NT):
+                if tx < T.shift_right(NT // 2, step):
+                    if op_min:
+                        sA[tx] = T.min(sA[tx], sA[tx + T.shift_right(NT // 2, step)])
+                    else:
+                        sA[tx] = T.max(sA[tx], sA[tx + T.shift_right(NT // 2, step)])
+
+    @T.macro
+    def classify_extremes(bufs, FL, B, HG, Sq, Sk, QB, KB):
+        for blk in BX(B * QB * KB):
+            # 0 max global q, 1 min / 2 max non-global q, 3 min global k, 4 min / 5 max non-global k
+            e0 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e1 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e2 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e3 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e4 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e5 = T.alloc_buffer((NT,), "int32", scope=SH)
+            # documents: 6 min / 7 max doc id of the queries, 8 min / 9 max of the keys
+            e6 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e7 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e8 = T.alloc_buffer((NT,), "int32", scope=SH)
+            e9 = T.alloc_buffer((NT,), "int32", scope=SH)
+            for tx in TX(NT):
+                if has_docs:
+                    e6[tx] = INT_MAX
+                    e7[tx] = INT_MIN
+                    e8[tx] = INT_MAX
+                    e9[tx] = INT_MIN
+                    if tx < QBL:
+                        if (blk // KB) % QB * QBL + tx < Sq:
+                            e6[tx] = doc_of(bufs, blk // (QB * KB), (blk // KB) % QB * QBL + tx)
+                            e7[tx] = doc_of(bufs, blk // (QB * KB), (blk // KB) % QB * QBL + tx)
+                    else:
+                        if tx - QBL < KBL:
+                            if blk % KB * KBL + tx - QBL < Sk:
+                                e8[tx] = doc_of(bufs, blk // (QB * KB), blk % KB * KBL + tx - QBL)
+                                e9[tx] = doc_of(bufs, blk // (QB * KB), blk % KB * KBL + tx - QBL)
+                e0[tx] = -1
+                e1[tx] = BIG
+                e2[tx] = -1
+                e3[tx] = BIG
+                e4[tx] = BIG
+                e5[tx] = -1
+                if tx < QBL:
+                    if (blk // KB) % QB * QBL + tx < Sq:
+                        if is_global(bufs, blk // (QB * KB), (blk // KB) % QB * QBL + tx):
+                            e0[tx] = T.Cast("int32", (blk // KB) % QB * QBL + tx)
+                        else:
+                            e1[tx] = T.Cast("int32", (blk // KB) % QB * QBL + tx)
+                            e2[tx] = T.Cast("int32", (blk // KB) % QB * QBL + tx)
+                else:
+                    if tx - QBL < KBL:
+                        if blk % KB * KBL + tx - QBL < Sk:
+                            if is_global(bufs, blk // (QB * KB), blk % KB * KBL + tx - QBL):
+                                e3[tx] = T.Cast("int32", blk % KB * KBL + tx - QBL)
+                            else:
+                                e4[tx] = T.Cast("int32", blk % KB * KBL + tx - QBL)
+                                e5[tx] = T.Cast("int32", blk % KB * KBL + tx - QBL)
+            block_reduce_to(e0, False)
+            block_reduce_to(e1, True)
+            block_reduce_to(e2, False)
+            block_reduce_to(e3, True)
+            block_reduce_to(e4, True)
+            block_reduce_to(e5, False)
+            if has_docs:
+                block_reduce_to(e6, True)
+                block_reduce_to(e7, False)
+                block_reduce_to(e8, True)
+                block_reduce_to(e9, False)
+            for tx in TX(NT):
+                if tx == 0:
+                    e = T.alloc_buffer((10,), "int32", scope="local")
+                    if has_docs:
+                        e[6] = e6[0]
+                        e[7] = e7[0]
+                        e[8] = e8[0]
+                        e[9] = e9[0]
+                    e[0] = e0[0]
+                    e[1] = e1[0]
+                    e[2] = e2[0]
+                    e[3] = e3[0]
+                    e[4] = e4[0]
+                    e[5] = e5[0]
+                    FL[blk] = _block_class_by_extremes(
+                        pattern, e, T.Cast("int32", (blk // KB) % QB * QBL),
+                        T.Cast("int32", T.min((blk // KB) % QB * QBL + (QBL - 1), Sq - 1)),
+                        T.Cast("int32", blk % KB * KBL), T.Cast("int32", T.min(blk % KB * KBL + (KBL - 1), Sk - 1)))
+
+    # (documents with a window: the AND of two "some pair allowed" tests would over-list)
+    by_extremes = pattern.mask is None and not (pattern.documents and pattern.window is not None)
+    classify = classify_extremes if by_extremes else classify_pairs
 
     @T.macro
     def compact(FL, CNT, IDS, PART, B, HG, QB, KB):
@@ -222,6 +333,48 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
             compact(FL, CNT, IDS, PART, B, T.int64(1), qb_of(S), kb_of(S))
 
     return _finish(index, pattern, key_block, dtype, mdt, target)
+
+
+def _block_class_by_extremes(pattern, e, q0, q1, k0, k1):
+    """int8 class (0 empty, 1 partial, 2 full) of the block of queries ``[q0, q1]`` x keys
+    ``[k0, k1]`` (both in bounds) for causal / window / global tokens, from ``e``: the max global
+    query, the min / max non-global query, the min global key, the min / max non-global key
+    (-1 / 2**30 where there is none).
+
+    allowed = causal_ok AND (|q - k| <= w OR g[k] OR g[q]), so "any pair allowed" is the OR of
+    three interval tests (a window pair: ``q - k`` in ``[lo, w]`` meets ``[q0 - k1, q1 - k0]``,
+    ``lo`` 0 when causal else -w; a global key at or before the last query; a global query at or
+    after the first key) and "every pair allowed" needs every key at or before every query
+    (causal) and every non-global pair inside the window.
+
+    Documents (without a window; ``e[6:10]`` the min / max doc id of the queries and of the keys):
+    some pair shares a document when the two id ranges meet (causal: a key block inside the
+    query block holds the diagonal; one before it needs the ranges to meet), exact for
+    non-decreasing ids (packed sequences); for other ids a listed block may hold no allowed
+    pair (partial: the kernels skip its pairs), and no block with an allowed pair is ever left
+    out.  Every pair shares one when all four ids are equal (exact for any ids)."""
+    big = 1 << 30
+    true = tirx.const(True, "bool")
+    any_ok = true if not pattern.causal else k0 <= q1
+    all_ok = true if not pattern.causal else k1 <= q0
+    if pattern.documents:    # (no window: see the caller)
+        shared = T.max(e[6], e[8]) <= T.min(e[7], e[9])
+        if pattern.causal:   # a key block inside the query block holds the diagonal (k, k)
+            shared = T.Or(T.And(k0 >= q0, k0 <= q1), T.And(k1 < q0, shared))
+        any_ok = T.And(any_ok, shared)
+        all_ok = T.And(all_ok, T.And(T.And(e[6] == e[7], e[8] == e[9]), e[6] == e[8]))
+    if pattern.window is not None:
+        w = T.int32(pattern.window)
+        lo = T.int32(0) if pattern.causal else -w
+        near = T.max(q0 - k1, lo) <= T.min(q1 - k0, w)
+        if pattern.global_tokens:
+            key_global = e[3] <= q1 if pattern.causal else e[3] < big
+            row_global = e[0] >= k0 if pattern.causal else e[0] >= 0
+            near = T.Or(near, T.Or(key_global, row_global))
+        any_ok = T.And(any_ok, near) if pattern.causal else near
+        in_window = T.max(e[2] - e[4], e[5] - e[1]) <= w
+        all_ok = T.And(all_ok, T.Or(T.Or(e[1] == big, e[4] == big), in_window))
+    return T.Select(any_ok, T.Select(all_ok, T.int8(2), T.int8(1)), T.int8(0))
 
 
 def _mask_and_description_index(pattern, key_block, dtype, mdt, classify, compact, qb_of, kb_of, target):

@@ -500,8 +500,13 @@ def _check_relax_inputs(q, k, v, pattern, runtime):
     return dtype, d, mask_dtype
 
 
-def _hopper_kernel(target, head_dim, pattern, dtype, scale, mask_dtype):
-    """attnkernel's sm_90a kernel, or None (with a warning when it exists but does not apply)."""
+#: the Hopper kernel's key block unless ``key_block=`` asks for another
+HOPPER_KEY_BLOCK = 64
+
+
+def _hopper_kernel(target, head_dim, pattern, dtype, scale, mask_dtype, key_block):
+    """The sm_90a kernel (``pit.attention.key_block`` set: the index is built for it), or None
+    (with a warning when it exists but does not apply)."""
     from pit_tvm.target import is_gpu
 
     if not is_gpu(target) or str(target.attrs.get("arch", "")) != "sm_90a":
@@ -511,7 +516,9 @@ def _hopper_kernel(target, head_dim, pattern, dtype, scale, mask_dtype):
     except ImportError:
         return None
     try:
-        return block_sparse_attention_func(head_dim, pattern, dtype, scale=scale, mask_dtype=mask_dtype)
+        key_block = key_block or HOPPER_KEY_BLOCK
+        func = block_sparse_attention_func(head_dim, pattern, dtype, key_block, scale=scale, mask_dtype=mask_dtype)
+        return func.with_attr("pit.attention.key_block", key_block)
     except (ValueError, TypeError) as err:
         warnings.warn(f"sparse attention: the sm_90a kernel does not apply ({err}); the generic kernel runs",
                       stacklevel=3)
@@ -537,14 +544,15 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
     runtime = {"mask": mask, "global_flags": global_flags, "doc_ids": doc_ids}
     dtype, d, mask_dtype = _check_relax_inputs(q, k, v, pattern, runtime)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    func = _hopper_kernel(target, d, pattern, dtype, scale, mask_dtype)
+    func = _hopper_kernel(target, d, pattern, dtype, scale, mask_dtype, key_block)
+    kind = "hopper" if func is not None else "generic"
     if func is None:
         kb = key_block or (128 if is_gpu(target) else 64)
         func = sparse_attention_func(d, pattern, dtype, target, key_block=kb, scale=scale, mask_dtype=mask_dtype)
-    attrs = func.attrs or {}
-    kb = int(attrs["pit.attention.key_block"]) if "pit.attention.key_block" in attrs else (key_block or 128)
-    name = str(attrs["global_symbol"]) if "global_symbol" in attrs else f"pit_sparse_attention_{pattern.tag}"
-    name += "_scale" + repr(scale).replace(".", "p").replace("-", "m").replace("+", "")
+    kb = int(func.attrs["pit.attention.key_block"])     # (both kernels carry it: the index must match)
+    # one kernel per (kernel, pattern, d, key block, dtypes, scale): a model may hold several
+    name = (f"pit_sparse_attention_{kind}_{pattern.tag}_d{d}_kb{kb}_{dtype}" + (f"_{mask_dtype}" if mask_dtype else "")
+            + "_scale" + repr(scale).replace(".", "p").replace("-", "m").replace("+", ""))
     kernel_gv = _add_once(bb, name, lambda: func)
     index_func = attention_block_index_func(pattern, kb, dtype, target, mask_dtype=mask_dtype)
     index_gv = _add_once(bb, str(index_func.attrs["global_symbol"]), lambda: index_func)
@@ -631,10 +639,9 @@ class SparseAttention:
             bb.emit_func_output(out)
         mod = bb.get()
         self.kernel_name = next(gv.name_hint for gv in mod.get_global_vars()
-                                if gv.name_hint.startswith(("pit_sparse_attention", "pit_block_sparse")))
+                                if gv.name_hint.startswith("pit_sparse_attention_"))
         kernel = mod[self.kernel_name]
-        self.key_block = int(kernel.attrs["pit.attention.key_block"]) if "pit.attention.key_block" in kernel.attrs \
-            else 128
+        self.key_block = int(kernel.attrs["pit.attention.key_block"])
         self.index_name = str(attention_block_index_func(pattern, self.key_block, self.dtype, self.target,
                                                          mask_dtype=self.mask_dtype).attrs["global_symbol"])
         self.executable = build(mod, self.target)

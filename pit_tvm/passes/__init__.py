@@ -3,7 +3,8 @@ sparsity (``AnnotateDynamicSparsity``), run the token-wise matmuls of a padded b
 tokens (``PropagatePadding``) and lower it to PIT kernels (``LowerToPIT``), put the
 dense matmuls on the PIT kernels' dense twin (``DenseMatmulToPITKernels``), build a strips index in
 the epilogue of the kernel producing its operand (``ListStripsInProducer``), fuse attention on the
-H100 (``FuseAttention``); ``import_onnx`` imports
+H100 (``FuseAttention``), lower attention with a run-time mask to block-sparse attention
+(``SparseAttentionToPIT``); ``import_onnx`` imports
 ONNX keeping tensor names. Compiler-side only."""
 from importlib import import_module
 

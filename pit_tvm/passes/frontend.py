@@ -286,8 +286,20 @@ def _importer_classes():
     output."""
     from tvm.relax.frontend.onnx import onnx_frontend as of  # noqa: PLC0415 - compiler-only
 
+    from .contrib_attention import CONTRIB_CONVERTERS  # noqa: PLC0415
+
     class _PitImporter(of.ONNXGraphImporter):
+        def _check_for_unsupported_ops(self, graph):
+            # (ONNX Runtime contrib ops that TVM lacks are converted here)
+            supported = set(of._get_convert_map()) | {"If", "Constant"} | set(CONTRIB_CONVERTERS)
+            unsupported = {node.op_type for node in graph.node if node.op_type not in supported}
+            if unsupported:
+                raise tvm.error.OpNotImplemented(
+                    "The following operators are not supported for frontend ONNX: " + ", ".join(sorted(unsupported)))
+
         def _convert_operator(self, op_name, inputs, attrs, opset):
+            if op_name in CONTRIB_CONVERTERS:
+                return CONTRIB_CONVERTERS[op_name](self.bb, inputs, attrs)
             if op_name in PIT_INPUT_FIXES:
                 inputs = PIT_INPUT_FIXES[op_name](self.bb, inputs, attrs)
             if op_name == "Trilu" and _has_zero_dim(inputs[0]):  # empty: TVM's converter fails on it

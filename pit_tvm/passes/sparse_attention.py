@@ -8,7 +8,12 @@ Matched in ``main`` (each inner value used once, ``k`` transposed by ``permute_d
     matmul(softmax(add(scores, M)), v)                 additive mask M (either operand order)
     matmul(softmax(where(C, scores, fill)), v)         boolean C, fill a constant <= -1e4
     matmul(softmax(where(C, fill, scores)), v)         (not C) allowed
-    scores = matmul(q, permute_dims(k)) [* c | / c]    c a scalar constant (the scale)
+    matmul(softmax(add(where(C, scores, fill), M)), v) the additive mask where(C, M, fill)
+    scores = matmul(q [* c1], kᵀ [* c2]) [* c | / c]   scalar constants (the scale: their product)
+    kᵀ = permute_dims(k, [0, 1, 3, 2]) or permute_dims(x[B, S, H, d], [0, 2, 3, 1])
+
+and the softmax may be followed by ``where(isnan(p), 0, p)`` (PyTorch's SDPA export: its rows
+with no allowed key are 0, as the op's are).
 
 where ``M`` / ``C`` is computed from graph inputs (a constant mask is a static pattern: left as
 it is).  By default only masks with a query axis (``[.., Sq, Sk]``: a per-call pattern such as
@@ -37,42 +42,73 @@ from .graph import FuncGraph, op_name, scalar_constant
 __all__ = ["SparseAttentionToPIT", "attention_chains"]
 
 
-def _scores(g: FuncGraph, x):
-    """``(q, k, scale)`` when ``x = matmul(q, permute_dims(k, [0, 1, 3, 2]))``, optionally times
-    or divided by a scalar constant (each step used once), else None."""
-    from pit_tvm.ops.sparse_attention import MASK_THRESHOLD  # noqa: F401 - (documented bound)
+def _axes(call):
+    return [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else None
 
-    scale = 1.0
+
+def _scaled(g: FuncGraph, x):
+    """``(x', c)`` when ``x = multiply(x', c)`` / ``multiply(c, x')`` / ``divide(x', c)`` with a
+    scalar constant ``c`` (used once; c inverted for a divide), else ``(x, 1.0)``."""
     value = g.bound.get(x) if isinstance(x, relax.Var) else None
-    if op_name(value) in ("relax.multiply", "relax.divide") and g.uses.get(x) == 1:
-        a, b = value.args
-        c = scalar_constant(b)
-        if c is None and op_name(value) == "relax.multiply":
-            a, b = b, a
-            c = scalar_constant(b)
-        if c is None or (op_name(value) == "relax.divide" and c == 0):
-            return None
-        scale = c if op_name(value) == "relax.multiply" else 1.0 / c
-        x = a
+    if op_name(value) not in ("relax.multiply", "relax.divide") or g.uses.get(x) != 1:
+        return x, 1.0
+    a, b = value.args
+    c = scalar_constant(b)
+    if c is None and op_name(value) == "relax.multiply":
+        a, c = b, scalar_constant(a)
+    if c is None or (op_name(value) == "relax.divide" and c == 0):
+        return x, 1.0
+    return a, (c if op_name(value) == "relax.multiply" else 1.0 / c)
+
+
+def _scores(g: FuncGraph, x):
+    """``(q, k, k_axes, scale)`` when ``x`` is ``matmul(q, kᵀ)`` with scalar-constant factors on
+    q, on kᵀ or on the product (each step used once; the scale is their product), kᵀ
+    ``permute_dims(k, [0, 1, 3, 2])`` or ``permute_dims(x, [0, 2, 3, 1])`` of the heads-last
+    ``x[B, S, H, d]`` (then ``k_axes`` = [0, 2, 1, 3]: k is ``permute_dims(x, k_axes)``), else None."""
+    x, scale = _scaled(g, x)
     mm = g.single(x, "relax.matmul")
     if mm is None:
         return None
-    perm = g.single(mm.args[1], "relax.permute_dims")
-    if perm is None or perm.attrs.axes is None or [int(a) for a in perm.attrs.axes] != [0, 1, 3, 2]:
+    q, qc = _scaled(g, mm.args[0])
+    kt, kc = _scaled(g, mm.args[1])
+    perm = g.single(kt, "relax.permute_dims")
+    if perm is None:
         return None
-    return mm.args[0], perm.args[0], scale
+    if _axes(perm) == [0, 1, 3, 2]:
+        return q, perm.args[0], None, scale * qc * kc
+    if _axes(perm) == [0, 2, 3, 1]:
+        return q, perm.args[0], [0, 2, 1, 3], scale * qc * kc
+    return None
 
 
-def _fill_is_masked(expr) -> bool:
+def _fill(expr):
+    """the value of a scalar constant at or below the mask threshold (a masked score), else None"""
     from pit_tvm.ops.sparse_attention import MASK_THRESHOLD
 
     value = scalar_constant(expr)
-    return value is not None and value <= MASK_THRESHOLD
+    return value if value is not None and value <= MASK_THRESHOLD else None
+
+
+def _where_scores(g: FuncGraph, x):
+    """``(scores, cond, negated, fill)`` when ``x = where(C, scores, fill)`` (or ``where(C, fill,
+    scores)``: negated), ``fill`` a masked-score constant, else None."""
+    value = g.bound.get(x) if isinstance(x, relax.Var) else None
+    if op_name(value) != "relax.where" or g.uses.get(x) != 1:
+        return None
+    cond, a, b = value.args
+    if _fill(b) is not None and _scores(g, a) is not None:
+        return _scores(g, a), cond, False, _fill(b)
+    if _fill(a) is not None and _scores(g, b) is not None:
+        return _scores(g, b), cond, True, _fill(a)
+    return None
 
 
 def _logits(g: FuncGraph, logits):
-    """``(q, k, scale, mask, kind)`` of the softmax input, kind ``additive`` / ``bool`` /
-    ``bool_not`` (the mask's True entries are the disallowed ones), else None."""
+    """``(scores, mask parts)`` of the softmax input, else None.  ``scores`` as :func:`_scores`;
+    the mask parts ``(kind, mask, cond, fill)``: ``additive`` (``mask`` added), ``bool`` /
+    ``bool_not`` (``cond`` True = allowed / disallowed), ``where_add`` (``where(cond, scores,
+    fill) + mask``: the additive mask ``where(cond, mask, fill)``)."""
     value = g.bound.get(logits) if isinstance(logits, relax.Var) else None
     if g.uses.get(logits) != 1:
         return None
@@ -80,35 +116,56 @@ def _logits(g: FuncGraph, logits):
         for s, m in (value.args, value.args[::-1]):
             found = _scores(g, s)
             if found is not None:
-                return (*found, m, "additive")
-    if op_name(value) == "relax.where":
-        cond, a, b = value.args
-        if _fill_is_masked(b) and _scores(g, a) is not None:
-            return (*_scores(g, a), cond, "bool")
-        if _fill_is_masked(a) and _scores(g, b) is not None:
-            return (*_scores(g, b), cond, "bool_not")
+                return found, ("additive", m, None, None)
+            masked = _where_scores(g, s)
+            if masked is not None and not masked[2]:
+                return masked[0], ("where_add", m, masked[1], masked[3])
+    masked = _where_scores(g, logits)
+    if masked is not None:
+        return masked[0], ("bool_not" if masked[2] else "bool", None, masked[1], masked[3])
     return None
 
 
+def _probabilities(g: FuncGraph, p):
+    """The softmax call behind ``p``: ``p = softmax(x, last axis)`` used once, or the SDPA
+    export's ``where(isnan(s), 0, s)`` of such a softmax ``s`` (its rows with no allowed key
+    are 0, as the op's are), else None."""
+    value = g.bound.get(p) if isinstance(p, relax.Var) else None
+    if op_name(value) == "relax.where" and g.uses.get(p) == 1:
+        cond, zero, s = value.args
+        isnan = g.single(cond, "relax.isnan")
+        soft = g.bound.get(s) if isinstance(s, relax.Var) else None
+        if (isnan is not None and isnan.args[0].same_as(s) and scalar_constant(zero) == 0.0
+                and op_name(soft) == "relax.nn.softmax" and g.uses.get(s) == 2):
+            value = soft
+        else:
+            return None
+    elif op_name(value) != "relax.nn.softmax" or g.uses.get(p) != 1:
+        return None
+    if int(value.attrs.axis) not in (-1, len(value.ty.shape) - 1):
+        return None
+    return value
+
+
 def attention_chains(func: relax.Function) -> dict:
-    """{the final ``matmul(p, v)`` call: (q, k, v, scale, mask, kind, the mask's graph inputs)}
-    of ``func``'s softmax attention chains whose mask is computed from graph inputs."""
+    """{the final ``matmul(p, v)`` call: (its var, q, k, k_axes, v, scale, mask parts, the mask's
+    graph inputs)} of ``func``'s softmax attention chains whose mask is computed from graph
+    inputs (see :func:`_logits`)."""
     g = FuncGraph(func)
     chains = {}
     for var, value in g.bound.items():
         if op_name(value) != "relax.matmul":
             continue
         probs, v = value.args
-        soft = g.single(probs, "relax.nn.softmax")
-        if soft is None or int(soft.attrs.axis) not in (-1, len(soft.ty.shape) - 1):
-            continue
-        found = _logits(g, soft.args[0])
+        soft = _probabilities(g, probs)
+        found = _logits(g, soft.args[0]) if soft is not None else None
         if found is None:
             continue
-        q, k, scale, mask, kind = found
-        inputs = g.param_ancestors(mask)
+        (q, k, k_axes, scale), parts = found
+        kind, mask, cond, _ = parts
+        inputs = frozenset().union(*(g.param_ancestors(x) for x in (mask, cond) if x is not None))
         if inputs:
-            chains[value] = (var, q, k, v, scale, mask, kind, inputs)
+            chains[value] = (var, q, k, k_axes, v, scale, parts, inputs)
     return chains
 
 
@@ -116,40 +173,50 @@ def _same(a, b) -> bool:
     return bool(Analyzer().can_prove_equal(a, b)) if not (isinstance(a, int) or isinstance(b, int)) else a == b
 
 
-def _mask_layout(q, k, mask):
-    """``(mask dims padded to rank 4, head groups)`` when ``mask`` broadcasts to q's scores
-    ``[B, H, Sq, Sk]``, else a string saying why not."""
-    shape = getattr(mask.ty, "shape", None)
-    if shape is None or len(shape) > 4:
-        return f"mask {mask.ty} is not a tensor of rank <= 4"
+def _shape(x):
+    shape = getattr(x.ty, "shape", None) if isinstance(getattr(x, "ty", None), relax.TensorType) else None
+    return None if shape is None else list(shape)
+
+
+def _mask_layout(q_shape, k_shape, mask_shapes):
+    """``(the mask's dims, broadcast over ``mask_shapes`` and padded to rank 4, head groups)``
+    when it broadcasts to the scores ``[B, H, Sq, Sk]``, else a string saying why not."""
     one = tirx.const(1, "int64")
-    dims = [one] * (4 - len(shape)) + list(shape)
-    B, H, Sq, _ = q.ty.shape
-    Sk = k.ty.shape[2]
-    for dim, want, axis in zip(dims, (B, H, Sq, Sk), ("batch", "heads", "queries", "keys")):
-        if not (_same(dim, one) or _same(dim, want)):
-            return (f"mask of shape {list(shape)} does not broadcast to the scores [B, H, Sq, Sk] = "
-                    f"{[B, H, Sq, Sk]} (its {axis} dim)")
-    heads = H if not _same(dims[1], one) else one
-    return dims, heads
+    if any(shape is None or len(shape) > 4 for shape in mask_shapes):
+        return f"mask shapes {mask_shapes}: not tensors of rank <= 4"
+    dims = [one] * 4
+    for shape in mask_shapes:
+        for axis, dim in enumerate([one] * (4 - len(shape)) + shape):
+            if _same(dims[axis], one):
+                dims[axis] = dim
+            elif not (_same(dim, one) or _same(dim, dims[axis])):
+                return f"mask shapes {mask_shapes} do not broadcast together"
+    B, H, Sq, _ = q_shape
+    want = (B, H, Sq, k_shape[2])
+    for dim, w, axis in zip(dims, want, ("batch", "heads", "queries", "keys")):
+        if not (_same(dim, one) or _same(dim, w)):
+            return (f"mask of shape {[int(d) if isinstance(d, tirx.IntImm) else d for d in dims]} does not "
+                    f"broadcast to the scores [B, H, Sq, Sk] = {list(want)} (its {axis} dim)")
+    return dims, (H if not _same(dims[1], one) else one)
 
 
-def _check_operands(q, k, v) -> str | None:
+def _check_operands(q, k_shape, k_dtype, v) -> str | None:
     from pit_tvm.ops.sparse_attention import ATTENTION_DTYPES
 
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        ty = x.ty
-        if not isinstance(ty, relax.TensorType) or ty.shape is None or len(ty.shape) != 4:
-            return f"{name} is {ty}, not a [B, H, S, d] tensor"
-        if str(ty.dtype) not in ATTENTION_DTYPES:
-            return f"{name} has dtype {ty.dtype}; sparse attention takes {', '.join(ATTENTION_DTYPES)}"
-        if not isinstance(ty.shape[3], tirx.IntImm):
-            return f"{name}'s head dim {ty.shape[3]} is not static"
-    if len({str(x.ty.dtype) for x in (q, k, v)}) != 1:
+    q_shape, v_shape = _shape(q), _shape(v)
+    for name, shape, dtype in (("q", q_shape, q.ty.dtype), ("k", k_shape, k_dtype), ("v", v_shape, v.ty.dtype)):
+        if shape is None or len(shape) != 4:
+            return f"{name} of shape {shape}: not a [B, H, S, d] tensor"
+        if str(dtype) not in ATTENTION_DTYPES:
+            return f"{name} has dtype {dtype}; sparse attention takes {', '.join(ATTENTION_DTYPES)}"
+        if not isinstance(shape[3], tirx.IntImm):
+            return f"{name}'s head dim {shape[3]} is not static"
+    if len({str(q.ty.dtype), str(k_dtype), str(v.ty.dtype)}) != 1:
         return "q, k, v have different dtypes"
-    if not (_same(q.ty.shape[0], k.ty.shape[0]) and _same(q.ty.shape[1], k.ty.shape[1])
-            and _same(k.ty.shape[2], v.ty.shape[2]) and _same(q.ty.shape[3], k.ty.shape[3])):
-        return f"q {list(q.ty.shape)}, k {list(k.ty.shape)}, v {list(v.ty.shape)} do not agree"
+    if not (_same(q_shape[0], k_shape[0]) and _same(q_shape[1], k_shape[1]) and _same(k_shape[2], v_shape[2])
+            and _same(q_shape[3], k_shape[3]) and _same(v_shape[0], q_shape[0])
+            and _same(v_shape[1], q_shape[1]) and _same(v_shape[3], q_shape[3])):
+        return f"q {q_shape}, k {k_shape}, v {v_shape} do not agree"
     return None
 
 
@@ -185,21 +252,25 @@ class SparseAttentionToPIT:
         onnx_of = {str(v): str(k) for k, v in (mod.attrs or {}).get(ONNX_NAMES_ATTR, {}).items()}
         records = [dict(r) for r in (func.attrs or {}).get(ANNOTATIONS_ATTR, [])]
         chains, taken = attention_chains(func), {}
-        for call, (var, q, k, v, scale, mask, kind, inputs) in chains.items():
+        for call, (var, q, k, k_axes, v, scale, parts, inputs) in chains.items():
             if named is not None and not any(p.same_as(named) for p in inputs):
                 continue
+            kind, mask, cond, _ = parts
             source = "attention:" + ",".join(sorted(onnx_of.get(p.name, p.name) for p in inputs))
             tensor = onnx_of.get(var.name, var.name)
-            why = _check_operands(q, k, v)
+            k_shape = _shape(k)
+            if k_shape is not None and k_axes is not None and len(k_shape) == 4:
+                k_shape = [k_shape[a] for a in k_axes]
+            why = _check_operands(q, k_shape, k.ty.dtype, v)
             layout = None
             if why is None:
-                layout = _mask_layout(q, k, mask)
+                layout = _mask_layout(_shape(q), k_shape, [_shape(x) for x in (mask, cond) if x is not None])
                 if isinstance(layout, str):
                     why, layout = layout, None
-            if why is None and kind == "additive" and str(mask.ty.dtype) not in ("float16", "bfloat16", "float32"):
+            if why is None and mask is not None and str(mask.ty.dtype) not in ("float16", "bfloat16", "float32"):
                 why = f"additive mask of dtype {mask.ty.dtype}"
-            if why is None and kind != "additive" and str(mask.ty.dtype) != "bool":
-                why = f"where() condition of dtype {mask.ty.dtype}"
+            if why is None and cond is not None and str(cond.ty.dtype) != "bool":
+                why = f"where() condition of dtype {cond.ty.dtype}"
             if why is None and named is None and _same(layout[0][2], tirx.const(1, "int64")) \
                     and not _same(q.ty.shape[2], tirx.const(1, "int64")):
                 continue    # a key-padding mask: the dense attention's (name the input to take it)
@@ -207,8 +278,8 @@ class SparseAttentionToPIT:
                 warnings.warn(f"attention {tensor!r} (mask from {source[10:]}) stays dense: {why}")
                 records.append({"tensor": tensor, "source": source, "status": "dense", "reason": why})
                 continue
-            pattern = AttentionPattern(mask="additive" if kind == "additive" else "bool")
-            taken[call] = (q, k, v, scale, mask, kind, layout, pattern)
+            pattern = AttentionPattern(mask="bool" if kind in ("bool", "bool_not") else "additive")
+            taken[call] = (q, k, k_axes, v, scale, parts, layout, pattern)
             records.append({"tensor": tensor, "source": source, "status": "pit",
                             "reason": f"softmax(q k^T * {scale:.6g} + mask) v with the mask computed at run time "
                                       f"from {source[10:]}: block-sparse attention ({pattern.mask} mask), block "
@@ -226,15 +297,25 @@ class SparseAttentionToPIT:
                 chain = taken.get(op)
                 if chain is None:
                     return self.visit_expr_post_order(op)
-                q, k, v, scale, mask, kind, (dims, heads), pattern = chain
-                q, k, v, m = (self.visit_expr(x) for x in (q, k, v, mask))
+                q, k, k_axes, v, scale, (kind, mask, cond, fill), (dims, heads), pattern = chain
                 bb = self.builder_
-                if kind == "bool_not":
-                    m = bb.emit(relax.op.logical_not(m))
-                if len(m.ty.shape) != 4:
-                    m = bb.emit(relax.op.reshape(m, dims))
+                q, k, v = (self.visit_expr(x) for x in (q, k, v))
+                if k_axes is not None:
+                    k = bb.emit(relax.op.permute_dims(k, k_axes))
+                if kind == "additive":
+                    m = self.visit_expr(mask)
+                elif kind == "where_add":     # where(C, scores, fill) + M: the additive where(C, M, fill)
+                    m = self.visit_expr(mask)
+                    m = bb.emit(relax.op.where(self.visit_expr(cond), m, relax.const(fill, str(m.ty.dtype))))
+                elif kind == "bool_not":
+                    m = bb.emit(relax.op.logical_not(self.visit_expr(cond)))
+                else:
+                    m = self.visit_expr(cond)
                 B, _, Sq, _ = q.ty.shape
                 full = [B, heads, Sq, k.ty.shape[2]]
+                if len(m.ty.shape) != 4:
+                    m = bb.emit(relax.op.reshape(m, [tirx.const(1, "int64")] * (4 - len(m.ty.shape))
+                                                 + list(m.ty.shape)))
                 if not all(_same(a, b) for a, b in zip(m.ty.shape, full)):
                     m = bb.emit(relax.op.broadcast_to(m, full))
                 return emit_sparse_attention(bb, q, k, v, pattern, mask=m, scale=scale, target=target)
