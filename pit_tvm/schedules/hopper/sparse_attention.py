@@ -17,26 +17,32 @@ has a disallowed entry or a non-zero additive bias, so the element predicate is 
 it; 0: every entry allowed, nothing added).
 ``hg = min(h, HG - 1)`` (HG: the mask's head dim, 1 or H; 1 without a mask).
 
-One CTA per (128-query block, head, batch), 2 consumer warpgroups (256 threads), each thread
-also copying; B, H, Sq, Sk, HG and the mask's head dim symbolic::
+One CTA per (128-query block, head, batch); B, H, Sq, Sk, HG and the mask's head dim symbolic.
+The default form: a loader warpgroup and 2 consumer warpgroups (384 threads)::
 
-    SRead  Q_s[128, D]                        <- cp.async once (rows past Sq zero-filled)
-    prologue: K_s, V_s[KB, D] of listed blocks 0 .. STAGES-2 <- cp.async ring, one group a block
-    for j in listed blocks of (b, hg, qb):                 (block id via block_ids: SRead)
-        wait for block j's group; CTA barrier (block j landed; slot of j-1 free)
-        cp.async block j + STAGES - 1 into the slot of j - 1
-        warpgroup g (queries 64g .. 64g+63):
-            S[64, KB]  = Q_s[64g:] K_s^T            D/16  x wgmma m64nKBk16 (K_s: B, K-major)
-            partial or tail block: S = allowed ? S * scale + bias : -inf   (predicate on the fly)
-            m_new = max(m, rowmax S); alpha = 2^(m - m_new); P = 2^(S - m_new)  (log2 domain)
-            l = l alpha + rowsum P;  O_acc *= alpha
-            P_s[64g:, :KB] <- P (fp16 / bf16)       A layout: 64-key column tiles, swizzled
-            O_acc[64, D] += P_s V_s                  KB/16 x wgmma m64nDk16 (V_s: B, MN-major)
-    SWrite O_acc / l (0 where l = 0) -> staged tile [128, D + 8] -> 16 B stores, rows < Sq
+    loader warpgroup (128 threads, cp.async; then it exits):
+        SRead Q_s[128, D] (rows past Sq zero-filled)                       -> Q mbarrier
+        for j in listed blocks of (b, hg, qb):              (block id via block_ids: SRead)
+            wait empty[j % STAGES]; SRead K_s, V_s[KB, D] of block j (keys past Sk zero-filled)
+            -> full[j % STAGES]                                     (ring.py's MbarrierRing)
+    consumer warpgroup g (queries 64g .. 64g+63), block j once full[j % STAGES]:
+        S_j[64, KB]  = Q_s[64g:] K_s^T               D/16  x wgmma m64nKBk16 (K_s: B, K-major)
+        O_acc[64, D] += P_{j-1} V_s(j-1)              KB/16 x wgmma m64nDk16, P: register A
+        (S_j in) partial or tail block: S = allowed ? S * scale + bias : -inf (predicate)
+                 m_new = max(m, rowmax S); alpha = 2^(m - m_new); P_j = 2^(S - m_new)
+                 l = l alpha + rowsum P_j                                  (log2 domain)
+        (P_{j-1} V in) release slot j-1; O_acc *= alpha; pack P_j (f16x2 / bf16x2 pairs)
+    SWrite O_acc / l (0 where l = 0) -> staged tile [128, D + 8] over the ring -> 16 B stores
 
-Shared memory (elements): Q 128 x D, P 128 x KB, then the ring of ``stages`` slots of
-K and V (KB x D each); every tile is stored as 64-column tiles of 128-byte-swizzled rows
-(:func:`~.smem.swizzle_128b`).  Design notes: docs/design/sparse_attention.md, "Kernel".
+The other forms (``p_in_registers``, ``warp_specialized``, ``overlap`` off): every thread
+copies through cp.async groups with a CTA barrier a block, P through a shared-memory tile
+(wgmma's descriptor A, 64-key column tiles, swizzled), no overlap of a block's softmax with
+the previous block's P V.
+
+Shared memory (elements): Q 128 x D, P 128 x KB (P through shared memory only), then the ring
+of ``stages`` slots of K and V (KB x D each); every tile is stored as 64-column tiles of
+128-byte-swizzled rows (:func:`~.smem.swizzle_128b`), the layout the wgmma descriptors read.
+Design notes and measurements: docs/design/sparse_attention.md, "Kernel".
 """
 from __future__ import annotations
 
