@@ -15,6 +15,9 @@ CTA_BARRIER = 0
 CONSUMERS_BARRIER = 1
 #: consumers arrive once their K loop is done; the store warpgroup waits on it, then stores
 STORE_READY_BARRIER = 2
+#: warpgroup g of a kernel whose warpgroups sync apart (block-sparse attention's P tile) uses
+#: ``WARPGROUP_BARRIERS + g``
+WARPGROUP_BARRIERS = 3
 
 
 def named_barrier_sync(barrier: int, threads: int):

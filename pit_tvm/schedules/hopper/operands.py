@@ -10,14 +10,16 @@ from typing import Any
 from tvm.script import tirx as T
 
 
-class _Unpacked:
+class Unpacked:
+    """a group of macro operands bound once with ``T.meta_var`` (a base of such dataclasses)"""
+
     def unpacked(self):
         """the fields, to unpack in a ``T.macro`` (as meta values: no buffer is renamed)"""
         return tuple(T.meta_var(getattr(self, f.name)) for f in fields(self))
 
 
 @dataclass(frozen=True)
-class TileOperands(_Unpacked):
+class TileOperands(Unpacked):
     """A GEMM tile's global buffers (those its variant does not take go unused): A, B, the
     index (``OFF``: offsets, ``IDS``: ids), the epilogue's bias, row scale and residual, C, and
     a strips listing's state, counts, strip ids and compacted C"""
@@ -37,7 +39,7 @@ class TileOperands(_Unpacked):
 
 
 @dataclass(frozen=True)
-class TileRegisters(_Unpacked):
+class TileRegisters(Unpacked):
     """A GEMM thread's registers (local arrays): the accumulators; the A rows it copies and C
     rows it stores; its fragment rows' scales; its residual chunks; the tiles kind's A columns
     and B rows of this K tile and the next; the wgmma descriptors; a strips listing's values"""

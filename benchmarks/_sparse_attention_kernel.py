@@ -1,0 +1,93 @@
+"""Block-sparse attention's Hopper kernel alone (no index build) against dense FlashAttention
+(SDPA) on the H100: random block masks of full blocks at several densities, B 1, H 12, S 4096,
+head dims 64 / 128, key blocks 64 / 128, each form of the kernel (``FORMS``).  Prints the
+kernel's time, its speedup over dense and that speedup as a fraction of the density-ideal one
+(issue 36's target: >= 0.7 at <= 25 %, and >= 0.85x dense at 100 %), and the kernel's device
+time from torch.profiler (do_bench's time includes the host's per call where that bounds it).
+
+    python3 benchmarks/_sparse_attention_kernel.py [--seq 4096] [--heads 12]
+"""
+import argparse
+import sys
+
+import numpy as np
+import torch
+import tvm
+from triton.testing import do_bench
+
+sys.path.insert(0, "benchmarks")
+from common import kernel_split_us  # noqa: E402
+from pit_tvm.ops.sparse_attention import QUERY_BLOCK, AttentionPattern  # noqa: E402
+from pit_tvm.schedules.hopper.sparse_attention import block_sparse_attention_func  # noqa: E402
+from pit_tvm.target import build  # noqa: E402
+
+
+#: the kernel's forms: P through shared memory (all threads copy), P in registers, a loader
+#: warpgroup filling the ring (P in registers), and that with each block's softmax overlapping
+#: the previous block's P V (key block 64)
+FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
+             "p_regs": {"p_in_registers": True, "warp_specialized": False},
+             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
+             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True}}
+FORMS = ([(kb, form, 2) for kb in (64, 128) for form in ("p_smem", "p_regs", "ws")]
+         + [(64, "ws", 4), (128, "ws", 3), (64, "ws_overlap", 3), (64, "ws_overlap", 4)])
+
+
+def block_index(rng, batch, seq, key_block, density):
+    """the index of a random block mask whose listed blocks are all full (no predicate)"""
+    qbn, kbn = -(-seq // QUERY_BLOCK), -(-seq // key_block)
+    listed = rng.random((batch, 1, qbn, kbn)) < density
+    counts = listed.sum(-1).astype(np.int32)
+    ids = np.full((batch, 1, qbn, kbn), -1, np.int32)
+    for idx in np.ndindex(batch, 1, qbn):
+        n = np.nonzero(listed[idx])[0]
+        ids[idx][:len(n)] = n
+    return counts, ids, np.zeros_like(ids), listed.mean()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=12)
+    args = ap.parse_args()
+    B, H, S = 1, args.heads, args.seq
+    rng = np.random.default_rng(0)
+    T = tvm.runtime.from_dlpack
+    pattern = AttentionPattern(mask="bool")
+    for d in (64, 128):
+        q, k, v = (torch.randn(B, H, S, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        o = torch.empty_like(q)
+        dense_us = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+                            warmup=10, rep=100) * 1e3
+        dense_dev = sum(kernel_split_us(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)).values())
+        print(f"d {d}: dense SDPA {dense_us:.1f} us (device time {dense_dev:.1f} us)", flush=True)
+        mask = torch.ones(B, 1, S, S, dtype=torch.bool, device="cuda")   # read only in partial blocks: never
+        for kb, form, stages in FORMS:
+            try:
+                func = block_sparse_attention_func(d, pattern, "float16", kb, stages=stages, **FORM_ARGS[form])
+            except ValueError as err:        # (a ring too deep for the shared memory)
+                print(f"  kb {kb} {form} stages {stages}: {err}")
+                continue
+            f = build(tvm.IRModule({"main": func}), "cuda:sm_90a")["main"]
+            for density in (0.05, 0.10, 0.25, 0.50, 1.0):
+                counts, ids, partial, real = block_index(rng, B, S, kb, density)
+                index = [torch.from_numpy(x).cuda() for x in (counts, ids, partial)]
+                call_args = [T(x) for x in [q, k, v] + index + [mask, o]]
+                us = do_bench(lambda: f(*call_args), warmup=10, rep=100) * 1e3
+                # the kernel's device time (torch.profiler): below ``us`` where the calls' host
+                # time bounds the loop (few listed blocks)
+                dev_us = sum(t for name, t in kernel_split_us(lambda: f(*call_args)).items()
+                             if "sparse_attention" in name)
+                speedup = dense_us / us
+                check = ""
+                if density == 1.0:       # every block listed: the dense result
+                    f(*call_args)
+                    err = (o - torch.nn.functional.scaled_dot_product_attention(q, k, v)).abs().max().item()
+                    check = f", max error against SDPA {err:.1e}" + (" WRONG" if err > 2e-2 else "")
+                print(f"  kb {kb:3d} {form:6s} stages {stages} density {real:5.3f}: {us:8.1f} us "
+                      f"(device {dev_us:6.1f}), {speedup:5.2f}x dense, {speedup * real:4.2f} of the "
+                      f"density-ideal speedup{check}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

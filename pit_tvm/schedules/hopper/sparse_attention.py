@@ -1,0 +1,533 @@
+"""Block-sparse attention on the H100 (sm_90a): a FlashAttention-style online-softmax kernel
+that reads only the key blocks a per-call device index lists (PIT's SRead along the key axis).
+
+Workload (``q``: ``[B, H, Sq, D]``, ``k, v``: ``[B, H, Sk, D]``, fp16 or bf16, D 64 or 128)::
+
+    o[b, h, q] = sum_k softmax_k(q . k * scale + mask(b, h, q, k)) v[b, h, k]   over allowed k
+
+with ``allowed(b, h, q, k)`` the pattern's element predicate (a mask tensor, causal, a window,
+global tokens, documents: :func:`pit_tvm.ops.sparse_attention.pattern_predicate`).  A row with
+no allowed key gives 0.  The softmax's sum and the P V product do not depend on the keys'
+order, so a query block may visit only its listed key blocks, in any order.
+
+Index (built on the device every call, ``pit_tvm/index/``): per ``(b, head group hg, 128-query
+block qb)`` ``block_counts[b, hg, qb]`` listed key blocks of ``key_block`` keys,
+``block_ids[b, hg, qb, j]`` their ids and ``block_partial[b, hg, qb, j]`` (1: the listed block
+has a disallowed entry or a non-zero additive bias, so the element predicate is applied in
+it; 0: every entry allowed, nothing added).
+``hg = min(h, HG - 1)`` (HG: the mask's head dim, 1 or H; 1 without a mask).
+
+One CTA per (128-query block, head, batch); B, H, Sq, Sk, HG and the mask's head dim symbolic.
+The default form: a loader warpgroup and 2 consumer warpgroups (384 threads)::
+
+    loader warpgroup (128 threads, cp.async; then it exits):
+        SRead Q_s[128, D] (rows past Sq zero-filled)                       -> Q mbarrier
+        for j in listed blocks of (b, hg, qb):              (block id via block_ids: SRead)
+            wait empty[j % STAGES]; SRead K_s, V_s[KB, D] of block j (keys past Sk zero-filled)
+            -> full[j % STAGES]                                     (ring.py's MbarrierRing)
+    consumer warpgroup g (queries 64g .. 64g+63), block j once full[j % STAGES]:
+        S_j[64, KB]  = Q_s[64g:] K_s^T               D/16  x wgmma m64nKBk16 (K_s: B, K-major)
+        O_acc[64, D] += P_{j-1} V_s(j-1)              KB/16 x wgmma m64nDk16, P: register A
+        (S_j in) partial or tail block: S = allowed ? S * scale + bias : -inf (predicate)
+                 m_new = max(m, rowmax S); alpha = 2^(m - m_new); P_j = 2^(S - m_new)
+                 l = l alpha + rowsum P_j                                  (log2 domain)
+        (P_{j-1} V in) release slot j-1; O_acc *= alpha; pack P_j (f16x2 / bf16x2 pairs)
+    SWrite O_acc / l (0 where l = 0) -> staged tile [128, D + 8] over the ring -> 16 B stores
+
+The other forms (``p_in_registers``, ``warp_specialized``, ``overlap`` off): every thread
+copies through cp.async groups with a CTA barrier a block, P through a shared-memory tile
+(wgmma's descriptor A, 64-key column tiles, swizzled), no overlap of a block's softmax with
+the previous block's P V.
+
+Shared memory (elements): Q 128 x D, P 128 x KB (P through shared memory only), then the ring
+of ``stages`` slots of K and V (KB x D each); every tile is stored as 64-column tiles of
+128-byte-swizzled rows (:func:`~.smem.swizzle_128b`), the layout the wgmma descriptors read.
+Design notes and measurements: docs/design/sparse_attention.md, "Kernel".
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+from pit_tvm.ops.sparse_attention import KEY_BLOCKS, QUERY_BLOCK
+from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, WARPGROUP_BARRIERS, exit_thread,
+                                               named_barrier_sync)
+from pit_tvm.schedules.hopper.config import CONSUMER_WARPGROUPS, LOADER_THREADS, TARGET, THREADS
+from pit_tvm.schedules.hopper.lowering import lower_tirx
+from pit_tvm.schedules.hopper.operands import Unpacked
+from pit_tvm.schedules.hopper.ring import MbarrierRing
+from pit_tvm.schedules.hopper.smem import PTX_TYPE, SWIZZLE_128B, k_major_strides, mn_major_strides, swizzle_128b
+from pit_tvm.schedules.limits import IN_DTYPES, dtype_bytes, max_smem_bytes
+
+__all__ = ["HEAD_DIMS", "block_sparse_attention_func", "sparse_attention_smem_bytes"]
+
+# a CTA computes one of the index's QUERY_BLOCK (128) query blocks: 2 warpgroups x wgmma M=64
+HEAD_DIMS = (64, 128)
+ATOM = 64                      # columns of one 128-byte swizzle atom of fp16 / bf16
+#: a masked score (log2 domain): finite, so that ``masked - row max`` never makes a NaN
+MASKED = -3.0e38
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class ConsumerRegisters(Unpacked):
+    """A consumer thread's registers (local arrays): the scores S and output O_acc fragments,
+    its two rows' running max and sum, the rescale factor, the block's row max, the wgmma
+    descriptors, P packed as wgmma's register A"""
+
+    acc_s: Any
+    acc_o: Any
+    row_max: Any
+    row_sum: Any
+    alpha: Any
+    m_new: Any
+    desc_a: Any
+    desc_b: Any
+    p_regs: Any
+
+
+def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int, p_in_registers: bool = False) -> int:
+    """dynamic shared memory of :func:`block_sparse_attention_func`'s kernel: Q, P (unless in
+    registers), the K / V ring"""
+    p_tile = 0 if p_in_registers else QUERY_BLOCK * key_block
+    return (QUERY_BLOCK * head_dim + p_tile + stages * 2 * key_block * head_dim) * 2
+
+
+def _check(head_dim, in_dtype, key_block, stages, p_in_registers):
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"block-sparse attention's Hopper kernel takes head dims {HEAD_DIMS}, got {head_dim}")
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f"block-sparse attention's Hopper kernel takes {IN_DTYPES}, got {in_dtype}")
+    if key_block not in KEY_BLOCKS:
+        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block}")
+    if stages < 2:
+        raise ValueError(f"the K / V ring needs at least 2 stages, got {stages}")
+    smem = sparse_attention_smem_bytes(head_dim, key_block, stages, p_in_registers)
+    if smem > max_smem_bytes("sm_90a"):
+        raise ValueError(f"head dim {head_dim}, key block {key_block} and {stages} stages need {smem} bytes "
+                         f"of shared memory, over the H100's {max_smem_bytes('sm_90a')}")
+
+
+@functools.lru_cache(maxsize=64)
+def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16", key_block: int = 64, *,
+                                scale: float | None = None, mask_dtype: str | None = None,
+                                stages: int | None = None, p_in_registers: bool = True,
+                                warp_specialized: bool = True, overlap: bool | None = None) -> tirx.PrimFunc:
+    """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
+    [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
+
+    ``scale``: the scores' factor (default ``1 / sqrt(head_dim)``); ``mask_dtype``: the mask tensor's
+    dtype (default ``bool`` for a boolean mask, ``in_dtype`` for an additive one);
+    The kernel's form (docs/design/sparse_attention.md, "Kernel"; the defaults measured fastest):
+    ``p_in_registers``: P V takes P from registers (wgmma's register-A form: the scores'
+    accumulator fragment is the A fragment), not through shared memory; ``warp_specialized``: a
+    loader warpgroup fills the ring (``ring.py``'s full / empty mbarriers), so that the consumer
+    warpgroups run apart (needs ``p_in_registers``); ``overlap`` (with ``warp_specialized``, key
+    block 64; default: where it applies): a block's softmax runs while the previous block's
+    P V is in flight; ``stages``: K / V blocks in the ring (default 4 with ``overlap``, else 2).
+    An additive mask's values are added in partial blocks only: the index marks a block full
+    only where every entry is allowed with bias 0.  Raises ValueError where the kernel does not
+    apply."""
+    D, KB = int(head_dim), int(key_block)
+    if overlap is None:
+        overlap = bool(warp_specialized) and KB == 64
+    if stages is None:
+        stages = 4 if overlap else 2
+    _check(D, in_dtype, KB, int(stages), bool(p_in_registers))
+    if warp_specialized and not p_in_registers:
+        raise ValueError("warp_specialized needs p_in_registers (the consumer warpgroups share no P tile barrier)")
+    if overlap and not warp_specialized:
+        raise ValueError("overlap needs warp_specialized (the all-threads loop syncs the CTA every block)")
+    if overlap and key_block != 64:
+        raise ValueError("overlap takes key_block 64 (at 128 the second block's scores spill: 168 registers)")
+    STAGES = int(stages)
+    SCALE2 = (1.0 / math.sqrt(D) if scale is None else float(scale)) * LOG2E
+    additive = pattern.mask == "additive"
+    if mask_dtype is None:
+        mask_dtype = "bool" if pattern.mask == "bool" else in_dtype
+    from pit_tvm.ops.sparse_attention import pattern_inputs, pattern_predicate, pattern_score_bias
+    inputs = pattern_inputs(pattern)
+
+    QB = QUERY_BLOCK
+    ROW_CHUNKS = D // 8            # 16-byte chunks per row of Q / K / V / O
+    ACC_S = KB // 2                # fp32 scores per thread: m64 x nKB over 128 threads
+    ACC_O = D // 2
+    Q_OFF = 0
+    P_OFF = Q_OFF + QB * D         # P (not p_in_registers): KB / 64 column tiles of [128 rows x 64 keys]
+    RING_OFF = P_OFF + (0 if p_in_registers else QB * KB)
+    SLOT = 2 * KB * D              # a ring slot: K block, then V block
+    O_ROW = D + 8                  # staged O pitch (16 bytes of padding against bank conflicts)
+    SMEM_ELEMS = sparse_attention_smem_bytes(D, KB, STAGES, p_in_registers) // dtype_bytes(in_dtype)
+    t = PTX_TYPE[in_dtype]
+    wgmma_s = f"wgmma.mma_async.sync.aligned.m64n{KB}k16.f32.{t}.{t}"
+    wgmma_o = f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{t}.{t}"
+    pack_pair = f"cvt.rn.{t}x2.f32"             # (hi, lo) fp32 -> one b32 of two halves
+    KM_LBO, KM_SBO = k_major_strides(ATOM)      # K-major rows of 128 B (Q, K, P)
+    V_LBO, V_SBO = mn_major_strides(KB)         # V as MN-major B: 64-column atoms of KB rows
+    LAUNCH_THREADS = THREADS + (LOADER_THREADS if warp_specialized else 0)
+    ring = MbarrierRing(STAGES)
+    masked = tirx.const(MASKED, "float32")
+    full = T.uint32(0xFFFFFFFF)
+
+    def tiled(rows, r, ch):
+        """element offset of 16-byte chunk ``ch`` of row ``r`` in a [rows x D] tile stored as
+        64-column tiles of 128-byte-swizzled rows"""
+        return (ch // 8) * (rows * ATOM) + r * ATOM + swizzle_128b(ch % 8, r) * 8
+
+    def k_step(rows, kk):
+        """16-byte units from a K-major operand's descriptor to its k16 step ``kk``"""
+        return T.Cast("uint64", ((kk // 4) * rows * ATOM + (kk % 4) * 16) // 8)
+
+    def copy16(dst, src, read):
+        """16-byte cp.async (to wrap in ``T.evaluate``); zero-fills ``dst`` where ``read`` is false"""
+        return T.ptx["cp.async.cg.shared.global"](dst, src, 16, T.Cast("uint32", T.if_then_else(read, 16, 0)))
+
+    def quad_max(x):
+        x = T.max(x, T.cuda.__shfl_xor_sync(full, x, 1, 32))
+        return T.max(x, T.cuda.__shfl_xor_sync(full, x, 2, 32))
+
+    def quad_sum(x):
+        x = x + T.cuda.__shfl_xor_sync(full, x, 1, 32)
+        return x + T.cuda.__shfl_xor_sync(full, x, 2, 32)
+
+    @T.macro
+    def load_q(Q, b, h, qb, Sq, smem, t, threads):
+        """SRead: the query block's 128 rows of Q by ``threads`` copying threads (rows past Sq
+        zero-filled, not read)"""
+        for c in T.unroll(QB * ROW_CHUNKS // threads):
+            r = (t + threads * c) // ROW_CHUNKS
+            ch = (t + threads * c) % ROW_CHUNKS
+            query = qb * QB + r
+            T.evaluate(copy16(smem.ptr_to([Q_OFF + tiled(QB, r, ch)]),
+                              Q.ptr_to([b, h, T.min(query, Sq - 1), ch * 8]), query < Sq))
+
+    @T.macro
+    def load_block(K, V, b, h, Sk, smem, slot, kblk, t, threads):
+        """SRead: key block ``kblk``'s KB rows of K and V into ring slot ``slot`` by ``threads``
+        copying threads (keys past Sk zero-filled, not read)"""
+        for c in T.unroll(KB * ROW_CHUNKS // threads):
+            r = (t + threads * c) // ROW_CHUNKS
+            ch = (t + threads * c) % ROW_CHUNKS
+            key = kblk * KB + r
+            src_key = T.min(key, Sk - 1)
+            T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + tiled(KB, r, ch)]),
+                              K.ptr_to([b, h, src_key, ch * 8]), key < Sk))
+            T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + KB * D + tiled(KB, r, ch)]),
+                              V.ptr_to([b, h, src_key, ch * 8]), key < Sk))
+
+    def needs_predicate(partial, kblk, Sk):
+        """a partial block, or the tail block (keys past Sk)"""
+        return T.Or(partial != 0, (kblk + 1) * KB > Sk)
+
+    @T.macro
+    def issue_qk(slot, smem, tid, r):
+        """S = Q K^T, this warpgroup's 64 queries against the block in ring slot ``slot``: D/16
+        wgmma, one commit group (not waited for)"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        for i in T.unroll(ACC_S):
+            acc_s[i] = T.float32(0)
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([Q_OFF + tid // 128 * 64 * ATOM]),
+                                              KM_LBO, KM_SBO, SWIZZLE_128B)
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([RING_OFF + slot * SLOT]),
+                                              KM_LBO, KM_SBO, SWIZZLE_128B)
+        T.ptx.wgmma.fence.sync.aligned()
+        for kk in T.unroll(D // 16):
+            T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
+                           desc_a[0] + k_step(QB, kk), desc_b[0] + k_step(KB, kk), True, 1, 1, 0, 0)
+        T.ptx.wgmma.commit_group.sync.aligned()
+
+    @T.macro
+    def softmax_step(kblk, partial, b, h, qb, Sq, Sk, buffers, tid, r):
+        """the scores of key block ``kblk`` (its element predicate where ``partial`` or the tail
+        block) -> P = 2^(S - running max) in acc_s, the running max and sum, and ``alpha``, the
+        factor O_acc takes before this block's P V"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        w = (tid % 128) // 32
+        lane = tid % 32
+        # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
+        # 8nb + 2(lane%4) (+1) of the block in acc_s[4nb + 2i + e]
+        if needs_predicate(partial, kblk, Sk):
+            # partial (or tail) block: the element predicate, on the fly
+            for nb in T.unroll(KB // 8):
+                for i in T.unroll(2):
+                    for e in T.unroll(2):
+                        query = T.min(qb * QB + tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, Sq - 1)
+                        key = kblk * KB + nb * 8 + (lane % 4) * 2 + e
+                        key_c = T.min(key, Sk - 1)
+                        score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
+                        if additive:
+                            score = score + T.float32(LOG2E) * pattern_score_bias(pattern, buffers, b, h,
+                                                                                  query, key_c)
+                        acc_s[nb * 4 + i * 2 + e] = T.Select(
+                            T.And(key < Sk, pattern_predicate(pattern, buffers, b, h, query, key_c)),
+                            T.max(score, masked), masked)
+        else:
+            for i in T.unroll(ACC_S):
+                acc_s[i] = acc_s[i] * T.float32(SCALE2)
+        # online softmax (log2 domain): new running max, the old terms' factor, P
+        for i in T.unroll(2):
+            m_new[0] = row_max[i]
+            for nb in T.unroll(KB // 8):
+                for e in T.unroll(2):
+                    m_new[0] = T.max(m_new[0], acc_s[nb * 4 + i * 2 + e])
+            m_new[0] = quad_max(m_new[0])
+            # every key so far masked: subtract 0, so that masked scores give 2^-3e38 = 0
+            m_use = T.Select(m_new[0] <= masked, T.float32(0), m_new[0])
+            alpha[i] = T.exp2(row_max[i] - m_use)
+            row_max[i] = m_new[0]
+            row_sum[i] = row_sum[i] * alpha[i]
+            for nb in T.unroll(KB // 8):
+                for e in T.unroll(2):
+                    acc_s[nb * 4 + i * 2 + e] = T.exp2(acc_s[nb * 4 + i * 2 + e] - m_use)
+                    row_sum[i] = row_sum[i] + acc_s[nb * 4 + i * 2 + e]
+
+    @T.macro
+    def rescale_o(r):
+        """O_acc *= alpha (its rows'), before the block's P V adds to it"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        for nb in T.unroll(D // 8):
+            for i in T.unroll(2):
+                for e in T.unroll(2):
+                    acc_o[nb * 4 + i * 2 + e] = acc_o[nb * 4 + i * 2 + e] * alpha[i]
+
+    @T.macro
+    def pack_p(r):
+        """P as wgmma's register A: k16 step kk takes the scores of keys 16kk .. 16kk+15, rows r
+        and r+8 (accumulator column blocks 2kk, 2kk+1), as four f16x2 / bf16x2 pairs"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        for kk in T.unroll(KB // 16):
+            for a in T.unroll(4):
+                T.ptx[pack_pair](p_regs[kk * 4 + a], acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2 + 1],
+                                 acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2])
+
+    @T.macro
+    def issue_pv(slot, smem, tid, r):
+        """O_acc += P V for the block in ring slot ``slot``: KB/16 wgmma, one commit group (not
+        waited for); P from registers (``pack_p``), or first written to shared memory"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        wg = tid // 128
+        if p_in_registers:
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
+                                                  smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
+                                                  V_LBO, V_SBO, SWIZZLE_128B)
+            T.ptx.wgmma.fence.sync.aligned()
+            for kk in T.unroll(KB // 16):
+                T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)], *[p_regs[kk * 4 + a] for a in range(4)],
+                               desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8), True, 1, 1, 1)
+        else:
+            # P (unnormalised) as wgmma's A in shared memory, this warpgroup's 64 rows
+            w = (tid % 128) // 32
+            lane = tid % 32
+            for nb in T.unroll(KB // 8):
+                for i in T.unroll(2):
+                    for e in T.vectorized(2):
+                        smem[P_OFF + tiled(QB, wg * 64 + w * 16 + lane // 4 + 8 * i, nb)
+                             + (lane % 4) * 2 + e] = T.Cast(in_dtype, acc_s[nb * 4 + i * 2 + e])
+            T.ptx["fence.proxy.async.shared::cta"]()
+            T.evaluate(named_barrier_sync(WARPGROUP_BARRIERS + wg, 128))
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([P_OFF + wg * 64 * ATOM]),
+                                                  KM_LBO, KM_SBO, SWIZZLE_128B)
+            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
+                                                  smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
+                                                  V_LBO, V_SBO, SWIZZLE_128B)
+            T.ptx.wgmma.fence.sync.aligned()
+            for kk in T.unroll(KB // 16):
+                T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
+                               desc_a[0] + k_step(QB, kk), desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8),
+                               True, 1, 1, 0, 1)
+        T.ptx.wgmma.commit_group.sync.aligned()
+
+    @T.macro
+    def attend(kblk, partial, slot, b, h, qb, Sq, Sk, buffers, smem, tid, r):
+        """a consumer warpgroup's step on the key block ``kblk`` in ring slot ``slot``, in
+        order: its 64 queries' scores, the online softmax, ``O_acc += P V``"""
+        issue_qk(slot, smem, tid, r)
+        T.ptx.wgmma.wait_group.sync.aligned(0)
+        softmax_step(kblk, partial, b, h, qb, Sq, Sk, buffers, tid, r)
+        rescale_o(r)
+        if p_in_registers:
+            pack_p(r)
+        issue_pv(slot, smem, tid, r)
+        T.ptx.wgmma.wait_group.sync.aligned(0)
+
+    def consumers_sync():
+        """the barrier of the two consumer warpgroups (the loader warpgroup, where there is one,
+        takes no part)"""
+        return named_barrier_sync(CONSUMERS_BARRIER, THREADS) if warp_specialized else T.cuda.cta_sync()
+
+    @T.macro
+    def store_o(O, b, h, qb, Sq, smem, tid, r):
+        """SWrite: O_acc / l (0 for a row without an allowed key) -> the staged [128, D + 8]
+        tile over the ring (every consumer is done with it) -> 16-byte stores of rows < Sq"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        w = (tid % 128) // 32
+        lane = tid % 32
+        T.evaluate(consumers_sync())
+        for i in T.unroll(2):
+            row_sum[i] = quad_sum(row_sum[i])
+        for nb in T.unroll(D // 8):
+            for i in T.unroll(2):
+                for e in T.vectorized(2):
+                    smem[RING_OFF + (tid // 128 * 64 + w * 16 + lane // 4 + 8 * i) * O_ROW + nb * 8
+                         + (lane % 4) * 2 + e] = T.Cast(in_dtype, T.if_then_else(
+                             row_sum[i] > T.float32(0), acc_o[nb * 4 + i * 2 + e] / row_sum[i], T.float32(0)))
+        T.evaluate(consumers_sync())
+        for c in T.unroll(QB * ROW_CHUNKS // THREADS):
+            row = (tid + THREADS * c) // ROW_CHUNKS
+            ch = (tid + THREADS * c) % ROW_CHUNKS
+            if qb * QB + row < Sq:
+                for e in T.vectorized(8):
+                    O[b, h, qb * QB + row, ch * 8 + e] = smem[RING_OFF + row * O_ROW + ch * 8 + e]
+
+    @T.macro
+    def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, O, B, H, HG, Sq, Sk):
+        T.device_entry()
+        qb, h, b = T.cta_id([(Sq + QB - 1) // QB, H, B])
+        tid = T.thread_id([LAUNCH_THREADS])
+        smem = T.alloc_buffer([SMEM_ELEMS], in_dtype, scope="shared.dyn", align=1024)
+        bars = T.alloc_buffer([2 * STAGES + 1 if warp_specialized else 1], "uint64", scope="shared", align=8)
+        acc_s = T.alloc_local([ACC_S], "float32")
+        acc_o = T.alloc_local([ACC_O], "float32")
+        row_max = T.alloc_local([2], "float32")    # running max (log2 domain) of rows i = 0, 1
+        row_sum = T.alloc_local([2], "float32")    # this thread's part of the running sum
+        alpha = T.alloc_local([2], "float32")
+        m_new = T.alloc_local([1], "float32")
+        desc_a = T.alloc_local([1], "uint64")
+        desc_b = T.alloc_local([1], "uint64")
+        p_regs = T.alloc_local([KB // 4 if p_in_registers else 1], "uint32")   # P as wgmma's register A
+        r = T.meta_var(ConsumerRegisters(acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs))
+        hg = T.min(h, HG - 1)
+        count = COUNTS[b, hg, qb]
+        for i in T.unroll(ACC_O):
+            acc_o[i] = T.float32(0)
+        for i in T.unroll(2):
+            row_max[i] = masked
+            row_sum[i] = T.float32(0)
+        if warp_specialized:
+            # full[s] (bars[s]): the loader's 128 threads' copies of the slot landed; empty[s]
+            # (bars[STAGES + s]): both consumer warpgroups are done with it; bars[2 STAGES]: Q
+            if tid == 0:
+                ring.init(bars, LOADER_THREADS, CONSUMER_WARPGROUPS)
+                T.ptx.mbarrier.init.shared.b64(bars.ptr_to([2 * STAGES]), T.uint32(LOADER_THREADS))
+            T.cuda.cta_sync()
+            if tid >= THREADS:
+                # the loader warpgroup: Q, then each listed block once its slot is free
+                load_q(Q, b, h, qb, Sq, smem, tid - THREADS, LOADER_THREADS)
+                T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([2 * STAGES]))
+                for j in T.serial(count):
+                    ring.acquire(bars, j % STAGES, j)
+                    load_block(K, V, b, h, Sk, smem, j % STAGES, IDS[b, hg, qb, j], tid - THREADS, LOADER_THREADS)
+                    ring.arrive_on_copies(bars, j % STAGES)
+                T.evaluate(exit_thread())
+            T.cuda.mbarrier_wait(bars.ptr_to([2 * STAGES]), 0)
+            if overlap:
+                # block j's scores and softmax while block j-1's P V runs (FA3's intra-warpgroup
+                # overlap): S_j's wgmma, then P_{j-1} V's; the softmax once S_j is in; O_acc's
+                # rescale and P_j's packing once P_{j-1} V retired (it reads both)
+                if count > 0:
+                    ring.wait_full(bars, 0, 0)
+                    T.ptx["fence.proxy.async.shared::cta"]()
+                    issue_qk(0, smem, tid, r)
+                    T.ptx.wgmma.wait_group.sync.aligned(0)
+                    softmax_step(IDS[b, hg, qb, 0], PARTIAL[b, hg, qb, 0], b, h, qb, Sq, Sk, buffers, tid, r)
+                    pack_p(r)
+                    for j in T.serial(1, count):
+                        ring.wait_full(bars, j % STAGES, j)
+                        T.ptx["fence.proxy.async.shared::cta"]()
+                        issue_qk(j % STAGES, smem, tid, r)
+                        issue_pv((j - 1) % STAGES, smem, tid, r)
+                        T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
+                        softmax_step(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], b, h, qb, Sq, Sk, buffers, tid, r)
+                        T.ptx.wgmma.wait_group.sync.aligned(0)          # P_{j-1} V retired
+                        ring.release(bars, j, tid)      # (the slot of block j-1: release takes q - 1)
+                        rescale_o(r)
+                        pack_p(r)
+                    issue_pv((count - 1) % STAGES, smem, tid, r)
+                    T.ptx.wgmma.wait_group.sync.aligned(0)
+            else:
+                for j in T.serial(count):
+                    ring.wait_full(bars, j % STAGES, j)
+                    # (cp.async wrote through the generic proxy; wgmma reads through the async one)
+                    T.ptx["fence.proxy.async.shared::cta"]()
+                    attend(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], j % STAGES, b, h, qb, Sq, Sk, buffers, smem,
+                           tid, r)
+                    ring.release(bars, j + 1, tid)      # (the slot of block j: release takes q - 1)
+        else:
+            # every thread copies: Q, then the first STAGES - 1 listed blocks, one group each
+            # (empty groups past the count)
+            load_q(Q, b, h, qb, Sq, smem, tid, THREADS)
+            T.ptx["cp.async.commit_group"]()
+            for j in T.unroll(STAGES - 1):
+                if j < count:
+                    load_block(K, V, b, h, Sk, smem, j, IDS[b, hg, qb, j], tid, THREADS)
+                T.ptx["cp.async.commit_group"]()
+            for j in T.serial(count):
+                # block j landed (this thread's copies, then everyone's); every warpgroup is
+                # past block j-1's wgmma, so its slot may be refilled
+                T.ptx["cp.async.wait_group"](STAGES - 2)
+                T.ptx["fence.proxy.async.shared::cta"]()
+                T.cuda.cta_sync()
+                if j + STAGES - 1 < count:
+                    load_block(K, V, b, h, Sk, smem, (j + STAGES - 1) % STAGES, IDS[b, hg, qb, j + STAGES - 1],
+                               tid, THREADS)
+                T.ptx["cp.async.commit_group"]()
+                attend(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], j % STAGES, b, h, qb, Sq, Sk, buffers, smem, tid, r)
+            T.ptx["cp.async.wait_group"](0)
+        store_o(O, b, h, qb, Sq, smem, tid, r)
+
+    func = _signature(body, D, KB, in_dtype, mask_dtype, inputs)
+    name = (f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}"
+            + (f"_{mask_dtype}" if pattern.mask else ""))
+    return lower_tirx(func, TARGET).with_attr("global_symbol", name).with_attr("pit.attention.key_block", KB)
+
+
+def _signature(body, D, KB, in_dtype, mask_dtype, inputs):
+    """The PrimFunc around ``body`` with the contract's parameters: ``q, k, v, block_counts,
+    block_ids, block_partial``, the pattern's run-time inputs (``mask, global_flags, doc_ids``
+    as present), ``o``.  B, H, Sq, Sk and the head dims of the mask (MH) and the index (HG)
+    symbolic; with global tokens or documents (``[B, S]`` inputs) Sq = Sk = S."""
+    one_length = "global_flags" in inputs or "doc_ids" in inputs
+
+    def key_length(Sq, Sk):
+        return Sq if one_length else Sk
+
+    def pattern_buffers(B, MH, Sq, Sk, mask, flags, docs):
+        """the pattern's run-time inputs by name (the predicate's ``buffers``)"""
+        extra = {}
+        if "mask" in inputs:
+            extra["mask"] = T.match_buffer(mask, (B, MH, Sq, Sk), mask_dtype)
+        if "global_flags" in inputs:
+            extra["global_flags"] = T.match_buffer(flags, (B, Sk), "int32")
+        if "doc_ids" in inputs:
+            extra["doc_ids"] = T.match_buffer(docs, (B, Sk), "int32")
+        return extra
+
+    def blocks(n, size):
+        return (n + (size - 1)) // size
+
+    @T.macro
+    def with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, o, B, H, HG, MH, Sq, Sk):
+        body(T.match_buffer(q, (B, H, Sq, D), in_dtype), T.match_buffer(k, (B, H, Sk, D), in_dtype),
+             T.match_buffer(v, (B, H, Sk, D), in_dtype),
+             T.match_buffer(counts, (B, HG, blocks(Sq, QUERY_BLOCK)), "int32"),
+             T.match_buffer(ids, (B, HG, blocks(Sq, QUERY_BLOCK), blocks(Sk, KB)), "int32"),
+             T.match_buffer(partial, (B, HG, blocks(Sq, QUERY_BLOCK), blocks(Sk, KB)), "int32"),
+             pattern_buffers(B, MH, Sq, Sk, mask, flags, docs),
+             T.match_buffer(o, (B, H, Sq, D), in_dtype),
+             T.Cast("int32", B), T.Cast("int32", H), T.Cast("int32", HG), T.Cast("int32", Sq), T.Cast("int32", Sk))
+
+    @T.prim_func(s_tir=False)
+    def kernel(q: T.handle, k: T.handle, v: T.handle, counts: T.handle, ids: T.handle, partial: T.handle,
+               mask: T.handle, flags: T.handle, docs: T.handle, o: T.handle):
+        B, H, HG, MH, Sq, Sk = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+        with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, o, B, H, HG, MH, Sq, key_length(Sq, Sk))
+
+    names = ("q", "k", "v", "block_counts", "block_ids", "block_partial", "mask", "global_flags", "doc_ids", "o")
+    params = [p for name, p in zip(names, kernel.params)
+              if name not in ("mask", "global_flags", "doc_ids") or name in inputs]
+    return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)

@@ -1,0 +1,299 @@
+"""Block-sparse attention's Hopper kernel (sm_90a, ``pit_tvm/schedules/hopper/sparse_attention.py``).
+
+CPU part: bad arguments raise, the signature follows the contract (contracts/ATTENTION.md), the
+kernel builds and nvcc / ptxas compile it for sm_90a without spills.  GPU part
+(``@pytest.mark.gpu``, an H100): the kernel against the op's numpy reference over random block
+masks (partial blocks, empty rows, all-masked blocks, tails), causal, additive masks, Longformer
+and document patterns, head dims 64 / 128, key blocks 64 / 128, fp16 / bf16; and that it visits
+only the listed key blocks and applies the predicate only in blocks flagged partial.  The index
+comes from the numpy reference of the device index (the index kernel has its own tests).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from _helpers import np_dtype
+from pit_tvm.index.attention import reference_attention_block_index
+from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc, ptxas_log
+from pit_tvm.ops.sparse_attention import QUERY_BLOCK, AttentionPattern, reference_sparse_attention
+from pit_tvm.schedules.hopper.sparse_attention import block_sparse_attention_func, sparse_attention_smem_bytes
+from pit_tvm.target import build
+
+TARGET = "cuda:sm_90a"
+BOOL = AttentionPattern(mask="bool")
+
+
+# ------------------------------------------------------------------------------------ CPU
+def test_defaults_are_the_measured_forms():
+    """key block 64: the overlapping form with a 4-deep ring; 128: warp-specialized, 2 deep
+    (the fastest on the H200, docs/design/sparse_attention.md)"""
+    for kb, form in ((64, dict(overlap=True, stages=4)), (128, dict(overlap=False, stages=2))):
+        assert block_sparse_attention_func(64, BOOL, "float16", kb).script() == block_sparse_attention_func(
+            64, BOOL, "float16", kb, p_in_registers=True, warp_specialized=True, **form).script()
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="head dims"):
+        block_sparse_attention_func(96, BOOL, "float16")
+    with pytest.raises(ValueError, match="float32"):
+        block_sparse_attention_func(64, BOOL, "float32")
+    with pytest.raises(ValueError, match="key_block"):
+        block_sparse_attention_func(64, BOOL, "float16", 32)
+    with pytest.raises(ValueError, match="shared memory"):
+        block_sparse_attention_func(128, BOOL, "float16", 128, stages=4)
+    with pytest.raises(ValueError, match="stages"):
+        block_sparse_attention_func(64, BOOL, "float16", 64, stages=1)
+    assert sparse_attention_smem_bytes(128, 128, 2) <= 227 * 1024
+    assert sparse_attention_smem_bytes(128, 64, 4, p_in_registers=True) <= 227 * 1024
+
+
+@pytest.mark.parametrize("pattern,inputs", [
+    (AttentionPattern(causal=True), ()),
+    (BOOL, ("bool",)),
+    (AttentionPattern(mask="additive", window=64, global_tokens=True, documents=True),
+     ("float16", "int32", "int32")),
+])
+def test_signature(pattern, inputs):
+    """``q, k, v, block_counts, block_ids, block_partial, <mask, global_flags, doc_ids>, o``:
+    the index int32 with ceil(Sq / 128) query blocks and ceil(Sk / key_block) key blocks."""
+    f = block_sparse_attention_func(64, pattern, "float16", 128)
+    bufs = [p.ty for p in f.params]             # a TIRx parameter carries its buffer type
+    assert [b.dtype for b in bufs] == ["float16"] * 3 + ["int32"] * 3 + list(inputs) + ["float16"]
+    assert [len(b.shape) for b in bufs[:6]] == [4, 4, 4, 3, 4, 4]
+    sq, sk = bufs[0].shape[2], bufs[1].shape[2]
+    tvm.ir.assert_structural_equal(bufs[3].shape[2], (sq + 127) // 128)
+    tvm.ir.assert_structural_equal(bufs[4].shape[3], (sk + 127) // 128)
+    # a [B, S] input (global tokens, documents) ties the query and key lengths
+    assert (sq.same_as(sk)) == bool(pattern.global_tokens or pattern.documents)
+
+
+#: the kernel's forms: P through shared memory (all threads copy), P in registers, P in
+#: registers with a loader warpgroup filling the ring, and that with a block's softmax
+#: overlapping the previous block's P V (key block 64 only); "default": the defaults (the
+#: overlapping form with a 4-deep ring at key block 64, the warp-specialized one at 128)
+VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
+            "p_regs": {"p_in_registers": True, "warp_specialized": False},
+            "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
+            "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "stages": 3},
+            "default": {}}
+
+
+@pytest.mark.parametrize("pattern,head_dim,key_block,dtype,variant", [
+    (BOOL, 64, 64, "float16", "p_smem"),
+    (BOOL, 128, 64, "bfloat16", "p_smem"),
+    (AttentionPattern(causal=True), 64, 128, "float16", "p_smem"),
+    (AttentionPattern(mask="additive", causal=True), 128, 128, "float16", "p_smem"),
+    (AttentionPattern(window=256, global_tokens=True), 64, 64, "bfloat16", "p_smem"),
+    (AttentionPattern(documents=True, causal=True), 128, 64, "bfloat16", "p_regs"),
+    (BOOL, 128, 128, "float16", "ws"),
+    (AttentionPattern(window=256, global_tokens=True), 64, 128, "float16", "ws"),
+    (AttentionPattern(mask="additive", causal=True), 128, 64, "bfloat16", "ws_overlap"),
+    (AttentionPattern(window=64, global_tokens=True), 128, 64, "float16", "default"),
+    (AttentionPattern(mask="bool", causal=True), 64, 64, "bfloat16", "default"),
+])
+def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, variant):
+    """wgmma for Q K^T (n = key block) and P V (n = head dim; P from shared memory or from
+    registers), the K / V ring by cp.async (a loader warpgroup's, with the ring's mbarriers);
+    ptxas keeps the wgmma asynchronous (no C7515) and spills nothing."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, **VARIANTS[variant])
+    src = cuda_sources(build(tvm.IRModule({"main": f}), TARGET))[0]
+    assert f"m64n{key_block}k16" in src and f"m64n{head_dim}k16" in src
+    assert "cp_async" in src and "exp2f" in src
+    assert ("wgmma_" + ("f16" if dtype == "float16" else "bf16") + "_rs_" in src) == (variant != "p_smem")
+    assert ("mbarrier_arrive_noinc" in src) == (variant.startswith("ws") or variant == "default")
+    log = ptxas_log(src, "sm_90a")
+    assert "0 bytes spill stores" in log and "C7515" not in log, log[-2000:]
+
+
+def test_form_arguments_checked():
+    with pytest.raises(ValueError, match="p_in_registers"):
+        block_sparse_attention_func(64, BOOL, "float16", 64, p_in_registers=False)
+    with pytest.raises(ValueError, match="warp_specialized"):
+        block_sparse_attention_func(64, BOOL, "float16", 64, warp_specialized=False, overlap=True)
+    with pytest.raises(ValueError, match="key_block 64"):
+        block_sparse_attention_func(64, BOOL, "float16", 128, **VARIANTS["ws_overlap"])
+
+
+def test_op_takes_the_kernel_on_sm90a():
+    """``sparse_attention`` for an sm_90a target builds with this kernel (the index kernel
+    before it) and nvcc compiles the module for sm_90a; head dim 96 falls back to the generic
+    kernel with a warning."""
+    import pit_tvm
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    op = pit_tvm.sparse_attention(64, AttentionPattern(mask="bool", causal=True), dtype="float16", target="cuda")
+    assert op.kernel_name.startswith("pit_sparse_attention_hopper_")
+    assert check_cuda_compiles(op.executable, archs=("sm_90a",)) >= 1
+    with pytest.warns(UserWarning, match="sm_90a kernel does not apply"):
+        op = pit_tvm.sparse_attention(96, BOOL, dtype="float16", target="cuda")
+    assert op.kernel_name.startswith("pit_sparse_attention_generic")
+
+
+# ------------------------------------------------------------------------------------ GPU
+def _inputs(rng, b, h, sq, sk, d, dtype):
+    npd = np_dtype(dtype)
+    q = rng.standard_normal((b, h, sq, d)).astype(np.float32).astype(npd)
+    k = rng.standard_normal((b, h, sk, d)).astype(np.float32).astype(npd)
+    v = rng.standard_normal((b, h, sk, d)).astype(np.float32).astype(npd)
+    return q, k, v
+
+
+def _block_mask(rng, b, mh, sq, sk, key_block, density=0.4, partial=0.5):
+    """a boolean mask of random key blocks per query block: each listed block full or (with
+    probability ``partial``) random elements; some query rows with no allowed key, one query
+    block with nothing allowed"""
+    qbn, kbn = -(-sq // QUERY_BLOCK), -(-sk // key_block)
+    blocks = rng.random((b, mh, qbn, kbn)) < density
+    mask = np.repeat(np.repeat(blocks, QUERY_BLOCK, 2), key_block, 3)[:, :, :sq, :sk].copy()
+    elements = rng.random(mask.shape) < 0.5
+    partial_blocks = np.repeat(np.repeat(rng.random(blocks.shape) < partial, QUERY_BLOCK, 2), key_block, 3)
+    mask &= np.where(partial_blocks[:, :, :sq, :sk], elements, True)
+    mask[:, :, 3::17] = False                       # rows with no allowed key
+    mask[0, :, :QUERY_BLOCK] = False                # a query block with nothing listed
+    return mask
+
+
+def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, variant="p_smem", **inputs):
+    """the kernel's output for (q, k, v) and the pattern's inputs, with the index of the numpy
+    reference unless ``index`` is given"""
+    counts, ids, partial = index or reference_attention_block_index(pattern, q.shape, k.shape, key_block, **inputs)
+    f = _built(pattern, head_dim, key_block, dtype, variant)
+    dev = tvm.cuda(0)
+    out = tvm.runtime.tensor(np.full(q.shape, 7, np.float32).astype(q.dtype), dev)
+    args = [q, k, v, counts, ids, partial] + [inputs[n] for n in pattern.inputs]
+    f(*(tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in args), out)
+    return out.numpy().astype(np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _built(pattern, head_dim, key_block, dtype, variant):
+    if variant == "ws_overlap" and key_block != 64:
+        pytest.skip("overlap takes key block 64")
+    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, **VARIANTS[variant])
+    return build(tvm.IRModule({"main": f}), TARGET)["main"]
+
+
+def _check(got, ref, dtype):
+    tol = 1e-2 if dtype == "float16" else 3e-2
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("head_dim,key_block", [(64, 64), (64, 128), (128, 64), (128, 128)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("sq,sk,mask_heads", [(384, 384, 1), (300, 200, 3)])
+def test_gpu_random_block_mask(head_dim, key_block, dtype, sq, sk, mask_heads, variant):
+    """random block masks (full and partial blocks, empty rows, an empty query block), tails
+    on both axes, one mask for all heads or one a head; every form of the kernel"""
+    b, h = 2, 3
+    rng = np.random.default_rng(head_dim + key_block + sq + mask_heads)
+    q, k, v = _inputs(rng, b, h, sq, sk, head_dim, dtype)
+    mask = _block_mask(rng, b, mask_heads, sq, sk, key_block)
+    got = _run(BOOL, q, k, v, head_dim, key_block, dtype, variant=variant, mask=mask)
+    _check(got, reference_sparse_attention(q, k, v, BOOL, mask=mask), dtype)
+    assert np.all(got[:, :, 3::17] == 0)             # rows with no allowed key give 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("head_dim,key_block,seq", [(64, 64, 333), (128, 128, 512), (128, 64, 130)])
+def test_gpu_causal(head_dim, key_block, seq, variant):
+    pattern = AttentionPattern(causal=True)
+    rng = np.random.default_rng(seq)
+    q, k, v = _inputs(rng, 2, 2, seq, seq, head_dim, "float16")
+    _check(_run(pattern, q, k, v, head_dim, key_block, "float16", variant=variant),
+           reference_sparse_attention(q, k, v, pattern), "float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("head_dim,key_block", [(64, 64), (128, 128)])
+def test_gpu_additive_mask(head_dim, key_block, variant):
+    """an additive mask: finite biases on allowed keys (added in partial blocks), -inf and
+    -1e4 entries (disallowed), zero blocks (full: nothing added), causal on top"""
+    pattern = AttentionPattern(mask="additive", causal=True)
+    b, h, s = 2, 2, 320
+    rng = np.random.default_rng(head_dim)
+    q, k, v = _inputs(rng, b, h, s, s, head_dim, "float16")
+    keep = _block_mask(rng, b, 1, s, s, key_block, density=0.7)
+    bias = np.where(rng.random(keep.shape) < 0.3, rng.standard_normal(keep.shape) * 2, 0.0)
+    bias[:, :, :, key_block:2 * key_block] = 0.0     # a column of blocks without bias
+    mask = np.where(keep, bias, np.where(rng.random(keep.shape) < 0.5, -np.inf, -1e4)).astype(np.float16)
+    got = _run(pattern, q, k, v, head_dim, key_block, "float16", variant=variant, mask=mask)
+    _check(got, reference_sparse_attention(q, k, v, pattern, mask=mask), "float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_longformer_and_documents(head_dim, variant):
+    """window + global tokens drawn per call; packed documents, causal"""
+    b, h, s, key_block = 2, 2, 700, 64
+    rng = np.random.default_rng(head_dim + 1)
+    q, k, v = _inputs(rng, b, h, s, s, head_dim, "bfloat16")
+    longformer = AttentionPattern(window=96, global_tokens=True)
+    flags = (rng.random((b, s)) < 0.02).astype(np.int32)
+    got = _run(longformer, q, k, v, head_dim, key_block, "bfloat16", variant=variant, global_flags=flags)
+    _check(got, reference_sparse_attention(q, k, v, longformer, global_flags=flags), "bfloat16")
+    documents = AttentionPattern(causal=True, documents=True)
+    docs = np.stack([np.repeat(np.arange(6), np.diff(np.r_[0, np.sort(rng.choice(np.arange(1, s), 5, False)), s]))
+                     for _ in range(b)]).astype(np.int32)
+    got = _run(documents, q, k, v, head_dim, key_block, "bfloat16", variant=variant, doc_ids=docs)
+    _check(got, reference_sparse_attention(q, k, v, documents, doc_ids=docs), "bfloat16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gpu_reads_only_the_index(variant):
+    """The kernel visits the listed key blocks only, and applies the predicate only in blocks
+    flagged partial: with a listed block dropped from the index, the result is the reference
+    with that block's keys masked; with a partial block flagged full, the reference with the
+    block's entries all allowed."""
+    b, h, s, d, kb = 1, 2, 256, 64, 64
+    rng = np.random.default_rng(3)
+    q, k, v = _inputs(rng, b, h, s, s, d, "float16")
+    mask = np.ones((b, 1, s, s), bool)
+    mask[:, :, :, 2 * kb:3 * kb] = rng.random((b, 1, s, kb)) < 0.5     # key block 2 partial
+    dropped = mask.copy()
+    dropped[:, :, :QUERY_BLOCK, kb:2 * kb] = False                      # block 1 of query block 0
+    index = reference_attention_block_index(BOOL, q.shape, k.shape, kb, mask=dropped)
+    got = _run(BOOL, q, k, v, d, kb, "float16", index=index, variant=variant, mask=mask)
+    _check(got, reference_sparse_attention(q, k, v, BOOL, mask=dropped), "float16")
+    counts, ids, partial = reference_attention_block_index(BOOL, q.shape, k.shape, kb, mask=mask)
+    assert partial[0, 0, 0, 2] == 1
+    partial[:, :, 1, 2] = 0                                             # query block 1: "full"
+    got = _run(BOOL, q, k, v, d, kb, "float16", index=(counts, ids, partial), variant=variant, mask=mask)
+    trusted = mask.copy()
+    trusted[:, :, QUERY_BLOCK:, 2 * kb:3 * kb] = True
+    _check(got, reference_sparse_attention(q, k, v, BOOL, mask=trusted), "float16")
+
+
+@pytest.mark.gpu
+@settings(max_examples=24, deadline=None)
+@given(b=st.integers(1, 3), h=st.integers(1, 3), sq=st.integers(1, 600), sk=st.integers(1, 600),
+       density=st.floats(0.0, 1.0), seed=st.integers(0, 2**16), variant=st.sampled_from(list(VARIANTS)))
+def test_gpu_fuzz_shapes(b, h, sq, sk, density, seed, variant):
+    """any B, H, Sq, Sk (one build a form: they are symbolic) and block density"""
+    rng = np.random.default_rng(seed)
+    q, k, v = _inputs(rng, b, h, sq, sk, 64, "float16")
+    mask = _block_mask(rng, b, 1, sq, sk, 64, density=density)
+    got = _run(BOOL, q, k, v, 64, 64, "float16", variant=variant, mask=mask)
+    _check(got, reference_sparse_attention(q, k, v, BOOL, mask=mask), "float16")
+
+
+def test_scale_default_is_inverse_sqrt_head_dim():
+    """the default scale is 1 / sqrt(d) (the reference's): both builds take the same constant"""
+    a = block_sparse_attention_func(128, BOOL, "float16", 64).script()
+    b = block_sparse_attention_func(128, BOOL, "float16", 64, scale=1 / math.sqrt(128)).script()
+    assert a == b
