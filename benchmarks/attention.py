@@ -201,6 +201,9 @@ def render(env, rows) -> str:
     def ms(v):
         return "—" if v is None else f"{v:.3f}"
 
+    def err(r):
+        return "—" if r.get("max_err") is None else f"{r['max_err']:.1e}"
+
     lines = ["# Dynamic sparse attention (issue 36)", "",
              f"{env['device']}, {env['date']}, `{env['command']}`; torch {env.get('torch', '?')}, tvm {env['tvm']}.",
              "Times in ms (median); pit = the op (index from the mask or description every call + kernel).",
@@ -214,7 +217,7 @@ def render(env, rows) -> str:
                      f"| {ms(r['pit_index_ms'])} | {ms(r['sdpa_dense_ms'])} | {ms(r.get('sdpa_mask_ms'))} "
                      f"| {ms(r.get('flex_per_call_ms'))} | {ms(r.get('flex_known_ms'))} "
                      f"| {ms(r['roofline_density_ms'])} | {ms(r['roofline_bytes_ms'])} "
-                     f"| {r['pit_vs_dense']:.2f}x | {r['max_err']:.1e}{'' if r['correct'] else ' WRONG'} |")
+                     f"| {r['pit_vs_dense']:.2f}x | {err(r)}{'' if r['correct'] else ' WRONG'} |")
     errors = [r for r in rows if r.get("flex_error")]
     if errors:
         lines += ["", "FlexAttention errors: " + "; ".join(f"{r['pattern']} S{r['S']}: {r['flex_error']}"

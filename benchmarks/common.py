@@ -77,7 +77,9 @@ def time_compiled(cm, inputs: dict, repeat: int, warmup: int):
 def print_table(rows: list[dict], columns: list[str]):
     print("  ".join(f"{c:>14s}" for c in columns))
     for r in rows:
-        print("  ".join(f"{r[c]:>14.3f}" if isinstance(r[c], float) else f"{str(r[c]):>14s}" for c in columns))
+        cells = [r.get(c) for c in columns]       # (a method that did not run at a shape: "-")
+        print("  ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{'-' if v is None else str(v):>14s}"
+                        for v in cells))
 
 
 # --------------------------------------------------------------------------------------
