@@ -240,6 +240,21 @@ def test_hf_longformer_model_with_contrib_attention_matches_hugging_face():
         np.testing.assert_allclose(compiled.run(feeds)[0], z[f"hf_output_{i}"], atol=2e-5, rtol=0)
 
 
+@pytest.mark.skipif(__import__("pit_tvm.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None, reason="nvcc not found")
+def test_hf_longformer_model_builds_for_cuda():
+    """what the GPU test below builds (fp32, static shapes), compiled to sm_90a device code: its
+    fused ``where(global rows, global, local)`` kernel once vectorised a select on a bool x4
+    value that nvcc rejects (ushort4 to float4)"""
+    from pit_tvm.nvcc import check_cuda_compiles
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = pit_tvm.compile_onnx(str(DATA / "longformer_model.onnx"), shapes=MODEL_SHAPES, target="cuda",
+                                        sparse_attention="global_attention_mask")
+    assert [n["status"] for n in compiled.annotations if n["source"].startswith("attention:")] == ["pit", "pit"]
+    assert check_cuda_compiles(compiled.executable, archs=("sm_90a",)) >= 1
+
+
 @pytest.mark.gpu
 def test_gpu_hf_longformer_model_with_contrib_attention_matches_hugging_face():
     """(head dim 16, fp32: no fast kernel, so the global input is named to take the sparse one)"""
