@@ -148,11 +148,14 @@ def test_contrib_longformer_bad_operands_are_named(kwargs, message):
 
 
 @pytest.mark.skipif(__import__("pit_tvm.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None, reason="nvcc not found")
-def test_contrib_longformer_builds_for_cuda():
-    """sm_90a, fp16, head dim 64: the sparse path, compiled to device code"""
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_contrib_longformer_builds_for_cuda(head_dim):
+    """sm_90a, fp16, the head dims of the Hopper kernel (the GPU test's models): the sparse
+    path, compiled to device code"""
     from pit_tvm.nvcc import check_cuda_compiles
 
-    compiled = pit_tvm.compile_onnx(longformer_model(TensorProto.FLOAT16, hidden=128, window=64), target="cuda")
+    compiled = pit_tvm.compile_onnx(longformer_model(TensorProto.FLOAT16, hidden=2 * head_dim, window=64),
+                                    target="cuda")
     assert [n["status"] for n in compiled.annotations if n["source"].startswith("attention:")] == ["pit"]
     assert check_cuda_compiles(compiled.executable, archs=("sm_90a",)) >= 1
 
