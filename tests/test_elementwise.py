@@ -177,3 +177,36 @@ def test_gpu_bool_and_outer_dim_kernels_match_numpy():
     x = np.random.default_rng(0).standard_normal((8, 68, 1)).astype("float16")
     for begin in (1, 4):
         np.testing.assert_array_equal(run(_outer_dim_slice(begin), (8, 68, 1), "float16", x), x[:, begin:begin + 64, 0])
+
+
+def _row_select(c, a, b):
+    """``where(c[b, 0, s, 0] < 0, a, b)`` over heads and head dim: a condition constant along
+    the vector (Longformer's global / padding rows picked per token)"""
+    return relax.op.where(relax.op.less(c, relax.const(0.0, str(c.ty.dtype))), a, b)
+
+
+ROW_SELECT_SHAPES = [(2, 1, 64, 1), (2, 2, 64, 16), (2, 2, 64, 16)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_declines_selects_constant_along_the_vector(dtype):
+    """TVM broadcasts a select condition that does not vary along the vector to a bool x4
+    value declared ``float4 v = make_ushort4(..)`` (nvcc: no conversion from ushort4): such a
+    kernel is declined (Fallback's compiles); a condition that varies along it stays vectorised"""
+    mod, prim = legalized_cuda_module(_row_select, *ROW_SELECT_SHAPES, dtype=dtype)
+    assert VectorizedElementwise().apply(prim, CUDA, False) is None
+    assert VectorizedElementwise().apply(legalized_cuda_module(_wrap_ids, (2, 16), dtype="int64")[1], CUDA, False)
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    assert check_cuda_compiles(build_with_cuda_rules(mod), archs=("sm_90a",)) >= 1
+
+
+@pytest.mark.gpu
+def test_gpu_row_select_matches_numpy():
+    rng = np.random.default_rng(0)
+    c, a, b = (rng.standard_normal(s).astype("float32") for s in ROW_SELECT_SHAPES)
+    dev = tvm.cuda(0)
+    vm = relax.VirtualMachine(build_with_cuda_rules(legalized_cuda_module(_row_select, *ROW_SELECT_SHAPES,
+                                                                          dtype="float32")[0]), dev)
+    got = vm["main"](*(tvm.runtime.tensor(x, dev) for x in (c, a, b))).numpy()
+    np.testing.assert_array_equal(got, np.where(c < 0, a, b))

@@ -17,6 +17,9 @@ broadcast inputs stay scalar; a transposed input is gathered lane by lane.  Kern
 load or store ``bool`` vectors are declined: TVM's CUDA codegen types a ``bool`` x4 access
 ``ushort4``, an 8-byte access to 4 bytes at 4-byte offsets (``cudaErrorMisalignedAddress``, and
 it writes past the output: the dynamo exports' ``attention_mask`` cast to bool, T5's mask).
+So are selects (``where``) whose condition does not vary along the vector: TVM broadcasts the
+condition to a ``bool`` x4 value it prints ``make_ushort4`` into a ``float4`` / ``half4``
+variable, which nvcc rejects (Longformer's ``where(is_global[b, s], global, local)`` over heads).
 Anything else returns None (``Fallback`` then applies).  Registered in
 :func:`pit_tvm.target.cuda_schedule_rules` ahead of ``Fallback``.
 """
@@ -103,6 +106,39 @@ def _flat_reads_vectorise_aligned(block, inner, extent: int) -> bool:
     return True
 
 
+def _subexpressions(expr):
+    """``expr`` and every expression under it (TIR has no Python visitor in TVM 0.27)"""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        for field in ("a", "b", "value", "condition", "true_value", "false_value", "body"):
+            child = getattr(node, field, None)
+            if isinstance(child, tvm.ir.expr.Expr):
+                stack.append(child)
+        for field in ("args", "indices"):
+            stack.extend(c for c in getattr(node, field, None) or () if isinstance(c, tvm.ir.expr.Expr))
+
+
+def _selects_vary_along(block, inner) -> bool:
+    """Every select (``Select`` / ``if_then_else``) in the block's stored value has a condition
+    that uses ``inner``: a condition constant along the vector is broadcast to a ``bool`` x4
+    value whose CUDA declaration does not compile (``float4 v = make_ushort4(..)``)."""
+    body = block.body
+    if not isinstance(body, tirx.BufferStore):
+        return False
+    for node in _subexpressions(body.value):
+        if isinstance(node, tirx.Select):
+            condition = node.condition
+        elif isinstance(node, tvm.ir.expr.Call) and str(getattr(node.op, "name", "")).endswith("if_then_else"):
+            condition = node.args[0]
+        else:
+            continue
+        if not any(v.same_as(inner) for v in tirx.analysis.undefined_vars(condition)):
+            return False
+    return True
+
+
 class VectorizedElementwise(GPUScheduleRule):
     """``VEC`` contiguous elements per thread for static-shape injective kernels."""
 
@@ -124,7 +160,8 @@ class VectorizedElementwise(GPUScheduleRule):
             return None
         extent = int(info.dom()[-1])
         if (extent % VEC or not _reads_vectorise_aligned(block, iters[-1])
-                or not _flat_reads_vectorise_aligned(block, iters[-1], extent)):
+                or not _flat_reads_vectorise_aligned(block, iters[-1], extent)
+                or not _selects_vary_along(block, iters[-1])):
             return None
         loops = sch.get_loops(info.block_rv)
         if len(loops) != len(iters):
