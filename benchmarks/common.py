@@ -157,12 +157,12 @@ def run_checked(mod, dev, inputs, shape, out_dtype, ref):
 
 def ffn_fc2_operands(m: int = 4096, k: int = 8192, n: int = 2048, seed: int = 0):
     """``(a, b, on)``: torch CUDA fp16 operands of an OPT FFN's fc2 (``a`` = ``hidden``, [m, k])
-    with the model's firing rates (:func:`workloads.ffn_firing_rates`: 10 % of ``a``'s columns
+    with the model's firing rates (:func:`pit_tvm.testing.ffn_firing_rates`: 10 % of ``a``'s columns
     non-zero for 99 % of the rows, the rest for ~0.1 %; ~22 % of 128-row strips' columns listed
     at 4096 x 8192), ``b`` ~ N(0, 1/k); ``on``: a's non-zero mask."""
     import torch
 
-    from workloads import ffn_firing_rates
+    from pit_tvm.testing import ffn_firing_rates
 
     rate = ffn_firing_rates(k, rng=np.random.default_rng(seed))
     on = torch.rand(m, k, device="cuda") < torch.from_numpy(rate).float().cuda()
@@ -209,24 +209,3 @@ def write_out_json(filename: str, results) -> None:
         with open(os.path.join(out, filename), "w") as f:
             json.dump(results, f, indent=1)
         print("wrote", os.path.join(out, filename))
-
-
-def gemm_chain_module(m: int, widths, kernel_of):
-    """A Relax module whose ``main(x, w_0, w_1, ...)`` is ``x @ w_0 @ w_1 ...`` in fp16, each
-    step one ``call_tir`` of ``kernel_of(k, n)`` (a dense GEMM PrimFunc), ``x`` of ``m x
-    widths[0]`` and ``w_i`` of ``widths[i] x widths[i + 1]``: back-to-back launches, each
-    reading the one before's output."""
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((m, widths[0]), "float16"))
-    ws = [relax.Var(f"w{i}", relax.TensorType((k, n), "float16")) for i, (k, n) in enumerate(zip(widths, widths[1:]))]
-    with bb.function("main", [x] + ws):
-        with bb.dataflow():
-            h = x
-            for w, (k, n) in zip(ws, zip(widths, widths[1:])):
-                gv = bb.add_func(kernel_of(k, n).with_attr("global_symbol", f"gemm_{k}_{n}"), f"gemm_{k}_{n}")
-                h = bb.emit(relax.call_tir(gv, [h, w], relax.TensorType((m, n), "float16")))
-            out = bb.emit_output(h)
-        bb.emit_func_output(out)
-    return bb.get()

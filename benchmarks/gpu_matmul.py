@@ -35,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import environment, write_results  # noqa: E402
+from pit_tvm.testing import expand, tile_pattern  # noqa: E402
 from render_results import PATTERN_ORDER, PLOTTED, add_speedups, label, render  # noqa: E402
 
 PATTERNS = PATTERN_ORDER                      # row, 1x64, 32x1, 32x64
@@ -54,29 +55,6 @@ def micro_tile_for(pattern: str, k: int) -> tuple[int, int]:
     if mr <= 0 or mk <= 0 or mk > k:
         raise ValueError(f"pattern {pattern!r} does not fit K={k}")
     return mr, mk
-
-
-def tile_pattern(m: int, k: int, micro_tile, sparsity: float, rng) -> np.ndarray:
-    """Boolean grid ``(ceil(m/mr), ceil(k/mk))`` with exactly ``round((1-s)·T)`` non-zero micro-tiles."""
-    if not 0.0 <= sparsity <= 1.0:
-        raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
-    mr, mk = micro_tile
-    shape = (-(-m // mr), -(-k // mk))
-    total = shape[0] * shape[1]
-    nnz = int(round((1.0 - sparsity) * total))
-    grid = np.zeros(total, bool)
-    grid[rng.choice(total, size=nnz, replace=False)] = True
-    return grid.reshape(shape)
-
-
-def expand(grid, micro_tile, shape):
-    """Element mask of a micro-tile grid (numpy or torch), cropped to ``shape``."""
-    mr, mk = micro_tile
-    if isinstance(grid, np.ndarray):
-        full = np.repeat(np.repeat(grid, mr, axis=0), mk, axis=1)
-    else:
-        full = grid.repeat_interleave(mr, 0).repeat_interleave(mk, 1)
-    return full[: shape[0], : shape[1]]
 
 
 def copy_bandwidth_GBps(nbytes: int, copy_ms: float) -> float:

@@ -6,7 +6,7 @@
 Sizes: cuda uses the full ones below; cpu defaults to FFN d=512, hidden 2048, tokens 4x64 and a
 4-layer, 256-wide, 4-head encoder at batch 16, seq 64, lengths in [8, 64] (every size is a flag).
 
-Workloads (benchmarks/workloads.py, weights generated in code, seeded):
+Workloads (pit_tvm/testing.py, weights generated in code, seeded):
 
 * ``opt_ffn``: ``y = x + fc2(relu(fc1(LN(x))))``, d=2048, hidden 8192, ~90% of fc2's input
   *elements* zero; tokens ``--ffn-batch x --ffn-seq`` (32x128 on cuda). The auto annotation's
@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import environment, print_table, time_compiled, write_results  # noqa: E402
-from workloads import (bert_encoder, bert_inputs, opt_ffn, opt_ffn_inputs, to_float16,  # noqa: E402
+from pit_tvm.testing import (bert_encoder, bert_inputs, opt_ffn, opt_ffn_inputs, to_float16,  # noqa: E402
                        with_outputs)
 
 DEFAULTS = {
@@ -151,7 +151,7 @@ def occupancies(model, inputs, annotations) -> dict:
 # ----------------------------------------------------------------------------- torch peers
 
 def torch_ffn(model, dtype, device):
-    """Eager torch equivalent of :func:`workloads.opt_ffn` (same weights)."""
+    """Eager torch equivalent of :func:`pit_tvm.testing.opt_ffn` (same weights)."""
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
 
@@ -460,7 +460,7 @@ def run(device: str, cfg, names=("ffn", "bert")) -> tuple[dict, list[dict]]:
         name = f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()}"
     env = environment(name)
     env["config"] = {k: v for k, v in vars(cfg).items()}
-    env["notes"] = ("TVM rows: dtype as given (ONNX converted with workloads.to_float16 for float16). "
+    env["notes"] = ("TVM rows: dtype as given (ONNX converted with pit_tvm.testing.to_float16 for float16). "
                     "References: onnxruntime CPU on the fp32 model; bert errors over non-padded positions. "
                     "occupancy: non-zero micro-tile fraction of each PIT matmul's sparse operand. "
                     "Both TVM builds run their 2-D-weight matmuls on the PIT kernels' dense twin "

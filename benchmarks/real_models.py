@@ -11,7 +11,7 @@ downloaded), exported by ``torch.onnx.export`` (TorchScript exporter, opset 17) 
   (``PropagatePadding``), plus the automatic annotations;
 * ``tvm_pit_off``: ``auto=False`` and no ``padding=``: the same dense kernels, no PIT.
 
-On cuda the fp32 export is converted to float16 (``benchmarks/workloads.to_float16``), both TVM builds
+On cuda the fp32 export is converted to float16 (``pit_tvm.testing.to_float16``), both TVM builds
 are CUDA graphs (``cuda_graph=True``), and the peers are the ``transformers`` model itself (SDPA
 attention) eager, ``torch.compile`` and ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), on the
 padded batch. On cpu the peer is onnxruntime (CPUExecutionProvider) on the fp32 export.
@@ -174,7 +174,7 @@ def run_model(arch: str, cfg, tmp: str) -> list[dict]:
     if device == "cuda":                        # the TVM builds read its float16 copy
         import onnx  # noqa: PLC0415
 
-        from workloads import to_float16  # noqa: PLC0415
+        from pit_tvm.testing import to_float16  # noqa: PLC0415
 
         path16 = os.path.join(tmp, f"{arch}_fp16.onnx")
         onnx.save(to_float16(onnx.load(path)), path16)

@@ -2,22 +2,19 @@
 (nvcc, ptxas: no spills), and on the H100 the kernel and a compiled encoder against references."""
 from __future__ import annotations
 
-import os
-import sys
 
 import numpy as np
 import pytest
 import tvm
 from tvm import relax
 
-from _helpers import np_dtype
+from pit_tvm.testing import np_dtype
 from pit_tvm.nvcc import cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.passes import CombineParallelMatmuls, FuseAttention, import_onnx
 from pit_tvm.schedules.attention import attention_applies, fused_attention_func
 from pit_tvm.target import build
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import workloads as W  # noqa: E402
+from pit_tvm import testing as W
 
 TARGET = "cuda:sm_90a"
 

@@ -9,9 +9,7 @@ mixed, against numpy.
 """
 from __future__ import annotations
 
-import os
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -23,9 +21,8 @@ from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.dependent_launch import ENTRY, PDL_TAG, launches_dependent, with_dependent_launch
 from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func
 from pit_tvm.target import build
+from pit_tvm.testing import gemm_chain_module
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from common import gemm_chain_module  # noqa: E402
 
 TARGET = "cuda:sm_90a"
 ENTRY_CALL = f"{ENTRY}();"

@@ -4,7 +4,7 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from _helpers import build_with_cuda_rules, legalized_cuda_module
+from pit_tvm.testing import build_with_cuda_rules, legalized_cuda_module
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
 from pit_tvm.schedules.elementwise import VectorizedElementwise
 from pit_tvm.target import cuda_schedule_rules, make_target

@@ -3,8 +3,6 @@ chain detection on imported graphs, the lowered CUDA graphs of both builds, CPU 
 against onnxruntime, and GELU written the way torch.onnx exports it."""
 from __future__ import annotations
 
-import os
-import sys
 
 import numpy as np
 import onnx
@@ -17,8 +15,7 @@ from pit_tvm.passes import AnnotateDynamicSparsity, CombineParallelMatmuls, Dens
 from pit_tvm.passes import import_onnx
 from pit_tvm.passes.epilogue import epilogue_chains
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import workloads as W  # noqa: E402
+from pit_tvm import testing as W
 
 MATMUL = tvm.ir.Op.get("relax.matmul")
 

@@ -8,7 +8,7 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _helpers import np_dtype
+from pit_tvm.testing import np_dtype
 from pit_tvm.index import (
     IndexBuilder,
     build_tile_index,

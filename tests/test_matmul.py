@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import pit_tvm
-from _helpers import np_dtype
+from pit_tvm.testing import np_dtype
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
 from pit_tvm.ops.matmul import DenseMatmul
 

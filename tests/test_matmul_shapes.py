@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import pit_tvm
-from _helpers import np_dtype
+from pit_tvm.testing import np_dtype
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.ops.matmul import DenseMatmul
 

@@ -9,7 +9,7 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _helpers import np_dtype
+from pit_tvm.testing import np_dtype
 from pit_tvm.errors import UserError
 from pit_tvm.index import (IndexBuilder, expert_capacity_index_func, expert_index_func,
                            reference_expert_capacity_index, reference_expert_index)

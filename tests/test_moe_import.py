@@ -313,7 +313,7 @@ def test_bad_contrib_node_is_a_clear_error(kw, message):
 def test_float16_switch_export_builds_for_cuda():
     """the capacity export in float16 built for CUDA (device code, no GPU needed): lowered to the
     MoE op, whose routing, expert index and grouped GEMM kernels are in the CUDA source"""
-    from benchmarks.workloads import to_float16  # noqa: PLC0415
+    from pit_tvm.testing import to_float16  # noqa: PLC0415
     from pit_tvm.nvcc import cuda_sources  # noqa: PLC0415
 
     with warnings.catch_warnings(record=True) as caught:
@@ -329,7 +329,7 @@ def test_float16_switch_export_builds_for_cuda():
 def test_fixture_in_float16_on_cuda_matches_onnxruntime(name):
     """the fixtures in float16, built for the GPU: the MoE op (its grouped GEMM kernels; Hopper's
     on sm_90a) against onnxruntime's float32"""
-    from benchmarks.workloads import to_float16  # noqa: PLC0415
+    from pit_tvm.testing import to_float16  # noqa: PLC0415
 
     shapes = {"x": [16, D]} if name.startswith("dense") else None
     with warnings.catch_warnings(record=True) as caught:

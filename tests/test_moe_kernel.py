@@ -18,7 +18,7 @@ import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _helpers import np_dtype
+from pit_tvm.testing import np_dtype
 from pit_tvm.nvcc import cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.schedules.hopper.config import WgmmaConfig
 from pit_tvm.schedules.hopper.grouped import (GROUPED_ATTR, expected_pairs, grouped_config,

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pit_tvm
-from _helpers import np_dtype
+from pit_tvm.testing import np_dtype
 from pit_tvm.runtime.loader import dlpack_to_tvm, host_view, tvm_takes_as_is
 
 #: (K, N, dtype, micro-tile, out_dtype): whole rows (mr 1 and 2, K odd), tiles with tails along

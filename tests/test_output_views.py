@@ -133,7 +133,7 @@ def test_reshape_not_returned_stays():
 def test_gpu_ffn_outputs_are_views_and_stay_apart(cuda_graph):
     """The OPT FFN on the GPU (its output reshape a view), with and without CUDA graphs: three
     calls' outputs, all kept, each matches onnxruntime on its own input after the last call."""
-    from benchmarks.workloads import opt_ffn, opt_ffn_inputs, to_float16
+    from pit_tvm.testing import opt_ffn, opt_ffn_inputs, to_float16
 
     model = opt_ffn(256)
     shapes = {"x": [4, 64, 256]}

@@ -380,7 +380,7 @@ def test_transformers_export_on_real_tokens(name):
 def test_gpu_fp16_encoder_layer_on_real_tokens():
     """On CUDA (float16: the tensor-core rows kernels) the layer's matmuls list the real tokens,
     and the real tokens match onnxruntime's float32 model."""
-    from benchmarks.workloads import to_float16
+    from pit_tvm.testing import to_float16
 
     dims = (4, 128, 256)
     model = encoder_layer(dims=dims, fill=-1e4)

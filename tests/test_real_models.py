@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
-from benchmarks.workloads import to_float16
+from pit_tvm.testing import to_float16
 from pit_tvm.cli.main import main as cli_main
 from pit_tvm.compile import compile_onnx
 from pit_tvm.errors import UserError

@@ -234,7 +234,7 @@ def test_cli_compile_malformed_micro_tile_is_named(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def cuda_built(tmp_path_factory):
     """fp16 with N=128: on CUDA PIT lowers only where a tensor-core kernel applies."""
-    from benchmarks.workloads import to_float16
+    from pit_tvm.testing import to_float16
 
     model = small_model(seed=2, n_out=128)
     with warnings.catch_warnings():

@@ -19,7 +19,7 @@ import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _helpers import np_dtype
+from pit_tvm.testing import np_dtype
 from pit_tvm.index.attention import reference_attention_block_index
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.ops.sparse_attention import QUERY_BLOCK, AttentionPattern, reference_sparse_attention

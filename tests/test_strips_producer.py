@@ -16,8 +16,8 @@ import pytest
 import tvm
 import tvm_ffi
 
-from _helpers import np_dtype
-from benchmarks.workloads import opt_ffn, opt_ffn_inputs, to_float16
+from pit_tvm.testing import np_dtype
+from pit_tvm.testing import opt_ffn, opt_ffn_inputs, to_float16
 from pit_tvm.compile import compile_onnx
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.passes.strips import ListStripsInProducer

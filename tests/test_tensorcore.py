@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tvm
 
-from _helpers import np_dtype, rows_index
+from pit_tvm.testing import np_dtype, rows_index
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.tensorcore import (
     TensorCoreConfig,

@@ -14,7 +14,6 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pit_tvm.index.tiles import reference_tile_index
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.tensorcore_tiles import (
     TilesConfig,
@@ -25,28 +24,9 @@ from pit_tvm.schedules.tensorcore_tiles import (
     tiles_smem_bytes,
     valid_tiles_configs,
 )
-from _helpers import np_dtype
+from pit_tvm.testing import np_dtype
+from pit_tvm.testing import tiles_inputs as make_inputs
 from pit_tvm.target import build as target_build
-
-
-def make_inputs(m, k, n, micro_tile, sparsity, in_dtype="float16", seed=0):
-    """A with a fraction ``sparsity`` of zero (mr, mk) micro-tiles, B, and the row-group index."""
-    mr, mk = micro_tile
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    tr, tc = -(-m // mr), k // mk
-    keep = rng.random((tr, tc)) >= sparsity
-    if sparsity >= 1.0:
-        keep[:] = False
-    elif sparsity <= 0.0:
-        keep[:] = True
-    mask = np.repeat(np.repeat(keep, mr, 0), mk, 1)[:m]
-    a = a * mask
-    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    dt = np_dtype(in_dtype)
-    a, b = a.astype(dt), b.astype(dt)
-    offsets, ids = reference_tile_index(a.astype(np.float32), micro_tile, "row")
-    return a, b, offsets, ids
 
 
 def reference(a, b):

@@ -25,7 +25,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
 
-from _helpers import rows_index
+from pit_tvm.testing import expand, rows_index, tile_pattern
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.tensorcore import TensorCoreConfig, build
 from pit_tvm.tuning import space as S
@@ -776,13 +776,10 @@ def test_gpu_tune_8_trials_and_numerics(tmp_path):
 def _check_tiles_op(op, k, n, micro_tile, rng, what, m=520):
     """``op`` against a float32 reference on micro-tile patterns of the benchmark sparsities, and
     none listed, over a row count no strip divides"""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import gpu_matmul as gm
-
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
     for sparsity in (0.0, 0.5, 0.9, 0.99, 1.0):
         a = rng.standard_normal((m, k)).astype(np.float16)
-        a[~gm.expand(gm.tile_pattern(m, k, micro_tile, sparsity, rng), micro_tile, (m, k))] = 0
+        a[~expand(tile_pattern(m, k, micro_tile, sparsity, rng), micro_tile, (m, k))] = 0
         ref = a.astype(np.float32) @ b.astype(np.float32)
         np.testing.assert_allclose(op(a, b).astype(np.float32), ref, rtol=2e-2,
                                    atol=2e-2 * max(np.abs(ref).max(), 1.0), err_msg=f"{what} sparsity {sparsity}")

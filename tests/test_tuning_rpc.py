@@ -29,7 +29,7 @@ from tvm import rpc
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from _helpers import rows_index
+from pit_tvm.testing import rows_index
 from pit_tvm.cli.main import main as cli_main
 from pit_tvm.tuning import space as S
 from pit_tvm.tuning._worker import alloc_pit_arguments, rpc_alloc_pit_arguments, rpc_run_evaluator_cold_l2

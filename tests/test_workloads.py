@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from benchmarks.workloads import bert_encoder, bert_inputs, opt_ffn, opt_ffn_inputs, with_outputs
+from pit_tvm.testing import bert_encoder, bert_inputs, opt_ffn, opt_ffn_inputs, with_outputs
 from pit_tvm.compile import compile_onnx
 
 ort = pytest.importorskip("onnxruntime")

@@ -17,7 +17,7 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu
 from tvm.s_tir import dlight as dl
 
 sys.path.insert(0, "benchmarks")
-import workloads as W  # noqa: E402
+from pit_tvm import testing as W  # noqa: E402
 from pit_tvm import target as T  # noqa: E402
 from pit_tvm.compile import compile_onnx  # noqa: E402
 from pit_tvm.schedules.cpu_batched_matmul import CPUBatchedMatmul  # noqa: E402

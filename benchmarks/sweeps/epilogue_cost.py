@@ -4,11 +4,9 @@ the rows kernel without epilogue, with a bias, bias + GELU, and BERT's bias + GE
     python3 benchmarks/sweeps/epilogue_cost.py [BNxSTAGES ...]
 """
 import argparse
-import sys
 import numpy as np, torch, tvm
 from triton.testing import do_bench
-sys.path.insert(0, "tests")
-from _helpers import rows_index
+from pit_tvm.testing import rows_index
 from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func
 from pit_tvm.target import build
 

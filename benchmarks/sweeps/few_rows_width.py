@@ -5,15 +5,13 @@ listed (those in its range), beside a memset of C.
     python3 benchmarks/sweeps/few_rows_width.py [BNxSTAGES ...]
 """
 import argparse
-import sys
 
 import numpy as np
 import torch
 import tvm
 from triton.testing import do_bench
 
-sys.path.insert(0, "tests")
-from _helpers import rows_index  # noqa: E402
+from pit_tvm.testing import rows_index  # noqa: E402
 
 from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func  # noqa: E402
 from pit_tvm.target import build  # noqa: E402

@@ -7,7 +7,7 @@ import sys, warnings
 import numpy as np
 import tvm
 sys.path.insert(0, "benchmarks")
-import workloads as W
+from pit_tvm import testing as W
 from common import kernel_split_us
 from pit_tvm.compile import compile_onnx
 

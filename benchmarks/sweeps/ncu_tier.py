@@ -5,10 +5,8 @@ three runs.
         python3 benchmarks/sweeps/ncu_tier.py [LISTED_ROWS]   (default 41)
 """
 import argparse
-import sys
 import numpy as np, torch, tvm
-sys.path.insert(0, "tests")
-from _helpers import rows_index
+from pit_tvm.testing import rows_index
 from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func
 from pit_tvm.target import build
 m = k = n = 4096

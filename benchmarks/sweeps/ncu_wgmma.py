@@ -9,8 +9,8 @@ the whole rows op (index kernels and both row-count tiers) at SPARSITY of rows.
 import argparse
 import sys
 import numpy as np, tvm
-sys.path.insert(0, "tests"); sys.path.insert(0, "benchmarks")
-from _helpers import rows_index
+sys.path.insert(0, "benchmarks")
+from pit_tvm.testing import rows_index
 from common import tile_sparse
 from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func
 from pit_tvm.target import build

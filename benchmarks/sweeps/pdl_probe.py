@@ -8,8 +8,6 @@ over its kernels, and whether the outputs are bit-identical.
     python3 benchmarks/sweeps/pdl_probe.py [CHAIN_LENGTH]   (default 48)
 """
 import argparse
-import os
-import sys
 
 import numpy as np
 import tvm
@@ -20,8 +18,7 @@ from pit_tvm.schedules.dependent_launch import launches_dependent
 from pit_tvm.target import build
 from pit_tvm.timing import median_ms
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import gemm_chain_module  # noqa: E402
+from pit_tvm.testing import gemm_chain_module
 
 M = 4096
 

@@ -5,11 +5,9 @@ against one read of A at the measured copy bandwidth, for the benchmark shapes.
     ncu ... python3 benchmarks/sweeps/strips_probe.py --ncu 4096 4096 1 0.9    # a target for ncu
 """
 import argparse
-import sys
 import numpy as np, torch, tvm
 from triton.testing import do_bench
-sys.path.insert(0, "tests")
-from test_tensorcore_tiles import make_inputs
+from pit_tvm.testing import tiles_inputs
 from pit_tvm.schedules.wgmma_strips import compacts, strip_list_func, strip_pack_func, strip_state_words
 from pit_tvm.target import build
 
@@ -18,7 +16,7 @@ T = tvm.runtime.from_dlpack
 
 
 def kernels(m, k, mk, s):
-    a, _, _, _ = make_inputs(m, k, 16, (32, mk), s, "float16", seed=0)
+    a, _, _, _ = tiles_inputs(m, k, 16, (32, mk), s, "float16", seed=0)
     lister = build(tvm.IRModule({"main": strip_list_func(k, mk)}), "cuda:sm_90a")["main"]
     packer = build(tvm.IRModule({"main": strip_pack_func(k, mk, 0.9)}), "cuda:sm_90a")["main"]
     g = strip_state_words(m)

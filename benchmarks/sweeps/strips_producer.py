@@ -19,7 +19,7 @@ from pit_tvm.target import build
 
 sys.path.insert(0, "benchmarks")
 from common import kernel_split_us  # noqa: E402
-from workloads import ffn_biases  # noqa: E402
+from pit_tvm.testing import ffn_biases  # noqa: E402
 
 m, k, n = 4096, 2048, 8192
 g = strip_state_words(m)

@@ -15,7 +15,8 @@ import pit_tvm
 
 sys.path.insert(0, "benchmarks")
 from common import kernel_split_us  # noqa: E402
-from gpu_matmul import expand, micro_tile_for, tile_pattern  # noqa: E402
+from gpu_matmul import micro_tile_for  # noqa: E402
+from pit_tvm.testing import expand, tile_pattern  # noqa: E402
 
 m = k = n = 4096
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

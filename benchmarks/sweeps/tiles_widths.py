@@ -41,7 +41,7 @@ from pit_tvm.ops.matmul import SparseMatmul
 
 sys.path.insert(0, "benchmarks")
 from common import ffn_fc2_operands, kernel_split_us  # noqa: E402
-from gpu_matmul import expand, tile_pattern  # noqa: E402
+from pit_tvm.testing import expand, tile_pattern  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("configs", nargs="*", help="BNxSTAGES[ws] tile configs")

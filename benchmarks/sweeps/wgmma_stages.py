@@ -8,11 +8,9 @@ evidence, :data:`pit_tvm.schedules.wgmma.FEW_ROWS_STAGES`).
 """
 import argparse
 import os
-import sys
 import numpy as np, torch, tvm
 from triton.testing import do_bench
-sys.path.insert(0, "tests")
-from _helpers import rows_index
+from pit_tvm.testing import rows_index
 from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func
 from pit_tvm.target import build
 

@@ -10,15 +10,13 @@ GELU epilogue, over 1,792-3,072 rows (BERT's batches).
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 import torch
 import tvm
 from triton.testing import do_bench
 
-sys.path.insert(0, "tests")
-from _helpers import rows_index  # noqa: E402
+from pit_tvm.testing import rows_index  # noqa: E402
 from pit_tvm.schedules.wgmma import wgmma_config, wgmma_row_gather_func  # noqa: E402
 from pit_tvm.target import build  # noqa: E402
 

@@ -1,5 +1,9 @@
 """PIT's on-device sparse index: the compact, ascending list of non-zero micro-tiles.
 
+Kept as one module: the builders of every index kind, :class:`IndexBuilder` and the numpy
+references the tests compare against all follow the one layout below; the kernels' bodies are
+in ``_tile_kernels``.
+
 Layout (CSR over groups) shared by every consumer (matmul kernels, Relax passes):
 
 * ``offsets`` int32 ``[G + 1]``: group ``g``'s entries are ``ids[offsets[g]:offsets[g+1]]``,

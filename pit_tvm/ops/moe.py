@@ -1,5 +1,10 @@
 """Mixture-of-experts FFN as PIT: the expert-routed matmul (docs/guide/moe.md, docs/design/moe.md).
 
+Kept as one module: :class:`MoESpec`, its numpy references, the Relax emitter and
+:class:`MoEFFN` are the op's one public surface; its kernels live in
+:mod:`pit_tvm.schedules.moe_routing`, :mod:`pit_tvm.schedules.grouped_gemm` and
+:mod:`pit_tvm.schedules.hopper`.
+
 ``y = sum over a token's k routed experts e of  w_e * fc2_e(act(fc1_e(x)))``.  In PIT's terms
 the token axis of every expert's FFN is permutation invariant; the micro-tile is one token row.
 The layer is five on-device steps, none of which reads a value back to the host:

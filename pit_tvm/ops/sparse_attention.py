@@ -1,5 +1,9 @@
 """Block-sparse attention whose pattern is data known only at run time (issue 36).
 
+Kept as one module: the pattern (:class:`AttentionPattern`), its numpy reference, the generic TIR
+kernel, the Relax emitter and :class:`SparseAttention` all read the same pattern inputs and block
+sizes; the Hopper kernel lives in :mod:`pit_tvm.schedules.hopper.sparse_attention`.
+
 ``o = softmax(q k^T * scale + bias, restricted to the allowed keys) v`` for q ``[B, H, Sq, d]``,
 k / v ``[B, H, Sk, d]``.  Which (query, key) pairs are allowed is described by an
 :class:`AttentionPattern` (its compile-time structure) plus run-time tensors:

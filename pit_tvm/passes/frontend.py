@@ -1,5 +1,9 @@
 """ONNX -> Relax import that keeps ONNX tensor names as Relax variable names.
 
+Kept as one module: the named import, the converter fixes it installs and the shape-value
+folding all wrap one importer run (``_importer_classes`` / ``_run_importer``) and mean nothing
+outside it.
+
 ``tvm.relax.frontend.onnx.from_onnx`` names every binding ``lv<N>``, so an ONNX tensor such as
 ``hidden`` cannot be found again after the import. :func:`import_onnx` runs the same importer but
 binds each converted node to a variable named after its first ONNX output (sanitised to an

@@ -1,5 +1,10 @@
 """Mixture-of-experts layers in ONNX, recognised and lowered to :func:`pit_tvm.ops.moe.emit_moe`.
 
+Kept as one module: the three recognisers share the graph walker (``_Graph``), the expert-chain
+matcher and the numerical check against :func:`~pit_tvm.ops.moe.reference_moe`, and their only
+entry points are :func:`lower_moe_layers` and :func:`convert_pit_moe`; split, each part would
+import the others' private helpers.
+
 Three forms are recognised (:func:`lower_moe_layers`, run by ``compile_onnx`` before the Relax
 import):
 

@@ -1,5 +1,9 @@
 """``PropagatePadding``: the token-wise matmuls of a padded batch run on its real tokens only.
 
+Kept as one module: it is one dataflow analysis -- ``_Propagation`` holds a transfer rule per
+Relax op over the ``Layout`` / ``MaskValue`` lattice defined beside it, and the pass class only
+drives it; the rules read each other's state.
+
 In a real transformer export the hidden states of padded tokens are not multiplied by the
 attention mask: the mask only enters as an additive bias (``(1 - mask) * min``, or a ``where``)
 on the attention scores.  The rows at padded positions are then "don't care" for the real

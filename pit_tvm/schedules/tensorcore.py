@@ -1,5 +1,9 @@
 """Tensor-core dense-tile schedule for the PIT row-gather matmul (CUDA, sm_80 / sm_90).
 
+Kept as one module: it is the mma.sync kernel's code -- the workload PrimFuncs, their schedules
+(full K, split K, early exit) and the ldmatrix / mma intrinsics share :class:`TensorCoreConfig`'s
+tile geometry and private helpers (``_tensorize_mma``, ``_stage_shared``, ...); not split for size.
+
 Workload (:func:`row_gather_matmul_func`), the layout the index kernels produce for the
 micro-tile (1, K) = whole rows of A::
 

@@ -1,5 +1,9 @@
 """MetaSchedule design space of the tensor-core PIT row-gather matmul.
 
+Kept as one module: every knob set (mma.sync / wgmma; rows / tiles / grouped) is a
+:class:`KnobSet` over the same trace machinery (the ``pit.tc.`` annotations,
+:class:`ApplyPitKnobs`, :func:`config_from_trace`), looked up by workload name (``KNOBSETS``).
+
 The kernel is :func:`pit_tvm.schedules.tensorcore.schedule_row_gather_matmul`; its knobs
 (:class:`~pit_tvm.schedules.tensorcore.TensorCoreConfig`) are what MetaSchedule searches:
 

@@ -1,5 +1,9 @@
 """MetaSchedule tuning of the tensor-core PIT row-gather matmul (XGBoost cost model).
 
+Kept as one module: the search (:func:`tune_matmul`) and the readers of its logs
+(:func:`best_record`, :func:`load_best`, :func:`tuned_config`) share the log layout
+(:func:`log_dir`, workload keys, target matching), so writer and readers cannot drift apart.
+
     path = tune_matmul(4096, 4096, "float16", target="cuda:sm_90", trials=64)   # on a GPU box
     func = load_best(path, 4096, 4096, "float16", "cuda:sm_90")                 # scheduled PrimFunc
     tune_matmul(4096, 4096, "float16", target="cuda", trials=16)     # sm_90a: the wgmma kernel

@@ -2,7 +2,7 @@
 ("rows" / "dense" / "tiles"), epilogue and loop (all-threads or warp-specialized), with the
 PrimFunc signature of its variant.
 
-Why one closure for five kernels: the rows, dense, tiles, dense fallback and few-rows tier
+Why one closure (and one module) for five kernels: the rows, dense, tiles, dense fallback and few-rows tier
 kernels share the tile's K loop, fragment staging and SWrite statement for statement (their
 generated CUDA is pinned byte for byte by benchmarks/sweeps/cuda_fingerprint.py).  The pieces
 live in the sibling modules: config, smem, barriers, ring, loaders, epilogue, strips.

@@ -5,7 +5,7 @@ kernel's time, its speedup over dense and that speedup as a fraction of the dens
 (issue 36's target: >= 0.7 at <= 25 %, and >= 0.85x dense at 100 %), and the kernel's device
 time from torch.profiler (do_bench's time includes the host's per call where that bounds it).
 
-    python3 benchmarks/_sparse_attention_kernel.py [--seq 4096] [--heads 12]
+    python3 benchmarks/sweeps/sparse_attention_kernel.py [--seq 4096] [--heads 12]
 """
 import argparse
 import sys
@@ -46,9 +46,9 @@ def block_index(rng, batch, seq, key_block, density):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seq", type=int, default=4096)
-    ap.add_argument("--heads", type=int, default=12)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seq", type=int, default=4096, help="sequence length (default 4096)")
+    ap.add_argument("--heads", type=int, default=12, help="attention heads (default 12)")
     args = ap.parse_args()
     B, H, S = 1, args.heads, args.seq
     rng = np.random.default_rng(0)

@@ -1,4 +1,12 @@
-"""Workloads built in code and exported to ONNX (no downloads), with symbolic batch/seq dims.
+"""Helpers shared by the tests and the benchmarks: numpy references of the PIT index, sparsity
+pattern generators, small Relax / ONNX workload builders.  Importable as ``pit_tvm.testing``, so
+neither tests/ nor benchmarks/ puts the other on ``sys.path``.
+
+References and patterns: :func:`np_dtype`, :func:`rows_index`, :func:`tile_pattern`,
+:func:`expand`, :func:`tiles_inputs`.  Relax builders: :func:`legalized_cuda_module`, :func:`build_with_cuda_rules`,
+:func:`gemm_chain_module`.
+
+ONNX workloads, built in code (no downloads), with symbolic batch/seq dims:
 
 * :func:`opt_ffn` — an OPT-style FFN block ``y = x + fc2(relu(fc1(LN(x))))`` whose ReLU output
   ``hidden`` is ~90% zero with OPT's structure: a few "hot" neurons fire for most tokens, most
@@ -21,6 +29,121 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
+
+def np_dtype(dtype: str):
+    """The numpy dtype of a TVM dtype name (bfloat16 through ml_dtypes)."""
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def rows_index(nonzero_rows: np.ndarray):
+    """The rows-kind PIT index of a boolean row mask: ``offsets = [0, count]`` and ``ids``
+    (the non-zero rows ascending, then the others ascending), as the device index kernel
+    lays it out."""
+    rows = np.nonzero(nonzero_rows)[0].astype(np.int32)
+    ids = np.concatenate([rows, np.nonzero(~np.asarray(nonzero_rows, bool))[0]]).astype(np.int32)
+    return np.array([0, len(rows)], np.int32), ids
+
+
+def tiles_inputs(m, k, n, micro_tile, sparsity, in_dtype="float16", seed=0):
+    """A with a fraction ``sparsity`` of zero (mr, mk) micro-tiles, B, and the row-group index
+    (:func:`pit_tvm.index.tiles.reference_tile_index`)."""
+    from pit_tvm.index.tiles import reference_tile_index
+
+    mr, mk = micro_tile
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    tr, tc = -(-m // mr), k // mk
+    keep = rng.random((tr, tc)) >= sparsity
+    if sparsity >= 1.0:
+        keep[:] = False
+    elif sparsity <= 0.0:
+        keep[:] = True
+    mask = np.repeat(np.repeat(keep, mr, 0), mk, 1)[:m]
+    a = a * mask
+    b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    dt = np_dtype(in_dtype)
+    a, b = a.astype(dt), b.astype(dt)
+    offsets, ids = reference_tile_index(a.astype(np.float32), micro_tile, "row")
+    return a, b, offsets, ids
+
+
+def legalized_cuda_module(build_fn, *shapes, dtype="float16"):
+    """A Relax module of one operator ``build_fn(*params)``, legalized and fused for CUDA: the
+    PrimFunc a dlight rule sees in a model. Returns ``(module, its PrimFunc)``."""
+    import tvm
+    from tvm import relax, tirx
+
+    from pit_tvm.target import make_target
+
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(s, dtype)) for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build_fn(*params))
+        bb.emit_func_output(out)
+    with make_target("cuda"):
+        mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                        relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
+    prim = [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)][0]
+    return mod, prim
+
+
+def build_with_cuda_rules(mod):
+    """``mod`` scheduled by pit_tvm's CUDA dlight rules and built."""
+    from tvm.s_tir import dlight as dl
+
+    from pit_tvm.target import build, cuda_schedule_rules, make_target
+
+    cuda = make_target("cuda")
+    with cuda:
+        mod = dl.ApplyDefaultSchedule(*cuda_schedule_rules())(mod)
+    return build(mod, cuda)
+
+
+def tile_pattern(m: int, k: int, micro_tile, sparsity: float, rng) -> np.ndarray:
+    """Boolean grid ``(ceil(m/mr), ceil(k/mk))`` with exactly ``round((1-s)·T)`` non-zero micro-tiles."""
+    if not 0.0 <= sparsity <= 1.0:
+        raise ValueError(f"sparsity must be in [0, 1], got {sparsity}")
+    mr, mk = micro_tile
+    shape = (-(-m // mr), -(-k // mk))
+    total = shape[0] * shape[1]
+    nnz = int(round((1.0 - sparsity) * total))
+    grid = np.zeros(total, bool)
+    grid[rng.choice(total, size=nnz, replace=False)] = True
+    return grid.reshape(shape)
+
+
+def expand(grid, micro_tile, shape):
+    """Element mask of a micro-tile grid (numpy or torch), cropped to ``shape``."""
+    mr, mk = micro_tile
+    if isinstance(grid, np.ndarray):
+        full = np.repeat(np.repeat(grid, mr, axis=0), mk, axis=1)
+    else:
+        full = grid.repeat_interleave(mr, 0).repeat_interleave(mk, 1)
+    return full[: shape[0], : shape[1]]
+
+
+def gemm_chain_module(m: int, widths, kernel_of):
+    """A Relax module whose ``main(x, w_0, w_1, ...)`` is ``x @ w_0 @ w_1 ...`` in fp16, each
+    step one ``call_tir`` of ``kernel_of(k, n)`` (a dense GEMM PrimFunc), ``x`` of ``m x
+    widths[0]`` and ``w_i`` of ``widths[i] x widths[i + 1]``: back-to-back launches, each
+    reading the one before's output."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, widths[0]), "float16"))
+    ws = [relax.Var(f"w{i}", relax.TensorType((k, n), "float16")) for i, (k, n) in enumerate(zip(widths, widths[1:]))]
+    with bb.function("main", [x] + ws):
+        with bb.dataflow():
+            h = x
+            for w, (k, n) in zip(ws, zip(widths, widths[1:])):
+                gv = bb.add_func(kernel_of(k, n).with_attr("global_symbol", f"gemm_{k}_{n}"), f"gemm_{k}_{n}")
+                h = bb.emit(relax.call_tir(gv, [h, w], relax.TensorType((m, n), "float16")))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()
 
 
 class _Graph:
