@@ -94,21 +94,33 @@ def rpc_alloc_pit_arguments(session, device, args_info, alloc_repeat, density: f
     sent), the index is drawn here exactly as the local runner draws it and sent (offsets and
     ids: a few KiB), C is left uninitialised.  Runs in the runner's worker process, once per
     candidate: every candidate takes a fresh session, so nothing is cached."""
+    infos = [tuple(a) for a in args_info]
+
+    def host_arrays(rep):
+        _, (offsets, ids) = _index_host_arrays(infos, rep, density)
+        return [offsets if i == 2 else ids if i == 3 else None for i in range(len(infos))]
+
+    return _remote_arguments(session, device, infos, alloc_repeat, host_arrays)
+
+
+def _remote_arguments(session, device, infos, alloc_repeat, host_arrays):
+    """``alloc_repeat`` argument lists on an RPC server's ``device``: position i is
+    ``host_arrays(rep)[i]`` sent from here where it is not None (an index), else allocated
+    there and, but for the output (last), filled on the server (``random_fill_for_measure``,
+    nothing sent) or, for a dtype the server's fill does not take, with data sent from here."""
     import tvm
     from tvm.s_tir.meta_schedule.utils import get_global_func_on_rpc_session
 
     fill = get_global_func_on_rpc_session(
         session, "tvm.contrib.random.random_fill_for_measure",
         "the RPC server's TVM runtime has no random fill (build TVM with USE_RANDOM=ON)")
-    infos = [tuple(a) for a in args_info]
     out = []
     for rep in range(alloc_repeat):
-        _, (offsets, ids) = _index_host_arrays(infos, rep, density)
         args = []
-        for i, (_, dtype, shape) in enumerate(infos):
+        for i, (h, (_, dtype, shape)) in enumerate(zip(host_arrays(rep), infos)):
             shape = [int(s) for s in shape]
-            if i in (2, 3):
-                args.append(tvm.runtime.tensor(offsets if i == 2 else ids, device))
+            if h is not None:
+                args.append(tvm.runtime.tensor(h, device))
                 continue
             arg = tvm.runtime.empty(shape, dtype, device)
             if i != len(infos) - 1:
@@ -317,28 +329,6 @@ def rpc_alloc_moe_arguments(session, device, args_info, alloc_repeat, mode: str 
                             routing: str = "balanced", zipf_a: float = 1.2):
     """``RPCRunner`` ``f_alloc_argument`` of :func:`alloc_moe_arguments`: A and W filled on the
     server, the index and route weights drawn here and sent."""
-    import tvm
-    from tvm.s_tir.meta_schedule.utils import get_global_func_on_rpc_session
-
-    fill = get_global_func_on_rpc_session(
-        session, "tvm.contrib.random.random_fill_for_measure",
-        "the RPC server's TVM runtime has no random fill (build TVM with USE_RANDOM=ON)")
     infos = [tuple(a) for a in args_info]
-    out = []
-    for rep in range(alloc_repeat):
-        host = _moe_host_args(infos, mode, top_k, routing, zipf_a, rep, fill=False)
-        args = []
-        for i, (h, (_, dtype, shape)) in enumerate(zip(host, infos)):
-            shape = [int(s) for s in shape]
-            if h is not None:
-                args.append(tvm.runtime.tensor(h, device))
-                continue
-            arg = tvm.runtime.empty(shape, dtype, device)
-            if i != len(infos) - 1:
-                try:
-                    fill(arg)
-                except Exception:  # noqa: BLE001 - a dtype the server's fill does not take: send data
-                    arg.copyfrom(_random_host(shape, dtype, rep))
-            args.append(arg)
-        out.append(args)
-    return out
+    return _remote_arguments(session, device, infos, alloc_repeat,
+                             lambda rep: _moe_host_args(infos, mode, top_k, routing, zipf_a, rep, fill=False))
