@@ -336,8 +336,9 @@ def test_gpu_every_space_tunes_through_local_gpu_servers(tmp_path):
 
 
 def test_sessions_are_spawned_and_register_the_flush(monkeypatch):
-    """each session runs in a spawned process (a fork of a process that imported TVM has a
-    broken CUDA context) whose entry point registers the flush function before serving"""
+    """where the CUDA driver is loaded each session runs in a spawned process (a fork of a
+    process that imported TVM there cannot use the GPU) whose entry point registers the flush
+    function before serving; elsewhere TVM's forked sessions inherit the registration"""
     import multiprocessing
 
     import tvm_ffi
@@ -347,8 +348,14 @@ def test_sessions_are_spawned_and_register_the_flush(monkeypatch):
     from pit_tvm.tuning._worker import FLUSH_FUNC
 
     served = []
-    monkeypatch.setattr(server, "_serve_loop", lambda *args: served.append(args))
+    forked = lambda *args: served.append(args)  # noqa: E731
+    monkeypatch.setattr(server, "_serve_loop", forked)
     monkeypatch.setattr(multiprocessing, "set_start_method", lambda method, force=False: served.append(method))
+    monkeypatch.setattr(rpc_server, "cuda_driver_loaded", lambda: False)
+    rpc_server.init_server_process()               # no CUDA driver: TVM's forked sessions
+    assert served == [] and server._serve_loop is forked
+    assert tvm_ffi.get_global_func(FLUSH_FUNC, allow_missing=True) is not None
+    monkeypatch.setattr(rpc_server, "cuda_driver_loaded", lambda: True)
     rpc_server.init_server_process()
     assert served == ["spawn"] and server._serve_loop is _session_init.serve_session
     monkeypatch.setattr(server, "_serve_loop", lambda *args: served.append(args))

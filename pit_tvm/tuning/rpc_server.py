@@ -8,8 +8,8 @@ flush that ``time_evaluator`` runs before every timed call).  Start one per GPU,
 TVM) importable: the environment, ``PYTHONPATH`` included, is what the server's sessions see.
 Imports only TVM and the light worker module, so a server starts in a few seconds.
 
-Each RPC session runs in a spawned process (:func:`init_server_process`), not one forked from
-the server: a CUDA context does not survive ``fork``.
+On a GPU box each RPC session runs in a spawned process (:func:`init_server_process`), not one
+forked from the server: a process that has loaded the CUDA driver cannot be forked usefully.
 """
 from __future__ import annotations
 
@@ -40,13 +40,23 @@ def parse_tracker(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def cuda_driver_loaded() -> bool:
+    """Whether this process has the CUDA driver loaded (importing TVM loads it where the CUDA
+    runtime is present); then a forked child cannot use the GPU."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return "libcuda.so" in maps.read()
+    except OSError:
+        return True          # cannot tell: spawn, which is always safe
+
+
 def init_server_process() -> None:
     """``server_init_callback`` of the RPC server, run in the process that accepts sessions:
-    each session is a spawned process (not forked) that runs
-    :func:`pit_tvm.tuning._session_init.serve_session`.  Why: importing TVM initialises CUDA
-    where the CUDA runtime is present, so a session forked from the accepting process (TVM's
-    default) fails every CUDA call with ``cudaErrorInitializationError``; a spawned one starts
-    clean but must register the PIT functions itself."""
+    registers the PIT functions; where the CUDA driver is loaded (:func:`cuda_driver_loaded`)
+    each session is a spawned process running :func:`pit_tvm.tuning._session_init.serve_session`
+    instead of TVM's forked one.  Why: a forked session failed every CUDA call with
+    ``cudaErrorInitializationError``; a spawned one starts clean but must register the PIT
+    functions itself.  Without CUDA, sessions stay forked (they start at once)."""
     import multiprocessing
 
     from tvm.rpc import server
@@ -55,8 +65,9 @@ def init_server_process() -> None:
     from pit_tvm.tuning._worker import register_server_functions
 
     register_server_functions()
-    multiprocessing.set_start_method("spawn", force=True)
-    server._serve_loop = serve_session     # what ``server._serving`` starts per session
+    if cuda_driver_loaded():
+        multiprocessing.set_start_method("spawn", force=True)
+        server._serve_loop = serve_session     # what ``server._serving`` starts per session
 
 
 def main(argv=None) -> int:
