@@ -150,22 +150,9 @@ def _records(db_dir: Path, mode, k, n, num_experts, top_k, dtype, tgt):
     """``(tokens, mean secs, lineno, record)`` of the measured records of this grouped GEMM on
     ``tgt``'s arch; foreign and broken lines are counted and said"""
     want = re.compile(rf"^{_space.GROUPED_WORKLOAD}{mode}_k{k}_n{n}_e{num_experts}_top{top_k}_t(\d+)_{dtype}_")
-    workloads = {}
-    for lineno, obj in _tune._read_lines(db_dir / "database_workload.json", "workload"):
-        try:
-            workloads[len(workloads)] = ms.database.Workload.from_json(obj)
-        except Exception:  # noqa: BLE001
-            workloads[len(workloads)] = None
-    out, foreign, bad = [], 0, 0
-    for lineno, obj in _tune._read_lines(db_dir / "database_tuning_record.json", "tuning record"):
-        try:
-            wl = workloads.get(int(obj[0]))
-            if wl is None:
-                raise ValueError("unknown workload index")
-            rec = ms.database.TuningRecord.from_json(obj[1], wl)
-        except Exception:  # noqa: BLE001
-            bad += 1
-            continue
+    decoded, bad = _tune.decoded_records(db_dir)
+    out, foreign = [], 0
+    for lineno, rec in decoded:
         mt = want.match(_space.workload_tag(rec.workload.mod["main"]))
         if not mt or rec.target is None or not _tune._same_target(rec.target, tgt):
             foreign += 1

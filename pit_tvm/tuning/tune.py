@@ -533,28 +533,36 @@ def _same_target(rec_target, tgt) -> bool:
     return _space._arch_of_str(a) == _space._arch_of_str(b)
 
 
-def _candidates(db_dir: Path, k, n, dtype, tgt, micro_tiles=(None,)):
-    """Valid-looking records for (k, n, dtype) and one of the kernel micro-tiles
-    ``micro_tiles`` (None: the rows kernels') on ``tgt``, best first; warns on the rest."""
+def decoded_records(db_dir: Path) -> tuple[list, int]:
+    """``([(lineno, TuningRecord)], undecodable)`` of a JSON database directory: each record
+    with its workload, lines that do not decode counted (a bad workload line is said)."""
     workloads = {}
     for lineno, obj in _read_lines(db_dir / "database_workload.json", "workload"):
         try:
             workloads[len(workloads)] = ms.database.Workload.from_json(obj)
         except Exception:  # noqa: BLE001
             warnings.warn(f"database_workload.json:{lineno}: skipping an undecodable workload",
-                          stacklevel=3)
+                          stacklevel=4)
             workloads[len(workloads)] = None
-    foreign_wl, foreign_tgt, bad, failed = 0, 0, 0, 0
-    recs = []
+    decoded, bad = [], 0
     for lineno, obj in _read_lines(db_dir / "database_tuning_record.json", "tuning record"):
         try:
             wl = workloads.get(int(obj[0]))
             if wl is None:
                 raise ValueError("unknown workload index")
-            rec = ms.database.TuningRecord.from_json(obj[1], wl)
+            decoded.append((lineno, ms.database.TuningRecord.from_json(obj[1], wl)))
         except Exception:  # noqa: BLE001
             bad += 1
-            continue
+    return decoded, bad
+
+
+def _candidates(db_dir: Path, k, n, dtype, tgt, micro_tiles=(None,)):
+    """Valid-looking records for (k, n, dtype) and one of the kernel micro-tiles
+    ``micro_tiles`` (None: the rows kernels') on ``tgt``, best first; warns on the rest."""
+    decoded, bad = decoded_records(db_dir)
+    foreign_wl, foreign_tgt, failed = 0, 0, 0
+    recs = []
+    for lineno, rec in decoded:
         key = _workload_key(rec.workload)
         if key is None or key[:3] != (int(k), int(n), dtype) or key[3] not in micro_tiles:
             foreign_wl += 1
