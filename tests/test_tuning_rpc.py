@@ -335,30 +335,60 @@ def test_gpu_every_space_tunes_through_local_gpu_servers(tmp_path):
     assert _children() - before == set()
 
 
-def test_sessions_are_spawned_and_register_the_flush(monkeypatch):
-    """where the CUDA driver is loaded each session runs in a spawned process (a fork of a
-    process that imported TVM there cannot use the GPU) whose entry point registers the flush
-    function before serving; elsewhere TVM's forked sessions inherit the registration"""
-    import multiprocessing
+def test_sessions_run_one_after_another_in_one_reused_worker():
+    """every session of a server runs in the same spawned worker (CUDA is started once per
+    server, not per candidate), which has the flush registered, and each session gets a
+    fresh working folder"""
+    with LocalCluster(1, gpus=False, key="reuse") as cluster:
+        server = psutil.Process(cluster.procs[1].pid)
+        workers = []
+        for i in range(3):
+            sess = rpc.connect_tracker(cluster.host, cluster.port).request("reuse", session_timeout=30)
+            data = tvm.runtime.tensor(np.arange(64, dtype="uint8"), sess.cpu(0))
+            sess.get_function("pit.flush_l2")(data)
+            if i == 0:
+                sess.upload(bytearray(b"first"), "left_by_session_0.txt")
+            else:
+                with pytest.raises(Exception):
+                    sess.download("left_by_session_0.txt")
+            np.testing.assert_array_equal(data.numpy(), np.arange(64, dtype="uint8"))
+            workers.append({p.pid for p in server.children(recursive=True)})
+            del data, sess
+    assert len(workers[0]) >= 1 and workers[0] == workers[1] == workers[2], workers
 
-    import tvm_ffi
-    from tvm.rpc import server
 
-    from pit_tvm.tuning import _session_init, rpc_server
-    from pit_tvm.tuning._worker import FLUSH_FUNC
+def test_a_worker_that_fails_a_session_is_replaced(monkeypatch):
+    """a session that timed out, killed its worker or left the device unusable costs the
+    worker: the next session gets a new one; a session that went well keeps it"""
+    from pit_tvm.tuning import _session_worker as sw
 
-    served = []
-    forked = lambda *args: served.append(args)  # noqa: E731
-    monkeypatch.setattr(server, "_serve_loop", forked)
-    monkeypatch.setattr(multiprocessing, "set_start_method", lambda method, force=False: served.append(method))
-    monkeypatch.setattr(rpc_server, "cuda_driver_loaded", lambda: False)
-    rpc_server.init_server_process()               # no CUDA driver: TVM's forked sessions
-    assert served == [] and server._serve_loop is forked
-    assert tvm_ffi.get_global_func(FLUSH_FUNC, allow_missing=True) is not None
-    monkeypatch.setattr(rpc_server, "cuda_driver_loaded", lambda: True)
-    rpc_server.init_server_process()
-    assert served == ["spawn"] and server._serve_loop is _session_init.serve_session
-    monkeypatch.setattr(server, "_serve_loop", lambda *args: served.append(args))
-    _session_init.serve_session("sock", None, "work")
-    assert served[-1] == ("sock", None, "work")
-    assert tvm_ffi.get_global_func(FLUSH_FUNC, allow_missing=True) is not None
+    outcomes, started, stopped = iter(["ok", "died", "timeout", "unusable"]), [], []
+
+    class FakeWorker:
+        def __init__(self):
+            started.append(self)
+
+        def serve(self, sock, load_library, work_dir, timeout):
+            assert os.path.isdir(work_dir) and timeout == 5.0
+            return next(outcomes)
+
+        def stop(self):
+            stopped.append(self)
+
+    returned = []
+    monkeypatch.setattr(sw, "SessionWorker", FakeWorker)
+    monkeypatch.setattr(sw, "_current", {})
+    from tvm.rpc import _ffi_api
+    monkeypatch.setattr(_ffi_api, "ReturnException", lambda fd, msg: returned.append(msg))
+
+    class Sock:
+        def fileno(self):
+            return -1
+
+        def close(self):
+            pass
+
+    for _ in range(4):
+        sw.serve_connection(Sock(), ("127.0.0.1", 1), {"timeout": 5.0}, None)
+    assert len(started) == 4 and stopped == started[:3]
+    assert len(returned) == 1 and "session has expired" in returned[0]

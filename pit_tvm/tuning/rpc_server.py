@@ -8,8 +8,8 @@ flush that ``time_evaluator`` runs before every timed call).  Start one per GPU,
 TVM) importable: the environment, ``PYTHONPATH`` included, is what the server's sessions see.
 Imports only TVM and the light worker module, so a server starts in a few seconds.
 
-On a GPU box each RPC session runs in a spawned process (:func:`init_server_process`), not one
-forked from the server: a process that has loaded the CUDA driver cannot be forked usefully.
+Sessions run one after another in one reused spawned process (:func:`init_server_process`),
+not in a fork per session: a fork of a process that has initialised CUDA cannot use the GPU.
 """
 from __future__ import annotations
 
@@ -40,34 +40,17 @@ def parse_tracker(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def cuda_driver_loaded() -> bool:
-    """Whether this process has the CUDA driver loaded (importing TVM loads it where the CUDA
-    runtime is present); then a forked child cannot use the GPU."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            return "libcuda.so" in maps.read()
-    except OSError:
-        return True          # cannot tell: spawn, which is always safe
-
-
 def init_server_process() -> None:
     """``server_init_callback`` of the RPC server, run in the process that accepts sessions:
-    registers the PIT functions; where the CUDA driver is loaded (:func:`cuda_driver_loaded`)
-    each session is a spawned process running :func:`pit_tvm.tuning._session_init.serve_session`
-    instead of TVM's forked one.  Why: a forked session failed every CUDA call with
-    ``cudaErrorInitializationError``; a spawned one starts clean but must register the PIT
-    functions itself.  Without CUDA, sessions stay forked (they start at once)."""
-    import multiprocessing
-
+    serves every session in one reused spawned process that registers the PIT functions
+    (:mod:`pit_tvm.tuning._session_worker`, started here) instead of TVM's fresh fork per
+    session, which cannot use a GPU the server process has initialised."""
     from tvm.rpc import server
 
-    from pit_tvm.tuning._session_init import serve_session
-    from pit_tvm.tuning._worker import register_server_functions
+    from pit_tvm.tuning._session_worker import serve_connection, start_worker
 
-    register_server_functions()
-    if cuda_driver_loaded():
-        multiprocessing.set_start_method("spawn", force=True)
-        server._serve_loop = serve_session     # what ``server._serving`` starts per session
+    server._serving = serve_connection
+    start_worker()
 
 
 def main(argv=None) -> int:
