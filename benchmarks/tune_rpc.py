@@ -10,7 +10,7 @@ Every configuration runs the same task with the same seed and trial count in a f
 database, on a tracker and one RPC server per GPU that :class:`pit_tvm.tuning.rpc.LocalCluster`
 starts and stops (``pit-tvm tune --gpus N``); builds run on this machine's CPU cores in every
 configuration.  ``--local`` adds the local runner (no RPC) as a baseline.  Writes
-``docs/results/tune_rpc.json`` (under ``$OUT`` when set) and prints a table: wall time,
+``docs/results/tune_rpc.{json,png}`` (under ``$OUT`` when set) and prints a table: wall time,
 measured trials per minute, failed trials, best latency.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import RESULTS_DIR, environment, print_table  # noqa: E402
+from common import environment, print_table, write_results  # noqa: E402
 
 
 def _records(db_dir):
@@ -78,6 +78,18 @@ def run_config(args, gpus: int | None, work_dir: str) -> dict:
             "best_us": best * 1e6 if best < math.inf else None, "log": str(path)}
 
 
+def plot_rows(ax, rows) -> None:
+    """wall time per configuration, with the best latency it found as the bar's label"""
+    names = [r["config"] for r in rows]
+    bars = ax.bar(names, [r["wall_s"] for r in rows], color="tab:blue")
+    for bar, r in zip(bars, rows):
+        best = r["best_us"]
+        label = "no valid run" if best is None or best != best else f"best {best:.0f} us"
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=8)
+    ax.set_ylabel("tuning wall time (s), builds included")
+
+
 def _gpu_names() -> list[str]:
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -122,15 +134,12 @@ def main(argv=None) -> int:
     task = {"k": args.k, "n": args.n, "dtype": args.dtype, "target": args.target,
             "micro_tile": args.micro_tile, "trials": args.trials, "trials_per_iter": args.trials_per_iter,
             "seed": args.seed}
-    out_dir = os.environ.get("OUT") or RESULTS_DIR
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{args.name}.json")
-    with open(path, "w") as f:
-        json.dump({"environment": env, "task": task, "rows": rows}, f, indent=1)
+    env["task"] = task
+    json_path, png_path = write_results(args.name, env, rows, plot_rows)
     for r in rows:
         r["best_us"] = float("nan") if r["best_us"] is None else r["best_us"]
     print_table(rows, ["config", "wall_s", "trials", "failed", "trials_per_min", "best_us"])
-    print(f"wrote {path}")
+    print(f"wrote {json_path} and {png_path}")
     return 0
 
 
