@@ -331,7 +331,7 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # MoE layers (HF Switch's expert chains, the dense-masked form, com.microsoft.MoE) as one
     # routed-expert op each (after the folding: a layer's shape arithmetic on other inputs is
     # then constant, and its subgraph can be checked on its own)
-    proto, moe_notes = lower_moe_layers(proto, tgt, shapes=fixed)
+    proto, moe_notes = lower_moe_layers(proto, tgt, shapes=fixed, tuning_log=tuning_log)
     try:
         mod = import_onnx(proto, shape_dict=fixed or None, target=tgt, sparse_attention=sparse_attention)
     except Exception as err:

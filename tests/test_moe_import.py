@@ -372,3 +372,26 @@ def test_export_with_dynamic_axes_compiles_with_shapes(batch, sequence):
     assert relative_error(got, onnxruntime_output(fixture(name), {"input_ids": ids})) <= 1e-5
     if ids is saved["input_ids"]:
         assert relative_error(got, saved["expected"]) <= 1e-5
+
+
+def test_imported_layers_take_the_tuning_log(monkeypatch, tmp_path):
+    """``compile_onnx(..., tuning_log=)`` reaches the MoE op of every imported layer: its grouped
+    GEMMs ask the log for their tiles (both GEMMs of each layer, the log compile_onnx was given)"""
+    import pit_tvm.ops.moe as moe_op
+    from pit_tvm.passes import import_onnx
+    from pit_tvm.passes.moe_import import lower_moe_layers
+
+    asked = []
+    planned = moe_op.grouped_tile_config
+
+    def recording(mode, k, n, num_experts, top_k, dtype, target, tokens=None, tuning_log=None):
+        asked.append((mode, tuning_log))
+        return planned(mode, k, n, num_experts, top_k, dtype, target, tokens, None)
+
+    monkeypatch.setattr(moe_op, "grouped_tile_config", recording)
+    proto, records = lower_moe_layers(onnx.load(str(fixture("switch_encoder"))), "cuda", tuning_log=tmp_path)
+    assert {r["status"] for r in records} == {"pit"}
+    asked.clear()                      # (lower_moe_layers' dry run of the op asks without a log)
+    import_onnx(proto, target="cuda")
+    assert sorted({mode for mode, _ in asked}) == ["gather", "scatter"]
+    assert {log for _, log in asked} == {str(tmp_path)}

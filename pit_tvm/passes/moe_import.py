@@ -34,6 +34,7 @@ is then expanded into plain ONNX (:func:`dense_moe_nodes`), never a wrong answer
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from collections import defaultdict
 
@@ -940,8 +941,9 @@ def _optional(layer: MoELayer, dtype):
 # the rewrite
 
 
-def _moe_node(layer: MoELayer, inits: list):
-    """The ``PitMoE`` node replacing ``layer`` (its weights as new initializers)."""
+def _moe_node(layer: MoELayer, inits: list, tuning_log=None):
+    """The ``PitMoE`` node replacing ``layer`` (its weights as new initializers; ``tuning_log``,
+    where given, as the ``tuning_log`` attribute :func:`convert_pit_moe` passes to the op)."""
     prefix = f"{layer.output}__moe_"
     names = []
     for k in ("w1", "w2", "b1", "b2", "w3", "b3"):
@@ -959,17 +961,20 @@ def _moe_node(layer: MoELayer, inits: list):
                  activation=s["activation"], capacity=-1 if s.get("capacity") is None else int(s["capacity"]),
                  dropped_token=s["dropped_token"], per_sequence=int(layer.per_sequence), form=layer.form,
                  out_ndim=layer.out_ndim)
+    if tuning_log is not None:
+        attrs["tuning_log"] = os.fspath(tuning_log)
     return helper.make_node(PIT_MOE_OP, [layer.x, layer.router, *names], [layer.output],
                             name=f"{prefix}node", domain=PIT_DOMAIN, **attrs)
 
 
-def lower_moe_layers(model: onnx.ModelProto, target="llvm", *, check: bool = True, shapes=None):
+def lower_moe_layers(model: onnx.ModelProto, target="llvm", *, check: bool = True, shapes=None, tuning_log=None):
     """``(model, records)``: ``model`` with each recognised MoE layer replaced by one ``PitMoE``
     node (``com.microsoft.MoE`` the op cannot take expanded into plain ONNX), and one annotation
     record per layer (``status`` ``pit`` or ``dense``, ``source`` ``moe:<router tensor>``).
     ``check``: verify forms (a) / (b) numerically before replacing them (see the module doc);
     ``shapes``: ``{graph input: static dims}`` fixing symbolic dims (``compile_onnx``'s ``shapes=``)
-    for the shapes read and checked; ``target``: the build target (what the op is asked to take)."""
+    for the shapes read and checked; ``target``: the build target (what the op is asked to take);
+    ``tuning_log``: a ``pit-tvm tune --op moe`` database whose tuned tiles the layers' kernels use."""
     target = "llvm" if target is None else target
     g = _Graph(model, shapes)
     records, layers, expand = [], [], []
@@ -1029,7 +1034,7 @@ def lower_moe_layers(model: onnx.ModelProto, target="llvm", *, check: bool = Tru
         outs = [o for o in node.output if o in replaced]
         if outs:
             layer = replaced[outs[0]]
-            new_nodes.append(_moe_node(layer, new_inits))
+            new_nodes.append(_moe_node(layer, new_inits, tuning_log))
             records.append(layer.record())
             continue
         new_nodes.append(node)
@@ -1113,6 +1118,7 @@ def convert_pit_moe(bb, inputs, attrs, target):
     # (emit_moe counts a capacity per sequence: x's second-to-last axis, all tokens of a 2-D x)
     xg = x if int(attrs.get("per_sequence", 0)) else bb.normalize(relax.op.reshape(x, [-1, d]))
     r2 = bb.normalize(relax.op.reshape(router, [-1, n_experts]))
-    y = bb.normalize(emit_moe(bb, xg, r2, w1, w2, spec, target=target, **opt))
+    tuning_log = text(attrs["tuning_log"]) if "tuning_log" in attrs else None
+    y = bb.normalize(emit_moe(bb, xg, r2, w1, w2, spec, target=target, tuning_log=tuning_log, **opt))
     out_ndim = int(attrs.get("out_ndim", 0)) or len(shape)
     return bb.normalize(relax.op.reshape(y, [-1, d] if out_ndim == 2 else shape))
