@@ -43,7 +43,7 @@ SPARSITIES = (0.0, 0.5, 0.9, 0.95, 0.99)
 ELEM_BYTES = 2                                # fp16
 
 
-# -- CPU-only helpers (tested in tests/test_bench_utils.py) -------------------------------------
+# -- CPU-only helpers (tested in tests/benchmarks/test_bench_utils.py) -----------------------------
 def micro_tile_for(pattern: str, k: int) -> tuple[int, int]:
     """PIT micro-tile of a pattern name: ``row`` -> (1, K); ``"RxC"`` -> (R, C)."""
     if pattern == "row":

@@ -6,7 +6,7 @@ Writes to ``tests/data/longformer/``:
   ``attention_window`` 16: one-sided window 8), its weights in ``com.microsoft.LongformerAttention``'s
   layout (``weight = [Wq^T | Wk^T | Wv^T]`` ``[hidden, 3 hidden]``, the global ones alike), two
   calls' inputs (hidden states, the additive mask 0 / -10000, the global flags) and HF's outputs;
-  ``tests/test_longformer.py`` checks the contrib op's conversion against them.
+  ``tests/passes/test_longformer.py`` checks the contrib op's conversion against them.
 - ``window_global_encoder.onnx``: a BERT-style encoder (2 layers, hidden 32, 2 heads) whose
   attention mask is computed in the graph from ``attention_mask`` (1 token, 0 padding) and
   ``global_attention_mask`` (1 global) each call: key not padding AND (``|i - j| <= 8`` OR key

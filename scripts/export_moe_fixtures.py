@@ -1,4 +1,4 @@
-"""Write the small ONNX MoE fixtures of ``tests/test_moe_import.py`` to ``tests/data/moe/``.
+"""Write the small ONNX MoE fixtures of ``tests/passes/test_moe_import.py`` to ``tests/data/moe/``.
 
 - ``switch_encoder.onnx`` / ``switch_encoder_capacity.onnx``: HF ``SwitchTransformersEncoderModel``
   (tiny config: d_model 16, d_ff 32, 4 experts, two sparse layers / one, random seeded weights) exported

@@ -1,5 +1,12 @@
-"""Shared pytest setup: the `gpu` marker skips without a CUDA device."""
+"""Shared pytest setup: the `gpu` marker skips without a CUDA device; tests/ is on the path, so
+that test files of any folder import the helper modules beside this file (``onnx_models``)."""
+import sys
+from pathlib import Path
+
 import pytest
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _cuda_available() -> bool:

@@ -2,7 +2,7 @@
 the PIT kernels' dense twin: on CUDA the tensor-core kernel with the bias + ReLU chain in its
 epilogue, on the CPU the dense CPU kernel with the chain left as Relax ops after it.  Batched
 matmuls keep the normal path.  The kernels are stubs in ``Expected`` (:mod:`_ir_compare`); their
-numerics are tests/test_passes.py's and tests/test_tensorcore.py's."""
+numerics are tests/passes/test_passes.py's and tests/schedules/test_tensorcore.py's."""
 from __future__ import annotations
 
 import numpy as np

@@ -3,7 +3,7 @@
 CPU targets and sizes the kernel does not take keep the graph.
 
 The expected kernel is the one :func:`pit_tvm.schedules.attention.fused_attention_func`
-generates for these sizes, compared in full (its numerics are tests/test_attention.py's GPU
+generates for these sizes, compared in full (its numerics are tests/passes/test_attention.py's GPU
 tests).  Applying the pass needs no GPU."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``LowerToPIT`` (pit_tvm/passes/lower.py): each call of an annotated ``pit_matmul_*`` wrapper
 becomes the PIT index build and kernel, the wrappers are dropped; what it cannot lower stays
 dense.  The generated index and kernel PrimFuncs are stubs in ``Expected``
-(:mod:`_ir_compare`); their numerics are tests/test_matmul.py's."""
+(:mod:`_ir_compare`); their numerics are tests/ops/test_matmul.py's."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,7 +1,7 @@
 """``PropagatePadding`` (pit_tvm/passes/propagate_padding.py): a token-wise matmul whose padded
 rows reach only token-wise ops becomes a rows-kind PIT wrapper call taking the padding mask;
 one whose padded rows would reach a sum over the sequence stays, with ``dense`` and ``stop``
-records.  (Named ``..._pass`` beside tests/test_propagate_padding.py, its model-level tests.)"""
+records.  (Named ``..._pass`` beside tests/passes/test_propagate_padding.py, its model-level tests.)"""
 from __future__ import annotations
 
 import tvm

@@ -23,7 +23,7 @@ from pit_tvm.passes.annotate import ANNOTATIONS_ATTR
 
 RNG = np.random.default_rng(0)
 BATCH, SEQ, HIDDEN = 3, 5, 16
-FIXTURES = pathlib.Path(__file__).parent / "data" / "transformers"
+FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "data" / "transformers"
 REASON = ("padding propagated from graph input 'attention_mask': the rows of padded tokens reach only "
           "token-wise ops and masked attention; rows index built from the mask, shared by the matmuls it masks")
 
@@ -346,7 +346,7 @@ def test_symbolic_mask_shape_is_a_recorded_stop():
 
 
 # ----------------------------------------------------------------------------- real exports
-#: fixtures of tests/data/transformers (test_real_models.py checks them all without padding=):
+#: fixtures of tests/data/transformers (tests/models/test_real_models.py checks them all without padding=):
 #: BERT from both exporters (dynamo's attention merges batch and heads), decoders combining the
 #: padding mask with the causal mask (GPT-2: Conv1D matmuls on [batch * seq, K] rows; OPT: a
 #: relu FFN, whose second matmul keeps the relu source), T5 (a relative position bias added to

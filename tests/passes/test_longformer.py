@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 import pit_tvm
 from pit_tvm.passes.contrib_attention import reference_longformer_attention
 
-DATA = Path(__file__).parent / "data" / "longformer"
+DATA = Path(__file__).resolve().parents[1] / "data" / "longformer"
 NH, D, W = 2, 16, 8
 HIDDEN = NH * D
 

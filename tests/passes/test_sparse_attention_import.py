@@ -290,7 +290,7 @@ def test_real_gpt2_export_attention_lowered_and_matches_onnxruntime():
     from the attention_mask input, so both layers' attentions run as block-sparse attention."""
     from pathlib import Path
 
-    path = Path(__file__).parent / "data" / "transformers" / "gpt2.onnx"
+    path = Path(__file__).resolve().parents[1] / "data" / "transformers" / "gpt2.onnx"
     shapes = {"input_ids": [2, 16], "attention_mask": [2, 16]}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

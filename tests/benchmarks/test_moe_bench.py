@@ -1,11 +1,11 @@
 """CPU checks of benchmarks/moe.py (it runs on a GPU with torch): the case grid, the roofline
 arithmetic and the results page from synthetic rows (torch is not needed for these)."""
-import os
 import sys
+from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the repo's benchmarks/
 import moe as B  # noqa: E402
 
 

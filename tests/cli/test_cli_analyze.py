@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pit_tvm.cli.main import main
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 EXAMPLE = DATA / "rules_example.py"
 
 

@@ -21,7 +21,7 @@ import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
-from test_runtime import ROOT, small_model
+from onnx_models import small_model
 
 from pit_tvm.cli.main import main
 from pit_tvm.compile import compile_onnx, static_shapes
@@ -31,6 +31,7 @@ from pit_tvm.runtime import load
 from pit_tvm.runtime.library import check_elf_library
 
 ort = pytest.importorskip("onnxruntime")
+ROOT = Path(__file__).resolve().parents[2]  # the repository
 HAS_GPU = tvm.cuda(0).exist
 X = np.random.default_rng(7).standard_normal((2, 3, 32)).astype("float32")
 

@@ -25,7 +25,7 @@ from pit_tvm.passes.moe_import import MoEImportWarning, dense_moe_nodes, lower_m
 
 ort = pytest.importorskip("onnxruntime")
 
-FIXTURES = Path(__file__).parent / "data" / "moe"
+FIXTURES = Path(__file__).resolve().parents[1] / "data" / "moe"
 HF = ["switch_encoder", "switch_encoder_capacity", "switch_v4_capacity"]
 HELPER = ["dense_equal", "dense_onehot", "ms_moe_relu", "ms_moe_swiglu"]
 #: the router tensors a fixture's annotations must name (one per MoE layer)

@@ -40,7 +40,7 @@ K, N, M = 64, 64, 40          # M not a multiple of 16 (tuning_workload)
 KEY = "pit-test"
 TUNE = ["tune", "--k", str(K), "--n", str(N), "--m", str(M), "--target", "llvm",
         "--trials-per-iter", "3", "--rpc-timeout", "60"]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _children() -> set[int]:

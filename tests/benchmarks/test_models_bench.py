@@ -1,13 +1,13 @@
 """CPU smoke test of benchmarks/models.py at tiny sizes: JSON structure and correctness fields."""
 import json
-import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("onnxruntime")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the repo's benchmarks/
 import models as M  # noqa: E402
 
 TINY = ["--device", "cpu", "--ffn-d", "64", "--ffn-hidden", "256", "--ffn-batch", "2", "--ffn-seq", "16",

@@ -786,13 +786,13 @@ def _check_tiles_op(op, k, n, micro_tile, rng, what, m=520):
 
 
 # ----------------------------------------------------------------------------- the shipped logs
-SHIPPED = sorted(Path(__file__).resolve().parent.parent.glob("tuning_logs/*/matmul_k*_n*_*"))
+SHIPPED = sorted(Path(__file__).resolve().parents[2].glob("tuning_logs/*/matmul_k*_n*_*"))
 #: the wgmma kernel's logs (sm_90a, the default "cuda" target)
-SHIPPED_WGMMA = sorted(Path(__file__).resolve().parent.parent.glob("tuning_logs/*/wgmma_matmul_k*_n*_*"))
+SHIPPED_WGMMA = sorted(Path(__file__).resolve().parents[2].glob("tuning_logs/*/wgmma_matmul_k*_n*_*"))
 
 
 #: the tiles kinds' logs: wgmma_matmul_128xC_... (sm_90a), matmul_RxC_... (mma.sync)
-SHIPPED_TILES = sorted(Path(__file__).resolve().parent.parent.glob("tuning_logs/*/*matmul_*x*_k*_n*_*"))
+SHIPPED_TILES = sorted(Path(__file__).resolve().parents[2].glob("tuning_logs/*/*matmul_*x*_k*_n*_*"))
 
 
 def _tiles_log(log):

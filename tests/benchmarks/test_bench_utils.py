@@ -2,11 +2,12 @@
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+BENCH = str(Path(__file__).resolve().parents[2] / "benchmarks")  # the repo's benchmarks/
 sys.path.insert(0, BENCH)
 
 import gpu_matmul as gm  # noqa: E402

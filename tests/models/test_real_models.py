@@ -22,7 +22,7 @@ from pit_tvm.passes.frontend import fold_shape_computations
 
 ort = pytest.importorskip("onnxruntime")
 
-FIXTURES = Path(__file__).parent / "data" / "transformers"
+FIXTURES = Path(__file__).resolve().parents[1] / "data" / "transformers"
 TORCHSCRIPT = ["bert", "roberta", "distilbert", "albert", "electra", "minilm", "opt", "gpt2", "t5_encoder"]
 #: (torch.export fails on T5's encoder: its attention output's view of a transposed tensor)
 DYNAMO = [f"{arch}_dynamo" for arch in TORCHSCRIPT if arch != "t5_encoder"]
