@@ -277,7 +277,7 @@ def _pow(bb, inputs, attrs, converted):
 
 
 #: ``{op type: fix(bb, inputs, attrs, tvm's conversion) -> conversion}``: where TVM's converter
-#: gives a wrong answer, pit-tvm rewrites its result (checked by tests/test_onnx_node_cases.py)
+#: gives a wrong answer, pit-tvm rewrites its result (checked by tests/api/test_onnx_node_cases.py)
 PIT_CONVERTER_FIXES = {"LayerNormalization": _layer_norm_with_stats, "IsInf": _is_inf, "Expand": _expand,
                        "Dropout": _dropout, "ConstantOfShape": _constant_of_shape,
                        "Pow": _pow, "OneHot": _one_hot_fix}

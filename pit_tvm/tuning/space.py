@@ -246,7 +246,7 @@ class KnobSet:
 #: loops writes *in place* into the unscheduled PrimFunc the schedule was created from (a
 #: copy-on-write slip of ScheduleState::Replace), which would corrupt MetaSchedule's task
 #: module for every later candidate.  ``zero_fill`` is the first block the schedule touches,
-#: so annotating it is safe (``tests/test_tuning.py`` checks the workload stays intact).
+#: so annotating it is safe (``tests/tuning/test_tuning.py`` checks the workload stays intact).
 KNOB_BLOCK = "zero_fill"
 #: the tiles workload's: ``store`` keeps its annotations through the schedule and leaves the
 #: workload intact (``matmul`` loses them to ``blockize``; the root block is written in place)
