@@ -17,7 +17,8 @@ with no allowed key are 0, as the op's are).
 
 where ``M`` / ``C`` is computed from graph inputs (a constant mask is a static pattern: left as
 it is).  By default only masks with a query axis (``[.., Sq, Sk]``: a per-call pattern such as
-window + global tokens) are taken; a key-padding mask (``[B, 1, 1, S]``) stays with the dense
+window + global tokens) are taken; a key-padding mask (``[B, 1, 1, S]``, or that broadcast to
+``[B, 1, S, S]`` as transformers does: :func:`_varies_along_queries`) stays with the dense
 attention (:class:`~pit_tvm.passes.FuseAttention` on the H100).  ``mask_input`` (the
 ``sparse_attention=`` argument of :func:`pit_tvm.compile_onnx`) names the graph input the mask
 is computed from: every chain whose mask reads it is lowered, whatever its shape.
@@ -200,6 +201,31 @@ def _mask_layout(q_shape, k_shape, mask_shapes):
     return dims, (H if not _same(dims[1], one) else one)
 
 
+#: ops through which a mask varies along the queries only where an operand does
+_ELEMENTWISE = frozenset(f"relax.{n}" for n in (
+    "where", "add", "subtract", "multiply", "divide", "astype", "negative", "maximum", "minimum",
+    "logical_and", "logical_or", "logical_not", "equal", "not_equal", "less", "less_equal", "greater",
+    "greater_equal", "broadcast_to"))
+
+
+def _varies_along_queries(g: FuncGraph, x) -> bool:
+    """Whether the mask value ``x`` (aligned to the scores' trailing axes) may change along the
+    query axis: its query dim is not 1, and it is not an elementwise op / ``broadcast_to`` of
+    operands that do not change along it.  False for a key-padding mask however it was
+    expanded (``broadcast_to(m[B, 1, 1, S], [B, 1, S, S])``, as transformers builds it)."""
+    if not isinstance(getattr(x, "ty", None), relax.TensorType):
+        return False                      # a target shape or a scalar value: no query axis
+    shape = _shape(x)
+    if shape is None:
+        return True
+    if len(shape) < 2 or _same(shape[-2], tirx.const(1, "int64")):
+        return False
+    value = g.bound.get(x) if isinstance(x, relax.Var) else None
+    if op_name(value) not in _ELEMENTWISE:
+        return True
+    return any(_varies_along_queries(g, a) for a in value.args)
+
+
 def _check_operands(q, k_shape, k_dtype, v) -> str | None:
     from pit_tvm.ops.sparse_attention import ATTENTION_DTYPES
 
@@ -251,7 +277,7 @@ class SparseAttentionToPIT:
         named = self._resolve_input(mod, func)
         onnx_of = {str(v): str(k) for k, v in (mod.attrs or {}).get(ONNX_NAMES_ATTR, {}).items()}
         records = [dict(r) for r in (func.attrs or {}).get(ANNOTATIONS_ATTR, [])]
-        chains, taken = attention_chains(func), {}
+        chains, taken, graph = attention_chains(func), {}, FuncGraph(func)
         for call, (var, q, k, k_axes, v, scale, parts, inputs) in chains.items():
             if named is not None and not any(p.same_as(named) for p in inputs):
                 continue
@@ -271,8 +297,8 @@ class SparseAttentionToPIT:
                 why = f"additive mask of dtype {mask.ty.dtype}"
             if why is None and cond is not None and str(cond.ty.dtype) != "bool":
                 why = f"where() condition of dtype {cond.ty.dtype}"
-            if why is None and named is None and _same(layout[0][2], tirx.const(1, "int64")) \
-                    and not _same(q.ty.shape[2], tirx.const(1, "int64")):
+            if why is None and named is None and not _same(q.ty.shape[2], tirx.const(1, "int64")) \
+                    and not any(_varies_along_queries(graph, x) for x in (mask, cond) if x is not None):
                 continue    # a key-padding mask: the dense attention's (name the input to take it)
             if why is None and named is None and not fast_kernel_applies(self.target, int(_shape(q)[3]), q.ty.dtype):
                 why = (f"no fast sparse kernel for {self.target.kind.name} {self.target.attrs.get('arch', '')}, "

@@ -79,20 +79,24 @@ def longformer_style_model(form="additive", dtype=np.float32):
     return _model(nodes, inputs, inits, out_type=elem)
 
 
-def padding_mask_model():
+def padding_mask_model(expanded: bool = False):
     """q, k, v [B, H, S, D] and attention_mask [B, S] (1 token, 0 padding) -> the BERT-style key
-    padding bias [B, 1, 1, S]."""
+    padding bias [B, 1, 1, S]; ``expanded``: broadcast to [B, 1, S, S] first, as transformers'
+    mask utilities do (the bias still does not change along the queries)."""
     inits = [numpy_helper.from_array(np.array(0.25, np.float32), "scale"),
              numpy_helper.from_array(np.array(1.0, np.float32), "one"),
              numpy_helper.from_array(np.array(-10000.0, np.float32), "big"),
-             numpy_helper.from_array(np.array([1, 2], np.int64), "axes")]
+             numpy_helper.from_array(np.array([1, 2], np.int64), "axes"),
+             numpy_helper.from_array(np.array([B, 1, S, S], np.int64), "full")]
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
              helper.make_node("MatMul", ["q", "kt"], ["qk"]),
              helper.make_node("Mul", ["qk", "scale"], ["scores"]),
              helper.make_node("Cast", ["attention_mask"], ["mf"], to=TensorProto.FLOAT),
              helper.make_node("Sub", ["one", "mf"], ["pad"]),
              helper.make_node("Mul", ["pad", "big"], ["bias2"]),
-             helper.make_node("Unsqueeze", ["bias2", "axes"], ["bias"]),
+             helper.make_node("Unsqueeze", ["bias2", "axes"], ["bias1"]),
+             helper.make_node("Expand", ["bias1", "full"], ["bias"]) if expanded
+             else helper.make_node("Identity", ["bias1"], ["bias"]),
              helper.make_node("Add", ["scores", "bias"], ["logits"]),
              helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
              helper.make_node("MatMul", ["probs", "v"], ["out"])]
@@ -126,8 +130,11 @@ def test_window_and_global_mask_lowered_and_matches_onnxruntime(form):
         np.testing.assert_allclose(compiled.run(feeds)[0], _ort(model, feeds), atol=2e-5, rtol=2e-5)
 
 
-def test_key_padding_mask_taken_only_when_named():
-    model = padding_mask_model()
+@pytest.mark.parametrize("expanded", [False, True], ids=["b11s", "expanded_b1ss"])
+def test_key_padding_mask_taken_only_when_named(expanded):
+    """a key-padding mask stays with the dense attention unless its input is named, also where
+    it is broadcast over the queries (transformers' [B, 1, S, S])"""
+    model = padding_mask_model(expanded)
     rng = np.random.default_rng(2)
     feeds = {n: rng.standard_normal((B, H, S, D)).astype(np.float32) for n in ("q", "k", "v")}
     lengths = np.array([S - 13, 9])
