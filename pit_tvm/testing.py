@@ -127,14 +127,16 @@ def serial_thread_loops(func):
     """``func`` (a GPU-scheduled s_tir PrimFunc) with every ``blockIdx`` / ``threadIdx`` / vthread
     loop serial and its shared buffers global, so that it builds and runs for llvm: the schedule's
     loop bounds, predicates and indexing checked on the CPU.  Only for kernels whose threads meet
-    only between their sibling thread loops (a dlight schedule, the PIT index kernels); what the
-    CUDA lowering adds (barriers, warp shuffles, vector types) it cannot see, so a kernel that
-    matches here can still race on the GPU."""
+    only between sibling thread loops and keep no per-thread buffer unindexed by the thread across
+    them (dlight schedules, the PIT index and generic attention kernels); a kernel with explicit
+    barriers is refused.  What the CUDA lowering adds (barriers, warp shuffles, vector types) it
+    cannot see: a kernel that matches here can still race on the GPU."""
     import tvm
 
     src = func.script()
     if "T.launch_thread" in src or "T.env_thread" in src or "tvm_storage_sync" in src:
-        raise ValueError("serial_thread_loops: the PrimFunc binds threads outside thread_binding loops")
+        raise ValueError("serial_thread_loops: the PrimFunc binds threads outside thread_binding loops or "
+                         "synchronises them explicitly; only thread_binding loops can run serially")
     out, last = [], 0
     for start, end, extent in _thread_binding_calls(src):
         out += [src[last:start], f"T.serial({extent})"]
