@@ -6,6 +6,7 @@ pulls that source out and runs nvcc on it for the requested architectures.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -34,6 +35,18 @@ def cuda_sources(module) -> list[str]:
         if src and "__global__" in src:
             found.append(src)
         stack.extend(getattr(m, "imports", []))
+    return found
+
+
+def cuda_kernels(source: str) -> dict[str, tuple[str, str]]:
+    """``{kernel name: (signature, body)}`` of each kernel ``source`` defines (not its forward
+    declarations), e.g. to check what one kernel of a model's CUDA source does."""
+    chunks = [c for c in source.split('extern "C" __global__')[1:] if "{" in c.split(";", 1)[0]]
+    found = {}
+    for chunk in chunks:
+        signature, body = chunk.split("{", 1)
+        name = re.sub(r"__launch_bounds__\([^)]*\)", "", signature).split("(", 1)[0].split()[-1]
+        found[name] = (signature, body)
     return found
 
 

@@ -90,16 +90,23 @@ def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     IntegerPowerToMultiply`): CUDA code is compiled with ``--use_fast_math``, whose ``powf`` is
     NaN for a negative base."""
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
+
+    passes = (cuda_schedule_passes(tgt) + cuda.dataflow_lower_passes(tgt) + cuda.finalize_passes(tgt))
+    return tvm.transform.Sequential(passes, name="pit_cuda_pipeline")
+
+
+def cuda_schedule_passes(tgt: tvm.target.Target) -> list:
+    """The first stage of :func:`cuda_relax_pipeline`: legalization, fusion and the dlight
+    schedules (:func:`cuda_schedule_rules`); after it every PrimFunc is GPU-scheduled TIR."""
+    from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
     from pit_tvm.passes.integer_power import IntegerPowerToMultiply  # noqa: PLC0415
     from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
 
     legalize = [p for p in cuda.legalize_passes(tgt) if p.info.name != "ApplyDefaultSchedule"]
-    passes = ([IntegerPowerToMultiply] + cuda.library_dispatch_passes(tgt) + legalize
-              + [dl.ApplyDefaultSchedule(*cuda_schedule_rules()), ReshapeOutputsAsViews]
-              + cuda.dataflow_lower_passes(tgt) + cuda.finalize_passes(tgt))
-    return tvm.transform.Sequential(passes, name="pit_cuda_pipeline")
+    return ([IntegerPowerToMultiply] + cuda.library_dispatch_passes(tgt) + legalize
+            + [dl.ApplyDefaultSchedule(*cuda_schedule_rules()), ReshapeOutputsAsViews])
 
 
 @tvm.transform.module_pass(opt_level=0, name="MarkShapeFuncsNoAlias")

@@ -4,7 +4,8 @@ neither tests/ nor benchmarks/ puts the other on ``sys.path``.
 
 References and patterns: :func:`np_dtype`, :func:`rows_index`, :func:`tile_pattern`,
 :func:`expand`, :func:`tiles_inputs`.  Relax builders: :func:`legalized_cuda_module`, :func:`build_with_cuda_rules`,
-:func:`gemm_chain_module`.
+:func:`gemm_chain_module`.  CUDA schedules on the CPU: :func:`serial_thread_loops`,
+:func:`cuda_schedules_on_cpu`.
 
 ONNX workloads, built in code (no downloads), with symbolic batch/seq dims:
 
@@ -100,6 +101,73 @@ def build_with_cuda_rules(mod):
     with cuda:
         mod = dl.ApplyDefaultSchedule(*cuda_schedule_rules())(mod)
     return build(mod, cuda)
+
+
+def _thread_binding_calls(src: str):
+    """``(start, end, extent)`` of each ``T.thread_binding(extent, thread=..., ...)`` in TVMScript
+    ``src`` (the extent may hold parentheses and the annotations a dict, so a scan, not a regex)."""
+    head = "T.thread_binding("
+    pos = src.find(head)
+    while pos >= 0:
+        depth, i, comma = 1, pos + len(head), None
+        while depth:
+            ch = src[i]
+            if ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                depth -= 1
+            elif ch == "," and depth == 1 and comma is None:
+                comma = i
+            i += 1
+        yield pos, i, src[pos + len(head):comma]
+        pos = src.find(head, i)
+
+
+def serial_thread_loops(func):
+    """``func`` (a GPU-scheduled s_tir PrimFunc) with every ``blockIdx`` / ``threadIdx`` / vthread
+    loop serial and its shared buffers global, so that it builds and runs for llvm: the schedule's
+    loop bounds, predicates and indexing checked on the CPU.  Only for kernels whose threads meet
+    only between sibling thread loops and keep no per-thread buffer unindexed by the thread across
+    them (dlight schedules, the PIT index and generic attention kernels); a kernel with explicit
+    barriers is refused.  What the CUDA lowering adds (barriers, warp shuffles, vector types) it
+    cannot see: a kernel that matches here can still race on the GPU."""
+    import tvm
+
+    src = func.script()
+    if "T.launch_thread" in src or "T.env_thread" in src or "tvm_storage_sync" in src:
+        raise ValueError("serial_thread_loops: the PrimFunc binds threads outside thread_binding loops or "
+                         "synchronises them explicitly; only thread_binding loops can run serially")
+    out, last = [], 0
+    for start, end, extent in _thread_binding_calls(src):
+        out += [src[last:start], f"T.serial({extent})"]
+        last = end
+    src = "".join(out) + src[last:]
+    src = src.replace('scope="shared.dyn"', 'scope="global"').replace('scope="shared"', 'scope="global"')
+    src = src.replace("T.alloc_shared(", "T.alloc_buffer(")
+    return tvm.script.from_source(src)
+
+
+def cuda_schedules_on_cpu(mod):
+    """A Relax VM executable for llvm of ``mod`` (a module as given to the CUDA build, e.g.
+    ``compile_onnx(..., target="cuda").lowered``) whose every PrimFunc is the one the CUDA build
+    schedules (:func:`pit_tvm.target.cuda_schedule_passes`), its thread loops serial
+    (:func:`serial_thread_loops`): the CUDA build's schedules run on the CPU."""
+    import tvm
+    from tvm import tirx
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    from pit_tvm.target import cuda_schedule_passes, make_target
+
+    cuda, llvm = make_target("cuda"), make_target("llvm")
+    with cuda, tvm.transform.PassContext(opt_level=3):
+        mod = tvm.transform.Sequential(cuda_schedule_passes(cuda))(mod)
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc):
+            serial = serial_thread_loops(func)
+            mod[gv] = serial.with_attr("global_symbol", gv.name_hint) if "global_symbol" in (func.attrs or {}) else serial
+    lower = tvm.transform.Sequential(cpu.dataflow_lower_passes(llvm) + cpu.finalize_passes(llvm))
+    with llvm, tvm.transform.PassContext(opt_level=3):
+        return tvm.compile(mod, target=llvm, relax_pipeline=lower)
 
 
 def tile_pattern(m: int, k: int, micro_tile, sparsity: float, rng) -> np.ndarray:

@@ -14,8 +14,13 @@ block over the same row) when every extent is static and a row has at most
     lane (tx)      : columns tx, tx+32, ...       (threadIdx.x; coalesced, warp-shuffle reductions)
 
 Each reduction block is computed at the CTA (its ``ROWS`` rows on ``ty``, the row on ``tx``),
-its row results kept in shared memory (``ROWS`` values per CTA). Anything else returns None, so the next rule (``GeneralReduction``)
-applies. Registered ahead of it in :func:`pit_tvm.target.cuda_schedule_rules`.
+its row results kept in registers (``local``): TVM's warp all-reduce ends with a shuffle that gives
+every lane the row's result. Not in shared memory: there lane 0 stores the result and the other
+lanes of its warp read it with no barrier between (TVM's ``ThreadSync`` takes the same index
+``[threadIdx.y]`` for the same thread), and nvcc (fp32, sm_90a) issues their loads before lane 0's
+store, so 31 of 32 lanes normalised with a stale mean and variance (NaN or wrong scale).
+Anything else returns None, so the next rule (``GeneralReduction``) applies. Registered ahead of
+it in :func:`pit_tvm.target.cuda_schedule_rules`.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ WARP = 32
 MAX_ROW = 4096
 ROWS_PER_CTA = (8, 4, 2, 1)
 UNROLL = 64
+#: where a row's reduction results live: one register per lane (see the module docstring)
+REDUCTION_SCOPE = "local"
 
 
 def _prod(extents) -> int:
@@ -83,7 +90,7 @@ class RowReduction(GPUScheduleRule):
         for info in reversed(infos[:-1]):
             block = info.block_rv
             for i, _ in enumerate(sch.get(block).writes):
-                sch.set_scope(block, buffer_index=i, storage_scope="shared")
+                sch.set_scope(block, buffer_index=i, storage_scope=REDUCTION_SCOPE)
             sch.compute_at(block, bx, preserve_unit_loops=True)
             block_loops = sch.get_loops(block)[1:]          # under bx: the CTA's rows, then the row
             r_ty = sch.fuse(*block_loops[:-n_r])

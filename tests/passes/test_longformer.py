@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -190,6 +191,34 @@ def test_exported_window_global_encoder_lowered_and_matches_onnxruntime():
         got, want = compiled.run(feeds)[0], session.run(None, feeds)[0]
         real = feeds["attention_mask"].astype(bool)     # (padding rows: the op gives 0 where no key is allowed)
         np.testing.assert_allclose(got[real], want[real], atol=2e-5, rtol=0)
+
+
+
+def test_cuda_build_of_the_exported_encoder_on_the_cpu():
+    """What the GPU test below builds (fp32): its kernels' schedules, thread loops run serially on
+    the CPU (pit_tvm.testing.cuda_schedules_on_cpu), match onnxruntime; and its layer norms keep
+    each row's mean and variance in every lane's registers.  (On an H200 the layer norms kept them
+    in shared memory, which lanes 1-31 read before lane 0 wrote it: NaN and rows ~30x too small)"""
+    from tvm import relax
+
+    from pit_tvm.nvcc import cuda_kernels, cuda_sources
+    from pit_tvm.testing import cuda_schedules_on_cpu
+
+    ort = pytest.importorskip("onnxruntime")
+    path = DATA / "window_global_encoder.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = pit_tvm.compile_onnx(str(path), shapes=ENCODER_SHAPES, target="cuda",
+                                        sparse_attention="global_attention_mask")
+    kernels = {name: body for src in cuda_sources(compiled.executable) for name, (_, body) in cuda_kernels(src).items()}
+    norms = [name for name in kernels if name.startswith("layer_norm")]
+    assert norms and all("__shared__" not in kernels[name] for name in norms), norms
+    vm = relax.VirtualMachine(cuda_schedules_on_cpu(compiled.lowered), tvm.cpu())
+    feeds = _encoder_feeds(np.random.default_rng(8), 4)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = vm["main"](*(tvm.runtime.tensor(feeds[i["name"]]) for i in compiled.inputs)).numpy()
+    real = feeds["attention_mask"].astype(bool)
+    np.testing.assert_allclose(got[real], want[real], atol=1e-5, rtol=0)
 
 
 # --------------------------------------------------------------------------- GPU (the lead runs these)

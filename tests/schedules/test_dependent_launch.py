@@ -16,7 +16,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from pit_tvm.nvcc import cuda_sources
+from pit_tvm.nvcc import cuda_kernels, cuda_sources
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.dependent_launch import ENTRY, PDL_TAG, launches_dependent, with_dependent_launch
 from pit_tvm.schedules.wgmma import WgmmaConfig, wgmma_row_gather_func
@@ -61,8 +61,7 @@ def _graph(m=256, d=768, dtype="float16"):
 
 def _kernels(source: str) -> list[tuple[str, str]]:
     """(signature, body) of each kernel defined in ``source`` (not the forward declarations)"""
-    chunks = [c for c in source.split('extern "C" __global__')[1:] if "{" in c.split(";", 1)[0]]
-    return [tuple(c.split("{", 1)) for c in chunks]
+    return list(cuda_kernels(source).values())
 
 
 def _assert_waits_first(source: str, kernel: tuple[str, str], what: str) -> None:

@@ -4,8 +4,8 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from pit_tvm.testing import build_with_cuda_rules, legalized_cuda_module
-from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
+from pit_tvm.testing import build_with_cuda_rules, cuda_schedules_on_cpu, legalized_cuda_module
+from pit_tvm.nvcc import check_cuda_compiles, cuda_kernels, cuda_sources, find_nvcc
 from pit_tvm.schedules.row_reduction import RowReduction
 from pit_tvm.target import cuda_schedule_rules, make_target
 
@@ -16,13 +16,13 @@ def _prim(mod):
     return [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)][0]
 
 
-def softmax_mod(shape=(4, 3, 40, 40)):
-    return legalized_cuda_module(lambda x: relax.op.nn.softmax(x, axis=-1), shape)[0]
+def softmax_mod(shape=(4, 3, 40, 40), dtype="float16"):
+    return legalized_cuda_module(lambda x: relax.op.nn.softmax(x, axis=-1), shape, dtype=dtype)[0]
 
 
-def layer_norm_mod(rows=(4, 40), d=96):
+def layer_norm_mod(rows=(4, 40), d=96, dtype="float16"):
     return legalized_cuda_module(lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1]),
-                                 (*rows, d), (d,), (d,))[0]
+                                 (*rows, d), (d,), (d,), dtype=dtype)[0]
 
 
 def test_applies_to_softmax_and_layer_norm_with_static_shapes():
@@ -78,3 +78,36 @@ def test_gpu_softmax_and_layer_norm_match_numpy():
     xf = x.astype("float32")
     ref = (xf - xf.mean(-1, keepdims=True)) / np.sqrt(xf.var(-1, keepdims=True) + 1e-5) * g + b
     np.testing.assert_allclose(got, ref, atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("mod_fn", [lambda: softmax_mod((2, 2, 64, 64), "float32"),
+                                    lambda: layer_norm_mod((2, 64), 32, "float32"),
+                                    lambda: layer_norm_mod((2, 64), 768, "float32")], ids=["softmax", "layer_norm32", "layer_norm768"])
+def test_fp32_row_results_stay_in_each_lanes_registers(mod_fn):
+    """fp32 (the dtype whose kernels failed): no kernel keeps a row's max / sum / variance in shared
+    memory.  There lane 0 stored it and the other 31 lanes of its warp read it with no barrier
+    between (TVM's ThreadSync took the common index [threadIdx.y] for one thread), and nvcc
+    (sm_90a) issued their loads before lane 0's store: a stale mean and variance, NaN or a wrong
+    scale, on the GPU only (the encoder of test_longformer's GPU test)"""
+    ex = build_with_cuda_rules(mod_fn())
+    kernels = {name: body for src in cuda_sources(ex) for name, (_, body) in cuda_kernels(src).items()}
+    assert kernels
+    for name, body in kernels.items():
+        assert "__shared__" not in body, name
+        assert "__shfl_sync" in body, name          # the warp all-reduce's broadcast to every lane
+
+
+def test_cuda_schedule_run_on_the_cpu_matches_numpy():
+    """The RowReduction schedules (softmax over 40 columns: 8 lanes past the row; layer norm over
+    768) run on the CPU with their thread loops serial (pit_tvm.testing.cuda_schedules_on_cpu)"""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 40, 40)).astype("float32") * 4
+    vm = relax.VirtualMachine(cuda_schedules_on_cpu(softmax_mod(x.shape, "float32")), tvm.cpu())
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), e / e.sum(-1, keepdims=True), atol=1e-6)
+    x = rng.standard_normal((2, 8, 768)).astype("float32") + 3
+    g, b = rng.standard_normal(768).astype("float32"), rng.standard_normal(768).astype("float32")
+    vm = relax.VirtualMachine(cuda_schedules_on_cpu(layer_norm_mod((2, 8), 768, "float32")), tvm.cpu())
+    got = vm["main"](*(tvm.runtime.tensor(v) for v in (x, g, b))).numpy()
+    ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + b
+    np.testing.assert_allclose(got, ref, atol=2e-4)
