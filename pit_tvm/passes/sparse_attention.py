@@ -210,8 +210,8 @@ _ELEMENTWISE = frozenset(f"relax.{n}" for n in (
 
 def _varies_along_queries(g: FuncGraph, x) -> bool:
     """Whether the mask value ``x`` (aligned to the scores' trailing axes) may change along the
-    query axis: its query dim is not 1, and it is not an elementwise op / ``broadcast_to`` of
-    operands that do not change along it.  False for a key-padding mask however it was
+    query axis: its query dim is not 1, and it is neither a constant equal along that axis nor
+    an elementwise op / ``broadcast_to`` of operands that do not change along it.  False for a key-padding mask however it was
     expanded (``broadcast_to(m[B, 1, 1, S], [B, 1, S, S])``, as transformers builds it)."""
     if not isinstance(getattr(x, "ty", None), relax.TensorType):
         return False                      # a target shape or a scalar value: no query axis
@@ -220,6 +220,9 @@ def _varies_along_queries(g: FuncGraph, x) -> bool:
         return True
     if len(shape) < 2 or _same(shape[-2], tirx.const(1, "int64")):
         return False
+    if isinstance(x, tvm.ir.GenericConst):      # (transformers' exports: an all-True [S, S] base mask)
+        data = x.value.numpy()
+        return bool((data != data[..., :1, :]).any())
     value = g.bound.get(x) if isinstance(x, relax.Var) else None
     if op_name(value) not in _ELEMENTWISE:
         return True

@@ -313,6 +313,33 @@ def test_real_gpt2_export_attention_lowered_and_matches_onnxruntime():
     np.testing.assert_allclose(got[real], want[real], atol=1e-5 * np.abs(want[real]).max(), rtol=0)
 
 
+@pytest.mark.parametrize("name", ["bert", "minilm"])
+def test_real_encoder_padding_mask_stays_dense_unless_named(name):
+    """A transformers encoder export's mask is key padding only (an all-True [S, S] base mask
+    and-ed with attention_mask, broadcast over the queries): the dense attention keeps it by
+    default; named, it runs block-sparse; both match onnxruntime on the real tokens."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "transformers" / f"{name}.onnx"
+    shapes = {"input_ids": [2, 16], "attention_mask": [2, 16]}
+    mask = (np.arange(16)[None, :] < np.array([16, 9])[:, None]).astype(np.int64)
+    feeds = {"input_ids": np.random.default_rng(0).integers(3, 100, (2, 16)).astype(np.int64) * mask,
+             "attention_mask": mask}
+    names = {i.name for i in onnx.load(str(path)).graph.input}
+    feeds = {k: v for k, v in feeds.items() if k in names}
+    want = _ort(onnx.load(str(path)), feeds)
+    real = mask.astype(bool)
+    for named, status in ((None, None), ("attention_mask", "pit")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = pit_tvm.compile_onnx(str(path), shapes={k: shapes[k] for k in feeds},
+                                            sparse_attention=named)
+        statuses = {n["status"] for n in compiled.annotations if n["source"].startswith("attention:")}
+        assert statuses == ({status} if status else set()), compiled.annotations
+        got = compiled.run(feeds)[0]
+        np.testing.assert_allclose(got[real], want[real], atol=1e-5 * np.abs(want[real]).max(), rtol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["additive", "where"])
 def test_gpu_imported_model_matches_onnxruntime(form):
