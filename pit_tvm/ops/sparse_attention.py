@@ -615,18 +615,13 @@ class SparseAttention:
     # -- tensors in and out ---------------------------------------------------------
     def _tensor(self, x, name, want_dtype, rank):
         from pit_tvm._args import dtype_name
-        from pit_tvm.runtime.loader import dlpack_to_tvm, numpy_dtype
+        from pit_tvm.runtime.loader import is_dlpack_tensor, numpy_dtype, op_dlpack_tensor
         import tvm
 
         if x is None:
             raise TypeError(f"{name} is required by pattern {self.pattern.tag}")
-        if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
-            t = dlpack_to_tvm(x, name)
-            if dtype_name(t.dtype) != want_dtype:
-                raise ValueError(f"{name}: dtype {t.dtype} given, {want_dtype} expected")
-            dev = t.device
-            if (dev.dlpack_device_type(), dev.index) != (self.device.dlpack_device_type(), self.device.index):
-                raise ValueError(f"{name} is on {dev}, the op runs on {self.device}")
+        if is_dlpack_tensor(x):
+            t = op_dlpack_tensor(x, name, want_dtype, self.device)
         else:
             arr = np.asarray(x)
             have = dtype_name(arr.dtype)
