@@ -35,7 +35,7 @@ from tvm.script import tirx as T
 from pit_tvm.schedules.signature import without_params
 from pit_tvm.target import is_gpu, make_target
 
-from ._kernels import LOG_NT, NT, make_block_scan, schedule_cpu, schedule_cuda
+from ._kernels import LOG_NT, NT, make_block_reduce, make_block_scan, schedule_cpu, schedule_cuda
 
 __all__ = ["attention_block_index_func", "reference_attention_block_index", "MASK_DTYPES"]
 
@@ -45,13 +45,15 @@ MASK_DTYPES = {"bool": ("bool",), "additive": ("float16", "bfloat16", "float32")
 _BAD_UNIT = 1 << 15
 
 
-def _check(pattern, key_block, dtype, mask_dtype):
+def check_kernel_args(pattern, key_block, dtype, mask_dtype):
+    """A ValueError naming the argument unless the kernels (the index and the generic
+    attention kernel) take the key block, the q / k / v dtype and the mask's dtype."""
     from pit_tvm.ops.sparse_attention import ATTENTION_DTYPES, KEY_BLOCKS, QUERY_BLOCK
 
+    if dtype not in ATTENTION_DTYPES:
+        raise ValueError(f"sparse attention dtype must be one of {ATTENTION_DTYPES}, got {dtype!r}")
     if key_block not in KEY_BLOCKS:
         raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
-    if dtype not in ATTENTION_DTYPES:
-        raise ValueError(f"attention dtype must be one of {ATTENTION_DTYPES}, got {dtype!r}")
     if pattern.mask is not None and mask_dtype not in MASK_DTYPES[pattern.mask]:
         raise ValueError(f"a {pattern.mask} mask must have dtype {' or '.join(MASK_DTYPES[pattern.mask])}, "
                          f"got {mask_dtype!r}")
@@ -66,13 +68,14 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     from pit_tvm.ops.sparse_attention import (QUERY_BLOCK, pattern_params_dropped, pattern_predicate,
                                               pattern_signature_buffers, sequence_lengths)
 
-    _check(pattern, key_block, dtype, mask_dtype)
+    check_kernel_args(pattern, key_block, dtype, mask_dtype)
     target = make_target(target)
     st = schedule_cuda() if is_gpu(target) else schedule_cpu()
     BX, TX, SH = st.bx, st.tx, st.shared
     QBL, KBL = QUERY_BLOCK, key_block
     PER_THREAD = QBL * KBL // NT
     mask_is_additive = pattern.mask == "additive"
+    block_reduce = make_block_reduce(st)
     block_scan = make_block_scan(st)
 
     def needs_predicate(bufs, b, hg, q, k):
@@ -83,13 +86,6 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
             value = bufs[0][b, hg, q, k]
             bad = T.Or(bad, value != tirx.const(0, mask_dtype))
         return T.Select(ok, T.int32(1), T.int32(0)) + T.Select(bad, T.int32(_BAD_UNIT), T.int32(0))
-
-    @T.macro
-    def block_reduce(sA):
-        for step in T.unroll(LOG_NT):
-            for tx in TX(NT):
-                if tx < T.shift_right(NT // 2, step):
-                    sA[tx] = sA[tx] + sA[tx + T.shift_right(NT // 2, step)]
 
     @T.macro
     def classify_pairs(bufs, FL, B, HG, Sq, Sk, QB, KB):

@@ -271,18 +271,12 @@ def sparse_attention_func(head_dim: int, pattern: AttentionPattern, in_dtype: st
     then one online-softmax step (rescale by the new running max, accumulate ``p v``), fp32
     throughout; a row with no allowed key writes 0.  B, H, Sq, Sk and the mask's head dim are
     symbolic; the dot products and the ``p v`` updates are vectorised over d on the CPU."""
-    from pit_tvm.index.attention import MASK_DTYPES
+    from pit_tvm.index.attention import check_kernel_args
 
     D = int(head_dim)
     if D <= 0:
         raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    if in_dtype not in ATTENTION_DTYPES:
-        raise ValueError(f"sparse attention dtype must be one of {ATTENTION_DTYPES}, got {in_dtype!r}")
-    if key_block not in KEY_BLOCKS:
-        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
-    if pattern.mask is not None and mask_dtype not in MASK_DTYPES[pattern.mask]:
-        raise ValueError(f"a {pattern.mask} mask must have dtype {' or '.join(MASK_DTYPES[pattern.mask])}, "
-                         f"got {mask_dtype!r}")
+    check_kernel_args(pattern, key_block, in_dtype, mask_dtype)
     from pit_tvm.target import is_gpu, make_target
 
     target = make_target(target)
