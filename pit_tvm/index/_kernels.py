@@ -98,6 +98,35 @@ def make_block_reduce(st: LoopStrategy):
     return block_reduce
 
 
+def make_run_sums(st: LoopStrategy):
+    """``run_sums(sA, n, add)``: each thread ``tx`` of one CTA sums its contiguous run of
+    ``ceil(n / NT)`` of ``n`` items into ``sA[tx]`` (``add(acc, i)``, a macro, adds item ``i``
+    to ``acc[0]``): the first phase of a run-wise scan (runs keep each thread's outputs in
+    order); shared by every index pipeline."""
+    TX = st.tx
+
+    @T.macro
+    def run_sums(sA, n, add):
+        for tx in TX(NT):
+            acc = T.alloc_buffer((1,), "int32", scope="local")
+            acc[0] = 0
+            for j in range((n + (NT - 1)) // NT):
+                if tx * ((n + (NT - 1)) // NT) + j < n:
+                    add(acc, tx * ((n + (NT - 1)) // NT) + j)
+            sA[tx] = acc[0]
+
+    return run_sums
+
+
+def add_item(values):
+    """``add(acc, i)`` for :func:`make_run_sums`: ``acc[0] += values[i]``"""
+    @T.macro
+    def add(acc, i):
+        acc[0] = acc[0] + values[i]
+
+    return add
+
+
 def make_block_scan(st: LoopStrategy):
     """``block_scan(sA, sB)``: in-place inclusive scan of ``sA[0:NT]`` by one CTA
     (Hillis-Steele, ``sB`` is the double buffer); shared by every index pipeline."""
@@ -132,6 +161,7 @@ def make_pipeline(
     BX, TX, SH = st.bx, st.tx, st.shared
     block_reduce = make_block_reduce(st)
     block_scan = make_block_scan(st)
+    run_sums = make_run_sums(st)
 
     def flat_id(c, tx, k, coalesced):
         """thread ``tx``'s ``k``-th flat id of chunk ``c``: strided by NT (coalesced reads) or
@@ -167,13 +197,7 @@ def make_pipeline(
         for b in BX(1):
             sA = T.alloc_buffer((NT,), "int32", scope=SH)
             sB = T.alloc_buffer((NT,), "int32", scope=SH)
-            for tx in TX(NT):
-                acc = T.alloc_buffer((1,), "int32", scope="local")
-                acc[0] = 0
-                for j in range((num_chunks(NF) + (NT - 1)) // NT):
-                    if tx * ((num_chunks(NF) + (NT - 1)) // NT) + j < num_chunks(NF):
-                        acc[0] = acc[0] + CNT[tx * ((num_chunks(NF) + (NT - 1)) // NT) + j]
-                sA[tx] = acc[0]
+            run_sums(sA, num_chunks(NF), add_item(CNT))
             block_scan(sA, sB)
             for tx in TX(NT):
                 run = T.alloc_buffer((1,), "int32", scope="local")

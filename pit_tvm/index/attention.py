@@ -35,7 +35,8 @@ from tvm.script import tirx as T
 from pit_tvm.schedules.signature import without_params
 from pit_tvm.target import is_gpu, make_target
 
-from ._kernels import LOG_NT, NT, make_block_reduce, make_block_scan, schedule_cpu, schedule_cuda
+from ._kernels import (LOG_NT, NT, make_block_reduce, make_block_scan, make_run_sums, schedule_cpu,
+                       schedule_cuda)
 
 __all__ = ["attention_block_index_func", "reference_attention_block_index", "MASK_DTYPES"]
 
@@ -77,6 +78,7 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     mask_is_additive = pattern.mask == "additive"
     block_reduce = make_block_reduce(st)
     block_scan = make_block_scan(st)
+    run_sums = make_run_sums(st)
 
     def needs_predicate(bufs, b, hg, q, k):
         """int32 (allowed, needs the predicate) pair counters of one in-bounds pair"""
@@ -222,19 +224,21 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     by_extremes = pattern.mask is None and not (pattern.documents and pattern.window is not None)
     classify = classify_extremes if by_extremes else classify_pairs
 
+    def count_listed(FL, base):
+        """``add(acc, j)`` for run_sums: count key block ``j`` (flag ``FL[base + j]``) if listed"""
+        @T.macro
+        def add(acc, j):
+            if FL[base + j] != T.int8(0):
+                acc[0] = acc[0] + 1
+
+        return add
+
     @T.macro
     def compact(FL, CNT, IDS, PART, B, HG, QB, KB):
         for g in BX(B * HG * QB):
             sA = T.alloc_buffer((NT,), "int32", scope=SH)
             sB = T.alloc_buffer((NT,), "int32", scope=SH)
-            for tx in TX(NT):
-                acc = T.alloc_buffer((1,), "int32", scope="local")
-                acc[0] = 0
-                for j in range((KB + (NT - 1)) // NT):
-                    if tx * ((KB + (NT - 1)) // NT) + j < KB:
-                        if FL[g * KB + tx * ((KB + (NT - 1)) // NT) + j] != T.int8(0):
-                            acc[0] = acc[0] + 1
-                sA[tx] = acc[0]
+            run_sums(sA, KB, count_listed(FL, g * KB))
             block_scan(sA, sB)
             for tx in TX(NT):
                 pos = T.alloc_buffer((1,), "int32", scope="local")
