@@ -83,6 +83,50 @@ def num_chunks(nf):
     return (nf + (CH - 1)) // CH
 
 
+def make_block_reduce(st: LoopStrategy):
+    """``block_reduce(sA)``: ``sA[0] <- sum(sA[0:NT])`` by one CTA (a tree reduction; the
+    syncs between its steps are inserted on CUDA); shared by every index pipeline."""
+    TX = st.tx
+
+    @T.macro
+    def block_reduce(sA):
+        for step in T.unroll(LOG_NT):
+            for tx in TX(NT):
+                if tx < T.shift_right(NT // 2, step):
+                    sA[tx] = sA[tx] + sA[tx + T.shift_right(NT // 2, step)]
+
+    return block_reduce
+
+
+def make_run_sums(st: LoopStrategy):
+    """``run_sums(sA, n, add)``: each thread ``tx`` of one CTA sums its contiguous run of
+    ``ceil(n / NT)`` of ``n`` items into ``sA[tx]`` (``add(acc, i)``, a macro, adds item ``i``
+    to ``acc[0]``): the first phase of a run-wise scan (runs keep each thread's outputs in
+    order); shared by every index pipeline."""
+    TX = st.tx
+
+    @T.macro
+    def run_sums(sA, n, add):
+        for tx in TX(NT):
+            acc = T.alloc_buffer((1,), "int32", scope="local")
+            acc[0] = 0
+            for j in range((n + (NT - 1)) // NT):
+                if tx * ((n + (NT - 1)) // NT) + j < n:
+                    add(acc, tx * ((n + (NT - 1)) // NT) + j)
+            sA[tx] = acc[0]
+
+    return run_sums
+
+
+def add_item(values):
+    """``add(acc, i)`` for :func:`make_run_sums`: ``acc[0] += values[i]``"""
+    @T.macro
+    def add(acc, i):
+        acc[0] = acc[0] + values[i]
+
+    return add
+
+
 def make_block_scan(st: LoopStrategy):
     """``block_scan(sA, sB)``: in-place inclusive scan of ``sA[0:NT]`` by one CTA
     (Hillis-Steele, ``sB`` is the double buffer); shared by every index pipeline."""
@@ -115,29 +159,32 @@ def make_pipeline(
     ``with_offsets``: write CSR pointers ``offs[f // P] = position`` where ``f % P == 0``.
     """
     BX, TX, SH = st.bx, st.tx, st.shared
+    block_reduce = make_block_reduce(st)
+    block_scan = make_block_scan(st)
+    run_sums = make_run_sums(st)
+
+    def flat_id(c, tx, k, coalesced):
+        """thread ``tx``'s ``k``-th flat id of chunk ``c``: strided by NT (coalesced reads) or
+        the thread's contiguous run of K (the compaction's order)"""
+        return c * CH + k * NT + tx if coalesced else c * CH + tx * K + k
 
     @T.macro
-    def block_reduce(sA):
-        # sA[0] <- sum(sA[0:NT]); tree reduction, syncs inserted between the steps.
-        for step in T.unroll(LOG_NT):
-            for tx in TX(NT):
-                if tx < T.shift_right(NT // 2, step):
-                    sA[tx] = sA[tx] + sA[tx + T.shift_right(NT // 2, step)]
-
-    block_scan = make_block_scan(st)
+    def thread_counts(src, NF, c, sA, coalesced):
+        # sA[tx] = number of set flags among thread tx's K flat ids of chunk c
+        for tx in TX(NT):
+            acc = T.alloc_buffer((1,), "int32", scope="local")
+            acc[0] = 0
+            for k in range(K):
+                if flat_id(c, tx, k, coalesced) < NF:
+                    acc[0] = acc[0] + flag_fn(src, flat_id(c, tx, k, coalesced))
+            sA[tx] = acc[0]
 
     @T.macro
     def chunk_count(src, NF, CNT):
         # CNT[c] = number of set flags among flat ids [c*CH, (c+1)*CH)
         for c in BX(T.max(num_chunks(NF), 1)):
             sA = T.alloc_buffer((NT,), "int32", scope=SH)
-            for tx in TX(NT):
-                acc = T.alloc_buffer((1,), "int32", scope="local")
-                acc[0] = 0
-                for k in range(K):
-                    if c * CH + k * NT + tx < NF:
-                        acc[0] = acc[0] + flag_fn(src, c * CH + k * NT + tx)
-                sA[tx] = acc[0]
+            thread_counts(src, NF, c, sA, True)
             block_reduce(sA)
             for tx in TX(NT):
                 if tx == 0:
@@ -150,13 +197,7 @@ def make_pipeline(
         for b in BX(1):
             sA = T.alloc_buffer((NT,), "int32", scope=SH)
             sB = T.alloc_buffer((NT,), "int32", scope=SH)
-            for tx in TX(NT):
-                acc = T.alloc_buffer((1,), "int32", scope="local")
-                acc[0] = 0
-                for j in range((num_chunks(NF) + (NT - 1)) // NT):
-                    if tx * ((num_chunks(NF) + (NT - 1)) // NT) + j < num_chunks(NF):
-                        acc[0] = acc[0] + CNT[tx * ((num_chunks(NF) + (NT - 1)) // NT) + j]
-                sA[tx] = acc[0]
+            run_sums(sA, num_chunks(NF), add_item(CNT))
             block_scan(sA, sB)
             for tx in TX(NT):
                 run = T.alloc_buffer((1,), "int32", scope="local")
@@ -183,13 +224,7 @@ def make_pipeline(
         for c in BX(T.max(num_chunks(NF), 1)):
             sA = T.alloc_buffer((NT,), "int32", scope=SH)
             sB = T.alloc_buffer((NT,), "int32", scope=SH)
-            for tx in TX(NT):
-                acc = T.alloc_buffer((1,), "int32", scope="local")
-                acc[0] = 0
-                for k in range(K):
-                    if c * CH + tx * K + k < NF:
-                        acc[0] = acc[0] + flag_fn(src, c * CH + tx * K + k)
-                sA[tx] = acc[0]
+            thread_counts(src, NF, c, sA, False)
             block_scan(sA, sB)
             for tx in TX(NT):
                 pos = T.alloc_buffer((1,), "int32", scope="local")

@@ -32,9 +32,11 @@ import numpy as np
 from tvm import tirx
 from tvm.script import tirx as T
 
+from pit_tvm.schedules.signature import without_params
 from pit_tvm.target import is_gpu, make_target
 
-from ._kernels import LOG_NT, NT, make_block_scan, schedule_cpu, schedule_cuda
+from ._kernels import (LOG_NT, NT, make_block_reduce, make_block_scan, make_run_sums, schedule_cpu,
+                       schedule_cuda)
 
 __all__ = ["attention_block_index_func", "reference_attention_block_index", "MASK_DTYPES"]
 
@@ -44,13 +46,15 @@ MASK_DTYPES = {"bool": ("bool",), "additive": ("float16", "bfloat16", "float32")
 _BAD_UNIT = 1 << 15
 
 
-def _check(pattern, key_block, dtype, mask_dtype):
+def check_kernel_args(pattern, key_block, dtype, mask_dtype):
+    """A ValueError naming the argument unless the kernels (the index and the generic
+    attention kernel) take the key block, the q / k / v dtype and the mask's dtype."""
     from pit_tvm.ops.sparse_attention import ATTENTION_DTYPES, KEY_BLOCKS, QUERY_BLOCK
 
+    if dtype not in ATTENTION_DTYPES:
+        raise ValueError(f"sparse attention dtype must be one of {ATTENTION_DTYPES}, got {dtype!r}")
     if key_block not in KEY_BLOCKS:
         raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
-    if dtype not in ATTENTION_DTYPES:
-        raise ValueError(f"attention dtype must be one of {ATTENTION_DTYPES}, got {dtype!r}")
     if pattern.mask is not None and mask_dtype not in MASK_DTYPES[pattern.mask]:
         raise ValueError(f"a {pattern.mask} mask must have dtype {' or '.join(MASK_DTYPES[pattern.mask])}, "
                          f"got {mask_dtype!r}")
@@ -62,17 +66,19 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     """PrimFunc ``(q[B, H, Sq, d], k[B, H, Sk, d], <mask, global_flags, doc_ids as the pattern
     has them>, block_counts, block_ids, block_partial)`` building the block index (q and k give
     the sizes only; they are not read).  B, H, Sq, Sk, d and the mask's head dim are symbolic."""
-    from pit_tvm.ops.sparse_attention import QUERY_BLOCK, pattern_predicate
+    from pit_tvm.ops.sparse_attention import (QUERY_BLOCK, pattern_params_dropped, pattern_predicate,
+                                              pattern_signature_buffers, sequence_lengths)
 
-    _check(pattern, key_block, dtype, mask_dtype)
+    check_kernel_args(pattern, key_block, dtype, mask_dtype)
     target = make_target(target)
     st = schedule_cuda() if is_gpu(target) else schedule_cpu()
     BX, TX, SH = st.bx, st.tx, st.shared
     QBL, KBL = QUERY_BLOCK, key_block
     PER_THREAD = QBL * KBL // NT
-    names = pattern.inputs
     mask_is_additive = pattern.mask == "additive"
+    block_reduce = make_block_reduce(st)
     block_scan = make_block_scan(st)
+    run_sums = make_run_sums(st)
 
     def needs_predicate(bufs, b, hg, q, k):
         """int32 (allowed, needs the predicate) pair counters of one in-bounds pair"""
@@ -82,13 +88,6 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
             value = bufs[0][b, hg, q, k]
             bad = T.Or(bad, value != tirx.const(0, mask_dtype))
         return T.Select(ok, T.int32(1), T.int32(0)) + T.Select(bad, T.int32(_BAD_UNIT), T.int32(0))
-
-    @T.macro
-    def block_reduce(sA):
-        for step in T.unroll(LOG_NT):
-            for tx in TX(NT):
-                if tx < T.shift_right(NT // 2, step):
-                    sA[tx] = sA[tx] + sA[tx + T.shift_right(NT // 2, step)]
 
     @T.macro
     def classify_pairs(bufs, FL, B, HG, Sq, Sk, QB, KB):
@@ -225,19 +224,21 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     by_extremes = pattern.mask is None and not (pattern.documents and pattern.window is not None)
     classify = classify_extremes if by_extremes else classify_pairs
 
+    def count_listed(FL, base):
+        """``add(acc, j)`` for run_sums: count key block ``j`` (flag ``FL[base + j]``) if listed"""
+        @T.macro
+        def add(acc, j):
+            if FL[base + j] != T.int8(0):
+                acc[0] = acc[0] + 1
+
+        return add
+
     @T.macro
     def compact(FL, CNT, IDS, PART, B, HG, QB, KB):
         for g in BX(B * HG * QB):
             sA = T.alloc_buffer((NT,), "int32", scope=SH)
             sB = T.alloc_buffer((NT,), "int32", scope=SH)
-            for tx in TX(NT):
-                acc = T.alloc_buffer((1,), "int32", scope="local")
-                acc[0] = 0
-                for j in range((KB + (NT - 1)) // NT):
-                    if tx * ((KB + (NT - 1)) // NT) + j < KB:
-                        if FL[g * KB + tx * ((KB + (NT - 1)) // NT) + j] != T.int8(0):
-                            acc[0] = acc[0] + 1
-                sA[tx] = acc[0]
+            run_sums(sA, KB, count_listed(FL, g * KB))
             block_scan(sA, sB)
             for tx in TX(NT):
                 pos = T.alloc_buffer((1,), "int32", scope="local")
@@ -263,7 +264,6 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                             IDS[g // (HG * QB), g // QB % HG, g % QB, j * NT + tx] = -1
                             PART[g // (HG * QB), g // QB % HG, g % QB, j * NT + tx] = 0
 
-    n_in = len(names)
     mdt = mask_dtype or "bool"
 
     def qb_of(Sq):
@@ -272,67 +272,35 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     def kb_of(Sk):
         return (Sk + (KBL - 1)) // KBL
 
-    # one PrimFunc per combination of run-time inputs (TVMScript takes a fixed parameter list)
-    if names == ():
-        @T.prim_func(s_tir=True)
-        def index(q: T.handle, k: T.handle, c: T.handle, i: T.handle, p: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, Sq, Sk, D = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, Sq, D), dtype)
-            K = T.match_buffer(k, (B, H, Sk, D), dtype)
-            CNT = T.match_buffer(c, (B, 1, qb_of(Sq)), "int32")
-            IDS = T.match_buffer(i, (B, 1, qb_of(Sq), kb_of(Sk)), "int32")
-            PART = T.match_buffer(p, (B, 1, qb_of(Sq), kb_of(Sk)), "int32")
-            FL = T.sblock_alloc_buffer((T.max(B * qb_of(Sq) * kb_of(Sk), 1),), "int8")
-            classify((), FL, B, T.int64(1), Sq, Sk, qb_of(Sq), kb_of(Sk))
-            compact(FL, CNT, IDS, PART, B, T.int64(1), qb_of(Sq), kb_of(Sk))
-    elif names[0] == "mask" and n_in == 1:
-        @T.prim_func(s_tir=True)
-        def index(q: T.handle, k: T.handle, m: T.handle, c: T.handle, i: T.handle, p: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, Sq, Sk, D, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, Sq, D), dtype)
-            K = T.match_buffer(k, (B, H, Sk, D), dtype)
-            M = T.match_buffer(m, (B, HG, Sq, Sk), mdt)
-            CNT = T.match_buffer(c, (B, HG, qb_of(Sq)), "int32")
-            IDS = T.match_buffer(i, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
-            PART = T.match_buffer(p, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
-            FL = T.sblock_alloc_buffer((T.max(B * HG * qb_of(Sq) * kb_of(Sk), 1),), "int8")
-            classify((M,), FL, B, HG, Sq, Sk, qb_of(Sq), kb_of(Sk))
-            compact(FL, CNT, IDS, PART, B, HG, qb_of(Sq), kb_of(Sk))
-    elif names[0] == "mask":
-        return _mask_and_description_index(pattern, key_block, dtype, mdt, classify, compact, qb_of, kb_of, target)
-    elif n_in == 1:
-        @T.prim_func(s_tir=True)
-        def index(q: T.handle, k: T.handle, x: T.handle, c: T.handle, i: T.handle, p: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, S, D = T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, S, D), dtype)
-            K = T.match_buffer(k, (B, H, S, D), dtype)
-            X = T.match_buffer(x, (B, S), "int32")
-            CNT = T.match_buffer(c, (B, 1, qb_of(S)), "int32")
-            IDS = T.match_buffer(i, (B, 1, qb_of(S), kb_of(S)), "int32")
-            PART = T.match_buffer(p, (B, 1, qb_of(S), kb_of(S)), "int32")
-            FL = T.sblock_alloc_buffer((T.max(B * qb_of(S) * kb_of(S), 1),), "int8")
-            classify((X,), FL, B, T.int64(1), S, S, qb_of(S), kb_of(S))
-            compact(FL, CNT, IDS, PART, B, T.int64(1), qb_of(S), kb_of(S))
-    else:
-        @T.prim_func(s_tir=True)
-        def index(q: T.handle, k: T.handle, x: T.handle, y: T.handle, c: T.handle, i: T.handle, p: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, S, D = T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, S, D), dtype)
-            K = T.match_buffer(k, (B, H, S, D), dtype)
-            X = T.match_buffer(x, (B, S), "int32")
-            Y = T.match_buffer(y, (B, S), "int32")
-            CNT = T.match_buffer(c, (B, 1, qb_of(S)), "int32")
-            IDS = T.match_buffer(i, (B, 1, qb_of(S), kb_of(S)), "int32")
-            PART = T.match_buffer(p, (B, 1, qb_of(S), kb_of(S)), "int32")
-            FL = T.sblock_alloc_buffer((T.max(B * qb_of(S) * kb_of(S), 1),), "int8")
-            classify((X, Y), FL, B, T.int64(1), S, S, qb_of(S), kb_of(S))
-            compact(FL, CNT, IDS, PART, B, T.int64(1), qb_of(S), kb_of(S))
+    def groups(HG):
+        """the index's head groups: the mask's head dim, 1 without a mask"""
+        return HG if pattern.mask is not None else 1
 
-    return _finish(index, pattern, key_block, dtype, mdt, target)
+    @T.prim_func(s_tir=True)
+    def index(q: T.handle, k: T.handle, m: T.handle, x: T.handle, y: T.handle, c: T.handle, i: T.handle,
+              p: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, H, Sq, Sk, S, D, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+        Lq, Lk = T.meta_var(sequence_lengths(pattern, Sq, Sk, S))
+        G = T.meta_var(groups(HG))
+        Q = T.match_buffer(q, (B, H, Lq, D), dtype)
+        K = T.match_buffer(k, (B, H, Lk, D), dtype)
+        M = T.match_buffer(m, (B, HG, Lq, Lk), mdt)
+        X = T.match_buffer(x, (B, Lq), "int32")
+        Y = T.match_buffer(y, (B, Lq), "int32")
+        CNT = T.match_buffer(c, (B, G, qb_of(Lq)), "int32")
+        IDS = T.match_buffer(i, (B, G, qb_of(Lq), kb_of(Lk)), "int32")
+        PART = T.match_buffer(p, (B, G, qb_of(Lq), kb_of(Lk)), "int32")
+        FL = T.sblock_alloc_buffer((T.max(B * G * qb_of(Lq) * kb_of(Lk), 1),), "int8")
+        classify(pattern_signature_buffers(pattern, M, X, Y), FL, B, G, Lq, Lk, qb_of(Lq), kb_of(Lk))
+        compact(FL, CNT, IDS, PART, B, G, qb_of(Lq), kb_of(Lk))
+
+    func = without_params(index, ("q", "k", "m", "x", "y", "c", "i", "p"), pattern_params_dropped(pattern))
+    name = f"pit_attention_index_{pattern.tag}_kb{key_block}_{dtype}" + (f"_{mdt}" if pattern.mask else "")
+    func = func.with_attr("global_symbol", name).with_attr("pit.index.num_inputs", 2 + len(pattern.inputs))
+    if is_gpu(target):
+        func = func.with_attr("tirx.is_scheduled", True)
+    return func
 
 
 def _block_class_by_extremes(pattern, e, q0, q1, k0, k1):
@@ -375,52 +343,6 @@ def _block_class_by_extremes(pattern, e, q0, q1, k0, k1):
         in_window = T.max(e[2] - e[4], e[5] - e[1]) <= w
         all_ok = T.And(all_ok, T.Or(T.Or(e[1] == big, e[4] == big), in_window))
     return T.Select(any_ok, T.Select(all_ok, T.int8(2), T.int8(1)), T.int8(0))
-
-
-def _mask_and_description_index(pattern, key_block, dtype, mdt, classify, compact, qb_of, kb_of, target):
-    """The index of a mask plus global flags and / or document ids (Sq = Sk = S)."""
-    names = pattern.inputs
-    if len(names) == 2:
-        @T.prim_func(s_tir=True)
-        def index(q: T.handle, k: T.handle, m: T.handle, x: T.handle, c: T.handle, i: T.handle, p: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, S, D, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, S, D), dtype)
-            K = T.match_buffer(k, (B, H, S, D), dtype)
-            M = T.match_buffer(m, (B, HG, S, S), mdt)
-            X = T.match_buffer(x, (B, S), "int32")
-            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
-            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
-            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
-            FL = T.sblock_alloc_buffer((T.max(B * HG * qb_of(S) * kb_of(S), 1),), "int8")
-            classify((M, X), FL, B, HG, S, S, qb_of(S), kb_of(S))
-            compact(FL, CNT, IDS, PART, B, HG, qb_of(S), kb_of(S))
-    else:
-        @T.prim_func(s_tir=True)
-        def index(q: T.handle, k: T.handle, m: T.handle, x: T.handle, y: T.handle, c: T.handle, i: T.handle,
-                  p: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, S, D, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, S, D), dtype)
-            K = T.match_buffer(k, (B, H, S, D), dtype)
-            M = T.match_buffer(m, (B, HG, S, S), mdt)
-            X = T.match_buffer(x, (B, S), "int32")
-            Y = T.match_buffer(y, (B, S), "int32")
-            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
-            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
-            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
-            FL = T.sblock_alloc_buffer((T.max(B * HG * qb_of(S) * kb_of(S), 1),), "int8")
-            classify((M, X, Y), FL, B, HG, S, S, qb_of(S), kb_of(S))
-            compact(FL, CNT, IDS, PART, B, HG, qb_of(S), kb_of(S))
-    return _finish(index, pattern, key_block, dtype, mdt, target)
-
-
-def _finish(func, pattern, key_block, dtype, mdt, target):
-    name = f"pit_attention_index_{pattern.tag}_kb{key_block}_{dtype}" + (f"_{mdt}" if pattern.mask else "")
-    func = func.with_attr("global_symbol", name).with_attr("pit.index.num_inputs", 2 + len(pattern.inputs))
-    if is_gpu(target):
-        func = func.with_attr("tirx.is_scheduled", True)
-    return func
 
 
 def reference_attention_block_index(pattern, q_shape, k_shape, key_block: int, *, mask=None, global_flags=None,

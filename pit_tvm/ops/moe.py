@@ -38,7 +38,7 @@ from tvm import tirx
 
 from pit_tvm._args import dtype_name, is_int, positive_int
 from pit_tvm.errors import UserError
-from pit_tvm.runtime.loader import dlpack_to_tvm, numpy_dtype
+from pit_tvm.runtime.loader import check_dtype, is_dlpack_tensor, numpy_dtype, op_dlpack_tensor
 from pit_tvm.target import DEFAULT_CUDA_ARCH, build, device_for, is_gpu, make_target
 
 ROUTINGS = ("softmax_topk", "topk_softmax")
@@ -595,17 +595,10 @@ class MoEFFN:
     def _tensor(self, value, name, dtype):
         if value is None:
             raise TypeError(f"{name} must be a numpy array or a DLPack tensor, got None")
-        if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
-            t = dlpack_to_tvm(value, name)
-            if str(t.dtype) != dtype:
-                raise UserError(f"MoE {name}: dtype {t.dtype} given, {dtype} expected")
-            dev = t.device
-            if (dev.dlpack_device_type(), dev.index) != (self.device.dlpack_device_type(), self.device.index):
-                raise UserError(f"MoE {name} is on {dev}, the op runs on {self.device}")
-            return t
+        if is_dlpack_tensor(value):
+            return op_dlpack_tensor(value, f"MoE {name}", dtype, self.device, UserError)
         arr = np.asarray(value)
-        if dtype_name(arr.dtype) != dtype:
-            raise UserError(f"MoE {name}: dtype {dtype_name(arr.dtype)} given, {dtype} expected")
+        check_dtype(arr.dtype, f"MoE {name}", dtype, UserError)
         return tvm.runtime.tensor(np.ascontiguousarray(arr).astype(numpy_dtype(dtype), copy=False), self.device)
 
     def __call__(self, x, router, w1, w2, b1=None, b2=None, w3=None, b3=None):

@@ -33,6 +33,8 @@ import numpy as np
 from tvm import tirx
 from tvm.script import tirx as T
 
+from pit_tvm.schedules.signature import without_params
+
 __all__ = [
     "AttentionPattern",
     "MASK_THRESHOLD",
@@ -121,6 +123,26 @@ def pattern_inputs(pattern: AttentionPattern) -> tuple[str, ...]:
     if pattern.documents:
         names.append("doc_ids")
     return tuple(names)
+
+
+def sequence_lengths(pattern: AttentionPattern, Sq, Sk, S):
+    """The (query, key) lengths of the kernels' signatures: ``(S, S)`` for a pattern with
+    global flags or document ids (``[B, S]`` inputs: self-attention), else ``(Sq, Sk)``."""
+    return (S, S) if pattern.global_tokens or pattern.documents else (Sq, Sk)
+
+
+def pattern_params_dropped(pattern: AttentionPattern) -> tuple[str, ...]:
+    """The parameters of the kernels' one signature (:func:`sparse_attention_func`, the block
+    index) that ``pattern`` lacks, of ``m, x, y``: the mask, the first and the second pattern
+    description (global flags, document ids)."""
+    n_mask = int(pattern.mask is not None)
+    return ("m",)[n_mask:] + ("x", "y")[len(pattern.inputs) - n_mask:]
+
+
+def pattern_signature_buffers(pattern: AttentionPattern, M, X, Y) -> tuple:
+    """The buffers of those parameters that ``pattern`` has, in :func:`pattern_inputs` order."""
+    n_mask = int(pattern.mask is not None)
+    return (M,)[:n_mask] + (X, Y)[:len(pattern.inputs) - n_mask]
 
 
 def _buffers_by_name(pattern, buffers) -> dict:
@@ -249,18 +271,12 @@ def sparse_attention_func(head_dim: int, pattern: AttentionPattern, in_dtype: st
     then one online-softmax step (rescale by the new running max, accumulate ``p v``), fp32
     throughout; a row with no allowed key writes 0.  B, H, Sq, Sk and the mask's head dim are
     symbolic; the dot products and the ``p v`` updates are vectorised over d on the CPU."""
-    from pit_tvm.index.attention import MASK_DTYPES
+    from pit_tvm.index.attention import check_kernel_args
 
     D = int(head_dim)
     if D <= 0:
         raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    if in_dtype not in ATTENTION_DTYPES:
-        raise ValueError(f"sparse attention dtype must be one of {ATTENTION_DTYPES}, got {in_dtype!r}")
-    if key_block not in KEY_BLOCKS:
-        raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block!r}")
-    if pattern.mask is not None and mask_dtype not in MASK_DTYPES[pattern.mask]:
-        raise ValueError(f"a {pattern.mask} mask must have dtype {' or '.join(MASK_DTYPES[pattern.mask])}, "
-                         f"got {mask_dtype!r}")
+    check_kernel_args(pattern, key_block, in_dtype, mask_dtype)
     from pit_tvm.target import is_gpu, make_target
 
     target = make_target(target)
@@ -344,7 +360,6 @@ def sparse_attention_func(head_dim: int, pattern: AttentionPattern, in_dtype: st
                             O[t // (H * QB), t // QB % H, t % QB * QBL + r, d0 * VW + e] = T.Cast(
                                 in_dtype, acc[d0 * VW + e] * st[1])
 
-    names = pattern.inputs
     mdt = mask_dtype or "bool"
 
     def qb_of(s):
@@ -353,104 +368,28 @@ def sparse_attention_func(head_dim: int, pattern: AttentionPattern, in_dtype: st
     def kb_of(s):
         return (s + (KBL - 1)) // KBL
 
-    n_mask = int(pattern.mask is not None)
-    n_desc = len(names) - n_mask
-    if n_mask == 0 and n_desc == 0:
-        @T.prim_func(s_tir=True)
-        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, o: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, Sq, Sk, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, Sq, D), in_dtype)
-            K = T.match_buffer(k, (B, H, Sk, D), in_dtype)
-            V = T.match_buffer(v, (B, H, Sk, D), in_dtype)
-            CNT = T.match_buffer(c, (B, HG, qb_of(Sq)), "int32")
-            IDS = T.match_buffer(i, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
-            PART = T.match_buffer(p, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
-            O = T.match_buffer(o, (B, H, Sq, D), in_dtype)
-            body(Q, K, V, CNT, IDS, PART, (), O, B, H, HG, Sq, Sk, qb_of(Sq))
-    elif n_mask == 1 and n_desc == 0:
-        @T.prim_func(s_tir=True)
-        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
-                 o: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, Sq, Sk, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, Sq, D), in_dtype)
-            K = T.match_buffer(k, (B, H, Sk, D), in_dtype)
-            V = T.match_buffer(v, (B, H, Sk, D), in_dtype)
-            CNT = T.match_buffer(c, (B, HG, qb_of(Sq)), "int32")
-            IDS = T.match_buffer(i, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
-            PART = T.match_buffer(p, (B, HG, qb_of(Sq), kb_of(Sk)), "int32")
-            M = T.match_buffer(m, (B, MH, Sq, Sk), mdt)
-            O = T.match_buffer(o, (B, H, Sq, D), in_dtype)
-            body(Q, K, V, CNT, IDS, PART, (M,), O, B, H, HG, Sq, Sk, qb_of(Sq))
-    elif n_mask == 0 and n_desc == 1:
-        @T.prim_func(s_tir=True)
-        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, x: T.handle,
-                 o: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, S, HG = T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
-            K = T.match_buffer(k, (B, H, S, D), in_dtype)
-            V = T.match_buffer(v, (B, H, S, D), in_dtype)
-            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
-            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
-            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
-            X = T.match_buffer(x, (B, S), "int32")
-            O = T.match_buffer(o, (B, H, S, D), in_dtype)
-            body(Q, K, V, CNT, IDS, PART, (X,), O, B, H, HG, S, S, qb_of(S))
-    elif n_mask == 0 and n_desc == 2:
-        @T.prim_func(s_tir=True)
-        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, x: T.handle,
-                 y: T.handle, o: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, S, HG = T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
-            K = T.match_buffer(k, (B, H, S, D), in_dtype)
-            V = T.match_buffer(v, (B, H, S, D), in_dtype)
-            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
-            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
-            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
-            X = T.match_buffer(x, (B, S), "int32")
-            Y = T.match_buffer(y, (B, S), "int32")
-            O = T.match_buffer(o, (B, H, S, D), in_dtype)
-            body(Q, K, V, CNT, IDS, PART, (X, Y), O, B, H, HG, S, S, qb_of(S))
-    elif n_desc == 1:
-        @T.prim_func(s_tir=True)
-        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
-                 x: T.handle, o: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, S, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
-            K = T.match_buffer(k, (B, H, S, D), in_dtype)
-            V = T.match_buffer(v, (B, H, S, D), in_dtype)
-            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
-            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
-            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
-            M = T.match_buffer(m, (B, MH, S, S), mdt)
-            X = T.match_buffer(x, (B, S), "int32")
-            O = T.match_buffer(o, (B, H, S, D), in_dtype)
-            body(Q, K, V, CNT, IDS, PART, (M, X), O, B, H, HG, S, S, qb_of(S))
-    else:
-        @T.prim_func(s_tir=True)
-        def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
-                 x: T.handle, y: T.handle, o: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            B, H, S, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-            Q = T.match_buffer(q, (B, H, S, D), in_dtype)
-            K = T.match_buffer(k, (B, H, S, D), in_dtype)
-            V = T.match_buffer(v, (B, H, S, D), in_dtype)
-            CNT = T.match_buffer(c, (B, HG, qb_of(S)), "int32")
-            IDS = T.match_buffer(i, (B, HG, qb_of(S), kb_of(S)), "int32")
-            PART = T.match_buffer(p, (B, HG, qb_of(S), kb_of(S)), "int32")
-            M = T.match_buffer(m, (B, MH, S, S), mdt)
-            X = T.match_buffer(x, (B, S), "int32")
-            Y = T.match_buffer(y, (B, S), "int32")
-            O = T.match_buffer(o, (B, H, S, D), in_dtype)
-            body(Q, K, V, CNT, IDS, PART, (M, X, Y), O, B, H, HG, S, S, qb_of(S))
+    @T.prim_func(s_tir=True)
+    def attn(q: T.handle, k: T.handle, v: T.handle, c: T.handle, i: T.handle, p: T.handle, m: T.handle,
+             x: T.handle, y: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, H, Sq, Sk, S, HG, MH = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
+        Lq, Lk = T.meta_var(sequence_lengths(pattern, Sq, Sk, S))
+        Q = T.match_buffer(q, (B, H, Lq, D), in_dtype)
+        K = T.match_buffer(k, (B, H, Lk, D), in_dtype)
+        V = T.match_buffer(v, (B, H, Lk, D), in_dtype)
+        CNT = T.match_buffer(c, (B, HG, qb_of(Lq)), "int32")
+        IDS = T.match_buffer(i, (B, HG, qb_of(Lq), kb_of(Lk)), "int32")
+        PART = T.match_buffer(p, (B, HG, qb_of(Lq), kb_of(Lk)), "int32")
+        M = T.match_buffer(m, (B, MH, Lq, Lk), mdt)
+        X = T.match_buffer(x, (B, Lq), "int32")
+        Y = T.match_buffer(y, (B, Lq), "int32")
+        O = T.match_buffer(o, (B, H, Lq, D), in_dtype)
+        body(Q, K, V, CNT, IDS, PART, pattern_signature_buffers(pattern, M, X, Y), O, B, H, HG, Lq, Lk, qb_of(Lq))
 
+    func = without_params(attn, ("q", "k", "v", "c", "i", "p", "m", "x", "y", "o"), pattern_params_dropped(pattern))
     name = (f"pit_sparse_attention_generic_{pattern.tag}_d{D}_kb{KBL}_{in_dtype}"
             + (f"_{mdt}" if pattern.mask else ""))
-    func = attn.with_attr("global_symbol", name).with_attr("pit.attention.key_block", KBL)
+    func = func.with_attr("global_symbol", name).with_attr("pit.attention.key_block", KBL)
     if gpu:
         func = func.with_attr("tirx.is_scheduled", True)
     return func
@@ -670,18 +609,13 @@ class SparseAttention:
     # -- tensors in and out ---------------------------------------------------------
     def _tensor(self, x, name, want_dtype, rank):
         from pit_tvm._args import dtype_name
-        from pit_tvm.runtime.loader import dlpack_to_tvm, numpy_dtype
+        from pit_tvm.runtime.loader import is_dlpack_tensor, numpy_dtype, op_dlpack_tensor
         import tvm
 
         if x is None:
             raise TypeError(f"{name} is required by pattern {self.pattern.tag}")
-        if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
-            t = dlpack_to_tvm(x, name)
-            if dtype_name(t.dtype) != want_dtype:
-                raise ValueError(f"{name}: dtype {t.dtype} given, {want_dtype} expected")
-            dev = t.device
-            if (dev.dlpack_device_type(), dev.index) != (self.device.dlpack_device_type(), self.device.index):
-                raise ValueError(f"{name} is on {dev}, the op runs on {self.device}")
+        if is_dlpack_tensor(x):
+            t = op_dlpack_tensor(x, name, want_dtype, self.device)
         else:
             arr = np.asarray(x)
             have = dtype_name(arr.dtype)

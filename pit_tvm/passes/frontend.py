@@ -444,32 +444,20 @@ def _importer_classes():
         def _convert_operator(self, op_name, inputs, attrs, opset):
             sym = super()._convert_operator(op_name, inputs, attrs, opset)
             out = self.pit_outputs.get(attrs.get("tvm_custom", {}).get("name"))
-            if (
-                out
-                and isinstance(sym, relax.Call)
-                and isinstance(sym.ty, relax.TensorType)
-            ):
+            if not out:
+                return sym
+            # a multi-output op (e.g. LayerNormalization) is named by its first output
+            first = sym.fields[0] if isinstance(sym, relax.Tuple) and len(sym.fields) > 0 else None
+            if isinstance(sym, relax.Call) and isinstance(sym.ty, relax.TensorType):
                 sym = self.bb.emit(sym, name_hint=sanitize(out))
                 self.pit_bound[out] = sym.name
-            elif (
-                out
-                and isinstance(sym, relax.Tuple)
-                and len(sym.fields) > 0
-                and isinstance(sym.fields[0], relax.Call)
-                and isinstance(sym.fields[0].ty, relax.TensorType)
-            ):  # multi-output op (e.g. LayerNormalization): name its first output
-                first = self.bb.emit(sym.fields[0], name_hint=sanitize(out))
+            elif isinstance(first, relax.Call) and isinstance(first.ty, relax.TensorType):
+                first = self.bb.emit(first, name_hint=sanitize(out))
                 self.pit_bound[out] = first.name
                 sym = self.bb.normalize(relax.Tuple([first, *list(sym.fields)[1:]]))
-            elif (
-                out
-                and isinstance(sym, relax.Tuple)
-                and len(sym.fields) > 0
-                and isinstance(sym.fields[0], relax.Var)
-                and isinstance(sym.fields[0].ty, relax.TensorType)
-            ):
-                self.pit_bound[out] = sym.fields[0].name
-            elif out and isinstance(sym, relax.Var) and isinstance(sym.ty, relax.TensorType):
+            elif isinstance(first, relax.Var) and isinstance(first.ty, relax.TensorType):
+                self.pit_bound[out] = first.name
+            elif isinstance(sym, relax.Var) and isinstance(sym.ty, relax.TensorType):
                 self.pit_bound[out] = sym.name  # the converter bound it already (e.g. lv3)
             return sym
 

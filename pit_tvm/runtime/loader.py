@@ -166,6 +166,40 @@ def dlpack_to_tvm(value, name: str = "tensor") -> tvm.runtime.Tensor:
                      "pass a contiguous copy")
 
 
+def is_dlpack_tensor(value) -> bool:
+    """Whether an op takes ``value`` through DLPack (TVM, torch, jax, cupy, ...): a numpy array,
+    though a DLPack producer too, is read as an array (any layout, copied to the device)."""
+    return hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray)
+
+
+def check_dtype(dtype, name: str, want: str, error=ValueError) -> None:
+    """``error`` naming ``name`` unless ``dtype`` (a numpy, TVM or torch dtype) is ``want``."""
+    from .._args import dtype_name  # noqa: PLC0415
+
+    if str(dtype) == want:          # (TVM and numpy dtypes print as their names)
+        return
+    have = dtype_name(dtype)
+    if have != want:
+        raise error(f"{name}: dtype {have} given, {want} expected")
+
+
+def check_device(t: tvm.runtime.Tensor, name: str, device, error=ValueError) -> None:
+    """``error`` naming ``name`` unless tensor ``t`` is on ``device`` (where the op runs)."""
+    dev = t.device
+    if (dev.dlpack_device_type(), dev.index) != (device.dlpack_device_type(), device.index):
+        raise error(f"{name} is on {dev}, the op runs on {device}")
+
+
+def op_dlpack_tensor(value, name: str, dtype: str, device, error=ValueError) -> tvm.runtime.Tensor:
+    """A DLPack tensor given to an op (:func:`is_dlpack_tensor`) as a TVM tensor
+    (:func:`dlpack_to_tvm`), checked to hold ``dtype`` and to be on the op's ``device``: a
+    mismatch is ``error`` naming ``name``."""
+    t = dlpack_to_tvm(value, name)
+    check_dtype(t.dtype, name, dtype, error)
+    check_device(t, name, device, error)
+    return t
+
+
 def numpy_dtype(dtype: str) -> np.dtype:
     """The numpy dtype of a TVM dtype name (bfloat16 and the float8 types through ml_dtypes)."""
     try:
@@ -326,7 +360,7 @@ class Model:
         self.annotations = list(self.meta.get("annotations", []))
 
     def _arg(self, name, value, dtype):
-        if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):   # TVM, torch, ...
+        if is_dlpack_tensor(value):   # TVM, torch, ...
             t = dlpack_to_tvm(value, f"input {name!r}")   # zero-copy where TVM takes it as it is
         else:
             return tvm.runtime.tensor(host_input(name, value, dtype), self.device)

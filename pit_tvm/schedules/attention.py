@@ -146,6 +146,16 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         return r * D + T.bitwise_xor(ch, r % 8) * 8
 
     @T.macro
+    def operand_descriptors(smem, desc_a, desc_b, a_off, b_off, b_lbo, b_sbo):
+        # wgmma's descriptors of A (K-major, at a_off) and B (at b_off) in smem, then the
+        # fence before the MMAs read them
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([a_off]),
+                                              KM_LBO, KM_SBO, SWIZZLE_128B)
+        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([b_off]),
+                                              b_lbo, b_sbo, SWIZZLE_128B)
+        T.ptx.wgmma.fence.sync.aligned()
+
+    @T.macro
     def body(Q, K, V, MASK, RS, O):
         T.device_entry()
         qb, h, b = T.cta_id([S // QB, H, B])
@@ -185,11 +195,7 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         T.ptx["fence.proxy.async.shared::cta"]()
         T.cuda.cta_sync()
         # S_acc = Q K^T: this warpgroup's 64 queries against all S keys
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([Q_OFF + wg * 64 * D]),
-                                              KM_LBO, KM_SBO, SWIZZLE_128B)
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([K_OFF]),
-                                              KM_LBO, KM_SBO, SWIZZLE_128B)
-        T.ptx.wgmma.fence.sync.aligned()
+        operand_descriptors(smem, desc_a, desc_b, Q_OFF + wg * 64 * D, K_OFF, KM_LBO, KM_SBO)
         for kk in T.unroll(D // 16):
             T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
                            desc_a[0] + T.Cast("uint64", kk * 2), desc_b[0] + T.Cast("uint64", kk * 2),
@@ -223,11 +229,7 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         T.ptx["fence.proxy.async.shared::cta"]()
         T.cuda.cta_sync()
         # O_acc = P V
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([P_OFF + wg * 64 * 64]),
-                                              KM_LBO, KM_SBO, SWIZZLE_128B)
-        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([V_OFF]),
-                                              V_LBO, V_SBO, SWIZZLE_128B)
-        T.ptx.wgmma.fence.sync.aligned()
+        operand_descriptors(smem, desc_a, desc_b, P_OFF + wg * 64 * 64, V_OFF, V_LBO, V_SBO)
         for kk in T.unroll(S // 16):
             T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
                            desc_a[0] + T.Cast("uint64", ((kk // 4) * QB * 64 + (kk % 4) * 16) // 8),

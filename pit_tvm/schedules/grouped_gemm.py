@@ -26,6 +26,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from pit_tvm.schedules.signature import without_params
 from pit_tvm.target import is_gpu, make_target
 
 MODES = ("gather", "scatter")
@@ -228,67 +229,39 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
 
 
 def _signature(mode, K, N, E, TK, dtype, out_dtype, bias, body):
-    """The PrimFunc of ``body(A, ASG, OFF, W, BIAS, WT, O, P)`` with the contract's parameters."""
+    """The PrimFunc of ``body(A, ASG, OFF, W, BIAS, WT, O, P)`` with the contract's parameters
+    (one definition a mode; the bias parameter dropped without a bias)."""
+    dropped = () if bias else ("b",)
     if mode == "gather":
-        if bias:
-            @T.prim_func(s_tir=True)
-            def gather_bias(x: T.handle, s: T.handle, o: T.handle, w: T.handle, b: T.handle, h: T.handle):
-                NTOK = T.int64()
-                P = T.int64()
-                X = T.match_buffer(x, (NTOK, K), dtype)
-                ASG = T.match_buffer(s, (P,), "int32")
-                OFF = T.match_buffer(o, (E + 1,), "int32")
-                W = T.match_buffer(w, (E, K, N), dtype)
-                BIAS = T.match_buffer(b, (E, N), dtype)
-                H = T.match_buffer(h, (P, N), out_dtype)
-                with T.sblock("root"):
-                    body(X, ASG, OFF, W, BIAS, None, H, P)
-
-            return gather_bias
-
         @T.prim_func(s_tir=True)
-        def gather(x: T.handle, s: T.handle, o: T.handle, w: T.handle, h: T.handle):
+        def gather(x: T.handle, s: T.handle, o: T.handle, w: T.handle, b: T.handle, h: T.handle):
             NTOK = T.int64()
             P = T.int64()
             X = T.match_buffer(x, (NTOK, K), dtype)
             ASG = T.match_buffer(s, (P,), "int32")
             OFF = T.match_buffer(o, (E + 1,), "int32")
             W = T.match_buffer(w, (E, K, N), dtype)
+            BIAS = T.match_buffer(b, (E, N), dtype)
             H = T.match_buffer(h, (P, N), out_dtype)
             with T.sblock("root"):
-                body(X, ASG, OFF, W, None, None, H, P)
+                body(X, ASG, OFF, W, BIAS, None, H, P)
 
-        return gather
-    if bias:
-        @T.prim_func(s_tir=True)
-        def scatter_bias(h: T.handle, s: T.handle, o: T.handle, w: T.handle, b: T.handle, r: T.handle,
-                         y: T.handle):
-            P = T.int64()
-            H = T.match_buffer(h, (P, K), dtype)
-            ASG = T.match_buffer(s, (P,), "int32")
-            OFF = T.match_buffer(o, (E + 1,), "int32")
-            W = T.match_buffer(w, (E, K, N), dtype)
-            BIAS = T.match_buffer(b, (E, N), dtype)
-            WT = T.match_buffer(r, (P,), "float32")
-            Y = T.match_buffer(y, (P, N), out_dtype)
-            with T.sblock("root"):
-                body(H, ASG, OFF, W, BIAS, WT, Y, P)
-
-        return scatter_bias
+        return without_params(gather, ("x", "s", "o", "w", "b", "h"), dropped)
 
     @T.prim_func(s_tir=True)
-    def scatter(h: T.handle, s: T.handle, o: T.handle, w: T.handle, r: T.handle, y: T.handle):
+    def scatter(h: T.handle, s: T.handle, o: T.handle, w: T.handle, b: T.handle, r: T.handle, y: T.handle):
         P = T.int64()
         H = T.match_buffer(h, (P, K), dtype)
         ASG = T.match_buffer(s, (P,), "int32")
         OFF = T.match_buffer(o, (E + 1,), "int32")
         W = T.match_buffer(w, (E, K, N), dtype)
+        BIAS = T.match_buffer(b, (E, N), dtype)
         WT = T.match_buffer(r, (P,), "float32")
         Y = T.match_buffer(y, (P, N), out_dtype)
         with T.sblock("root"):
-            body(H, ASG, OFF, W, None, WT, Y, P)
+            body(H, ASG, OFF, W, BIAS, WT, Y, P)
 
-    return scatter
+    return without_params(scatter, ("h", "s", "o", "w", "b", "r", "y"), dropped)
 
 
 def _cuda_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):

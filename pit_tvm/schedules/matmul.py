@@ -214,6 +214,22 @@ def gpu_pads_k_or_n(k: int, n: int) -> bool:
     return k % GPU_BK != 0 or n % _gpu_rows_tile_n(n)[1] != 0
 
 
+def _bind_thread_tiles(sch, mm, ty, rows, tx, cols, bk):
+    """Tile the matmul block ``mm``'s (i, j, k): CTAs of ``ty * rows`` x ``tx * cols`` outputs
+    (blockIdx.x / y), a thread (threadIdx.y / x) computing ``rows`` x ``cols`` of them over
+    K steps of ``bk``; return the loops ``(io, jx, ko)`` (CTA rows, thread columns, K steps)."""
+    i, j, k = sch.get_loops(mm)
+    io, iy, ii = sch.split(i, [None, ty, rows])
+    jo, jx, ji = sch.split(j, [None, tx, cols])
+    ko, ki = sch.split(k, [None, bk])
+    sch.reorder(io, jo, iy, jx, ko, ki, ii, ji)
+    sch.bind(io, "blockIdx.x")
+    sch.bind(jo, "blockIdx.y")
+    sch.bind(iy, "threadIdx.y")
+    sch.bind(jx, "threadIdx.x")
+    return io, jx, ko
+
+
 def _gpu_rows(sch, plan):
     """dlight-style SIMT matmul over padded compact positions; SRead in the shared fetch,
     SWrite from registers."""
@@ -222,15 +238,7 @@ def _gpu_rows(sch, plan):
     tx, bn = _gpu_rows_tile_n(n)
     # Pad M (symbolic) to the tile: no predicate in the main loop, constant-size tiles.
     sch.pad_einsum(mm, [GPU_BM, bn, GPU_BK])
-    i, j, k = sch.get_loops(mm)
-    io, iy, ii = sch.split(i, [None, GPU_TY, GPU_BM // GPU_TY])
-    jo, jx, ji = sch.split(j, [None, tx, GPU_BN // GPU_TX])
-    ko, ki = sch.split(k, [None, GPU_BK])
-    sch.reorder(io, jo, iy, jx, ko, ki, ii, ji)
-    sch.bind(io, "blockIdx.x")
-    sch.bind(jo, "blockIdx.y")
-    sch.bind(iy, "threadIdx.y")
-    sch.bind(jx, "threadIdx.x")
+    io, jx, ko = _bind_thread_tiles(sch, mm, GPU_TY, GPU_BM // GPU_TY, tx, GPU_BN // GPU_TX, GPU_BK)
     acc = sch.cache_write(mm, 0, "local")
     sch.reverse_compute_at(acc, jx, preserve_unit_loops=True)
     _gpu_fetch(sch, mm, 0, ko, tx)
@@ -273,15 +281,7 @@ def _gpu_tiles(sch, plan):
     mr, mk = plan.micro_tile
     ty, tx, rows, cols, bk = _gpu_tiles_shape(plan)
     mm = sch.get_sblock("matmul")
-    i, j, k = sch.get_loops(mm)
-    io, iy, ii = sch.split(i, [None, ty, rows])
-    jo, jx, ji = sch.split(j, [None, tx, cols])
-    ko, ki = sch.split(k, [None, bk])
-    sch.reorder(io, jo, iy, jx, ko, ki, ii, ji)
-    sch.bind(io, "blockIdx.x")
-    sch.bind(jo, "blockIdx.y")
-    sch.bind(iy, "threadIdx.y")
-    sch.bind(jx, "threadIdx.x")
+    io, jx, ko = _bind_thread_tiles(sch, mm, ty, rows, tx, cols, bk)
     # Accumulators in registers; the crop of the row padding is inlined into the cast, which
     # stores from registers (inlining the cast into a cache_write stage loses its N bound).
     sch.set_scope(mm, 0, "local")

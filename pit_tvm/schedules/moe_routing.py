@@ -12,6 +12,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from pit_tvm.schedules.signature import without_params
 from pit_tvm.target import is_gpu, make_target
 
 ROUTINGS = ("softmax_topk", "topk_softmax")
@@ -84,29 +85,27 @@ def routing_func(num_experts: int, top_k: int, routing: str, normalize: bool, ro
             WT[t * TK + j] = vals[j]
 
     if gpu:
-        @T.prim_func(s_tir=True)
-        def route(r: T.handle, i: T.handle, w: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            NTOK = T.int64()
-            R = T.match_buffer(r, (NTOK, E), router_dtype)
-            IDS = T.match_buffer(i, (NTOK, TK), "int32")
-            WT = T.match_buffer(w, (NTOK * TK,), "float32")
-            with T.sblock("root"):
-                for bx in T.thread_binding((NTOK + (THREADS - 1)) // THREADS, thread="blockIdx.x"):
-                    for tx in T.thread_binding(THREADS, thread="threadIdx.x"):
-                        if bx * THREADS + tx < NTOK:
-                            route_token(R, IDS, WT, bx * THREADS + tx)
+        @T.macro
+        def each_token(R, IDS, WT, NTOK):
+            for bx in T.thread_binding((NTOK + (THREADS - 1)) // THREADS, thread="blockIdx.x"):
+                for tx in T.thread_binding(THREADS, thread="threadIdx.x"):
+                    if bx * THREADS + tx < NTOK:
+                        route_token(R, IDS, WT, bx * THREADS + tx)
     else:
-        @T.prim_func(s_tir=True)
-        def route(r: T.handle, i: T.handle, w: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            NTOK = T.int64()
-            R = T.match_buffer(r, (NTOK, E), router_dtype)
-            IDS = T.match_buffer(i, (NTOK, TK), "int32")
-            WT = T.match_buffer(w, (NTOK * TK,), "float32")
-            with T.sblock("root"):
-                for t in T.parallel(NTOK):
-                    route_token(R, IDS, WT, t)
+        @T.macro
+        def each_token(R, IDS, WT, NTOK):
+            for t in T.parallel(NTOK):
+                route_token(R, IDS, WT, t)
+
+    @T.prim_func(s_tir=True)
+    def route(r: T.handle, i: T.handle, w: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        NTOK = T.int64()
+        R = T.match_buffer(r, (NTOK, E), router_dtype)
+        IDS = T.match_buffer(i, (NTOK, TK), "int32")
+        WT = T.match_buffer(w, (NTOK * TK,), "float32")
+        with T.sblock("root"):
+            each_token(R, IDS, WT, NTOK)
 
     name = (f"pit_moe_routing_e{E}_k{TK}_{routing}{'_norm' if normalize else ''}_{router_input}_{router_dtype}")
     return route.with_attrs({"global_symbol": name, "tirx.is_scheduled": True})
@@ -144,27 +143,19 @@ def combine_func(top_k: int, d: int, dtype: str, out_dtype: str, input_scaled: b
                 for n in range(D):
                     O[t, n] = value(Y, X, KEPT, WT, t, n)
 
-    if input_scaled:
-        @T.prim_func(s_tir=True)
-        def combine(y: T.handle, x: T.handle, kp: T.handle, w: T.handle, o: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            NTOK = T.int64()
-            Y = T.match_buffer(y, (NTOK * TK, D), dtype)
-            X = T.match_buffer(x, (NTOK, D), out_dtype)
-            KEPT = T.match_buffer(kp, (NTOK * TK,), "int32")
-            WT = T.match_buffer(w, (NTOK * TK,), "float32")
-            O = T.match_buffer(o, (NTOK, D), out_dtype)
-            with T.sblock("root"):
-                body(Y, X, KEPT, WT, O, NTOK)
-    else:
-        @T.prim_func(s_tir=True)
-        def combine(y: T.handle, o: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            NTOK = T.int64()
-            Y = T.match_buffer(y, (NTOK * TK, D), dtype)
-            O = T.match_buffer(o, (NTOK, D), out_dtype)
-            with T.sblock("root"):
-                body(Y, None, None, None, O, NTOK)
+    @T.prim_func(s_tir=True)
+    def combine(y: T.handle, x: T.handle, kp: T.handle, w: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        NTOK = T.int64()
+        Y = T.match_buffer(y, (NTOK * TK, D), dtype)
+        X = T.match_buffer(x, (NTOK, D), out_dtype)
+        KEPT = T.match_buffer(kp, (NTOK * TK,), "int32")
+        WT = T.match_buffer(w, (NTOK * TK,), "float32")
+        O = T.match_buffer(o, (NTOK, D), out_dtype)
+        with T.sblock("root"):
+            body(Y, X, KEPT, WT, O, NTOK)
 
+    # (without input_scaled the body reads none of x, kept, route_weight)
+    combine = without_params(combine, ("y", "x", "kp", "w", "o"), () if input_scaled else ("x", "kp", "w"))
     name = f"pit_moe_combine_k{TK}_d{D}_{dtype}_{out_dtype}{'_input_scaled' if input_scaled else ''}"
     return combine.with_attrs({"global_symbol": name, "tirx.is_scheduled": True})

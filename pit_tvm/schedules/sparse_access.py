@@ -133,6 +133,21 @@ def _uses(expr, var) -> bool:
     return bool(found)
 
 
+def _first_access_dim(blk, buf, buffer: str, axis: str, var, write: bool):
+    """The first load (``write``: store) of ``buf`` in ``blk`` and the one dimension of it that
+    ``axis`` (iter var ``var``) indexes; a ValueError when there is none or it is not one."""
+    node_type, verb = (tirx.BufferStore, "write") if write else (ir.TensorLoad, "read")
+    found = []
+    tvm_ffi.structural_walk(blk.body, (node_type, lambda n: found.append(n)
+                                       if (n.buffer if write else n.source).same_as(buf) else None))
+    if not found:
+        raise ValueError(f"block {blk.name_hint!r} does not {verb} {buffer!r}")
+    dims = _axis_dims(found[0].indices, var)
+    if len(dims) != 1:
+        raise ValueError(f"axis {axis!r} must index exactly one dimension of {buffer!r}, got {dims}")
+    return found[0], dims[0]
+
+
 def _axis_dims(indices, var):
     """Dimensions of an access whose index is exactly ``var`` (the PIT form)."""
     dims = []
@@ -265,15 +280,8 @@ def sread(sch: Schedule, block, buffer: str, axis: str, index: PitIndex, *, chec
     group_var = _iter_var(blk, index.group_axis).var if index.group_axis else None
 
     # Which dims of `src` the axis (and the group axis) index in this block.
-    accesses = []
-    tvm_ffi.structural_walk(blk.body, (ir.TensorLoad, lambda n: accesses.append(n) if n.source.same_as(src) else None))
-    if not accesses:
-        raise ValueError(f"block {blk.name_hint!r} does not read {buffer!r}")
-    dims = _axis_dims(accesses[0].indices, iv.var)
-    if len(dims) != 1:
-        raise ValueError(f"axis {axis!r} must index exactly one dimension of {buffer!r}, got {dims}")
-    dim = dims[0]
-    group_dims = _axis_dims(accesses[0].indices, group_var) if group_var is not None else []
+    access, dim = _first_access_dim(blk, src, buffer, axis, iv.var, write=False)
+    group_dims = _axis_dims(access.indices, group_var) if group_var is not None else []
     extra_group = group_var is not None and not group_dims
     # The group dimension spans exactly what the block's group axis can reach (written the
     # way region analysis derives it, so compute_at can prove the gather covers its reader).
@@ -330,14 +338,7 @@ def swrite(sch: Schedule, block, buffer: str, axis: str, index: PitIndex, *, mod
     if check_rule:
         _check_rule(func, blk, axis)
     dst = _find_buffer(blk, buffer)
-    stores = []
-    tvm_ffi.structural_walk(blk.body, (tirx.BufferStore, lambda n: stores.append(n) if n.buffer.same_as(dst) else None))
-    if not stores:
-        raise ValueError(f"block {blk.name_hint!r} does not write {buffer!r}")
-    dims = _axis_dims(stores[0].indices, iv.var)
-    if len(dims) != 1:
-        raise ValueError(f"axis {axis!r} must index exactly one dimension of {buffer!r}, got {dims}")
-    dim = dims[0]
+    _, dim = _first_access_dim(blk, dst, buffer, axis, iv.var, write=True)
     group_var = _iter_var(blk, index.group_axis).var if index.group_axis else None
     if group_var is not None:
         raise ValueError("SWrite through a grouped index is not supported: group the index by a single group")

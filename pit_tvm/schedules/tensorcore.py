@@ -70,6 +70,7 @@ from tvm.script import tirx as T
 import tvm.s_tir.tensor_intrin.cuda as _cuda_intrin  # noqa: F401  (registers fill/store)
 from pit_tvm.schedules.limits import (  # noqa: F401  (re-exported: tensorcore_tiles, tuning)
     IN_DTYPES, MAX_SMEM_BYTES, OUT_DTYPES, dtype_bytes, max_smem_bytes, sm_count)
+from pit_tvm.schedules.signature import without_params
 from tvm.s_tir.tensor_intrin.cuda import (
     MMA_fill_16x16_f32_INTRIN,
     MMA_store_16x16_f32_shared_dyn_INTRIN_SIMPLE,
@@ -519,31 +520,19 @@ def row_gather_matmul_func(k: int, n: int, in_dtype: str = "float16", out_dtype:
                                 C[IDS[T.min(T.Cast("int64", vp), M - 1)], vj] = _epilogue(
                                     Sum[vp, vj], None, relu, out_dtype)
 
-    if bias:
-        @T.prim_func(s_tir=True)
-        def func(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias_h: T.handle,
-                 c: T.handle):
-            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            M = T.int64()
-            A = T.match_buffer(a, (M, K), in_dtype)
-            B = T.match_buffer(b, (K, N), in_dtype)
-            OFF = T.match_buffer(offsets, (2,), "int32")
-            IDS = T.match_buffer(ids, (M,), "int32")
-            BIAS = T.match_buffer(bias_h, (N,), in_dtype)
-            C = T.match_buffer(c, (M, N), out_dtype)
-            body(M, A, B, OFF, IDS, BIAS, C)
-    else:
-        @T.prim_func(s_tir=True)
-        def func(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, c: T.handle):
-            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            M = T.int64()
-            A = T.match_buffer(a, (M, K), in_dtype)
-            B = T.match_buffer(b, (K, N), in_dtype)
-            OFF = T.match_buffer(offsets, (2,), "int32")
-            IDS = T.match_buffer(ids, (M,), "int32")
-            C = T.match_buffer(c, (M, N), out_dtype)
-            body(M, A, B, OFF, IDS, None, C)
+    @T.prim_func(s_tir=True)
+    def func(a: T.handle, b: T.handle, offsets: T.handle, ids: T.handle, bias_h: T.handle, c: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        M = T.int64()
+        A = T.match_buffer(a, (M, K), in_dtype)
+        B = T.match_buffer(b, (K, N), in_dtype)
+        OFF = T.match_buffer(offsets, (2,), "int32")
+        IDS = T.match_buffer(ids, (M,), "int32")
+        BIAS = T.match_buffer(bias_h, (N,), in_dtype)
+        C = T.match_buffer(c, (M, N), out_dtype)
+        body(M, A, B, OFF, IDS, BIAS, C)
 
+    func = without_params(func, ("a", "b", "offsets", "ids", "bias", "c"), () if bias else ("bias",))
     func = func.with_attr("pit.workload", f"row_gather_matmul_k{K}_n{N}_{in_dtype}_{out_dtype}"
                           f"{'_bias' if bias else ''}{'_relu' if relu else ''}"
                           f"{f'_split{S}x{R}' if split else ''}")
@@ -706,28 +695,18 @@ def dense_matmul_func(k: int, n: int, in_dtype: str = "float16",
                 else:
                     C[vp, vj] = _epilogue(Acc[vp, vj], None, relu, out_dtype)
 
-    if bias:
-        @T.prim_func(s_tir=True)
-        def func(a: T.handle, b: T.handle, bias_h: T.handle, c: T.handle):
-            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            M = T.int64()
-            A = T.match_buffer(a, (M, K), in_dtype)
-            B = T.match_buffer(b, (K, N), in_dtype)
-            BIAS = T.match_buffer(bias_h, (N,), in_dtype)
-            C = T.match_buffer(c, (M, N), out_dtype)
-            with T.sblock("root"):
-                body(M, A, B, BIAS, C)
-    else:
-        @T.prim_func(s_tir=True)
-        def func(a: T.handle, b: T.handle, c: T.handle):
-            T.func_attr({"global_symbol": "main", "tirx.noalias": True})
-            M = T.int64()
-            A = T.match_buffer(a, (M, K), in_dtype)
-            B = T.match_buffer(b, (K, N), in_dtype)
-            C = T.match_buffer(c, (M, N), out_dtype)
-            with T.sblock("root"):
-                body(M, A, B, None, C)
+    @T.prim_func(s_tir=True)
+    def func(a: T.handle, b: T.handle, bias_h: T.handle, c: T.handle):
+        T.func_attr({"global_symbol": "main", "tirx.noalias": True})
+        M = T.int64()
+        A = T.match_buffer(a, (M, K), in_dtype)
+        B = T.match_buffer(b, (K, N), in_dtype)
+        BIAS = T.match_buffer(bias_h, (N,), in_dtype)
+        C = T.match_buffer(c, (M, N), out_dtype)
+        with T.sblock("root"):
+            body(M, A, B, BIAS, C)
 
+    func = without_params(func, ("a", "b", "bias", "c"), () if bias else ("bias",))
     return func.with_attr("pit.workload", f"dense_matmul_k{K}_n{N}_{in_dtype}_{out_dtype}"
                           f"{'_bias' if bias else ''}{'_relu' if relu else ''}")
 

@@ -11,7 +11,8 @@ import tvm
 from tvm import tirx
 
 from pit_tvm._args import dtype_name, fraction, positive_int
-from pit_tvm.runtime.loader import DLPACK_CPU, dlpack_to_tvm, host_view, numpy_dtype
+from pit_tvm.runtime.loader import (DLPACK_CPU, check_device, check_dtype, dlpack_to_tvm, host_view,
+                                    is_dlpack_tensor, numpy_dtype)
 from pit_tvm.target import arch_number, build, cuda_arch, device_for, make_target
 
 from .derived import dense_matmul_func
@@ -126,16 +127,16 @@ class SparseMatmul:
         (TVM, torch, jax, cupy) is taken zero-copy where TVM can (C-contiguous, 64-byte
         aligned), else copied (:func:`pit_tvm.runtime.loader.dlpack_to_tvm`); anything else
         (a list) is read by numpy as the op's dtype."""
-        if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):     # TVM, torch, ...
+        if is_dlpack_tensor(x):     # TVM, torch, ...
             t = dlpack_to_tvm(x, name)
         else:
             arr = self._as_array(x, name)
-            self._check_dtype(arr.dtype, name, self.dtype)
+            check_dtype(arr.dtype, name, self.dtype)
             shape_check(arr.shape)
             return tvm.runtime.tensor(np.ascontiguousarray(arr), self.device)
-        self._check_dtype(t.dtype, name, self.dtype)
+        check_dtype(t.dtype, name, self.dtype)
         shape_check(tuple(int(s) for s in t.shape))
-        self._check_device(t, name)
+        check_device(t, name, self.device)
         return t
 
     def _as_array(self, x, name):
@@ -150,26 +151,13 @@ class SparseMatmul:
             raise TypeError(f"{name} must be a numpy array, a DLPack tensor (torch, TVM, ...) or a nested "
                             f"sequence of numbers, got {type(x).__name__} ({err})") from None
 
-    @staticmethod
-    def _check_dtype(dtype, name, want):
-        if str(dtype) == want:          # (TVM and numpy dtypes print as their names)
-            return
-        have = dtype_name(dtype)
-        if have != want:
-            raise ValueError(f"{name}: dtype {have} given, {want} expected")
-
-    def _check_device(self, t, name):
-        dev = t.device
-        if (dev.dlpack_device_type(), dev.index) != (self.device.dlpack_device_type(), self.device.index):
-            raise ValueError(f"{name} is on {dev}, the op runs on {self.device}")
-
     def _as_out(self, out, m):
         """Where ``out`` is written, checked against C (``(m, N)``, ``out_dtype``) before the op
         runs: a TVM tensor over contiguous memory (``copyfrom``: TVM copies into memory of any
         alignment), a numpy array (assigned: any layout), or a strided torch tensor on a GPU
         (``copy_``).  C itself comes from the VM's allocator: ``out=`` costs one copy."""
         if isinstance(out, np.ndarray):
-            self._check_dtype(out.dtype, "out", self.out_dtype)
+            check_dtype(out.dtype, "out", self.out_dtype)
             self._check_out_shape(out.shape, m)
             if not out.flags.writeable:
                 raise ValueError("out is a read-only numpy array")
@@ -182,9 +170,9 @@ class SparseMatmul:
             view = out if isinstance(out, tvm.runtime.Tensor) else tvm_ffi.from_dlpack(out)
         except Exception as err:  # noqa: BLE001 - the producer's own refusal (read-only, needs grad)
             raise TypeError(f"out: TVM cannot take this {type(out).__name__} through DLPack: {err}") from err
-        self._check_dtype(view.dtype, "out", self.out_dtype)
+        check_dtype(view.dtype, "out", self.out_dtype)
         self._check_out_shape(tuple(int(s) for s in view.shape), m)
-        self._check_device(view, "out")
+        check_device(view, "out", self.device)
         if view.is_contiguous():
             return view
         if view.device.dlpack_device_type() == DLPACK_CPU:

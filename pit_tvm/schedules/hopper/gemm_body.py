@@ -52,6 +52,7 @@ from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_64B, SWIZZLE_128B, 
 from pit_tvm.schedules.hopper.strips import TileStripLister, strip_state_words
 from pit_tvm.schedules.hopper.tiers import UnlistedRowStorer
 from pit_tvm.schedules.limits import dtype_bytes
+from pit_tvm.schedules.signature import without_params
 
 
 def index_is_full(offsets, m, tiles_per_strip: int):
@@ -620,8 +621,7 @@ def gemm_signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_
              T.match_buffer(ac, (M, N), out_dtype))
 
     names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "state", "c", "counts", "strip_ids", "ac")
-    params = [p for name, p in zip(names, kernel.params) if takes.get(name, True)]
-    return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)
+    return without_params(kernel, names, {name for name, taken in takes.items() if not taken})
 
 
 def grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body):
@@ -645,5 +645,4 @@ def grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, bo
              None, None, None, None)
 
     names = ("a", "assignments", "offsets", "w", "bias", "route_weight", "c")
-    params = [p for name, p in zip(names, kernel.params) if takes.get(name, True)]
-    return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)
+    return without_params(kernel, names, {name for name, taken in takes.items() if not taken})

@@ -63,6 +63,7 @@ from pit_tvm.schedules.hopper.operands import Unpacked
 from pit_tvm.schedules.hopper.ring import MbarrierRing
 from pit_tvm.schedules.hopper.smem import PTX_TYPE, SWIZZLE_128B, k_major_strides, mn_major_strides, swizzle_128b
 from pit_tvm.schedules.limits import IN_DTYPES, dtype_bytes, max_smem_bytes
+from pit_tvm.schedules.signature import without_params
 
 __all__ = ["HEAD_DIMS", "block_sparse_attention_func", "sparse_attention_smem_bytes"]
 
@@ -528,6 +529,4 @@ def _signature(body, D, KB, in_dtype, mask_dtype, inputs):
         with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, o, B, H, HG, MH, Sq, key_length(Sq, Sk))
 
     names = ("q", "k", "v", "block_counts", "block_ids", "block_partial", "mask", "global_flags", "doc_ids", "o")
-    params = [p for name, p in zip(names, kernel.params)
-              if name not in ("mask", "global_flags", "doc_ids") or name in inputs]
-    return tirx.PrimFunc(params, kernel.body, kernel.ret_type, kernel.attrs)
+    return without_params(kernel, names, {"mask", "global_flags", "doc_ids"} - set(inputs))
