@@ -123,13 +123,62 @@ def _thread_binding_calls(src: str):
         pos = src.find(head, i)
 
 
+def _shared_written_and_read_in_one_thread_loop(src: str) -> str | None:
+    """The name of a shared buffer that one ``threadIdx`` loop of TVMScript ``src`` writes in its
+    own body (not in a nested thread loop, which covers the whole tile when run serially) and
+    reads in another statement of it (a tiled GEMM whose threads each load part of the tile,
+    meet at a barrier, then read all of it), else None: run serially, the first thread would read what the others have
+    not written yet."""
+    import re
+
+    shared = set(re.findall(r"^\s*(\w+) = T\.(?:sblock_)?alloc_(?:buffer|shared)\(.*scope=\"shared", src, re.M))
+    shared |= set(re.findall(r"^\s*(\w+) = T\.alloc_shared\(", src, re.M))
+    if not shared:
+        return None
+    lines = src.splitlines()
+
+    def indent(line):
+        return len(line) - len(line.lstrip())
+
+    def body_end(i):
+        j = i + 1
+        while j < len(lines) and (not lines[j].strip() or indent(lines[j]) > indent(lines[i])):
+            j += 1
+        return j
+
+    for i, line in enumerate(lines):
+        if "T.thread_binding(" not in line or "threadIdx" not in line:
+            continue
+        end, j, stored, loaded = body_end(i), i + 1, set(), set()
+        while j < end:
+            if "T.thread_binding(" in lines[j]:           # a nested thread loop: its own tile
+                inner = body_end(j)
+                loaded |= {n for k in range(j, inner) for n in shared if n + "[" in lines[k]}
+                j = inner
+                continue
+            text = lines[j]
+            if "T.reads(" not in text and "T.writes(" not in text:
+                target = re.match(r"^\s*(\w+)\[.*?\]\s*=", text)
+                written = target.group(1) if target and target.group(1) in shared else None
+                if written:
+                    stored.add(written)
+                # (a read in the statement that writes the buffer, a tree reduction's step
+                # ``s[t] = s[t] + s[t + h]``, runs right serially: only the other statements count)
+                loaded |= {n for n in shared if n + "[" in text and n != written}
+            j += 1
+        if stored & loaded:
+            return sorted(stored & loaded)[0]
+    return None
+
+
 def serial_thread_loops(func):
     """``func`` (a GPU-scheduled s_tir PrimFunc) with every ``blockIdx`` / ``threadIdx`` / vthread
     loop serial and its shared buffers global, so that it builds and runs for llvm: the schedule's
     loop bounds, predicates and indexing checked on the CPU.  Only for kernels whose threads meet
     only between sibling thread loops and keep no per-thread buffer unindexed by the thread across
     them (dlight schedules, the PIT index and generic attention kernels); a kernel with explicit
-    barriers is refused.  What the CUDA lowering adds (barriers, warp shuffles, vector types) it
+    barriers, or whose threads meet inside one thread loop (a shared tile written and read there:
+    a tiled GEMM), is refused.  What the CUDA lowering adds (barriers, warp shuffles, vector types) it
     cannot see: a kernel that matches here can still race on the GPU."""
     import tvm
 
@@ -137,6 +186,10 @@ def serial_thread_loops(func):
     if "T.launch_thread" in src or "T.env_thread" in src or "tvm_storage_sync" in src:
         raise ValueError("serial_thread_loops: the PrimFunc binds threads outside thread_binding loops or "
                          "synchronises them explicitly; only thread_binding loops can run serially")
+    shared = _shared_written_and_read_in_one_thread_loop(src)
+    if shared is not None:
+        raise ValueError(f"serial_thread_loops: one threadIdx loop both writes and reads shared buffer {shared!r} "
+                         "(its threads meet at a barrier inside the loop); it cannot run serially")
     out, last = [], 0
     for start, end, extent in _thread_binding_calls(src):
         out += [src[last:start], f"T.serial({extent})"]

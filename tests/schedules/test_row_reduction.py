@@ -111,3 +111,15 @@ def test_cuda_schedule_run_on_the_cpu_matches_numpy():
     got = vm["main"](*(tvm.runtime.tensor(v) for v in (x, g, b))).numpy()
     ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + b
     np.testing.assert_allclose(got, ref, atol=2e-4)
+
+
+def test_serial_thread_loops_refuses_a_tiled_kernel():
+    """a kernel whose threads meet inside one thread loop (the generic CUDA grouped GEMM: each
+    thread loads part of a shared tile, then reads all of it) cannot run serially: refused with
+    the shared buffer's name, not run into garbage"""
+    from pit_tvm.schedules.grouped_gemm import grouped_gemm_generic_func
+    from pit_tvm.testing import serial_thread_loops
+
+    func = grouped_gemm_generic_func("scatter", 32, 16, 4, 1, "float32", "float32", False, None, "cuda:sm_80")
+    with pytest.raises(ValueError, match="writes and reads shared buffer"):
+        serial_thread_loops(func)
