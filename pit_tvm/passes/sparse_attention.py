@@ -10,7 +10,8 @@ Matched in ``main`` (each inner value used once, ``k`` transposed by ``permute_d
     matmul(softmax(where(C, fill, scores)), v)         (not C) allowed
     matmul(softmax(add(where(C, scores, fill), M)), v) the additive mask where(C, M, fill)
     scores = matmul(q [* c1], kᵀ [* c2]) [* c | / c]   scalar constants (the scale: their product)
-    kᵀ = permute_dims(k, [0, 1, 3, 2]) or permute_dims(x[B, S, H, d], [0, 2, 3, 1])
+    kᵀ = permute_dims(k, [0, 1, 3, 2]) or permute_dims(x[B, S, H, d], [0, 2, 3, 1]), or that
+         transpose through [B*H, S, d] (reshape, permute_dims [0, 2, 1], reshape: the dynamo export)
 
 and the softmax may be followed by ``where(isnan(p), 0, p)`` (PyTorch's SDPA export: its rows
 with no allowed key are 0, as the op's are).
@@ -73,6 +74,9 @@ def _scores(g: FuncGraph, x):
         return None
     q, qc = _scaled(g, mm.args[0])
     kt, kc = _scaled(g, mm.args[1])
+    k = _transposed_through_3d(g, kt)
+    if k is not None:
+        return q, k, None, scale * qc * kc
     perm = g.single(kt, "relax.permute_dims")
     if perm is None:
         return None
@@ -81,6 +85,27 @@ def _scores(g: FuncGraph, x):
     if _axes(perm) == [0, 2, 3, 1]:
         return q, perm.args[0], [0, 2, 1, 3], scale * qc * kc
     return None
+
+
+def _transposed_through_3d(g: FuncGraph, kt):
+    """``k`` when ``kt = reshape(permute_dims(reshape(k[B, H, S, d], [B*H, S, d]), [0, 2, 1]),
+    [B, H, d, S])`` (the dynamo exporter's ``kᵀ``: ``permute_dims(k, [0, 1, 3, 2])``), else None."""
+    outer = g.single(kt, "relax.reshape")
+    perm = g.single(outer.args[0], "relax.permute_dims") if outer is not None else None
+    if perm is None or _axes(perm) != [0, 2, 1]:
+        return None
+    inner = g.single(perm.args[0], "relax.reshape")
+    if inner is None:
+        return None
+    k = inner.args[0]
+    k_shape, flat, out = _shape(k), _shape(perm.args[0]), _shape(kt)
+    if k_shape is None or flat is None or out is None or len(k_shape) != 4 or len(flat) != 3 or len(out) != 4:
+        return None
+    B, H, S, d = k_shape
+    if not (_same(flat[0], B * H) and _same(flat[1], S) and _same(flat[2], d)
+            and all(_same(a, b) for a, b in zip(out, (B, H, d, S)))):
+        return None
+    return k
 
 
 def _fill(expr):
@@ -317,6 +342,10 @@ class SparseAttentionToPIT:
                             "reason": f"softmax(q k^T * {scale:.6g} + mask) v with the mask computed at run time "
                                       f"from {source[10:]}: block-sparse attention ({pattern.mask} mask), block "
                                       "index built on the device every call"})
+        if named is not None and not any(any(p.same_as(named) for p in chain[7]) for chain in chains.values()):
+            warnings.warn(f"sparse_attention={self.mask_input!r}: no attention of the form softmax(q k^T * s + M) v "
+                          f"(or its Where forms) has a mask computed from that input; the attention stays as "
+                          f"imported")
         if not taken:
             if records != [dict(r) for r in (func.attrs or {}).get(ANNOTATIONS_ATTR, [])]:
                 mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)

@@ -313,7 +313,7 @@ def test_real_gpt2_export_attention_lowered_and_matches_onnxruntime():
     np.testing.assert_allclose(got[real], want[real], atol=1e-5 * np.abs(want[real]).max(), rtol=0)
 
 
-@pytest.mark.parametrize("name", ["bert", "minilm"])
+@pytest.mark.parametrize("name", ["bert", "minilm", "minilm_dynamo"])
 def test_real_encoder_padding_mask_stays_dense_unless_named(name):
     """A transformers encoder export's mask is key padding only (an all-True [S, S] base mask
     and-ed with attention_mask, broadcast over the queries): the dense attention keeps it by
@@ -338,6 +338,14 @@ def test_real_encoder_padding_mask_stays_dense_unless_named(name):
         assert statuses == ({status} if status else set()), compiled.annotations
         got = compiled.run(feeds)[0]
         np.testing.assert_allclose(got[real], want[real], atol=1e-5 * np.abs(want[real]).max(), rtol=0)
+
+
+def test_named_mask_input_that_no_attention_reads_is_said():
+    """sparse_attention= naming an input that no recognised attention's mask is computed from
+    (here the global-token model's x) is not silently ignored: a warning names it"""
+    with pytest.warns(UserWarning, match="sparse_attention='x': no attention of the form"):
+        compiled = pit_tvm.compile_onnx(longformer_style_model("additive"), sparse_attention="x")
+    assert not any(n["source"].startswith("attention:") for n in compiled.annotations)
 
 
 @pytest.mark.gpu
