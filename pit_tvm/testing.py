@@ -2,9 +2,9 @@
 pattern generators, small Relax / ONNX workload builders.  Importable as ``pit_tvm.testing``, so
 neither tests/ nor benchmarks/ puts the other on ``sys.path``.
 
-References and patterns: :func:`np_dtype`, :func:`rows_index`, :func:`tile_pattern`,
-:func:`expand`, :func:`tiles_inputs`.  Relax builders: :func:`legalized_cuda_module`, :func:`build_with_cuda_rules`,
-:func:`gemm_chain_module`.  CUDA schedules on the CPU: :func:`serial_thread_loops`,
+References and patterns: :func:`rows_index`, :func:`tile_pattern`, :func:`expand`,
+:func:`tiles_inputs` (numpy dtypes of TVM names: :func:`pit_tvm.runtime.loader.numpy_dtype`).
+Relax builders: :func:`legalized_cuda_module`, :func:`build_with_cuda_rules`, :func:`gemm_chain_module`.  CUDA schedules on the CPU: :func:`serial_thread_loops`,
 :func:`cuda_schedules_on_cpu`.
 
 ONNX workloads, built in code (no downloads), with symbolic batch/seq dims:
@@ -31,12 +31,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
 
-def np_dtype(dtype: str):
-    """The numpy dtype of a TVM dtype name (bfloat16 through ml_dtypes)."""
-    import ml_dtypes
-
-    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-
 
 def rows_index(nonzero_rows: np.ndarray):
     """The rows-kind PIT index of a boolean row mask: ``offsets = [0, count]`` and ``ids``
@@ -51,6 +45,7 @@ def tiles_inputs(m, k, n, micro_tile, sparsity, in_dtype="float16", seed=0):
     """A with a fraction ``sparsity`` of zero (mr, mk) micro-tiles, B, and the row-group index
     (:func:`pit_tvm.index.tiles.reference_tile_index`)."""
     from pit_tvm.index.tiles import reference_tile_index
+    from pit_tvm.runtime.loader import numpy_dtype
 
     mr, mk = micro_tile
     rng = np.random.default_rng(seed)
@@ -64,7 +59,7 @@ def tiles_inputs(m, k, n, micro_tile, sparsity, in_dtype="float16", seed=0):
     mask = np.repeat(np.repeat(keep, mr, 0), mk, 1)[:m]
     a = a * mask
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-    dt = np_dtype(in_dtype)
+    dt = numpy_dtype(in_dtype)
     a, b = a.astype(dt), b.astype(dt)
     offsets, ids = reference_tile_index(a.astype(np.float32), micro_tile, "row")
     return a, b, offsets, ids
@@ -123,49 +118,50 @@ def _thread_binding_calls(src: str):
         pos = src.find(head, i)
 
 
-def _shared_written_and_read_in_one_thread_loop(src: str) -> str | None:
-    """The name of a shared buffer that one ``threadIdx`` loop of TVMScript ``src`` writes in its
-    own body (not in a nested thread loop, which covers the whole tile when run serially) and
-    reads in another statement of it (a tiled GEMM whose threads each load part of the tile,
-    meet at a barrier, then read all of it), else None: run serially, the first thread would read what the others have
-    not written yet."""
-    import re
+def _shared_written_and_read_in_one_thread_loop(func) -> str | None:
+    """The name of a shared buffer that one ``threadIdx`` loop of ``func`` writes in its own body
+    (not in a nested thread loop, which covers the whole tile when run serially) and reads in
+    another statement of it (a tiled GEMM whose threads each load part of the tile, meet at a
+    barrier, then read all of it), else None: run serially, the first thread would read what
+    the others have not written yet.  A read in the statement that writes the buffer (a tree
+    reduction's step ``s[t] = s[t] + s[t + h]``) runs right serially and does not count."""
+    import tvm_ffi
+    from tvm import ir, tirx
+    from tvm_ffi.structural import WalkResult
 
-    shared = set(re.findall(r"^\s*(\w+) = T\.(?:sblock_)?alloc_(?:buffer|shared)\(.*scope=\"shared", src, re.M))
-    shared |= set(re.findall(r"^\s*(\w+) = T\.alloc_shared\(", src, re.M))
-    if not shared:
-        return None
-    lines = src.splitlines()
+    def is_thread_loop(node):
+        return (isinstance(node, tirx.For) and node.thread_binding is not None
+                and str(node.thread_binding.thread_tag).startswith("threadIdx"))
 
-    def indent(line):
-        return len(line) - len(line.lstrip())
+    def shared_name(buffer):
+        return buffer.name if str(buffer.scope()).startswith("shared") else None
 
-    def body_end(i):
-        j = i + 1
-        while j < len(lines) and (not lines[j].strip() or indent(lines[j]) > indent(lines[i])):
-            j += 1
-        return j
+    def loads(node, skip=None):
+        found = set()
+        tvm_ffi.structural_walk(node, (ir.TensorLoad, lambda n: found.add(shared_name(n.source))
+                                       if not (skip is not None and n.source.same_as(skip)) else None))
+        return found - {None}
 
-    for i, line in enumerate(lines):
-        if "T.thread_binding(" not in line or "threadIdx" not in line:
-            continue
-        end, j, stored, loaded = body_end(i), i + 1, set(), set()
-        while j < end:
-            if "T.thread_binding(" in lines[j]:           # a nested thread loop: its own tile
-                inner = body_end(j)
-                loaded |= {n for k in range(j, inner) for n in shared if n + "[" in lines[k]}
-                j = inner
-                continue
-            text = lines[j]
-            if "T.reads(" not in text and "T.writes(" not in text:
-                target = re.match(r"^\s*(\w+)\[.*?\]\s*=", text)
-                written = target.group(1) if target and target.group(1) in shared else None
-                if written:
-                    stored.add(written)
-                # (a read in the statement that writes the buffer, a tree reduction's step
-                # ``s[t] = s[t] + s[t + h]``, runs right serially: only the other statements count)
-                loaded |= {n for n in shared if n + "[" in text and n != written}
-            j += 1
+    loops = []
+    tvm_ffi.structural_walk(func.body, (tirx.For, lambda f: loops.append(f) if is_thread_loop(f) else None))
+    for loop in loops:
+        stored, loaded = set(), set()
+
+        def visit(node):
+            if is_thread_loop(node):                # a nested thread loop: its reads only
+                loaded.update(loads(node.body))
+                return WalkResult.SKIP
+            if isinstance(node, tirx.BufferStore):
+                if shared_name(node.buffer):
+                    stored.add(node.buffer.name)
+                loaded.update(loads(node.value, skip=node.buffer), *(loads(i) for i in node.indices))
+                return WalkResult.SKIP
+            if isinstance(node, ir.TensorLoad):
+                loaded.update(loads(node))
+                return WalkResult.SKIP
+            return WalkResult.ADVANCE
+
+        tvm_ffi.structural_walk(loop.body, visit, order="pre")
         if stored & loaded:
             return sorted(stored & loaded)[0]
     return None
@@ -186,7 +182,7 @@ def serial_thread_loops(func):
     if "T.launch_thread" in src or "T.env_thread" in src or "tvm_storage_sync" in src:
         raise ValueError("serial_thread_loops: the PrimFunc binds threads outside thread_binding loops or "
                          "synchronises them explicitly; only thread_binding loops can run serially")
-    shared = _shared_written_and_read_in_one_thread_loop(src)
+    shared = _shared_written_and_read_in_one_thread_loop(func)
     if shared is not None:
         raise ValueError(f"serial_thread_loops: one threadIdx loop both writes and reads shared buffer {shared!r} "
                          "(its threads meet at a barrier inside the loop); it cannot run serially")

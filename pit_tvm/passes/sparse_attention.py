@@ -17,10 +17,10 @@ and the softmax may be followed by ``where(isnan(p), 0, p)`` (PyTorch's SDPA exp
 with no allowed key are 0, as the op's are).
 
 where ``M`` / ``C`` is computed from graph inputs (a constant mask is a static pattern: left as
-it is).  By default only masks with a query axis (``[.., Sq, Sk]``: a per-call pattern such as
-window + global tokens) are taken; a key-padding mask (``[B, 1, 1, S]``, or that broadcast to
-``[B, 1, S, S]`` as transformers does: :func:`_varies_along_queries`) stays with the dense
-attention (:class:`~pit_tvm.passes.FuseAttention` on the H100).  ``mask_input`` (the
+it is).  By default only masks that change along the queries (a per-call pattern such as
+window + global tokens, or causal) are taken; a key-padding mask (``[B, 1, 1, S]``, or that
+expanded to ``[B, 1, S, S]`` as transformers does: :func:`_varies_along_queries`) stays with the
+dense attention (:class:`~pit_tvm.passes.FuseAttention` on the H100).  ``mask_input`` (the
 ``sparse_attention=`` argument of :func:`pit_tvm.compile_onnx`) names the graph input the mask
 is computed from: every chain whose mask reads it is lowered, whatever its shape.
 
@@ -173,11 +173,11 @@ def _probabilities(g: FuncGraph, p):
     return value
 
 
-def attention_chains(func: relax.Function) -> dict:
+def attention_chains(func: relax.Function, g: FuncGraph | None = None) -> dict:
     """{the final ``matmul(p, v)`` call: (its var, q, k, k_axes, v, scale, mask parts, the mask's
     graph inputs)} of ``func``'s softmax attention chains whose mask is computed from graph
-    inputs (see :func:`_logits`)."""
-    g = FuncGraph(func)
+    inputs (see :func:`_logits`); ``g``: ``func``'s graph where the caller has it."""
+    g = FuncGraph(func) if g is None else g
     chains = {}
     for var, value in g.bound.items():
         if op_name(value) != "relax.matmul":
@@ -236,8 +236,9 @@ _ELEMENTWISE = frozenset(f"relax.{n}" for n in (
 def _varies_along_queries(g: FuncGraph, x) -> bool:
     """Whether the mask value ``x`` (aligned to the scores' trailing axes) may change along the
     query axis: its query dim is not 1, and it is neither a constant equal along that axis nor
-    an elementwise op / ``broadcast_to`` of operands that do not change along it.  False for a key-padding mask however it was
-    expanded (``broadcast_to(m[B, 1, 1, S], [B, 1, S, S])``, as transformers builds it)."""
+    an elementwise op / ``broadcast_to`` of operands that do not change along it.  False for a
+    key-padding mask however it was expanded (``broadcast_to(m[B, 1, 1, S], [B, 1, S, S])``, or
+    and-ed with an all-True ``[S, S]`` constant, as transformers builds it)."""
     if not isinstance(getattr(x, "ty", None), relax.TensorType):
         return False                      # a target shape or a scalar value: no query axis
     shape = _shape(x)
@@ -245,7 +246,7 @@ def _varies_along_queries(g: FuncGraph, x) -> bool:
         return True
     if len(shape) < 2 or _same(shape[-2], tirx.const(1, "int64")):
         return False
-    if isinstance(x, tvm.ir.GenericConst):      # (transformers' exports: an all-True [S, S] base mask)
+    if isinstance(x, tvm.ir.GenericConst):
         data = x.value.numpy()
         return bool((data != data[..., :1, :]).any())
     value = g.bound.get(x) if isinstance(x, relax.Var) else None
@@ -305,10 +306,12 @@ class SparseAttentionToPIT:
         named = self._resolve_input(mod, func)
         onnx_of = {str(v): str(k) for k, v in (mod.attrs or {}).get(ONNX_NAMES_ATTR, {}).items()}
         records = [dict(r) for r in (func.attrs or {}).get(ANNOTATIONS_ATTR, [])]
-        chains, taken, graph = attention_chains(func), {}, FuncGraph(func)
-        for call, (var, q, k, k_axes, v, scale, parts, inputs) in chains.items():
+        graph = FuncGraph(func)
+        taken, named_read = {}, False
+        for call, (var, q, k, k_axes, v, scale, parts, inputs) in attention_chains(func, graph).items():
             if named is not None and not any(p.same_as(named) for p in inputs):
                 continue
+            named_read = True
             kind, mask, cond, _ = parts
             source = "attention:" + ",".join(sorted(onnx_of.get(p.name, p.name) for p in inputs))
             tensor = onnx_of.get(var.name, var.name)
@@ -342,7 +345,7 @@ class SparseAttentionToPIT:
                             "reason": f"softmax(q k^T * {scale:.6g} + mask) v with the mask computed at run time "
                                       f"from {source[10:]}: block-sparse attention ({pattern.mask} mask), block "
                                       "index built on the device every call"})
-        if named is not None and not any(any(p.same_as(named) for p in chain[7]) for chain in chains.values()):
+        if named is not None and not named_read:
             warnings.warn(f"sparse_attention={self.mask_input!r}: no attention of the form softmax(q k^T * s + M) v "
                           f"(or its Where forms) has a mask computed from that input; the attention stays as "
                           f"imported")

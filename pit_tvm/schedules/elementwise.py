@@ -26,6 +26,7 @@ Anything else returns None (``Fallback`` then applies).  Registered in
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import DataType, sym, tirx
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
@@ -106,20 +107,6 @@ def _flat_reads_vectorise_aligned(block, inner, extent: int) -> bool:
     return True
 
 
-def _subexpressions(expr):
-    """``expr`` and every expression under it (TIR has no Python visitor in TVM 0.27)"""
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        yield node
-        for field in ("a", "b", "value", "condition", "true_value", "false_value", "body"):
-            child = getattr(node, field, None)
-            if isinstance(child, tvm.ir.expr.Expr):
-                stack.append(child)
-        for field in ("args", "indices"):
-            stack.extend(c for c in getattr(node, field, None) or () if isinstance(c, tvm.ir.expr.Expr))
-
-
 def _selects_vary_along(block, inner) -> bool:
     """Every select (``Select`` / ``if_then_else``) in the block's stored value has a condition
     that uses ``inner``: a condition constant along the vector is broadcast to a ``bool`` x4
@@ -127,16 +114,16 @@ def _selects_vary_along(block, inner) -> bool:
     body = block.body
     if not isinstance(body, tirx.BufferStore):
         return False
-    for node in _subexpressions(body.value):
+    conditions = []
+
+    def select_condition(node):
         if isinstance(node, tirx.Select):
-            condition = node.condition
-        elif isinstance(node, tvm.ir.expr.Call) and str(getattr(node.op, "name", "")).endswith("if_then_else"):
-            condition = node.args[0]
-        else:
-            continue
-        if not any(v.same_as(inner) for v in tirx.analysis.undefined_vars(condition)):
-            return False
-    return True
+            conditions.append(node.condition)
+        elif str(getattr(node.op, "name", "")).endswith("if_then_else"):
+            conditions.append(node.args[0])
+
+    tvm_ffi.structural_walk(body.value, ((tirx.Select, tvm.ir.expr.Call), select_condition))
+    return all(any(v.same_as(inner) for v in tirx.analysis.undefined_vars(c)) for c in conditions)
 
 
 class VectorizedElementwise(GPUScheduleRule):

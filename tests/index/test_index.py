@@ -8,7 +8,7 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.index import (
     IndexBuilder,
     build_tile_index,
@@ -55,12 +55,12 @@ def make_data(rows, cols, micro_tile, sparsity, dtype, rng):
         x[r, c] = rng.uniform(0.5, 2.0, n) * rng.choice([-1, 1], n)
     if dtype == "bool":
         return x != 0
-    return x.astype(np_dtype(dtype))
+    return x.astype(numpy_dtype(dtype))
 
 
 def dense_data(rows, cols, dtype, rng):
     x = rng.uniform(0.5, 2.0, size=(rows, cols)).astype(np.float32)
-    return np.ones((rows, cols), bool) if dtype == "bool" else x.astype(np_dtype(dtype))
+    return np.ones((rows, cols), bool) if dtype == "bool" else x.astype(numpy_dtype(dtype))
 
 
 def one_group_sorted(offsets, ids):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import pit_tvm
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
 from pit_tvm.ops.matmul import DenseMatmul
 
@@ -41,11 +41,11 @@ def sparse_input(m, micro_tile, sparsity, dtype, rng):
     mr, mk = micro_tile
     mask = rng.random((-(-m // mr), -(-K // mk))) >= sparsity
     a = rng.standard_normal((m, K)) * np.kron(mask, np.ones((mr, mk)))[:m, :K]
-    return a.astype(np_dtype(dtype))
+    return a.astype(numpy_dtype(dtype))
 
 
 def reference(a, b, dtype):
-    return (a.astype(np.float32) @ b.astype(np.float32)).astype(np_dtype(dtype)).astype(np.float32)
+    return (a.astype(np.float32) @ b.astype(np.float32)).astype(numpy_dtype(dtype)).astype(np.float32)
 
 
 @pytest.mark.parametrize("micro_tile", MICRO_TILES, ids=lambda t: f"{t[0]}x{t[1]}")
@@ -56,9 +56,9 @@ def test_matches_numpy(micro_tile, dtype, sparsity):
     op = op_for(micro_tile, dtype)
     for m in (77, 64):
         a = sparse_input(m, micro_tile, sparsity, dtype, rng)
-        b = rng.standard_normal((K, N)).astype(np_dtype(dtype))
+        b = rng.standard_normal((K, N)).astype(numpy_dtype(dtype))
         c = op(a, b)
-        assert c.shape == (m, N) and c.dtype == np_dtype(dtype)
+        assert c.shape == (m, N) and c.dtype == numpy_dtype(dtype)
         np.testing.assert_allclose(c.astype(np.float32), reference(a, b, dtype), rtol=TOL[dtype], atol=TOL[dtype] * 4)
 
 
@@ -165,8 +165,8 @@ def test_cuda_thin_micro_tile_cover_matches_numpy(dtype):
     op = pit_tvm.sparse_matmul(k, n, dtype, micro_tile=(1, 64), target="cuda")
     for m, sparsity in ((300, 0.0), (300, 0.9), (77, 0.99), (64, 1.0), (33, 0.5)):
         mask = rng.random((m, k // 64)) >= sparsity
-        a = (rng.standard_normal((m, k)) * np.kron(mask, np.ones((1, 64)))).astype(np_dtype(dtype))
-        b = rng.standard_normal((k, n)).astype(np_dtype(dtype))
+        a = (rng.standard_normal((m, k)) * np.kron(mask, np.ones((1, 64)))).astype(numpy_dtype(dtype))
+        b = rng.standard_normal((k, n)).astype(numpy_dtype(dtype))
         np.testing.assert_allclose(op(a, b).astype(np.float32), reference(a, b, dtype),
                                    rtol=TOL[dtype], atol=TOL[dtype] * 8)
 
@@ -180,7 +180,7 @@ def test_cuda_matches_numpy(micro_tile, dtype, sparsity):
     op = op_for(micro_tile, dtype, "cuda")
     for m in (300, 64):
         a = sparse_input(m, micro_tile, sparsity, dtype, rng)
-        b = rng.standard_normal((K, N)).astype(np_dtype(dtype))
+        b = rng.standard_normal((K, N)).astype(numpy_dtype(dtype))
         c = op(a, b)
         np.testing.assert_allclose(c.astype(np.float32), reference(a, b, dtype), rtol=TOL[dtype], atol=TOL[dtype] * 4)
 
@@ -224,9 +224,9 @@ def test_cuda_rows_fp16_uses_tensor_cores(arch, mma):
 def test_cuda_tensor_core_rows_match(dtype, sparsity):
     rng = np.random.default_rng(11)
     op = pit_tvm.sparse_matmul(256, 256, dtype, micro_tile=(1, 256), target="cuda")
-    a = (rng.standard_normal((333, 256)) * (rng.random((333, 1)) >= sparsity)).astype(np_dtype(dtype))
-    b = rng.standard_normal((256, 256)).astype(np_dtype(dtype))
-    ref = (a.astype(np.float32) @ b.astype(np.float32)).astype(np_dtype(dtype)).astype(np.float32)
+    a = (rng.standard_normal((333, 256)) * (rng.random((333, 1)) >= sparsity)).astype(numpy_dtype(dtype))
+    b = rng.standard_normal((256, 256)).astype(numpy_dtype(dtype))
+    ref = (a.astype(np.float32) @ b.astype(np.float32)).astype(numpy_dtype(dtype)).astype(np.float32)
     np.testing.assert_allclose(op(a, b).astype(np.float32), ref, rtol=TOL[dtype], atol=TOL[dtype] * 8)
 
 

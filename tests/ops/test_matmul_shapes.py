@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import pit_tvm
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.ops.matmul import DenseMatmul
 
@@ -37,11 +37,11 @@ def tile_sparse(m, k, micro_tile, density, dtype, rng):
     mr, mk = micro_tile
     mask = rng.random((-(-m // mr), -(-k // mk))) < density
     a = rng.standard_normal((m, k)) * np.kron(mask, np.ones((mr, mk)))[:m, :k]
-    return a.astype(np_dtype(dtype)), mask
+    return a.astype(numpy_dtype(dtype)), mask
 
 
 def reference(a, b, dtype):
-    return (a.astype(np.float32) @ b.astype(np.float32)).astype(np_dtype(dtype)).astype(np.float32)
+    return (a.astype(np.float32) @ b.astype(np.float32)).astype(numpy_dtype(dtype)).astype(np.float32)
 
 
 def skipping_reference(a, b, mask, micro_tile):
@@ -99,7 +99,7 @@ def test_cuda_unaligned_shapes_match_numpy(target, dtype, k, n, micro_tile):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         op = pit_tvm.sparse_matmul(k, n, dtype, micro_tile=micro_tile, target=target)
-    b = rng.standard_normal((k, n)).astype(np_dtype(dtype))
+    b = rng.standard_normal((k, n)).astype(numpy_dtype(dtype))
     for m, density in ((1, 1.0), (77, 0.5), (300, 0.95), (129, 0.0)):
         a, _ = tile_sparse(m, k, micro_tile, density, dtype, rng)
         np.testing.assert_allclose(op(a, b).astype(np.float32), reference(a, b, dtype),
@@ -141,7 +141,7 @@ def test_cpu_rows_large_k_builds_and_matches(k):
 
 # ------------------------------------------------------------------ NaN / Inf in B
 def _b_with_non_finite(k, n, dtype, rng):
-    b = rng.standard_normal((k, n)).astype(np_dtype(dtype))
+    b = rng.standard_normal((k, n)).astype(numpy_dtype(dtype))
     b[0, 1], b[k // 2, 2], b[k - 1, 3] = np.nan, np.inf, -np.inf
     return b
 

@@ -9,7 +9,7 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.errors import UserError
 from pit_tvm.index import (IndexBuilder, expert_capacity_index_func, expert_index_func,
                            reference_expert_capacity_index, reference_expert_index)
@@ -199,11 +199,11 @@ def test_moe_half_precision_cpu(config, dtype):
     spec, d, f, optional = CONFIGS[config]
     rng = np.random.default_rng(config)
     lead = (2, 13)
-    layer = {k: v.astype(np_dtype(dtype)) for k, v in make_layer(spec, d, f, optional, rng).items()}
-    x = rng.standard_normal(lead + (d,)).astype(np_dtype(dtype))
-    router = make_router(spec, lead, "random", rng).astype(np_dtype(dtype))
+    layer = {k: v.astype(numpy_dtype(dtype)) for k, v in make_layer(spec, d, f, optional, rng).items()}
+    x = rng.standard_normal(lead + (d,)).astype(numpy_dtype(dtype))
+    router = make_router(spec, lead, "random", rng).astype(numpy_dtype(dtype))
     y = _op(spec, d, f, dtype)(x, router, **layer)
-    assert y.dtype == np_dtype(dtype)
+    assert y.dtype == numpy_dtype(dtype)
     ref = reference_moe(x.astype(np.float32), router.astype(np.float32), spec=spec,
                         **{k: v.astype(np.float32) for k, v in layer.items()})
     tol = 2e-2 if dtype == "float16" else 8e-2
@@ -362,15 +362,15 @@ def test_gpu_moe_matches_reference(shape, dtype):
     layer = make_layer(spec, d, f, optional, rng)
     x = rng.standard_normal((2, ntok // 2, d)).astype(np.float32)
     router = make_router(spec, (2, ntok // 2), "random", rng)
-    cast = {k: v.astype(np_dtype(dtype)) for k, v in layer.items()}
+    cast = {k: v.astype(numpy_dtype(dtype)) for k, v in layer.items()}
     op = moe_ffn(spec, d, f, dtype, target="cuda", router_dtype="float32")
-    y = op(tvm.runtime.tensor(x.astype(np_dtype(dtype)), tvm.cuda()), tvm.runtime.tensor(router, tvm.cuda()),
+    y = op(tvm.runtime.tensor(x.astype(numpy_dtype(dtype)), tvm.cuda()), tvm.runtime.tensor(router, tvm.cuda()),
            **{k: tvm.runtime.tensor(v, tvm.cuda()) for k, v in cast.items()})
-    ref = reference_moe(x.astype(np_dtype(dtype)).astype(np.float32), router, spec=spec,
+    ref = reference_moe(x.astype(numpy_dtype(dtype)).astype(np.float32), router, spec=spec,
                         **{k: v.astype(np.float32) for k, v in cast.items()})
     tol = {"float32": 1e-3, "float16": 3e-2, "bfloat16": 1e-1}[dtype]
     np.testing.assert_allclose(y.numpy().astype(np.float32), ref, rtol=tol, atol=tol)
-    y2 = op(tvm.runtime.tensor(x.astype(np_dtype(dtype)), tvm.cuda()), tvm.runtime.tensor(router, tvm.cuda()),
+    y2 = op(tvm.runtime.tensor(x.astype(numpy_dtype(dtype)), tvm.cuda()), tvm.runtime.tensor(router, tvm.cuda()),
             **{k: tvm.runtime.tensor(v, tvm.cuda()) for k, v in cast.items()})
     assert np.array_equal(y.numpy(), y2.numpy())            # deterministic, bit for bit
 
@@ -435,15 +435,15 @@ def test_gpu_grouped_gemm_contract(target, mode, dtype):
     ids[ids == 3] = 4                                            # expert 3 empty
     offsets, assignments, _ = reference_expert_capacity_index(ids, E, 200)
     P = ntok * top_k
-    a = (rng.standard_normal((ntok if mode == "gather" else P, K)) / 4).astype(np_dtype(dtype))
-    w = (rng.standard_normal((E, K, N)) / 16).astype(np_dtype(dtype))
-    b = rng.standard_normal((E, N)).astype(np_dtype(dtype))
+    a = (rng.standard_normal((ntok if mode == "gather" else P, K)) / 4).astype(numpy_dtype(dtype))
+    w = (rng.standard_normal((E, K, N)) / 16).astype(numpy_dtype(dtype))
+    b = rng.standard_normal((E, N)).astype(numpy_dtype(dtype))
     rw = rng.random(P).astype(np.float32)
     activation = "gelu" if mode == "gather" else None
     func = grouped_gemm_func(mode, K, N, E, top_k, dtype, dtype, True, activation, target)
     kernel = build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)["main"]
     dev = tvm.cuda()
-    out = tvm.runtime.tensor(np.full((P, N), np.nan, np.float32).astype(np_dtype(dtype)), dev)
+    out = tvm.runtime.tensor(np.full((P, N), np.nan, np.float32).astype(numpy_dtype(dtype)), dev)
     args = [a, assignments, offsets, w, b] + ([rw] if mode == "scatter" else [])
     kernel(*[tvm.runtime.tensor(x, dev) for x in args], out)
     ref = reference_grouped_gemm(mode, a.astype(np.float32), assignments, offsets, w.astype(np.float32), top_k=top_k,

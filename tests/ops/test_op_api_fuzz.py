@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pit_tvm
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.runtime.loader import dlpack_to_tvm, host_view, tvm_takes_as_is
 
 #: (K, N, dtype, micro-tile, out_dtype): whole rows (mr 1 and 2, K odd), tiles with tails along
@@ -113,7 +113,7 @@ def reference(a, b, out_dtype):
     """numpy's ``a @ b`` in float64 of the (already rounded) inputs, rounded to ``out_dtype``."""
     with np.errstate(invalid="ignore", over="ignore"):
         ref = a.astype(np.float64) @ b.astype(np.float64)
-        return ref.astype(np_dtype(out_dtype)).astype(np.float64)
+        return ref.astype(numpy_dtype(out_dtype)).astype(np.float64)
 
 
 def assert_matches(got, a, b, out_dtype):
@@ -138,7 +138,7 @@ def sparse_a(rng, m, k, micro_tile, mode, density, dtype):
         a *= np.kron(keep, np.ones((mr, mk)))[:m, :k]
     elif mode == "elements":
         a *= rng.random((m, k)) < density
-    return a.astype(np_dtype(dtype))
+    return a.astype(numpy_dtype(dtype))
 
 
 # -- the conversion helper on its own ------------------------------------------------------------
@@ -205,7 +205,7 @@ def test_fuzz_sparse_matmul_matches_numpy(config, m, mode, density, seed, specia
     a = sparse_a(rng, m, k, micro_tile, mode, density, dtype)
     for fr, fc, value in specials if m else ():
         a[int(fr * m), int(fc * k)] = value
-    b = rng.standard_normal((k, n)).astype(np_dtype(dtype))
+    b = rng.standard_normal((k, n)).astype(numpy_dtype(dtype))
     if dtype == "bfloat16":     # numpy cannot export bfloat16 through DLPack
         a_kind = "numpy" if a_kind in ("dlpack", "tvm_view") else a_kind
         b_kind = "numpy" if b_kind in ("dlpack", "tvm_view") else b_kind
@@ -220,7 +220,7 @@ def test_fuzz_sparse_matmul_matches_numpy(config, m, mode, density, seed, specia
         c = op(a_in, b_in)
         assert isinstance(c, tvm.runtime.Tensor) == (a_kind in ("tvm", "tvm_view"))
     else:
-        out_np = in_layout(np.full((m, n), 7, np_dtype(out_dtype)), out_layout, offset)
+        out_np = in_layout(np.full((m, n), 7, numpy_dtype(out_dtype)), out_layout, offset)
         out = (tvm.runtime.empty((m, n), out_dtype) if out_kind == "tvm" else produce(out_np, out_kind))
         assert op(a_in, b_in, out=out) is out
         c = out if out_kind == "tvm" else out_np     # (dlpack / tvm_view: out_np's memory was written)
@@ -294,7 +294,7 @@ def test_torch_layouts(dtype):
     a = torch.randn(12, k, generator=gen).to(tdtype)
     a[torch.rand(12, k, generator=gen) < 0.6] = 0
     b = torch.randn(k, n, generator=gen).to(tdtype)
-    ref_a, ref_b = (x.float().numpy().astype(np_dtype(dtype)) for x in (a, b))
+    ref_a, ref_b = (x.float().numpy().astype(numpy_dtype(dtype)) for x in (a, b))
     layouts_a, layouts_b = torch_layouts(torch, a), torch_layouts(torch, b)
     for name, a_in in layouts_a.items():
         got = op(a_in, layouts_b[name])

@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.nvcc import cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.passes import CombineParallelMatmuls, FuseAttention, import_onnx
 from pit_tvm.schedules.attention import attention_applies, fused_attention_func
@@ -120,7 +120,7 @@ def test_gpu_kernel_matches_numpy(seq, mask_batch, dtype):
     with every key masked (the softmax spreads over all keys: the kernel reads them all)."""
     b, h, d, scale = 4, 2, 64, 0.125
     rng = np.random.default_rng(seq + mask_batch)
-    npd = np_dtype(dtype)
+    npd = numpy_dtype(dtype)
     q, k, v = (rng.standard_normal((b, h, seq, d)).astype(np.float32).astype(npd) for _ in range(3))
     lengths = [1, seq // 3, seq, 0][:mask_batch]
     mask = np.stack([np.where(np.arange(seq) < n, 0.0, -10000.0) for n in lengths]).astype(np.float16)

@@ -16,7 +16,7 @@ import pytest
 import tvm
 import tvm_ffi
 
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.testing import opt_ffn, opt_ffn_inputs, to_float16
 from pit_tvm.compile import compile_onnx
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
@@ -93,9 +93,9 @@ def _producer_inputs(m, k, n, dead, seed, dtype="float16"):
     """x, w, bias of a ReLU layer where a ``dead`` fraction of the columns is zero in every row
     (a very negative bias) and the others about half the time"""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((m, k)).astype(np_dtype(dtype))
-    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_dtype(dtype))
-    bias = np.where(rng.random(n) < dead, -100.0, 0.0).astype(np_dtype(dtype))
+    x = rng.standard_normal((m, k)).astype(numpy_dtype(dtype))
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(numpy_dtype(dtype))
+    bias = np.where(rng.random(n) < dead, -100.0, 0.0).astype(numpy_dtype(dtype))
     return x, w, bias
 
 
@@ -118,7 +118,7 @@ def test_gpu_fused_listing_matches_the_strips_kernel(m, mk, dead, in_dtype, out_
     for _ in range(2):             # the second call on the state the first one left (zero)
         outs = [tvm.runtime.empty((m, n), out_dtype, dev), tvm.runtime.empty((g,), "int32", dev),
                 tvm.runtime.empty((g * mkt,), "int32", dev)]
-        outs += [tvm.runtime.tensor(np.full((m, n), np.nan, np_dtype(out_dtype)), dev)] if compacts(mk) else []
+        outs += [tvm.runtime.tensor(np.full((m, n), np.nan, numpy_dtype(out_dtype)), dev)] if compacts(mk) else []
         fused(*[tvm.runtime.tensor(v, dev) for v in (x, w, bias)], state, *outs)
         assert not state.numpy().any()
         c, cnt, sids = (o.numpy() for o in outs[:3])

@@ -18,7 +18,7 @@ import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.nvcc import cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.schedules.hopper.config import WgmmaConfig
 from pit_tvm.schedules.hopper.grouped import (GROUPED_ATTR, expected_pairs, grouped_config,
@@ -100,7 +100,7 @@ def run_grouped(mode, num_tokens, k, n, num_experts, top_k, expert_ids, *, capac
     """Runs the kernel on the GPU; returns (got, want) as float64, every row of the output
     (initialised to a non-zero fill, so rows the kernel leaves unwritten show)."""
     rng = np.random.default_rng(seed)
-    dt = np_dtype(in_dtype)
+    dt = numpy_dtype(in_dtype)
     offsets, assignments = expert_index(expert_ids, num_experts, capacity)
     p_rows = num_tokens * top_k
     a_rows = num_tokens if mode == "gather" else p_rows
@@ -110,7 +110,7 @@ def run_grouped(mode, num_tokens, k, n, num_experts, top_k, expert_ids, *, capac
     rw = rng.uniform(0.1, 1.0, p_rows).astype(np.float32)
     dev = tvm.cuda()
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
-    out = t(np.full((p_rows, n), 7.0, np.float32).astype(np_dtype(out_dtype)))
+    out = t(np.full((p_rows, n), 7.0, np.float32).astype(numpy_dtype(out_dtype)))
     args = [t(a), t(assignments), t(offsets), t(w)] + ([t(b)] if bias else []) + ([t(rw)] if mode == "scatter"
                                                                                   else []) + [out]
     _exe(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config)["main"](*args)

@@ -19,7 +19,7 @@ import tvm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.index.attention import reference_attention_block_index
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.ops.sparse_attention import QUERY_BLOCK, AttentionPattern, reference_sparse_attention
@@ -141,7 +141,7 @@ def test_op_takes_the_kernel_on_sm90a():
 
 # ------------------------------------------------------------------------------------ GPU
 def _inputs(rng, b, h, sq, sk, d, dtype):
-    npd = np_dtype(dtype)
+    npd = numpy_dtype(dtype)
     q = rng.standard_normal((b, h, sq, d)).astype(np.float32).astype(npd)
     k = rng.standard_normal((b, h, sk, d)).astype(np.float32).astype(npd)
     v = rng.standard_normal((b, h, sk, d)).astype(np.float32).astype(npd)

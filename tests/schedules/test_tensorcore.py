@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tvm
 
-from pit_tvm.testing import np_dtype, rows_index
+from pit_tvm.runtime.loader import numpy_dtype
+from pit_tvm.testing import rows_index
 from pit_tvm.nvcc import check_cuda_compiles, find_nvcc
 from pit_tvm.schedules.tensorcore import (
     TensorCoreConfig,
@@ -43,7 +44,7 @@ def make_inputs(m, k, n, sparsity, in_dtype="float16", bias=False, seed=0, count
     a[~nz] = 0
     b = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     offsets, ids = rows_index(nz)
-    dt = np_dtype(in_dtype)
+    dt = numpy_dtype(in_dtype)
     a, b = a.astype(dt), b.astype(dt)
     bias_v = rng.standard_normal(n).astype(dt) if bias else None
     return a, b, offsets, ids, bias_v
@@ -65,7 +66,7 @@ def reference(a, b, ids, offsets, bias=None, relu=False):
 
 def run(ex, dev, a, b, offsets, ids, bias, out_dtype, fill=7.0):
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
-    c = t(np.full((a.shape[0], b.shape[1]), fill, np.float32).astype(np_dtype(out_dtype)))
+    c = t(np.full((a.shape[0], b.shape[1]), fill, np.float32).astype(numpy_dtype(out_dtype)))
     args = [t(a), t(b), t(offsets), t(ids)] + ([t(bias)] if bias is not None else []) + [c]
     ex["main"](*args)
     return c.numpy().astype(np.float32)

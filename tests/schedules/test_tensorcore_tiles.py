@@ -24,7 +24,7 @@ from pit_tvm.schedules.tensorcore_tiles import (
     tiles_smem_bytes,
     valid_tiles_configs,
 )
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.testing import tiles_inputs as make_inputs
 from pit_tvm.target import build as target_build
 
@@ -35,7 +35,7 @@ def reference(a, b):
 
 def run(ex, dev, a, b, offsets, ids, out_dtype, fill=7.0):
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
-    c = t(np.full((a.shape[0], b.shape[1]), fill, np.float32).astype(np_dtype(out_dtype)))
+    c = t(np.full((a.shape[0], b.shape[1]), fill, np.float32).astype(numpy_dtype(out_dtype)))
     ex["main"](t(a), t(b), t(offsets), t(ids), c)
     return c.numpy().astype(np.float32)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tvm
 
-from pit_tvm.testing import np_dtype
+from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.schedules.wgmma import (
     MAX_SMEM_BYTES,

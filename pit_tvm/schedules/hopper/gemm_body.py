@@ -2,9 +2,9 @@
 ("rows" / "dense" / "tiles"), epilogue and loop (all-threads or warp-specialized), with the
 PrimFunc signature of its variant.
 
-Why one closure (and one module) for five kernels: the rows, dense, tiles, dense fallback and few-rows tier
-kernels share the tile's K loop, fragment staging and SWrite statement for statement (their
-generated CUDA is pinned byte for byte by benchmarks/sweeps/cuda_fingerprint.py).  The pieces
+Why one closure (and one module) for five kernels: the rows, dense, tiles, dense fallback and
+few-rows tier kernels share the tile's K loop, fragment staging and SWrite statement for
+statement (their generated CUDA is pinned byte for byte by benchmarks/sweeps/cuda_fingerprint.py).  The pieces
 live in the sibling modules: config, smem, barriers, ring, loaders, epilogue, strips.
 
 One CTA = 2 consumer warpgroups (256 threads) computes a 128 x BN tile of compacted rows::

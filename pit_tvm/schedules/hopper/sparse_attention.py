@@ -151,8 +151,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     additive = pattern.mask == "additive"
     if mask_dtype is None:
         mask_dtype = "bool" if pattern.mask == "bool" else in_dtype
-    from pit_tvm.ops.sparse_attention import pattern_inputs, pattern_predicate, pattern_score_bias
-    inputs = pattern_inputs(pattern)
+    from pit_tvm.ops.sparse_attention import pattern_predicate, pattern_score_bias
 
     QB = QUERY_BLOCK
     ROW_CHUNKS = D // 8            # 16-byte chunks per row of Q / K / V / O
@@ -481,21 +480,21 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             T.ptx["cp.async.wait_group"](0)
         store_o(O, b, h, qb, Sq, smem, tid, r)
 
-    func = _signature(body, D, KB, in_dtype, mask_dtype, inputs)
+    func = _signature(body, D, KB, in_dtype, mask_dtype, pattern)
     name = (f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}"
             + (f"_{mask_dtype}" if pattern.mask else ""))
     return lower_tirx(func, TARGET).with_attr("global_symbol", name).with_attr("pit.attention.key_block", KB)
 
 
-def _signature(body, D, KB, in_dtype, mask_dtype, inputs):
+def _signature(body, D, KB, in_dtype, mask_dtype, pattern):
     """The PrimFunc around ``body`` with the contract's parameters: ``q, k, v, block_counts,
     block_ids, block_partial``, the pattern's run-time inputs (``mask, global_flags, doc_ids``
     as present), ``o``.  B, H, Sq, Sk and the head dims of the mask (MH) and the index (HG)
-    symbolic; with global tokens or documents (``[B, S]`` inputs) Sq = Sk = S."""
-    one_length = "global_flags" in inputs or "doc_ids" in inputs
+    symbolic; with global tokens or documents (``[B, S]`` inputs) Sq = Sk = S
+    (:func:`~pit_tvm.ops.sparse_attention.sequence_lengths`)."""
+    from pit_tvm.ops.sparse_attention import sequence_lengths
 
-    def key_length(Sq, Sk):
-        return Sq if one_length else Sk
+    inputs = pattern.inputs
 
     def pattern_buffers(B, MH, Sq, Sk, mask, flags, docs):
         """the pattern's run-time inputs by name (the predicate's ``buffers``)"""
@@ -526,7 +525,8 @@ def _signature(body, D, KB, in_dtype, mask_dtype, inputs):
     def kernel(q: T.handle, k: T.handle, v: T.handle, counts: T.handle, ids: T.handle, partial: T.handle,
                mask: T.handle, flags: T.handle, docs: T.handle, o: T.handle):
         B, H, HG, MH, Sq, Sk = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-        with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, o, B, H, HG, MH, Sq, key_length(Sq, Sk))
+        with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, o, B, H, HG, MH,
+                     *sequence_lengths(pattern, Sq, Sk, Sq))
 
     names = ("q", "k", "v", "block_counts", "block_ids", "block_partial", "mask", "global_flags", "doc_ids", "o")
     return without_params(kernel, names, {"mask", "global_flags", "doc_ids"} - set(inputs))
