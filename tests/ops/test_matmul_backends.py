@@ -86,3 +86,39 @@ def test_simt_kernel_gets_no_epilogue_arguments(micro_tile, activation):
                                     lambda e: ops.append(e.op.name) if isinstance(e, relax.Call)
                                     and isinstance(e.op, tvm.ir.Op) else None)
     assert "relax.add" in ops
+
+
+@pytest.mark.parametrize("k, n, padded", [(32, 32, (64, 64)), (96, 40, (128, 64))])
+def test_model_matmul_of_untiled_k_n_runs_the_tensor_core_kernel_of_the_padded_shape(k, n, padded):
+    """a model's fp16 matmul whose K, N fit no tensor-core tile (a tiny transformers config's
+    32 x 32) runs the wgmma rows kernel of K, N padded to its tiles: B padded with zeros at build
+    time (a constant of the padded shape), A padded per call, C sliced back to N, the bias after"""
+    import numpy as np  # noqa: PLC0415
+
+    bb = relax.BlockBuilder()
+    m = tirx.Var("m", "int64")
+    a = relax.Var("a", relax.TensorType([m, k], "float16"))
+    bias = relax.Var("bias", relax.TensorType([n], "float16"))
+    weight = np.random.default_rng(0).standard_normal((k, n)).astype("float16")
+    with bb.function("main", [a, bias]):
+        with bb.dataflow():
+            c = emit_pit_matmul(bb, a, relax.const(weight), micro_tile=(1, k), target="cuda", bias=bias)
+            out = bb.emit_output(c)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert int(out.ty.shape[1]) == n
+    kernels = [name for name, _, _ in _call_arities(mod) if name.startswith("pit_kernel_")]
+    assert kernels and all(f"_k{padded[0]}_n{padded[1]}_" in name for name in kernels), kernels
+    constants, ops = [], []
+
+    def visit(e):
+        if isinstance(e, tvm.ir.GenericConst):
+            constants.append(e.value.numpy())
+        elif isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            ops.append(e.op.name)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    padded_weight = next(w for w in constants if w.shape == padded)
+    np.testing.assert_array_equal(padded_weight[:k, :n], weight)
+    assert not padded_weight[k:].any() and not padded_weight[:, n:].any()
+    assert {"relax.nn.pad", "relax.strided_slice", "relax.add"} <= set(ops)

@@ -335,7 +335,9 @@ def test_fixture_in_float16_on_cuda_matches_onnxruntime(name):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = compile_onnx(to_float16(onnx.load(str(fixture(name)))), target="cuda", shapes=shapes)
-    assert moe_warnings(caught) == [] and [n["status"] for n in moe_notes(model)] == ["pit"]
+    notes = moe_notes(model)        # (switch_encoder has two MoE layers)
+    assert moe_warnings(caught) == [] and sorted(n["tensor"] for n in notes) == ROUTER[name]
+    assert {n["status"] for n in notes} == {"pit"}
     feeds = example_feeds(name, 0)
     got = model.run({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in feeds.items()})[0]
     assert got.dtype == np.float16

@@ -80,6 +80,18 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
     chosen = choose_kernels(KernelRequest(plan, dtype, out_dtype, tgt, tuning_log, rows=_static_rows(m),
                                           density=density, tiles_epilogue=tiles_epilogue,
                                           tensor_core_only=tensor_core_only))
+    if chosen is None and plan.kind == "rows" and plan.micro_tile[0] == 1:
+        padded = _padded_rows_shape(k, n, dtype, out_dtype, tgt, m, density)
+        if padded is not None:
+            # K, N fit no tensor-core tile: the kernel of the padded shape (B padded with zero
+            # rows and columns at build time, A with zero columns per call), C sliced back to N
+            k2, n2 = padded
+            c = emit_pit_matmul(bb, _zero_padded(bb, a, [k2 - k]), _zero_padded(bb, b, [k2 - k, n2 - n]),
+                                micro_tile=(1, k2), target=tgt, out_dtype=out_dtype,
+                                density_threshold=density_threshold, row_mask=row_mask,
+                                expected_density=expected_density)
+            c = bb.emit(relax.op.strided_slice(c, axes=[len(a_ty.shape) - 1], begin=[0], end=[n]))
+            return epilogue.emit_after(bb, c)
     if chosen is None:
         # In a model the dense alternative is dlight's kernel; the SIMT PIT kernel only wins
         # at extreme sparsity, so without a tensor-core kernel the matmul stays dense.
@@ -157,6 +169,37 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
                                            [3 + len(epilogue_args)], relax.TensorType([m, n], out_dtype)))
     c = _from_rows(bb, c, lead, n)
     return c if in_kernel else epilogue.emit_after(bb, c)
+
+
+#: the multiples K and N are padded to, in this order, where no tensor-core rows kernel fits
+#: them as they are (the wgmma tiles are 64 deep and 64-256 wide; mma.sync's 32 deep, 64-256 wide)
+TENSOR_CORE_PADDINGS = ((64, 64), (64, 128), (64, 256))
+
+
+def _padded_rows_shape(k, n, dtype, out_dtype, target, m, density):
+    """``(K', N')``, the smallest padding of :data:`TENSOR_CORE_PADDINGS` for which a
+    tensor-core kernel runs whole rows on CUDA, or None (not CUDA, not fp16 / bf16, none fits)."""
+    if not is_gpu(target) or dtype not in TENSOR_CORE_DTYPES:
+        return None
+    for k_multiple, n_multiple in TENSOR_CORE_PADDINGS:
+        k2, n2 = -(-k // k_multiple) * k_multiple, -(-n // n_multiple) * n_multiple
+        request = KernelRequest(MatmulPlan(k2, n2, (1, k2)), dtype, out_dtype, target, rows=_static_rows(m),
+                                density=density, tensor_core_only=True)
+        if (k2, n2) != (k, n) and choose_kernels(request) is not None:
+            return k2, n2
+    return None
+
+
+def _zero_padded(bb, x, trailing):
+    """``x`` with zeros after its last ``len(trailing)`` dims (``trailing[i]`` more along each): a
+    constant is padded now (a weight, at build time), any other tensor by a Relax ``pad``."""
+    import tvm
+    from tvm import relax
+
+    widths = [(0, 0)] * (len(x.ty.shape) - len(trailing)) + [(0, int(t)) for t in trailing]
+    if isinstance(x, tvm.ir.GenericConst) and str(x.ty.dtype) in ("float16", "float32"):
+        return relax.const(np.pad(x.value.numpy(), widths), str(x.ty.dtype))
+    return bb.emit(relax.op.nn.pad(x, [w for pair in widths for w in pair]))
 
 
 def _static_rows(m) -> int | None:
