@@ -23,8 +23,11 @@ def tile_sparse(m, k, micro_tile, sparsity, dtype, rng):
 def environment(device_name: str) -> dict:
     import tvm
 
+    import pit_tvm  # noqa: F401 - sizes TVM's CPU thread pool (pit_tvm/threads.py) before it starts
+
     env = {"device": device_name, "tvm": tvm.__version__, "numpy": np.__version__,
-           "python": platform.python_version(), "date": datetime.date.today().isoformat()}
+           "python": platform.python_version(), "date": datetime.date.today().isoformat(),
+           "tvm_cpu_threads": tvm.get_global_func("runtime.NumThreads")()}
     try:
         import torch
 

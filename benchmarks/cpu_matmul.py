@@ -4,7 +4,10 @@
 
 Median of repeated runs, all in one process; PIT time includes the index built every call.
 The dense sweep compares the dense TVM kernel with numpy (OpenBLAS) at M=K=N for each of
-``--dense-sizes``, calls interleaved (this box is shared), and records which OpenBLAS kernel
+``--dense-sizes``, in rounds (this box is shared): each round times one TVM call and one numpy
+call.  Before every timed block the benchmark sleeps :data:`QUIET_S`: each library's idle
+threads spin for a while after a call (OpenBLAS's for ~0.1 s) and slowed the other library's
+next calls up to 2x.  It records which OpenBLAS kernel
 numpy runs (threadpoolctl, where installed). ``--threads N`` runs both on N threads.
 Writes docs/results/cpu_matmul.json and .png (or under $OUT; ``--name`` for another name).
 """
@@ -34,6 +37,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import environment, print_table, tile_sparse, write_results  # noqa: E402
 
 
+#: seconds of sleep before each timed block (module docstring)
+QUIET_S = 0.3
+
+
+def quiet_median_ms(fn, dev, repeat: int) -> float:
+    """``median_ms`` of ``fn`` after :data:`QUIET_S` of sleep (the other library's threads idle)"""
+    import time  # noqa: PLC0415
+
+    from pit_tvm.timing import median_ms  # noqa: PLC0415
+
+    time.sleep(QUIET_S)
+    return median_ms(fn, dev, repeat, 1)
+
+
 def blas_info() -> list:
     """numpy's BLAS as threadpoolctl sees it (library, kernel architecture, threads)."""
     try:
@@ -45,7 +62,7 @@ def blas_info() -> list:
 
 
 def dense_sweep(sizes, repeat: int, rng) -> list[dict]:
-    """Dense TVM kernel vs numpy at M=K=N in ``sizes``, calls interleaved, medians."""
+    """Dense TVM kernel vs numpy at M=K=N in ``sizes``, in rounds (module docstring), medians."""
     import statistics  # noqa: PLC0415
     import time  # noqa: PLC0415
 
@@ -65,6 +82,7 @@ def dense_sweep(sizes, repeat: int, rng) -> list[dict]:
         times = {"tvm": [], "numpy": []}
         for _ in range(repeat):
             for name, fn in (("tvm", lambda: dense(a_t, b_t, c_t)), ("numpy", lambda: a @ b)):
+                time.sleep(QUIET_S)
                 start = time.perf_counter()
                 fn()
                 times[name].append((time.perf_counter() - start) * 1e3)
@@ -106,9 +124,8 @@ def main(argv=None):
             a = tile_sparse(n, n, mt, s, np.float32, rng)
             a_t = tvm.runtime.tensor(a, dev)
             np.testing.assert_allclose(op(a_t, b_t).numpy(), a @ b, rtol=1e-3, atol=1e-3)
-            t_pit = median_ms(lambda: op(a_t, b_t), dev, args.repeat, 1)
-            t_dense = median_ms(lambda: dense(a_t, b_t), dev, args.repeat, 1)
-            t_np = median_ms(lambda: a @ b, dev, args.repeat, 1)
+            t_pit, t_dense, t_np = (quiet_median_ms(fn, dev, args.repeat) for fn in (
+                lambda: op(a_t, b_t), lambda: dense(a_t, b_t), lambda: a @ b))
             rows.append({"kind": kind, "sparsity": s, "pit_ms": t_pit, "dense_tvm_ms": t_dense,
                          "numpy_ms": t_np, "speedup_vs_dense_tvm": t_dense / t_pit})
             print_table(rows[-1:], list(rows[-1]))

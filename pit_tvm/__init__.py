@@ -6,7 +6,11 @@ The public names below are imported lazily so that ``import pit_tvm`` stays chea
 """
 from importlib import import_module
 
+from pit_tvm.threads import use_physical_cores
+
 __version__ = "0.1.0"
+
+use_physical_cores()     # before TVM's CPU thread pool starts (pit_tvm/threads.py says why)
 
 _PUBLIC = {
     "find_pit_rules": "pit_tvm.rules",
