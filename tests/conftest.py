@@ -1,12 +1,18 @@
-"""Shared pytest setup: the `gpu` marker skips without a CUDA device; tests/ is on the path, so
-that test files of any folder import the helper modules beside this file (``onnx_models``)."""
+"""Shared pytest setup: the `gpu` marker skips without a CUDA device; tests/ and each of its
+folders are on the path, so that a test file imports the helper modules beside this file
+(``onnx_models``) and another folder's test module by its unique base name (tests/README.md)
+however much of the suite runs."""
 import sys
 from pathlib import Path
 
 import pytest
 
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+_TESTS = Path(__file__).resolve().parent
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+for _folder in sorted(p for p in _TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py"))):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 def _cuda_available() -> bool:

@@ -1,8 +1,8 @@
 """Functions that MetaSchedule's builder/runner worker processes unpickle (by reference).
 
 Kept free of ``pit_tvm.schedules`` imports: importing ``tvm.s_tir.tensor_intrin.cuda`` (which
-the tensor-core schedule needs) costs ~20 s of CPU per fresh worker process, and LocalBuilder
-starts fresh workers for every batch.  The early exit is applied in the tuning process
+the tensor-core schedule needs) costs ~20 s of CPU per fresh worker process, and builder workers
+are replaced now and then (:mod:`pit_tvm.tuning.builder`).  The early exit is applied in the tuning process
 (:class:`pit_tvm.tuning.space.PitBuilder`), so the workers only compile.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 
 
 def build_module(mod, target, _params=None):
-    """``LocalBuilder`` ``f_build``: ``tvm.compile`` with the target current (the CUDA
+    """The builder's ``f_build``: ``tvm.compile`` with the target current (the CUDA
     callback reads it) and ``tirx.use_async_copy`` on (cp.async for the pipelined copies);
     returns the runtime module (``f_export`` calls ``export_library`` on it)."""
     import tvm
@@ -23,7 +23,7 @@ def build_module(mod, target, _params=None):
 
 
 def export_shared(mod) -> str:
-    """``LocalBuilder`` ``f_export``: a linked ``.so`` (in the parallel builder workers), not
+    """The builder's ``f_export``: a linked ``.so`` (in the parallel builder workers), not
     the default tar that the single runner worker would have to link per candidate."""
     import os
     import tempfile

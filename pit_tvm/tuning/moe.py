@@ -41,7 +41,8 @@ from pit_tvm.schedules.hopper.config import WGMMA_ARCH, WgmmaConfig
 from pit_tvm.target import make_target
 from pit_tvm.tuning import space as _space
 from pit_tvm.tuning import tune as _tune
-from pit_tvm.tuning._worker import MOE_ROUTINGS, alloc_moe_arguments, build_module, export_shared, run_evaluator_cold_l2
+from pit_tvm.tuning._worker import MOE_ROUTINGS, alloc_moe_arguments, run_evaluator_cold_l2
+from pit_tvm.tuning.builder import default_builder
 
 __all__ = ["tune_moe", "best_moe_record", "tuned_moe_config", "moe_log_dir", "MoEBestRecord", "KERNEL",
            "DEFAULT_TOKENS", "MOE_ROUTINGS"]
@@ -109,8 +110,7 @@ def tune_moe(mode: str, k: int, n: int, num_experts: int, top_k: int = 1, dtype:
     _tune._ensure_worker_path()
     cores = os.cpu_count() or 1
     if builder is None:
-        builder = ms.builder.LocalBuilder(max_workers=cores, timeout_sec=600, f_build=build_module,
-                                          f_export=export_shared)
+        builder = default_builder(cores)
     builder = _space.PitBuilder(builder)        # the TIRx kernel of the annotated config
     if runner is None:
         runner = ms.runner.LocalRunner(

@@ -757,7 +757,7 @@ def prepare_candidate(mod: tvm.IRModule) -> tvm.IRModule:
 @derived_object
 class PitBuilder(ms.builder.PyBuilder):
     """Builder wrapper: :func:`prepare_candidate` in this process, then the inner builder
-    (a ``LocalBuilder`` with ``f_build=pit_tvm.tuning._worker.build_module``)."""
+    (:func:`pit_tvm.tuning.builder.default_builder`, or one given)."""
 
     def __init__(self, inner) -> None:
         super().__init__()

@@ -81,7 +81,8 @@ from pit_tvm.schedules.tensorcore import (
 from pit_tvm.schedules.tensorcore_tiles import TilesConfig
 from pit_tvm.target import make_target
 from pit_tvm.tuning import space as _space
-from pit_tvm.tuning._worker import alloc_pit_arguments, build_module, export_shared, run_evaluator_cold_l2
+from pit_tvm.tuning._worker import alloc_pit_arguments, run_evaluator_cold_l2
+from pit_tvm.tuning.builder import close_builder, default_builder
 
 __all__ = [
     "tune_matmul",
@@ -306,8 +307,8 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     micro-tiles the measured index lists (the rows kernels are measured with every row
     listed).  Every candidate is timed ``number x repeat`` times, each run after an L2 flush
     (:func:`~pit_tvm.tuning._worker.run_evaluator_cold_l2`: in the op the index kernels run
-    between two GEMMs).  ``builder``/``runner`` override the LocalBuilder/LocalRunner (an
-    ``RPCRunner``: :func:`pit_tvm.tuning.rpc.rpc_runner`, or a fake runner in tests);
+    between two GEMMs).  ``builder``/``runner`` override the pooled builder
+    (:mod:`pit_tvm.tuning.builder`) / LocalRunner (an ``RPCRunner``: :func:`pit_tvm.tuning.rpc.rpc_runner`, or a fake runner in tests);
     ``servers`` (``() -> str``) puts the servers in use on the progress bar.  Re-running with
     the same directory resumes: measured records seed the evolutionary search.
 
@@ -358,8 +359,7 @@ def tune_matmul(k: int, n: int, dtype: str = "float16", target="cuda", trials: i
     _ensure_worker_path()
     cores = os.cpu_count() or 1
     if builder is None:
-        builder = ms.builder.LocalBuilder(max_workers=cores, timeout_sec=600,
-                                          f_build=build_module, f_export=export_shared)
+        builder = default_builder(cores)
     builder = _space.PitBuilder(builder)  # early exit + is_scheduled, in this process
     if runner is None:
         runner = ms.runner.LocalRunner(
@@ -426,6 +426,7 @@ def _search(workload, tgt, db_dir, trials, trials_per_iter, builder, runner, dat
         )
     finally:
         bar.close()
+        close_builder(builder)
 
 
 def _tune_cpu(k, n, dtype, tgt, trials, work_dir, micro_tile, *, m, out_dtype, trials_per_iter,
@@ -439,8 +440,7 @@ def _tune_cpu(k, n, dtype, tgt, trials, work_dir, micro_tile, *, m, out_dtype, t
     _ensure_worker_path()
     cores = os.cpu_count() or 1
     if builder is None:
-        builder = ms.builder.LocalBuilder(max_workers=cores, timeout_sec=600, f_build=build_module,
-                                          f_export=export_shared)
+        builder = default_builder(cores)
     if runner is None:
         runner = ms.runner.LocalRunner(
             timeout_sec=120,
