@@ -88,21 +88,24 @@ def test_simt_kernel_gets_no_epilogue_arguments(micro_tile, activation):
     assert "relax.add" in ops
 
 
-@pytest.mark.parametrize("k, n, padded", [(32, 32, (64, 64)), (96, 40, (128, 64))])
-def test_model_matmul_of_untiled_k_n_runs_the_tensor_core_kernel_of_the_padded_shape(k, n, padded):
-    """a model's fp16 matmul whose K, N fit no tensor-core tile (a tiny transformers config's
+@pytest.mark.parametrize("k, n, padded, dtype", [(32, 32, (64, 64), "float16"), (96, 40, (128, 64), "float16"),
+                                                  (32, 32, (64, 64), "bfloat16")])
+def test_model_matmul_of_untiled_k_n_runs_the_tensor_core_kernel_of_the_padded_shape(k, n, padded, dtype):
+    """a model's fp16 / bf16 matmul whose K, N fit no tensor-core tile (a tiny transformers config's
     32 x 32) runs the wgmma rows kernel of K, N padded to its tiles: B padded with zeros at build
     time (a constant of the padded shape), A padded per call, C sliced back to N, the bias after"""
     import numpy as np  # noqa: PLC0415
 
+    from pit_tvm.runtime.loader import numpy_dtype  # noqa: PLC0415
+
     bb = relax.BlockBuilder()
     m = tirx.Var("m", "int64")
-    a = relax.Var("a", relax.TensorType([m, k], "float16"))
-    bias = relax.Var("bias", relax.TensorType([n], "float16"))
-    weight = np.random.default_rng(0).standard_normal((k, n)).astype("float16")
+    a = relax.Var("a", relax.TensorType([m, k], dtype))
+    bias = relax.Var("bias", relax.TensorType([n], dtype))
+    weight = np.random.default_rng(0).standard_normal((k, n)).astype(numpy_dtype(dtype))
     with bb.function("main", [a, bias]):
         with bb.dataflow():
-            c = emit_pit_matmul(bb, a, relax.const(weight), micro_tile=(1, k), target="cuda", bias=bias)
+            c = emit_pit_matmul(bb, a, relax.const(weight, dtype), micro_tile=(1, k), target="cuda", bias=bias)
             out = bb.emit_output(c)
         bb.emit_func_output(out)
     mod = bb.get()

@@ -88,7 +88,7 @@ def emit_pit_matmul(bb, a, b, *, micro_tile=(1, 64), target="llvm", out_dtype=No
             k2, n2 = padded
             c = emit_pit_matmul(bb, _zero_padded(bb, a, [k2 - k]), _zero_padded(bb, b, [k2 - k, n2 - n]),
                                 micro_tile=(1, k2), target=tgt, out_dtype=out_dtype,
-                                density_threshold=density_threshold, row_mask=row_mask,
+                                density_threshold=density_threshold, tuning_log=tuning_log, row_mask=row_mask,
                                 expected_density=expected_density)
             c = bb.emit(relax.op.strided_slice(c, axes=[len(a_ty.shape) - 1], begin=[0], end=[n]))
             return epilogue.emit_after(bb, c)
@@ -197,7 +197,7 @@ def _zero_padded(bb, x, trailing):
     from tvm import relax
 
     widths = [(0, 0)] * (len(x.ty.shape) - len(trailing)) + [(0, int(t)) for t in trailing]
-    if isinstance(x, tvm.ir.GenericConst) and str(x.ty.dtype) in ("float16", "float32"):
+    if isinstance(x, tvm.ir.GenericConst):     # (bfloat16 through ml_dtypes)
         return relax.const(np.pad(x.value.numpy(), widths), str(x.ty.dtype))
     return bb.emit(relax.op.nn.pad(x, [w for pair in widths for w in pair]))
 

@@ -11,8 +11,8 @@ import tvm
 from tvm import tirx
 
 from pit_tvm._args import dtype_name, fraction, positive_int
-from pit_tvm.runtime.loader import (DLPACK_CPU, check_device, check_dtype, dlpack_to_tvm, host_view,
-                                    is_dlpack_tensor, numpy_dtype)
+from pit_tvm.runtime.loader import (DLPACK_CPU, check_device, check_dtype, host_view, is_dlpack_tensor,
+                                    numpy_dtype, op_dlpack_tensor)
 from pit_tvm.target import arch_number, build, cuda_arch, device_for, make_target
 
 from .derived import dense_matmul_func
@@ -122,22 +122,19 @@ class SparseMatmul:
 
     # -- tensors in and out ---------------------------------------------------------
     def _as_tensor(self, x, name, shape_check):
-        """``x`` as a TVM tensor on the op's device, checked (dtype, then shape, then device)
-        before any copy to the device.  A numpy array (any layout) is copied; a DLPack tensor
-        (TVM, torch, jax, cupy) is taken zero-copy where TVM can (C-contiguous, 64-byte
-        aligned), else copied (:func:`pit_tvm.runtime.loader.dlpack_to_tvm`); anything else
-        (a list) is read by numpy as the op's dtype."""
+        """``x`` as a TVM tensor on the op's device, checked (dtype, device, shape) before any
+        copy to the device.  A numpy array (any layout) is copied; a DLPack tensor (TVM, torch,
+        jax, cupy) is taken zero-copy where TVM can (C-contiguous, 64-byte aligned), else copied
+        (:func:`pit_tvm.runtime.loader.op_dlpack_tensor`); anything else (a list) is read by
+        numpy as the op's dtype."""
         if is_dlpack_tensor(x):     # TVM, torch, ...
-            t = dlpack_to_tvm(x, name)
-        else:
-            arr = self._as_array(x, name)
-            check_dtype(arr.dtype, name, self.dtype)
-            shape_check(arr.shape)
-            return tvm.runtime.tensor(np.ascontiguousarray(arr), self.device)
-        check_dtype(t.dtype, name, self.dtype)
-        shape_check(tuple(int(s) for s in t.shape))
-        check_device(t, name, self.device)
-        return t
+            t = op_dlpack_tensor(x, name, self.dtype, self.device)
+            shape_check(tuple(int(s) for s in t.shape))
+            return t
+        arr = self._as_array(x, name)
+        check_dtype(arr.dtype, name, self.dtype)
+        shape_check(arr.shape)
+        return tvm.runtime.tensor(np.ascontiguousarray(arr), self.device)
 
     def _as_array(self, x, name):
         if x is None:
