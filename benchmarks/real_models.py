@@ -86,7 +86,8 @@ def export(model, inputs: dict, path: str, device: str):
             "last_hidden_state": {0: "batch", 1: "sequence"}}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(LastHiddenState(), args, path, input_names=["input_ids", "attention_mask"],
+        # (eval: the exporter restores the wrapper's mode on the model, train for a new Module)
+        torch.onnx.export(LastHiddenState().eval(), args, path, input_names=["input_ids", "attention_mask"],
                           output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17,
                           dynamo=False)
 

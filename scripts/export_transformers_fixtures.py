@@ -56,6 +56,9 @@ def _configs(full_size: bool) -> dict:
         "albert": (tf.AlbertModel, tf.AlbertConfig(**bert, embedding_size=16)),
         "electra": (tf.ElectraModel, tf.ElectraConfig(**bert, embedding_size=16)),
         "minilm": (tf.BertModel, tf.BertConfig(**minilm)),
+        # one head of 64 over 128 positions: the shapes the fused-attention kernel takes
+        "bert_head64": (tf.BertModel, tf.BertConfig(**dict(small, max_position_embeddings=128), hidden_size=64,
+                                                    num_hidden_layers=1, num_attention_heads=1, intermediate_size=64)),
         "opt": (tf.OPTModel, tf.OPTConfig(vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, hidden_size=32,
                                           num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
                                           word_embed_proj_dim=32, pad_token_id=1)),

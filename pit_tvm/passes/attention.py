@@ -10,7 +10,12 @@ Matched (each inner value used once, ``k`` transposed by ``permute_dims(axes=[0,
 
     matmul(softmax(add(multiply(matmul(q, permute_dims(k)), scale), mask)), v)
 
-with ``multiply`` and ``add`` in either operand order.  Where q, k and v are head splits of
+with ``multiply`` and ``add`` in either operand order.  ``torch.onnx``'s export of SDPA (the
+``transformers`` encoders) is matched too: the scale's square root on q and on K's transpose
+(``permute_dims(k_rows, [0, 2, 3, 1])`` of K's ``[B, S, H, D]`` rows), a ``[B, 1, S, S]``
+``where(mask, 0, min)`` broadcast from the ``[B, 1, 1, S]`` padding mask (the kernel gets that
+mask's ``[B, 1, 1, S]`` where), and ``where(isnan(p), 0, p)`` after the softmax (kept out:
+with finite mask values it never fires).  Where q, k and v are head splits of
 projections (``permute_dims(reshape(strided_slice(X, last axis)), [0, 2, 1, 3])``) the kernel
 reads X in place, and where the result's only use merges the heads back (``reshape(
 permute_dims(o, [0, 2, 1, 3]), [B, S, H D])``) it writes that layout: no copy is left around
@@ -19,11 +24,14 @@ keeps the unfused graph.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import tvm
 from tvm import relax
 
 from pit_tvm.target import is_gpu, make_target
 
+from .attention_match import probabilities, scores
 from .graph import FuncGraph, op_name, other_operand, scalar_constant
 
 
@@ -41,7 +49,13 @@ def _head_split(g: FuncGraph, x):
     perm = g.single(x, "relax.permute_dims")
     if perm is None or perm.attrs.axes is None or [int(a) for a in perm.attrs.axes] != [0, 2, 1, 3]:
         return None
-    split = g.single(perm.args[0], "relax.reshape")
+    return _head_split_rows(g, perm.args[0])
+
+
+def _head_split_rows(g: FuncGraph, rows):
+    """``(X, o)`` when ``rows = reshape(strided_slice(X, last axis, [o, o + H D]), [B, S, H,
+    D])``, each step used once, else None."""
+    split = g.single(rows, "relax.reshape")
     sliced = g.single(split.args[0], "relax.strided_slice") if split is not None else None
     if sliced is None or len(sliced.args) != 4:        # (explicit strides: not matched)
         return None
@@ -59,6 +73,9 @@ def _head_merge(g: FuncGraph, var):
     only use of ``var`` and of the permute, else None."""
     perm_var = g.sole_user(var)
     perm = g.bound.get(perm_var)
+    if op_name(perm) == "relax.reshape" and _same_shape(perm.ty, var.ty):   # (the export's no-op reshape)
+        perm_var = g.sole_user(perm_var)
+        perm = g.bound.get(perm_var)
     if (op_name(perm) != "relax.permute_dims" or perm.attrs.axes is None
             or [int(a) for a in perm.attrs.axes] != [0, 2, 1, 3]):
         return None
@@ -85,25 +102,84 @@ def _row_scaled(g: FuncGraph, var):
     return mul, s
 
 
-def _scores(g: FuncGraph, logits):
-    """``(q, k, mask, scale)`` when ``logits = add(multiply(matmul(q, permute_dims(k, [0, 1,
-    3, 2])), scale), mask)`` (either operand order of the add and the multiply, each step used
-    once, ``scale`` a scalar constant), else None."""
+def _same_shape(a, b) -> bool:
+    sa, sb = getattr(a, "shape", None), getattr(b, "shape", None)
+    return sa is not None and sb is not None and _ints(sa) is not None and _ints(sa) == _ints(sb)
+
+
+def _logits(g: FuncGraph, logits):
+    """``(q, k, k_rows, mask, scale)`` when ``logits = add(scores, mask)`` (either order, used
+    once) with ``scores`` as :func:`~.attention_match.scores` matches them (``k_rows``: k is
+    K's heads-last ``[B, S, H, D]`` rows, to be transposed ``[0, 2, 1, 3]``), else None."""
     added = g.single(logits, "relax.add")
-    for scaled_var, mask in ((added.args, added.args[::-1]) if added is not None else ()):
-        scaled = g.single(scaled_var, "relax.multiply")
-        for scores_var, factor in ((scaled.args, scaled.args[::-1]) if scaled is not None else ()):
-            scores, scale = g.single(scores_var, "relax.matmul"), scalar_constant(factor)
-            perm = g.single(scores.args[1], "relax.permute_dims") if scores is not None else None
-            if (scale is not None and perm is not None and perm.attrs.axes is not None
-                    and [int(a) for a in perm.attrs.axes] == [0, 1, 3, 2]):
-                return scores.args[0], perm.args[0], mask, scale
+    for scores_var, mask in ((added.args, added.args[::-1]) if added is not None else ()):
+        found = scores(g, scores_var)
+        if found is not None:
+            q, k, k_axes, scale = found
+            return q, k, k_axes is not None, mask, scale
     return None
 
 
+def _all_true(expr) -> bool:
+    return (isinstance(expr, tvm.ir.GenericConst) and str(expr.ty.dtype) == "bool"
+            and bool(expr.value.numpy().all()))
+
+
+def _key_mask(g: FuncGraph, mask):
+    """The additive key mask as the kernel takes it: ``mask`` itself when it is ``[MB, 1, 1,
+    S]``; else ``(m, c0, c1)`` when ``mask = where(cond, c0, c1)`` with finite scalar constants
+    and ``cond`` a ``[MB, 1, 1, S]`` bool ``m`` broadcast over the queries (``broadcast_to``,
+    ``logical_and`` with an all-true constant, bool casts: the ``transformers`` export's
+    ``[B, 1, S, S]`` mask of a padding mask), the kernel's mask then being ``where(m, c0, c1)``.
+    None otherwise."""
+    shape = _ints(getattr(mask.ty, "shape", None) or [])
+    if shape and len(shape) == 4 and shape[1:3] == [1, 1]:
+        return mask
+    if not _finite_where(g, mask):
+        return None
+    cond, c0, c1 = g.bound[mask].args
+    while True:
+        shape = _ints(getattr(cond.ty, "shape", None) or [])
+        if shape and len(shape) == 4 and shape[1:3] == [1, 1]:
+            return cond, c0, c1
+        value = g.bound.get(cond)
+        name = op_name(value)
+        if name == "relax.broadcast_to" or (name == "relax.astype" and str(value.args[0].ty.dtype) == "bool"):
+            cond = value.args[0]
+        elif name == "relax.logical_and" and _all_true(value.args[0]):
+            cond = value.args[1]
+        elif name == "relax.logical_and" and _all_true(value.args[1]):
+            cond = value.args[0]
+        else:
+            return None
+
+
+def _finite_where(g: FuncGraph, mask) -> bool:
+    """Whether ``mask = where(cond, c0, c1)`` with finite scalar constants."""
+    where = g.bound.get(mask)
+    if op_name(where) != "relax.where":
+        return False
+    values = [scalar_constant(c) for c in where.args[1:]]
+    return None not in values and all(abs(v) < float("inf") for v in values)
+
+
+class AttentionChain(NamedTuple):
+    """One matched attention (:func:`_attention_chains`)."""
+
+    q: relax.Expr
+    k: relax.Expr
+    k_rows: bool
+    v: relax.Expr
+    key_mask: object
+    scale: float
+    packed: tuple | None
+    merge: relax.Expr | None
+    row_scale: relax.Expr | None
+
+
 def _attention_chains(func: relax.Function) -> dict:
-    """{the final ``matmul(p, v)`` call: (q, k, v, mask, scale, packed, merge, row_scale)} of
-    ``func``'s attention chains.  ``packed``: q, k, v's head splits of projection outputs
+    """{the final ``matmul(p, v)`` call: its :class:`AttentionChain`} of ``func``'s attention chains (``k_rows``: :func:`_scores`; ``key_mask``:
+    :func:`_key_mask`).  ``packed``: q, k, v's head splits of projection outputs
     (:func:`_head_split`), which the kernel reads in place, or None; ``merge``: the call whose
     value the kernel's ``[B, S, H D]`` output replaces, or None: the reshape that merges the
     result's heads back (:func:`_head_merge`), or the multiply by ``row_scale`` after it
@@ -115,19 +191,22 @@ def _attention_chains(func: relax.Function) -> dict:
         if op_name(value) != "relax.matmul":
             continue
         probs, v = value.args
-        soft = g.single(probs, "relax.nn.softmax")
-        if soft is None or int(soft.attrs.axis) not in (-1, len(soft.ty.shape) - 1):
+        soft = probabilities(g, probs)
+        found = _logits(g, soft.args[0]) if soft is not None else None
+        if found is None:
             continue
-        scores = _scores(g, soft.args[0])
-        if scores is None:
+        # (behind the NaN guard: the kernel has no NaN to zero where the mask is finite)
+        guarded = op_name(g.bound.get(probs)) == "relax.where"
+        q, k, k_rows, mask, scale = found
+        key_mask = _key_mask(g, mask)
+        if key_mask is None or (guarded and not _finite_where(g, mask)):
             continue
-        q, k, mask, scale = scores
-        splits = [_head_split(g, x) for x in (q, k, v)]
+        splits = [_head_split(g, q), (_head_split_rows if k_rows else _head_split)(g, k), _head_split(g, v)]
         packed = tuple(splits) if None not in splits else None
         merged = _head_merge(g, by_var.get(value))
         out_scaled = _row_scaled(g, merged) if merged is not None else None
         merge, row_scale = out_scaled or (g.bound.get(merged), None)
-        chains[value] = (q, k, v, mask, scale, packed, merge, row_scale)
+        chains[value] = AttentionChain(q, k, k_rows, v, key_mask, scale, packed, merge, row_scale)
     return chains
 
 
@@ -162,8 +241,16 @@ class FuseAttention:
                 chain = chains.get(op)
                 if chain is None:
                     return self.visit_expr_post_order(op)
-                q, k, v, mask, scale, packed, merge, row_scale = chain
-                args = [self.visit_expr(x) for x in (q, k, v, mask)]
+                q, k, k_rows, v, key_mask, scale, packed, merge, row_scale = chain
+                q, k, v = (self.visit_expr(x) for x in (q, k, v))
+                if k_rows:     # (dead when the packed layout applies)
+                    k = self.builder_.emit(relax.op.permute_dims(k, [0, 2, 1, 3]))
+                if isinstance(key_mask, tuple):
+                    cond, c0, c1 = key_mask
+                    mask = self.builder_.emit(relax.op.where(self.visit_expr(cond), c0, c1))
+                else:
+                    mask = self.visit_expr(key_mask)
+                args = [q, k, v, mask]
                 if packed is not None:
                     packed = tuple((self.visit_expr(x), o) for x, o in packed)
                 row_scale = self.visit_expr(row_scale) if row_scale is not None else None

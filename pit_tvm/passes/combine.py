@@ -39,6 +39,24 @@ def _lifted_operands(func: relax.Function) -> list:
     return list(found) if any(n > 1 for n in lhs_uses.values()) else []
 
 
+def _bias_second(func: relax.Function) -> relax.Function:
+    """``func`` with each ``add(constant, x)`` written ``add(x, constant)``: the ONNX export of
+    a ``torch.nn.Linear`` adds its bias first (``Add(bias, MatMul)``), and TVM's pass only
+    matches the bias as the add's second operand."""
+    add = tvm.ir.Op.get("relax.add")
+
+    @relax.expr_functor.mutator
+    class _Swap(relax.PyExprMutator):
+        def visit_call_(self, op):
+            new = self.visit_expr_post_order(op)
+            if (isinstance(new, relax.Call) and new.op.same_as(add) and isinstance(new.args[0], tvm.ir.GenericConst)
+                    and not isinstance(new.args[1], tvm.ir.GenericConst)):
+                return relax.op.add(new.args[1], new.args[0])
+            return new
+
+    return _Swap().visit_expr(func)
+
+
 def _with_params(func: relax.Function, constants: list) -> tuple[relax.Function, dict]:
     """``func`` with each of ``constants`` replaced by a new parameter; {parameter: value}."""
     params = {c: relax.Var(f"pit_w{i}", c.ty) for i, c in enumerate(constants)}
@@ -101,6 +119,7 @@ class CombineParallelMatmuls:
         for gv, func in mod.functions_items():
             if not isinstance(func, relax.Function):
                 continue
+            func = _bias_second(func)
             constants = _lifted_operands(func)
             if not constants:
                 continue

@@ -34,78 +34,18 @@ import warnings
 
 import tvm
 from tvm import relax, tirx
-from tvm.sym.analyzer import Analyzer
 
 from ..errors import UserError
 from .annotate import ANNOTATIONS_ATTR
 from .frontend import ONNX_NAMES_ATTR, sanitize
+from .attention_match import axes_of as _axes
+from .attention_match import probabilities as _probabilities
+from .attention_match import same_dim as _same
+from .attention_match import scores as _scores
+from .attention_match import shape_of as _shape
 from .graph import FuncGraph, op_name, scalar_constant
 
 __all__ = ["SparseAttentionToPIT", "attention_chains"]
-
-
-def _axes(call):
-    return [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else None
-
-
-def _scaled(g: FuncGraph, x):
-    """``(x', c)`` when ``x = multiply(x', c)`` / ``multiply(c, x')`` / ``divide(x', c)`` with a
-    scalar constant ``c`` (used once; c inverted for a divide), else ``(x, 1.0)``."""
-    value = g.bound.get(x) if isinstance(x, relax.Var) else None
-    if op_name(value) not in ("relax.multiply", "relax.divide") or g.uses.get(x) != 1:
-        return x, 1.0
-    a, b = value.args
-    c = scalar_constant(b)
-    if c is None and op_name(value) == "relax.multiply":
-        a, c = b, scalar_constant(a)
-    if c is None or (op_name(value) == "relax.divide" and c == 0):
-        return x, 1.0
-    return a, (c if op_name(value) == "relax.multiply" else 1.0 / c)
-
-
-def _scores(g: FuncGraph, x):
-    """``(q, k, k_axes, scale)`` when ``x`` is ``matmul(q, kᵀ)`` with scalar-constant factors on
-    q, on kᵀ or on the product (each step used once; the scale is their product), kᵀ
-    ``permute_dims(k, [0, 1, 3, 2])`` or ``permute_dims(x, [0, 2, 3, 1])`` of the heads-last
-    ``x[B, S, H, d]`` (then ``k_axes`` = [0, 2, 1, 3]: k is ``permute_dims(x, k_axes)``), else None."""
-    x, scale = _scaled(g, x)
-    mm = g.single(x, "relax.matmul")
-    if mm is None:
-        return None
-    q, qc = _scaled(g, mm.args[0])
-    kt, kc = _scaled(g, mm.args[1])
-    k = _transposed_through_3d(g, kt)
-    if k is not None:
-        return q, k, None, scale * qc * kc
-    perm = g.single(kt, "relax.permute_dims")
-    if perm is None:
-        return None
-    if _axes(perm) == [0, 1, 3, 2]:
-        return q, perm.args[0], None, scale * qc * kc
-    if _axes(perm) == [0, 2, 3, 1]:
-        return q, perm.args[0], [0, 2, 1, 3], scale * qc * kc
-    return None
-
-
-def _transposed_through_3d(g: FuncGraph, kt):
-    """``k`` when ``kt = reshape(permute_dims(reshape(k[B, H, S, d], [B*H, S, d]), [0, 2, 1]),
-    [B, H, d, S])`` (the dynamo exporter's ``kᵀ``: ``permute_dims(k, [0, 1, 3, 2])``), else None."""
-    outer = g.single(kt, "relax.reshape")
-    perm = g.single(outer.args[0], "relax.permute_dims") if outer is not None else None
-    if perm is None or _axes(perm) != [0, 2, 1]:
-        return None
-    inner = g.single(perm.args[0], "relax.reshape")
-    if inner is None:
-        return None
-    k = inner.args[0]
-    k_shape, flat, out = _shape(k), _shape(perm.args[0]), _shape(kt)
-    if k_shape is None or flat is None or out is None or len(k_shape) != 4 or len(flat) != 3 or len(out) != 4:
-        return None
-    B, H, S, d = k_shape
-    if not (_same(flat[0], B * H) and _same(flat[1], S) and _same(flat[2], d)
-            and all(_same(a, b) for a, b in zip(out, (B, H, d, S)))):
-        return None
-    return k
 
 
 def _fill(expr):
@@ -152,27 +92,6 @@ def _logits(g: FuncGraph, logits):
     return None
 
 
-def _probabilities(g: FuncGraph, p):
-    """The softmax call behind ``p``: ``p = softmax(x, last axis)`` used once, or the SDPA
-    export's ``where(isnan(s), 0, s)`` of such a softmax ``s`` (its rows with no allowed key
-    are 0, as the op's are), else None."""
-    value = g.bound.get(p) if isinstance(p, relax.Var) else None
-    if op_name(value) == "relax.where" and g.uses.get(p) == 1:
-        cond, zero, s = value.args
-        isnan = g.single(cond, "relax.isnan")
-        soft = g.bound.get(s) if isinstance(s, relax.Var) else None
-        if (isnan is not None and isnan.args[0].same_as(s) and scalar_constant(zero) == 0.0
-                and op_name(soft) == "relax.nn.softmax" and g.uses.get(s) == 2):
-            value = soft
-        else:
-            return None
-    elif op_name(value) != "relax.nn.softmax" or g.uses.get(p) != 1:
-        return None
-    if int(value.attrs.axis) not in (-1, len(value.ty.shape) - 1):
-        return None
-    return value
-
-
 def attention_chains(func: relax.Function, g: FuncGraph | None = None) -> dict:
     """{the final ``matmul(p, v)`` call: (its var, q, k, k_axes, v, scale, mask parts, the mask's
     graph inputs)} of ``func``'s softmax attention chains whose mask is computed from graph
@@ -193,15 +112,6 @@ def attention_chains(func: relax.Function, g: FuncGraph | None = None) -> dict:
         if inputs:
             chains[value] = (var, q, k, k_axes, v, scale, parts, inputs)
     return chains
-
-
-def _same(a, b) -> bool:
-    return bool(Analyzer().can_prove_equal(a, b)) if not (isinstance(a, int) or isinstance(b, int)) else a == b
-
-
-def _shape(x):
-    shape = getattr(x.ty, "shape", None) if isinstance(getattr(x, "ty", None), relax.TensorType) else None
-    return None if shape is None else list(shape)
 
 
 def _mask_layout(q_shape, k_shape, mask_shapes):

@@ -12,7 +12,9 @@ with ``MB`` 1 or B, any float dtype)::
     o[b, h] = softmax(q[b, h] @ k[b, h]^T * scale + mask[b or 0, 0, 0], axis=-1) @ v[b, h]
 
 fp32 scores, softmax and accumulation (the ONNX graph rounds the scores to fp16; the result
-is closer to an fp32 reference).  Applies for D = 64 and S in {128, 256}.  ``packed`` /
+is closer to an fp32 reference).  Applies for D in {32, 64} and S in {128, 256}; a head of 32
+(MiniLM's) sits in the 64-column tiles with its upper half zero-filled (not read): Q K^T runs
+D / 16 steps, P V and O's registers the full 64 columns, of which D are written.  ``packed`` /
 ``out_packed``: q, k, v read in place from ``[B, S, W]`` projections (the QKV GEMM's output)
 and o written as ``[B, S, H * D]``, which spares BERT's graph the slice / head-transpose
 copies around attention.
@@ -53,7 +55,8 @@ from pit_tvm.schedules.limits import IN_DTYPES, max_smem_bytes
 __all__ = ["MASKED_KEY", "attention_applies", "fused_attention_func"]
 
 QUERY_BLOCK = 128      # queries per CTA: 2 warpgroups x wgmma M=64
-HEAD_DIM = 64          # one 128-byte swizzle atom of fp16 / bf16
+HEAD_DIM = 64          # tile width: one 128-byte swizzle atom of fp16 / bf16
+HEAD_DIMS = (32, 64)   # the heads it takes (32: the tiles' upper half zero)
 THREADS = 256
 SEQ_LENGTHS = (128, 256)
 #: keys whose additive mask is at or below this are not read (zero-filled): their weight
@@ -64,7 +67,7 @@ MASKED_KEY = -1.0e4
 
 def attention_applies(batch, heads, seq, head_dim, dtype: str, mask_batch, arch: str) -> bool:
     """Whether :func:`fused_attention_func` takes these (static) sizes."""
-    return (arch == WGMMA_ARCH and dtype in IN_DTYPES and head_dim == HEAD_DIM and seq in SEQ_LENGTHS
+    return (arch == WGMMA_ARCH and dtype in IN_DTYPES and head_dim in HEAD_DIMS and seq in SEQ_LENGTHS
             and mask_batch in (1, batch) and batch >= 1 and heads >= 1
             and _smem_elems(seq) * 2 <= max_smem_bytes(arch))
 
@@ -91,7 +94,7 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     B, H, S, D = int(batch), int(heads), int(seq), int(head_dim)
     MB = B if mask_batch is None else int(mask_batch)
     if not attention_applies(B, H, S, D, dtype, MB, WGMMA_ARCH):
-        raise ValueError(f"fused attention needs head_dim {HEAD_DIM}, seq in {SEQ_LENGTHS}, fp16/bf16 "
+        raise ValueError(f"fused attention needs head_dim in {HEAD_DIMS}, seq in {SEQ_LENGTHS}, fp16/bf16 "
                          f"and a mask batch of 1 or B; got B={B} H={H} S={S} D={D} {dtype} mask batch {MB}")
     if packed is not None:
         packed = tuple((int(w), int(o)) for w, o in packed)
@@ -113,15 +116,17 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
     QB = QUERY_BLOCK
     SCALE = float(scale)
     ACC_S = S // 2                # fp32 scores per thread: m64 x nS over 128 threads
-    ACC_O = D // 2
-    ROW_CHUNKS = D // 8           # 16-byte chunks per row of Q / K / V / O
-    Q_OFF, K_OFF = 0, QB * D
-    V_OFF = K_OFF + S * D
-    P_OFF = V_OFF + S * D         # P: S / 64 column tiles of [128 rows x 64 keys]
-    O_ROW = D + 8                 # staged O pitch (16 bytes of padding against bank conflicts)
+    DT = HEAD_DIM                 # columns of the Q / K / V / O tiles (D of them real)
+    ACC_O = DT // 2
+    ROW_CHUNKS = DT // 8          # 16-byte chunks per tile row of Q / K / V / O
+    HEAD_CHUNKS = D // 8          # ... of them holding the head (read / written)
+    Q_OFF, K_OFF = 0, QB * DT
+    V_OFF = K_OFF + S * DT
+    P_OFF = V_OFF + S * DT        # P: S / 64 column tiles of [128 rows x 64 keys]
+    O_ROW = DT + 8                # staged O pitch (16 bytes of padding against bank conflicts)
     t = PTX_TYPE[dtype]
     wgmma_s = f"wgmma.mma_async.sync.aligned.m64n{S}k16.f32.{t}.{t}"
-    wgmma_o = f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{t}.{t}"
+    wgmma_o = f"wgmma.mma_async.sync.aligned.m64n{DT}k16.f32.{t}.{t}"
     # descriptors (16-byte units): K-major rows of 128 B, 8-row groups 1024 B apart (Q, K, P);
     # V is B in MN-major: one 64-column atom, 8-row groups along K 1024 B apart
     KM_LBO, KM_SBO = k_major_strides(64)      # 128-byte rows
@@ -141,9 +146,14 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         where ``read`` is false"""
         return T.ptx["cp.async.cg.shared.global"](dst, src, 16, T.Cast("uint32", T.if_then_else(read, 16, 0)))
 
+    def head_col(ch):
+        """the first column of 16-byte chunk ch of a tile row in the head (chunks past the
+        head, zero-filled, point at its first: an address inside the tensor)"""
+        return T.if_then_else(ch < HEAD_CHUNKS, ch * 8, 0) if HEAD_CHUNKS < ROW_CHUNKS else ch * 8
+
     def swizzled(r, ch):
         """element offset of 16-byte chunk ch of row r in a [rows x 64] 128B-swizzled tile"""
-        return r * D + T.bitwise_xor(ch, r % 8) * 8
+        return r * DT + T.bitwise_xor(ch, r % 8) * 8
 
     @T.macro
     def operand_descriptors(smem, desc_a, desc_b, a_off, b_off, b_lbo, b_sbo):
@@ -176,16 +186,16 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         for j in T.unroll(QB * ROW_CHUNKS // THREADS):
             r = (tid + THREADS * j) // ROW_CHUNKS
             ch = (tid + THREADS * j) % ROW_CHUNKS
-            T.evaluate(copy16(smem.ptr_to([Q_OFF + swizzled(r, ch)]), row(Q, 0, b, h, qb * QB + r, ch * 8),
-                              query_read(RS, b, qb * QB + r)))
+            T.evaluate(copy16(smem.ptr_to([Q_OFF + swizzled(r, ch)]), row(Q, 0, b, h, qb * QB + r, head_col(ch)),
+                              T.And(query_read(RS, b, qb * QB + r), ch < HEAD_CHUNKS)))
         # (a CTA-wide vote while Q's copies are in flight: does any key escape the mask?)
         any_key = T.cuda.syncthreads_or(T.Cast("float32", MASK[mb, 0, 0, tid % S]) > MASKED_KEY)
         for j in T.unroll(S * ROW_CHUNKS // THREADS):
             r = (tid + THREADS * j) // ROW_CHUNKS
             ch = (tid + THREADS * j) % ROW_CHUNKS
-            key_read = T.Or(T.Cast("float32", MASK[mb, 0, 0, r]) > MASKED_KEY, any_key == 0)
-            T.evaluate(copy16(smem.ptr_to([K_OFF + swizzled(r, ch)]), row(K, 1, b, h, r, ch * 8), key_read))
-            T.evaluate(copy16(smem.ptr_to([V_OFF + swizzled(r, ch)]), row(V, 2, b, h, r, ch * 8), key_read))
+            key_read = T.And(T.Or(T.Cast("float32", MASK[mb, 0, 0, r]) > MASKED_KEY, any_key == 0), ch < HEAD_CHUNKS)
+            T.evaluate(copy16(smem.ptr_to([K_OFF + swizzled(r, ch)]), row(K, 1, b, h, r, head_col(ch)), key_read))
+            T.evaluate(copy16(smem.ptr_to([V_OFF + swizzled(r, ch)]), row(V, 2, b, h, r, head_col(ch)), key_read))
         T.ptx["cp.async.commit_group"]()
         for i in T.unroll(ACC_S):
             acc_s[i] = T.float32(0)
@@ -195,7 +205,7 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         T.ptx["fence.proxy.async.shared::cta"]()
         T.cuda.cta_sync()
         # S_acc = Q K^T: this warpgroup's 64 queries against all S keys
-        operand_descriptors(smem, desc_a, desc_b, Q_OFF + wg * 64 * D, K_OFF, KM_LBO, KM_SBO)
+        operand_descriptors(smem, desc_a, desc_b, Q_OFF + wg * 64 * DT, K_OFF, KM_LBO, KM_SBO)
         for kk in T.unroll(D // 16):
             T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
                            desc_a[0] + T.Cast("uint64", kk * 2), desc_b[0] + T.Cast("uint64", kk * 2),
@@ -233,22 +243,22 @@ def fused_attention_func(batch: int, heads: int, seq: int, head_dim: int, scale:
         for kk in T.unroll(S // 16):
             T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
                            desc_a[0] + T.Cast("uint64", ((kk // 4) * QB * 64 + (kk % 4) * 16) // 8),
-                           desc_b[0] + T.Cast("uint64", kk * 16 * D // 8),
+                           desc_b[0] + T.Cast("uint64", kk * 16 * DT // 8),
                            True, 1, 1, 0, 1)
         T.ptx.wgmma.commit_group.sync.aligned()
         T.ptx.wgmma.wait_group.sync.aligned(0)
         T.cuda.cta_sync()
         # SWrite: O / row sum -> staged tile (over P, which both warpgroups are done with)
-        for nb in T.unroll(D // 8):
+        for nb in T.unroll(HEAD_CHUNKS):
             for i in T.unroll(2):
                 for e in T.vectorized(2):
                     smem[P_OFF + (wg * 64 + w * 16 + lane // 4 + 8 * i) * O_ROW + nb * 8 + (lane % 4) * 2 + e] = \
                         T.Cast(dtype, scaled(acc_o[nb * 4 + i * 2 + e] / row_sum[i], RS, b,
                                              qb * QB + wg * 64 + w * 16 + lane // 4 + 8 * i))
         T.cuda.cta_sync()
-        for j in T.unroll(QB * ROW_CHUNKS // THREADS):
-            r = (tid + THREADS * j) // ROW_CHUNKS
-            ch = (tid + THREADS * j) % ROW_CHUNKS
+        for j in T.unroll(QB * HEAD_CHUNKS // THREADS):
+            r = (tid + THREADS * j) // HEAD_CHUNKS
+            ch = (tid + THREADS * j) % HEAD_CHUNKS
             if out_packed:
                 for e in T.vectorized(8):
                     O[b, qb * QB + r, h * D + ch * 8 + e] = smem[P_OFF + r * O_ROW + ch * 8 + e]

@@ -235,3 +235,29 @@ def test_float16_cuda_build_has_no_fast_math_pow_nor_bool_vectors():
     kernels = "\n".join(src[src.index("__global__"):] for src in cuda_sources(model.executable))  # no headers
     assert "pow(" not in kernels and "(ushort4*)" not in kernels
     assert "bool*" in kernels        # the mask is still read, by scalar loads
+
+
+def _fused_attention_build(**kw):
+    """``bert_head64`` (one head of 64) in float16 for CUDA at 2 x 128 tokens, lengths 128 and 37:
+    the sizes the fused-attention kernel takes"""
+    feeds = padded_batch([128, 37], 128)
+    model = compiled(to_float16(onnx.load(str(fixture("bert_head64")))), target="cuda",
+                     shapes={name: [2, 128] for name in feeds}, **kw)
+    return model, feeds
+
+
+def test_exported_sdpa_attention_is_fused_on_cuda():
+    """the ``transformers`` export's attention (SDPA as ``torch.onnx`` writes it) becomes the
+    fused-attention kernel reading the combined QKV projection in place (no GPU needed)"""
+    model, _ = _fused_attention_build(padding="attention_mask")
+    kernels = [gv.name_hint for gv in model.lowered.get_global_vars()]
+    assert any(k.startswith("fused_attention_b2_h1_s128_d64_float16_packed_merged") for k in kernels), kernels
+    assert not any(k.startswith(("softmax", "isnan")) for k in kernels), kernels
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("padding", ["attention_mask", None])
+def test_exported_attention_fused_on_cuda_matches_onnxruntime(padding):
+    model, feeds = _fused_attention_build(padding=padding, cuda_graph=True)
+    got = model.run(feeds)[0]
+    assert real_token_error(got, onnxruntime_output("bert_head64", feeds), feeds["attention_mask"]) <= 5e-3

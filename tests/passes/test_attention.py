@@ -56,16 +56,16 @@ def test_chain_finds_head_split_and_merge():
 
     mod = _encoder_module(128, layers=1)
     chains = list(_attention_chains(mod["main"]).values())
-    assert len(chains) == 1 and chains[0][5] is not None and chains[0][6] is not None
-    assert [o for _, o in chains[0][5]] == [0, 128, 256]       # q, k, v columns of the projection
-    assert chains[0][6].op.name == "relax.multiply" and chains[0][7] is not None   # the padding mask
+    assert len(chains) == 1 and chains[0].packed is not None and chains[0].merge is not None
+    assert [o for _, o in chains[0].packed] == [0, 128, 256]       # q, k, v columns of the projection
+    assert chains[0].merge.op.name == "relax.multiply" and chains[0].row_scale is not None   # the padding mask
 
 
-@pytest.mark.parametrize("case", ["cpu", "seq96", "head_dim32", "symbolic", "sm_80"])
+@pytest.mark.parametrize("case", ["cpu", "seq96", "head_dim16", "symbolic", "sm_80"])
 def test_pass_leaves_what_the_kernel_does_not_take(case):
-    """CPU targets, sequence lengths other than 128 / 256, head dim other than 64, symbolic
-    shapes and archs without wgmma keep the unfused graph."""
-    mod = _encoder_module(96 if case == "seq96" else 128, hidden=64 if case == "head_dim32" else 128,
+    """CPU targets, sequence lengths other than 128 / 256, head dims other than 32 / 64,
+    symbolic shapes and archs without wgmma keep the unfused graph."""
+    mod = _encoder_module(96 if case == "seq96" else 128, hidden=32 if case == "head_dim16" else 128,
                           symbolic=case == "symbolic")
     target = {"cpu": "llvm", "sm_80": "cuda:sm_80"}.get(case, "cuda")
     out = FuseAttention(target)(mod)
@@ -75,13 +75,15 @@ def test_pass_leaves_what_the_kernel_does_not_take(case):
 def test_applies():
     assert attention_applies(32, 12, 128, 64, "float16", 32, "sm_90a")
     assert attention_applies(1, 1, 256, 64, "bfloat16", 1, "sm_90a")
+    assert attention_applies(32, 12, 128, 32, "float16", 32, "sm_90a")      # MiniLM's heads
+    assert not attention_applies(32, 12, 128, 16, "float16", 32, "sm_90a")
     assert not attention_applies(32, 12, 128, 64, "float16", 32, "sm_80")
     assert not attention_applies(32, 12, 64, 64, "float16", 32, "sm_90a")
     assert not attention_applies(32, 12, 128, 128, "float16", 32, "sm_90a")
     assert not attention_applies(32, 12, 128, 64, "float32", 32, "sm_90a")
     assert not attention_applies(32, 12, 128, 64, "float16", 4, "sm_90a")   # mask batch 1 or B
     with pytest.raises(ValueError, match="head_dim"):
-        fused_attention_func(2, 2, 128, 32, 0.125)
+        fused_attention_func(2, 2, 128, 16, 0.125)
 
 
 def test_packed_layout_checks():
@@ -89,12 +91,13 @@ def test_packed_layout_checks():
         fused_attention_func(2, 2, 128, 64, 0.125, packed=((384, 0), (384, 128), (384, 300)))
 
 
-@pytest.mark.parametrize("seq,packed", [(128, False), (256, False), (128, True)])
-def test_kernel_compiles_without_spills(seq, packed):
+@pytest.mark.parametrize("seq,packed,d", [(128, False, 64), (256, False, 64), (128, True, 64), (128, True, 32),
+                                          (256, False, 32)])
+def test_kernel_compiles_without_spills(seq, packed, d):
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    layout = ((3 * 192, 0), (3 * 192, 192), (3 * 192, 384)) if packed else None
-    ex = build(tvm.IRModule({"main": fused_attention_func(2, 3, seq, 64, 0.125, packed=layout,
+    layout = ((9 * d, 0), (9 * d, 3 * d), (9 * d, 6 * d)) if packed else None
+    ex = build(tvm.IRModule({"main": fused_attention_func(2, 3, seq, d, 0.125, packed=layout,
                                                           out_packed=packed, row_scale=packed)}), TARGET)
     src = cuda_sources(ex)[0]
     assert "wgmma.mma_async" in src and "__shfl_xor_sync" in src
@@ -113,12 +116,14 @@ def _reference(q, k, v, mask, scale):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seq,mask_batch,dtype", [(128, 4, "float16"), (256, 1, "float16"), (128, 4, "bfloat16")])
-def test_gpu_kernel_matches_numpy(seq, mask_batch, dtype):
+@pytest.mark.parametrize("seq,mask_batch,dtype,d", [(128, 4, "float16", 64), (256, 1, "float16", 64),
+                                                    (128, 4, "bfloat16", 64), (128, 4, "float16", 32),
+                                                    (256, 1, "bfloat16", 32)])
+def test_gpu_kernel_matches_numpy(seq, mask_batch, dtype, d):
     """Random Q, K, V; an additive padding mask per sequence (lengths 1 .. seq, -10000 past,
     which the kernel does not read; -30 on some real keys, which it does) and one sequence
     with every key masked (the softmax spreads over all keys: the kernel reads them all)."""
-    b, h, d, scale = 4, 2, 64, 0.125
+    b, h, scale = 4, 2, 0.125
     rng = np.random.default_rng(seq + mask_batch)
     npd = numpy_dtype(dtype)
     q, k, v = (rng.standard_normal((b, h, seq, d)).astype(np.float32).astype(npd) for _ in range(3))
@@ -137,12 +142,12 @@ def test_gpu_kernel_matches_numpy(seq, mask_batch, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("separate", [False, True])
-def test_gpu_packed_kernel_matches_numpy(separate):
+@pytest.mark.parametrize("separate,d", [(False, 64), (True, 64), (False, 32), (True, 32)])
+def test_gpu_packed_kernel_matches_numpy(separate, d):
     """Q, K, V read in place from ``[B, S, W]`` projections (one tensor, or three with other
     widths and offsets), the output written with the heads merged, ``[B, S, H * D]``, times a
     row scale (a padding mask) for the three separate tensors."""
-    b, h, seq, d, scale = 2, 3, 128, 64, 0.125
+    b, h, seq, scale = 2, 3, 128, 0.125
     rng = np.random.default_rng(7)
     widths = (h * d + 64, h * d + 128, h * d + 8) if separate else (3 * h * d,) * 3
     offsets = (64, 0, 8) if separate else (0, h * d, 2 * h * d)

@@ -68,6 +68,32 @@ def test_shared_input_projections_become_one_matmul():
     tvm.ir.assert_structural_equal(after, expected)
 
 
+@I.ir_module
+class BiasFirst:
+    """The same projections as ``torch.onnx.export`` writes ``nn.Linear``: ``Add(bias, MatMul)``."""
+
+    @R.function
+    def main(x: R.Tensor((8, 16), "float32"), w0: R.Tensor((16, 8), "float32"), w1: R.Tensor((16, 8), "float32"),
+             w2: R.Tensor((16, 4), "float32"), b0: R.Tensor((8,), "float32"), b1: R.Tensor((8,), "float32"),
+             b2: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            q = R.matmul(x, w0)
+            q1 = R.add(b0, q)
+            k = R.matmul(x, w1)
+            k1 = R.add(b1, k)
+            v = R.matmul(x, w2)
+            v1 = R.add(b2, v)
+            R.output(q1, k1, v1)
+        return (q1, k1, v1)
+
+
+def test_bias_added_first_is_combined_too():
+    after = CombineParallelMatmuls()(bound(BiasFirst, W))
+    expected = bound(Expected, {"w": np.concatenate([W["w0"], W["w1"], W["w2"]], axis=1),
+                                "b": np.concatenate([W["b0"], W["b1"], W["b2"]])})
+    tvm.ir.assert_structural_equal(after, expected)
+
+
 def test_what_it_cannot_take_is_left_alone():
     """Weights that are parameters (not constants), and constant-weight matmuls of distinct
     left operands, are left as they are."""

@@ -7,6 +7,7 @@ generates for these sizes, compared in full (its numerics are tests/passes/test_
 tests).  Applying the pass needs no GPU."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 from tvm.script import ir as I
@@ -153,3 +154,86 @@ def test_sizes_the_kernel_does_not_take_are_left_alone():
             return o
 
     tvm.ir.assert_structural_equal(FuseAttention("cuda")(Short), Short)
+
+
+@I.ir_module
+class ExportedBefore:
+    """Attention as ``torch.onnx`` exports the ``transformers`` BERT's SDPA (after
+    CombineParallelMatmuls): the scale's square root on q and on K's rows transposed
+    ``[0, 2, 3, 1]``, a ``[B, 1, S, S]`` mask ``where`` of the padding mask broadcast through
+    ``logical_and`` with an all-true constant, the NaN guard after the softmax, and a no-op
+    reshape before the heads merge."""
+
+    @R.function
+    def main(qkv: R.Tensor((2, 128, 384), "float16"), keep: R.Tensor((2, 1, 1, 128), "bool"),
+             ones: R.Tensor((1, 1, 128, 128), "bool")) -> R.Tensor((2, 128, 128), "float16"):
+        with R.dataflow():
+            both = R.logical_and(ones, keep)
+            cond = R.broadcast_to(both, R.shape([2, 1, 128, 128]))
+            qs = R.strided_slice(qkv, (2,), (0,), (128,))
+            qh = R.reshape(qs, R.shape([2, 128, 2, 64]))
+            q = R.permute_dims(qh, [0, 2, 1, 3])
+            ks = R.strided_slice(qkv, (2,), (128,), (256,))
+            kh = R.reshape(ks, R.shape([2, 128, 2, 64]))
+            vs = R.strided_slice(qkv, (2,), (256,), (384,))
+            vh = R.reshape(vs, R.shape([2, 128, 2, 64]))
+            v = R.permute_dims(vh, [0, 2, 1, 3])
+            kt = R.permute_dims(kh, [0, 2, 3, 1])
+            qscaled = R.multiply(q, R.const(0.3535, "float16"))
+            kscaled = R.multiply(kt, R.const(0.3535, "float16"))
+            scores = R.matmul(qscaled, kscaled)
+            mask = R.where(cond, R.const(0.0, "float16"), R.const(-65504.0, "float16"))
+            logits = R.add(scores, mask)
+            soft = R.nn.softmax(logits, axis=-1)
+            nan = R.isnan(soft)
+            probs = R.where(nan, R.const(0.0, "float16"), soft)
+            o = R.matmul(probs, v)
+            o4 = R.reshape(o, R.shape([2, 2, 128, 64]))
+            ot = R.permute_dims(o4, [0, 2, 1, 3])
+            merged = R.reshape(ot, R.shape([2, 128, 128]))
+            R.output(merged)
+        return merged
+
+
+@I.ir_module
+class ExportedExpected:
+    @T.prim_func(private=True)
+    def fused_attention_b2_h2_s128_d64_float16_packed_merged(q: T.handle, k: T.handle, v: T.handle,
+                                                             mask: T.handle, o: T.handle):
+        T.evaluate(0)       # replaced by the generated kernel in the test
+
+    @R.function
+    def main(qkv: R.Tensor((2, 128, 384), "float16"), keep: R.Tensor((2, 1, 1, 128), "bool"),
+             ones: R.Tensor((1, 1, 128, 128), "bool")) -> R.Tensor((2, 128, 128), "float16"):
+        cls = ExportedExpected
+        with R.dataflow():
+            mask = R.where(keep, R.const(0.0, "float16"), R.const(-65504.0, "float16"))
+            fused = R.call_tir(cls.fused_attention_b2_h2_s128_d64_float16_packed_merged, (qkv, qkv, qkv, mask),
+                               out_ty=R.Tensor((2, 128, 128), "float16"))
+            merged = fused
+            R.output(merged)
+        return merged
+
+
+def _all_true_ones(mod):
+    return tvm.relax.transform.BindParams("main", {"ones": np.ones((1, 1, 128, 128), bool)})(mod)
+
+
+def test_exported_sdpa_attention_becomes_one_kernel():
+    """The kernel's scale is the product of the two square roots, its mask the [B, 1, 1, S]
+    ``where`` of the padding mask; the NaN guard, the transposes and the [B, 1, S, S] mask go."""
+    name = "fused_attention_b2_h2_s128_d64_float16_packed_merged"
+    root = float(np.float16(0.3535))
+    expected = _all_true_ones(ExportedExpected).clone()
+    kernel = fused_attention_func(2, 2, 128, 64, root * root, "float16", "float16", 2,
+                                  packed=((384, 0), (384, 128), (384, 256)), out_packed=True)
+    expected[expected.get_global_var(name)] = kernel.with_attr("global_symbol", name)
+    assert_ir_equal(FuseAttention("cuda")(_all_true_ones(ExportedBefore)), expected)
+
+
+def test_exported_attention_with_a_mask_that_is_not_all_true_is_left_alone():
+    """``logical_and`` with a constant that is not all true (a causal mask) is no key mask:
+    the graph is kept."""
+    causal = np.tril(np.ones((128, 128), bool))[None, None]
+    before = tvm.relax.transform.BindParams("main", {"ones": causal})(ExportedBefore)
+    tvm.ir.assert_structural_equal(FuseAttention("cuda")(before), before)
