@@ -8,7 +8,9 @@ downloaded), exported by ``torch.onnx.export`` (TorchScript exporter, opset 17) 
 ``compile_onnx(..., shapes=)`` for the padded batch:
 
 * ``tvm_pit``: ``padding="attention_mask"`` -- the token-wise matmuls list the real tokens only
-  (``PropagatePadding``), plus the automatic annotations;
+  (``PropagatePadding``), plus the automatic annotations; with ``--expected-density sample`` its
+  ``expected_density`` is the real-token fraction of another batch drawn the same way (the tile
+  widths are planned for it), else compile_onnx's default;
 * ``tvm_pit_off``: ``auto=False`` and no ``padding=``: the same dense kernels, no PIT.
 
 On cuda the fp32 export is converted to float16 (``pit_tvm.testing.to_float16``), both TVM builds
@@ -111,6 +113,15 @@ class _Host:
         pass
 
 
+def sample_density(cfg) -> float | None:
+    """``--expected-density sample``: the real-token fraction of a batch drawn like the timed one
+    with another seed (what a user knows of their traffic), else None (compile_onnx's default)."""
+    if cfg.expected_density != "sample":
+        return None
+    mask = padded_batch(cfg.batch, cfg.seq, cfg.min_len, cfg.seed + 1)["attention_mask"]
+    return round(float(mask.mean()), 3)
+
+
 def tvm_method(path, inputs, target, cfg, pit: bool):
     """Compile the export with or without PIT; returns ``(ms, output, extra)``."""
     from pit_tvm.compile import compile_onnx  # noqa: PLC0415
@@ -119,12 +130,13 @@ def tvm_method(path, inputs, target, cfg, pit: bool):
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kw = dict(padding="attention_mask") if pit else dict(auto=False)
+        kw = dict(padding="attention_mask", expected_density=sample_density(cfg)) if pit else dict(auto=False)
         cm = compile_onnx(path, target, shapes=shapes, cuda_graph=target == "cuda", **kw)
     compile_s = time.perf_counter() - t0
     ms, out = time_compiled(cm, inputs, cfg.repeat, cfg.warmup)
     statuses = [a.get("status") for a in cm.annotations]
     return ms, out, {"compile_s": compile_s, "pit_matmuls": statuses.count("pit"),
+                     "expected_density": kw.get("expected_density"),
                      "warnings": sorted({str(w.message)[:300] for w in caught})[:5]}
 
 
@@ -237,6 +249,8 @@ def parse_args(argv=None):
     for k in ("batch", "seq", "min_len", "repeat", "warmup"):
         p.add_argument("--" + k.replace("_", "-"), type=int, dest=k)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--expected-density", choices=["default", "sample"], default="default",
+                   help="the PIT build's expected_density: compile_onnx's default, or a sample batch's")
     p.add_argument("--name", help="results name (default real_models_<device>)")
     args = p.parse_args(argv)
     for k, v in DEFAULTS[args.device].items():
