@@ -178,8 +178,9 @@ class AttentionChain(NamedTuple):
 
 
 def _attention_chains(func: relax.Function) -> dict:
-    """{the final ``matmul(p, v)`` call: its :class:`AttentionChain`} of ``func``'s attention chains (``k_rows``: :func:`_scores`; ``key_mask``:
-    :func:`_key_mask`).  ``packed``: q, k, v's head splits of projection outputs
+    """{the final ``matmul(p, v)`` call: its :class:`AttentionChain`} of ``func``'s attention
+    chains (``k_rows``: :func:`_logits`; ``key_mask``: :func:`_key_mask`).  ``packed``: q, k,
+    v's head splits of projection outputs
     (:func:`_head_split`), which the kernel reads in place, or None; ``merge``: the call whose
     value the kernel's ``[B, S, H D]`` output replaces, or None: the reshape that merges the
     result's heads back (:func:`_head_merge`), or the multiply by ``row_scale`` after it

@@ -13,6 +13,7 @@ __all__ = ["axes_of", "probabilities", "same_dim", "scaled", "scores", "shape_of
 
 
 def axes_of(call):
+    """The axes of a ``permute_dims`` call as ints (None: reversed)."""
     return [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else None
 
 
@@ -98,9 +99,11 @@ def probabilities(g: FuncGraph, p):
 
 
 def same_dim(a, b) -> bool:
+    """Whether two dims (ints or symbolic expressions) are provably equal."""
     return bool(Analyzer().can_prove_equal(a, b)) if not (isinstance(a, int) or isinstance(b, int)) else a == b
 
 
 def shape_of(x):
+    """The dims of a tensor-typed expression as a list, else None."""
     shape = getattr(x.ty, "shape", None) if isinstance(getattr(x, "ty", None), relax.TensorType) else None
     return None if shape is None else list(shape)
