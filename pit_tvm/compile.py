@@ -290,6 +290,19 @@ def symbolic_dims_error(err: Exception, symbolic: dict, tensors=(), proto=None) 
     return ValueError(message)
 
 
+def _sample_padding_density(mod, padding, proto, sample_inputs) -> float:
+    """The real-token fraction of the padding mask over ``sample_inputs``: what the PIT
+    matmuls of the padded rows plan their tiles for when ``expected_density`` is not given."""
+    from .passes.propagate_padding import find_mask_input  # noqa: PLC0415
+    from .tuning.sample_tiles import sample_feeds  # noqa: PLC0415
+
+    init = {t.name for t in proto.graph.initializer}
+    names = [i.name for i in proto.graph.input if i.name not in init]
+    mask = find_mask_input(mod, padding)
+    feeds = sample_feeds(sample_inputs, names)
+    return round(float(np.mean([(np.asarray(f[mask]) != 0).mean() for f in feeds])), 3)
+
+
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
                  cuda_graph=False, expected_density=None, padding=None, sparse_attention=None,
                  sample_inputs=None) -> CompiledModel:
@@ -307,8 +320,9 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     stay symbolic.  ``cuda_graph`` (CUDA): run the model's static regions as CUDA graphs
     (:func:`pit_tvm.target.build`).  ``expected_density``: the fraction of rows the PIT matmuls
     of row sparsity (padding, masks) are expected to list, e.g. the mean of a sample batch's
-    attention mask; the CUDA kernels' tile widths are planned for it (default
-    :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`).  ``padding``: the name of the
+    attention mask; the CUDA kernels' tile widths are planned for it (default: with ``padding=``
+    and ``sample_inputs=``, the samples' real-token fraction, else
+    :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`); ``annotations`` records it on those matmuls.  ``padding``: the name of the
     ``[batch, sequence]`` attention mask input (1 real token, 0 padding), or True for the one
     input named like it: the token-wise matmuls then run on the real tokens only
     (:class:`~pit_tvm.passes.PropagatePadding`), and **the outputs at padded positions are not
@@ -366,6 +380,8 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     # needed; after the other sources: a matmul they annotate keeps its kernel
     if padding:
         annotated = PropagatePadding(padding)(annotated)
+        if expected_density is None and sample_inputs is not None:
+            expected_density = _sample_padding_density(annotated, padding, original, sample_inputs)
     attention = annotated
     if sparse_attention is not False:
         if sparse_attention is not None and not isinstance(sparse_attention, str):
@@ -400,6 +416,10 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
         if not symbolic:
             raise
         raise symbolic_dims_error(err, symbolic, tensors_of_data_dependent_shape(imported), proto) from err
+    if expected_density is not None:
+        for n in notes:
+            if n.get("status") == "pit" and str(n.get("source", "")).startswith(("padding:", "mask:")):
+                n["expected_density"] = float(expected_density)
     init = {t.name for t in proto.graph.initializer}
     inputs = [{"name": i.name, "dtype": _onnx_dtype(i), "shape": fixed.get(i.name, _dims(i))}
               for i in proto.graph.input if i.name not in init]

@@ -261,3 +261,25 @@ def test_exported_attention_fused_on_cuda_matches_onnxruntime(padding):
     model, feeds = _fused_attention_build(padding=padding, cuda_graph=True)
     got = model.run(feeds)[0]
     assert real_token_error(got, onnxruntime_output("bert_head64", feeds), feeds["attention_mask"]) <= 5e-3
+
+
+def test_sample_inputs_give_the_padding_matmuls_their_expected_density(monkeypatch):
+    """with ``padding=`` and ``sample_inputs=`` (no ``expected_density``), the PIT matmuls of the
+    padded rows are planned for the samples' real-token fraction, and the annotations say so"""
+    import pit_tvm.compile as C  # noqa: PLC0415
+
+    seen = []
+    lower = C.LowerToPIT
+
+    def spy(**kw):
+        seen.append(kw.get("expected_density"))
+        return lower(**kw)
+
+    monkeypatch.setattr(C, "LowerToPIT", spy)
+    samples = [padded_batch([16, 4]), padded_batch([8, 12], seed=1)]     # 20 and 20 of 32 tokens real
+    model = compiled(fixture("bert"), target="llvm", shapes=SHAPES, padding="attention_mask", sample_inputs=samples)
+    assert seen == [0.625]
+    padded = [a for a in model.annotations if a.get("status") == "pit" and a["source"] == "padding:attention_mask"]
+    assert padded and all(a["expected_density"] == 0.625 for a in padded)
+    feeds = padded_batch()
+    assert real_token_error(model.run(feeds)[0], onnxruntime_output("bert", feeds), feeds["attention_mask"]) <= 1e-4
