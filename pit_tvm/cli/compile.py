@@ -78,7 +78,8 @@ def register(subparsers) -> None:
     p.add_argument("--tuning-log", default=None, metavar="DIR", help="tuning database for the PIT kernels")
     p.add_argument("--expected-density", type=float, default=None, metavar="FRACTION",
                    help="fraction of rows the row-sparse PIT matmuls are expected to list (e.g. a sample "
-                        "batch's mean attention mask); CUDA tile widths are planned for it (default 0.5)")
+                        "batch's mean attention mask); CUDA tile widths are planned for it (default: with --padding "
+                        "and --sample-inputs, the samples' real-token fraction, else 0.5)")
     p.add_argument("--sparse-attention", default=None, metavar="NAME|off",
                    help="lower the attentions whose mask is computed from graph input NAME to block-sparse "
                         "attention, whatever the mask's shape; 'off': none (default: masks with a query axis)")
