@@ -46,10 +46,10 @@ def _server_port_recorder():
 
 
 def create_session(rpc_config):
-    from tvm.s_tir.meta_schedule.runner import rpc_runner as r
+    from pit_tvm.tuning._worker import rpc_create_session
 
     connect, t = _server_port_recorder(), time.time()
-    session = r.default_create_session(rpc_config)
+    session = rpc_create_session(rpc_config)
     _log(f"create@{connect.port}", t)
     return session
 

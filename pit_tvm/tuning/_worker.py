@@ -88,6 +88,28 @@ def alloc_pit_arguments(device, args_info, alloc_repeat, density: float = 0.5):
     return out
 
 
+def no_delay(sock):
+    """``sock`` (a TCP socket) with Nagle's algorithm off, and returned.  Why: TVM's RPC
+    protocol sends each tracker message as two writes (its length, then its JSON), and with
+    Nagle's algorithm the second waits for the peer's delayed ACK of the first -- tens of ms a
+    session (CHANGELOG, issue 37)."""
+    import socket
+
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def rpc_create_session(rpc_config):
+    """``RPCRunner`` ``f_create_session``: MetaSchedule's default (a tracker request per
+    candidate, then a session on the server the tracker names) with :func:`no_delay` on the
+    tracker socket (the servers' side: :func:`pit_tvm.tuning.rpc_server.init_server_process`)."""
+    tracker = rpc_config.connect_tracker()
+    no_delay(getattr(tracker, "_sock", None))       # (TVM's TrackerSession keeps its socket there)
+    return tracker.request(key=rpc_config.tracker_key, priority=rpc_config.session_priority,
+                           session_timeout=rpc_config.session_timeout_sec)
+
+
 def rpc_alloc_pit_arguments(session, device, args_info, alloc_repeat, density: float = 0.5):
     """``RPCRunner`` ``f_alloc_argument``: :func:`alloc_pit_arguments` on an RPC server's
     device.  A, B (and a bias) are filled on the server (``random_fill_for_measure``, nothing

@@ -7,7 +7,8 @@ each measurement to a free RPC server registered under a device key, and MetaSch
 - :func:`rpc_runner`: an ``RPCRunner`` whose argument and timing hooks are the local runner's
   (:func:`~pit_tvm.tuning._worker.rpc_alloc_pit_arguments`: a valid index for the sparse
   workloads, sent to the server; :func:`~pit_tvm.tuning._worker.rpc_run_evaluator_cold_l2`:
-  every timed run after a cache flush, which runs on the server), after
+  every timed run after a cache flush, which runs on the server) and tracker requests sent
+  without Nagle's delay (:func:`~pit_tvm.tuning._worker.rpc_create_session`), after
   :func:`check_tracker` says the tracker answers and has servers under the key; wrapped in
   :class:`RetryingRunner` (a candidate whose session failed, e.g. its server died, is
   measured once more on another server; failing again, it is recorded as failed).
@@ -32,7 +33,7 @@ from contextlib import closing
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from pit_tvm.tuning._worker import rpc_alloc_pit_arguments, rpc_run_evaluator_cold_l2
+from pit_tvm.tuning._worker import rpc_alloc_pit_arguments, rpc_create_session, rpc_run_evaluator_cold_l2
 from pit_tvm.tuning.rpc_server import parse_tracker
 
 __all__ = ["RpcError", "check_tracker", "rpc_runner", "RetryingRunner", "LocalCluster",
@@ -147,6 +148,7 @@ def rpc_runner(host: str, port: int, key: str, *, density: float = 0.5, number: 
                                        session_priority=1, session_timeout_sec=int(session_timeout)),
         evaluator_config=ms.runner.EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=0,
                                                    enable_cpu_cache_flush=False),
+        f_create_session=rpc_create_session,
         f_alloc_argument=f_alloc_argument or functools.partial(rpc_alloc_pit_arguments, density=float(density)),
         f_run_evaluator=rpc_run_evaluator_cold_l2,
         max_workers=int(workers or count))

@@ -44,12 +44,22 @@ def init_server_process() -> None:
     """``server_init_callback`` of the RPC server, run in the process that accepts sessions:
     serves every session in one reused spawned process that registers the PIT functions
     (:mod:`pit_tvm.tuning._session_worker`, started here) instead of TVM's fresh fork per
-    session, which cannot use a GPU the server process has initialised."""
-    from tvm.rpc import server
+    session, which cannot use a GPU the server process has initialised; and talks to the
+    tracker without Nagle's delay (:func:`~pit_tvm.tuning._worker.no_delay`)."""
+    from tvm.rpc import base, server
 
     from pit_tvm.tuning._session_worker import serve_connection, start_worker
+    from pit_tvm.tuning._worker import no_delay
 
     server._serving = serve_connection
+    # the connection to the tracker (re-registering after each session) without Nagle's delay
+    connect = base.connect_with_retry
+    if not getattr(connect, "no_delay", False):
+        def connect_no_delay(*args, **kwargs):
+            return no_delay(connect(*args, **kwargs))
+
+        connect_no_delay.no_delay = True
+        base.connect_with_retry = connect_no_delay
     start_worker()
 
 

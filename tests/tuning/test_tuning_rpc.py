@@ -392,3 +392,68 @@ def test_a_worker_that_fails_a_session_is_replaced(monkeypatch):
         sw.serve_connection(Sock(), ("127.0.0.1", 1), {"timeout": 5.0}, None)
     assert len(started) == 4 and stopped == started[:3]
     assert len(returned) == 1 and "session has expired" in returned[0]
+
+
+def _listening():
+    import socket  # noqa: PLC0415
+
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    return server
+
+
+def _nodelay(sock) -> bool:
+    import socket  # noqa: PLC0415
+
+    return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+def test_tracker_requests_leave_without_nagle_delay():
+    """the runner's session hook turns Nagle's algorithm off on its tracker socket, then asks the
+    tracker for a session under the config's key, priority and timeout"""
+    import socket  # noqa: PLC0415
+
+    from pit_tvm.tuning._worker import rpc_create_session  # noqa: PLC0415
+
+    server = _listening()
+    sock = socket.create_connection(server.getsockname())
+    asked = {}
+
+    class Tracker:
+        _sock = sock
+
+        def request(self, **kw):
+            asked.update(kw)
+            return "session"
+
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    # (the fields of MetaSchedule's RPCConfig that the hook reads)
+    config = SimpleNamespace(tracker_key="k", session_priority=3, session_timeout_sec=9, connect_tracker=Tracker)
+    assert not _nodelay(sock)
+    assert rpc_create_session(config) == "session"
+    assert _nodelay(sock) and asked == {"key": "k", "priority": 3, "session_timeout": 9}
+    sock.close()
+    server.close()
+
+
+def test_server_process_talks_to_the_tracker_without_nagle_delay(monkeypatch):
+    """after the server's init callback, its tracker connections (``base.connect_with_retry``)
+    have Nagle's algorithm off, and a second call does not wrap the function again"""
+    from tvm.rpc import base, server  # noqa: PLC0415
+
+    from pit_tvm.tuning import _session_worker, rpc_server  # noqa: PLC0415
+
+    monkeypatch.setattr(base, "connect_with_retry", base.connect_with_retry)
+    monkeypatch.setattr(server, "_serving", server._serving)
+    monkeypatch.setattr(_session_worker, "start_worker", lambda: None)
+    rpc_server.init_server_process()
+    wrapped = base.connect_with_retry
+    rpc_server.init_server_process()
+    assert base.connect_with_retry is wrapped
+    listener = _listening()
+    sock = base.connect_with_retry(listener.getsockname())
+    assert _nodelay(sock)
+    sock.close()
+    listener.close()
