@@ -38,7 +38,7 @@ from .passes.frontend import (ONNX_NAMES_ATTR, fold_shape_computations, import_a
                               load_model)
 from .passes.lower import DropUnusedPrimFuncs, LowerToPIT
 from .passes.moe_import import lower_moe_layers
-from .passes.propagate_padding import PropagatePadding
+from .passes.propagate_padding import PropagatePadding, find_mask_input
 from .passes.sparse_attention import SparseAttentionToPIT
 from .passes.strips import ListStripsInProducer
 from .errors import UserError
@@ -290,19 +290,6 @@ def symbolic_dims_error(err: Exception, symbolic: dict, tensors=(), proto=None) 
     return ValueError(message)
 
 
-def _sample_padding_density(mod, padding, proto, sample_inputs) -> float:
-    """The real-token fraction of the padding mask over ``sample_inputs``: what the PIT
-    matmuls of the padded rows plan their tiles for when ``expected_density`` is not given."""
-    from .passes.propagate_padding import find_mask_input  # noqa: PLC0415
-    from .tuning.sample_tiles import sample_feeds  # noqa: PLC0415
-
-    init = {t.name for t in proto.graph.initializer}
-    names = [i.name for i in proto.graph.input if i.name not in init]
-    mask = find_mask_input(mod, padding)
-    feeds = sample_feeds(sample_inputs, names)
-    return round(float(np.mean([(np.asarray(f[mask]) != 0).mean() for f in feeds])), 3)
-
-
 def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, shapes=None,
                  cuda_graph=False, expected_density=None, padding=None, sparse_attention=None,
                  sample_inputs=None) -> CompiledModel:
@@ -322,9 +309,10 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     of row sparsity (padding, masks) are expected to list, e.g. the mean of a sample batch's
     attention mask; the CUDA kernels' tile widths are planned for it (default: with ``padding=``
     and ``sample_inputs=``, the samples' real-token fraction, else
-    :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`); ``annotations`` records it on those matmuls.  ``padding``: the name of the
-    ``[batch, sequence]`` attention mask input (1 real token, 0 padding), or True for the one
-    input named like it: the token-wise matmuls then run on the real tokens only
+    :data:`pit_tvm.ops.matmul.PIT_EXPECTED_DENSITY`); ``annotations`` records it on those
+    matmuls.  ``padding``: the name of the ``[batch, sequence]`` attention mask input (1 real
+    token, 0 padding), or True for the one input named like it: the token-wise matmuls then run
+    on the real tokens only
     (:class:`~pit_tvm.passes.PropagatePadding`), and **the outputs at padded positions are not
     computed** (compare on the real tokens only).  Needs the mask's shape static (``shapes=``).
     ``sample_inputs``: ``{input name: array}`` (or a list of them, or an ``.npz`` path) of typical
@@ -368,20 +356,24 @@ def compile_onnx(model, target="llvm", sparse=None, tuning_log=None, auto=True, 
     imported = mod
     mod = CombineParallelMatmuls()(mod)   # Q, K, V: one GEMM (both builds)
     annotated = AnnotateDynamicSparsity(sparse=sparse, auto=auto)(mod)
+    feeds = None      # (the sample inputs, read once)
     if sample_inputs is not None:
         from .passes.annotate import sparse_annotations  # noqa: PLC0415
-        from .tuning.sample_tiles import choose_tiles_from_samples  # noqa: PLC0415
+        from .tuning.sample_tiles import choose_tiles_from_samples, sample_feeds  # noqa: PLC0415
 
         init = {t.name for t in original.graph.initializer}
         names = [i.name for i in original.graph.input if i.name not in init]
+        feeds = sample_feeds(sample_inputs, names)
         given = {name for name, tile in sparse_annotations(sparse).items() if tile is not None}
-        annotated = choose_tiles_from_samples(annotated, original, sample_inputs, tgt, names, given)
+        annotated = choose_tiles_from_samples(annotated, original, feeds, tgt, names, given)
     # the attention mask's padding propagated to the token-wise matmuls whose padded rows are not
     # needed; after the other sources: a matmul they annotate keeps its kernel
     if padding:
         annotated = PropagatePadding(padding)(annotated)
-        if expected_density is None and sample_inputs is not None:
-            expected_density = _sample_padding_density(annotated, padding, original, sample_inputs)
+        if expected_density is None and feeds is not None:
+            # (the samples' real-token fraction: what those matmuls plan their tiles for)
+            mask = find_mask_input(annotated, padding)
+            expected_density = round(float(np.mean([(f[mask] != 0).mean() for f in feeds])), 3)
     attention = annotated
     if sparse_attention is not False:
         if sparse_attention is not None and not isinstance(sparse_attention, str):

@@ -31,7 +31,7 @@ from tvm import relax
 
 from pit_tvm.target import is_gpu, make_target
 
-from .attention_match import probabilities, scores
+from .attention_match import probabilities, same_dim, scores, shape_of
 from .graph import FuncGraph, op_name, other_operand, scalar_constant
 
 
@@ -73,7 +73,7 @@ def _head_merge(g: FuncGraph, var):
     only use of ``var`` and of the permute, else None."""
     perm_var = g.sole_user(var)
     perm = g.bound.get(perm_var)
-    if op_name(perm) == "relax.reshape" and _same_shape(perm.ty, var.ty):   # (the export's no-op reshape)
+    if op_name(perm) == "relax.reshape" and _same_dims(shape_of(perm), shape_of(var)):   # (the export's no-op reshape)
         perm_var = g.sole_user(perm_var)
         perm = g.bound.get(perm_var)
     if (op_name(perm) != "relax.permute_dims" or perm.attrs.axes is None
@@ -102,9 +102,8 @@ def _row_scaled(g: FuncGraph, var):
     return mul, s
 
 
-def _same_shape(a, b) -> bool:
-    sa, sb = getattr(a, "shape", None), getattr(b, "shape", None)
-    return sa is not None and sb is not None and _ints(sa) is not None and _ints(sa) == _ints(sb)
+def _same_dims(a, b) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(same_dim(x, y) for x, y in zip(a, b))
 
 
 def _logits(g: FuncGraph, logits):
