@@ -5,9 +5,8 @@ sessions of 1 and of N servers overlap.
     python3 benchmarks/sweeps/rpc_sessions.py --servers 1 2                   # GPU box, mma.sync rows
     python3 benchmarks/sweeps/rpc_sessions.py --servers 1 2 --target llvm     # CPU servers
 
-Runs a short ``tune_matmul`` through :class:`pit_tvm.tuning.rpc.LocalCluster` with MetaSchedule's
-``RPCRunner`` given the PIT hooks of :func:`pit_tvm.tuning.rpc.rpc_runner`, each wrapped to log
-its start and duration; every line is appended to ``$OUT/rpc_sessions_<n>.log`` (or the working
+Runs a short ``tune_matmul`` through :class:`pit_tvm.tuning.rpc.LocalCluster` with the runner of
+:func:`pit_tvm.tuning.rpc.rpc_runner`, its hooks each wrapped to log its start and duration; every line is appended to ``$OUT/rpc_sessions_<n>.log`` (or the working
 folder) as it happens, so a run cut short by a time limit still leaves its log.  Then prints, per
 server count, the mean of each stage, the sessions per server and the wall time of each round's
 measurements.  Why: 2 GPU servers measured no faster than 1 (CHANGELOG, issue 37).
@@ -90,9 +89,7 @@ def cleanup(session, remote_path):
 
 
 def run(servers: int, args, out_dir: str) -> str:
-    from tvm.s_tir import meta_schedule as ms
-
-    from pit_tvm.tuning.rpc import LocalCluster, RetryingRunner
+    from pit_tvm.tuning.rpc import LocalCluster, rpc_runner
     from pit_tvm.tuning.tune import tune_matmul
 
     log = os.path.join(out_dir, f"rpc_sessions_{servers}.log")
@@ -101,14 +98,12 @@ def run(servers: int, args, out_dir: str) -> str:
     os.environ[LOG_ENV] = log
     gpu = args.target != "llvm"
     with LocalCluster(servers, gpus=gpu, key=f"sessions{servers}") as cluster:
-        inner = ms.runner.RPCRunner(
-            rpc_config=ms.runner.RPCConfig(tracker_host=cluster.host, tracker_port=int(cluster.port),
-                                           tracker_key=cluster.key, session_priority=1, session_timeout_sec=120),
-            evaluator_config=ms.runner.EvaluatorConfig(number=5, repeat=3, min_repeat_ms=0,
-                                                       enable_cpu_cache_flush=False),
-            f_create_session=create_session, f_upload_module=upload_module, f_alloc_argument=alloc_argument,
-            f_run_evaluator=run_evaluator, f_cleanup=cleanup, max_workers=servers)
-        runner = RetryingRunner(inner)
+        # the runner pit-tvm tune uses, each hook wrapped to log (RPCRunner reads them per run)
+        runner = rpc_runner(cluster.host, int(cluster.port), cluster.key)
+        inner = runner.inner
+        inner.f_create_session, inner.f_upload_module, inner.f_alloc_argument = (
+            create_session, upload_module, alloc_argument)
+        inner.f_run_evaluator, inner.f_cleanup = run_evaluator, cleanup
         t = time.perf_counter()
         try:
             k, n, m = (4096, 4096, None) if gpu else (64, 64, 40)

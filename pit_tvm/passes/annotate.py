@@ -285,7 +285,11 @@ class AnnotateDynamicSparsity:
             lhs_name = d.get("tensor") or onnx_name(lhs_vars[0] if lhs_vars else call.args[0])
             why_not = self._unsupported(call)
             if why_not is not None:
-                warnings.warn(f"matmul on {lhs_name!r} ({d['source']}) stays dense: {why_not}")
+                # a batched product reading a mask (attention's P.V, which the attention passes
+                # lower) is recorded without a warning
+                attention = call.args[1].ty.ndim != 2 and d["source"].startswith(("padding:", "mask:"))
+                if not attention:
+                    warnings.warn(f"matmul on {lhs_name!r} ({d['source']}) stays dense: {why_not}")
                 records.append({"tensor": lhs_name, "source": d["source"], "status": "dense", "reason": why_not})
                 continue
             k = _static_int(call.args[0].ty.shape.values[-1])

@@ -1,23 +1,25 @@
 """Tuning measured on several GPUs (one box or several) through TVM's RPC tracker.
 
-TVM's engine does the distribution: a tracker (``python -m tvm.exec.rpc_tracker``) hands
+TVM's engine does the distribution: a tracker (``python -m tvm.exec.rpc_tracker``, or
+:mod:`pit_tvm.tuning.rpc_tracker`: the same without Nagle's delay on its replies) hands
 each measurement to a free RPC server registered under a device key, and MetaSchedule's
 ``RPCRunner`` keeps one session per server busy.  What is PIT's here:
 
 - :func:`rpc_runner`: an ``RPCRunner`` whose argument and timing hooks are the local runner's
   (:func:`~pit_tvm.tuning._worker.rpc_alloc_pit_arguments`: a valid index for the sparse
-  workloads, sent to the server; :func:`~pit_tvm.tuning._worker.rpc_run_evaluator_cold_l2`:
+  workloads, sent to the server, the inputs kept there for the task's next candidates;
+  :func:`~pit_tvm.tuning._worker.rpc_run_evaluator_cold_l2`:
   every timed run after a cache flush, which runs on the server) and tracker requests sent
   without Nagle's delay (:func:`~pit_tvm.tuning._worker.rpc_create_session`), after
   :func:`check_tracker` says the tracker answers and has servers under the key; wrapped in
   :class:`RetryingRunner` (a candidate whose session failed, e.g. its server died, is
   measured once more on another server; failing again, it is recorded as failed).
-- :class:`LocalCluster`: on one box, a tracker and one server per GPU (each pinned with
+- :class:`LocalCluster`: on one box, a tracker (:mod:`pit_tvm.tuning.rpc_tracker`) and one server per GPU (each pinned with
   ``CUDA_VISIBLE_DEVICES``; on a CPU target, N CPU servers), stopped when the block exits,
   also on Ctrl-C, SIGTERM and errors.
 
 Servers must be started with ``python -m pit_tvm.tuning.rpc_server`` (it registers the flush
-function the timing calls on the server).
+function the timing calls on the server, and the argument cache).
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from contextlib import closing
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from pit_tvm.tuning._worker import rpc_alloc_pit_arguments, rpc_create_session, rpc_run_evaluator_cold_l2
+from pit_tvm.tuning._worker import (rpc_alloc_pit_arguments, rpc_create_session, rpc_run_evaluator_cold_l2,
+                                    warm_runner_worker)
 from pit_tvm.tuning.rpc_server import parse_tracker
 
 __all__ = ["RpcError", "check_tracker", "rpc_runner", "RetryingRunner", "LocalCluster",
@@ -57,7 +60,7 @@ def _tracker_session(host: str, port: int, timeout: float):
             pass
     except OSError as err:
         raise RpcError(f"cannot reach the RPC tracker at {host}:{port} ({err.strerror or err}): start "
-                       f"one with `python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port {port}`, "
+                       f"one with `python -m pit_tvm.tuning.rpc_tracker --host 0.0.0.0 --port {port}`, "
                        "or pass --gpus N to start a tracker and servers on this machine") from err
     try:
         return rpc.connect_tracker(host, int(port))
@@ -139,7 +142,8 @@ def rpc_runner(host: str, port: int, key: str, *, density: float = 0.5, number: 
                check_timeout: float = 5.0, f_alloc_argument=None) -> RetryingRunner:
     """A runner measuring through the tracker ``host:port`` on the servers under ``key``,
     with the local runner's argument and cold-cache timing hooks (see the module docstring).
-    ``workers`` sessions at a time (default: the servers the tracker has now).
+    ``workers`` sessions at a time (default: the servers the tracker has now), each worker
+    process started now (:func:`~pit_tvm.tuning._worker.warm_runner_worker`).
     ``f_alloc_argument``: another workload's argument hook (the MoE grouped GEMM's,
     :func:`~pit_tvm.tuning._worker.rpc_alloc_moe_arguments`); default the matmul's."""
     count = check_tracker(host, port, key, check_timeout)
@@ -152,6 +156,8 @@ def rpc_runner(host: str, port: int, key: str, *, density: float = 0.5, number: 
         f_alloc_argument=f_alloc_argument or functools.partial(rpc_alloc_pit_arguments, density=float(density)),
         f_run_evaluator=rpc_run_evaluator_cold_l2,
         max_workers=int(workers or count))
+    for _ in range(int(workers or count)):
+        inner.pool.submit(warm_runner_worker, 1.0)
     return RetryingRunner(inner)
 
 
@@ -227,7 +233,7 @@ class LocalCluster:
             raise RpcError("TVM's RPC tracker needs the tornado package: pip install tornado")
         try:
             self.port = free_port(self.host)
-            self._spawn(["-m", "tvm.exec.rpc_tracker", "--host", self.host, "--port", str(self.port),
+            self._spawn(["-m", "pit_tvm.tuning.rpc_tracker", "--host", self.host, "--port", str(self.port),
                          "--port-end", str(self.port + 1), "--silent"])
             for i in range(self.servers):
                 port = free_port(self.host)

@@ -139,6 +139,31 @@ def test_mask_and_padding_sources():
     assert "whole rows" in notes[0]["reason"]
 
 
+def test_masked_batched_product_is_recorded_without_warning():
+    """(x * mask)[batch, seq, 16] @ v[batch, 16, 4] (attention's P.V shape, the attention passes'
+    to lower): recorded dense with the reason, no warning; the build still matches onnxruntime"""
+    model = _model(
+        [helper.make_node("Unsqueeze", ["attention_mask", "axes"], ["mask3"]),
+         helper.make_node("Mul", ["x", "mask3"], ["xm"]), helper.make_node("MatMul", ["xm", "v"], ["z"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 16]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, ["batch", 8]),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", 16, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 8, 4])], {"axes": np.array([2], "int64")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mod = annotate(model)
+    notes = [n for n in annotations_of(mod) if n["status"] != "input"]
+    assert [(n["source"], n["status"]) for n in notes] == [("padding:attention_mask", "dense")]
+    assert "B has rank 3" in notes[0]["reason"]
+    feeds = {"x": RNG.standard_normal((2, 8, 16)).astype("float32"),
+             "attention_mask": (RNG.random((2, 8)) > 0.3).astype("float32"),
+             "v": RNG.standard_normal((2, 16, 4)).astype("float32")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = compile_onnx(model)
+    np.testing.assert_allclose(cm.run(feeds)[0], ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_padding_input_recorded_without_mask_use():
     m = _model([helper.make_node("Relu", ["x"], ["y"])],
                [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),

@@ -457,3 +457,55 @@ def test_server_process_talks_to_the_tracker_without_nagle_delay(monkeypatch):
     assert _nodelay(sock)
     sock.close()
     listener.close()
+
+
+def test_tracker_answers_without_nagle_delay(monkeypatch):
+    """``python -m pit_tvm.tuning.rpc_tracker`` hands TVM's tracker each accepted connection
+    with Nagle's algorithm off, and patching twice does not wrap it again"""
+    import socket  # noqa: PLC0415
+
+    from tvm.rpc import tracker  # noqa: PLC0415
+
+    from pit_tvm.tuning.rpc_tracker import answer_without_delay  # noqa: PLC0415
+
+    handed = []
+    monkeypatch.setattr(tracker.TCPEventHandler, "__init__",
+                        lambda self, handler, sock, addr: handed.append((handler, sock, addr)))
+    answer_without_delay()
+    wrapped = tracker.TCPEventHandler.__init__
+    answer_without_delay()
+    assert tracker.TCPEventHandler.__init__ is wrapped
+    listener = _listening()
+    client = socket.create_connection(listener.getsockname())
+    accepted, addr = listener.accept()
+    assert not _nodelay(accepted)
+    tracker.TCPEventHandler.__new__(tracker.TCPEventHandler).__init__("tracker", accepted, addr)
+    assert handed == [("tracker", accepted, addr)] and _nodelay(accepted)
+    for s in (client, accepted, listener):
+        s.close()
+
+
+def test_server_keeps_a_tasks_arguments_between_sessions():
+    """a PIT server fills a task's inputs once: the next session of the same task gets the
+    same contents (the server's random fill differs call to call), the output freshly
+    allocated; another task's arguments are filled anew, and replace the kept ones"""
+    tiles = [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(
+        S.tiles_tuning_workload(256, N, (16, 32), "float16", "float16", M))]
+    rows = [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(S.tuning_workload(K, N, "float16", "float16", M))]
+    with LocalCluster(1, gpus=False, key="pit-cache") as cluster:
+        def arguments(info):
+            session = rpc.connect_tracker(cluster.host, cluster.port).request("pit-cache", session_timeout=60)
+            try:
+                return [[a.numpy() for a in rep] for rep in rpc_alloc_pit_arguments(session, session.cpu(0), info, 2)]
+            finally:
+                del session
+                gc.collect()
+
+        first, again, other, back = arguments(tiles), arguments(tiles), arguments(rows), arguments(tiles)
+    for rep in range(2):
+        for i in range(4):              # A, B, offsets, ids
+            np.testing.assert_array_equal(again[rep][i], first[rep][i])
+        assert again[rep][4].shape == first[rep][4].shape
+    assert not np.array_equal(back[0][0], first[0][0])      # the rows task replaced the tiles task's
+    np.testing.assert_array_equal(back[0][3], first[0][3])  # (the index is drawn the same way)
+    assert np.abs(other[0][0].astype(np.float32)).max() > 0
