@@ -14,6 +14,9 @@
   scaled by its router probability).
 - ``switch_dynamic_capacity.onnx``: ``switch_encoder_capacity`` exported with dynamic axes
   ``batch`` / ``sequence`` (compiled with ``shapes=``).
+- ``switch_flat_router.onnx``: ``switch_encoder_capacity``'s model with transformers 5.17's
+  router over the flattened tokens: its capacity count runs over a size-1 axis, so nothing is
+  dropped (capacity 2 or not).
 - ``switch_traced_loop.onnx``: transformers' own loop, as the tracer unrolls it (the example
   routes to every expert): the importer must refuse it (it fails when fewer experts are hit).
 - ``dense_equal.onnx`` / ``dense_onehot.onnx``: the dense-masked form built with ``onnx.helper``
@@ -75,19 +78,37 @@ def _v4_sparse_mlp_forward(self, hidden_states):
     return router_probs * next_states
 
 
+def _flat_router_sparse_mlp_forward(self, hidden_states):
+    """transformers 5.17's ``SwitchTransformersSparseMLP.forward`` (the GPU machine's; 5.24 routes
+    per sequence): the router runs on the flattened tokens, so its capacity count (a cumsum over
+    the one-hot's size-1 axis) never drops a token; the experts then run the static loop"""
+    import torch  # noqa: PLC0415
+
+    batch, sequence, hidden = hidden_states.shape
+    flat = hidden_states.view(-1, hidden)
+    router = self.router
+    probs = torch.softmax(router.classifier(flat.to(router.dtype)), dim=-1, dtype=router.dtype).to(flat.dtype)
+    _, index = torch.max(probs, dim=-1, keepdim=True)
+    one_hot = torch.nn.functional.one_hot(index, num_classes=router.num_experts)
+    selected = one_hot * (torch.cumsum(one_hot, dim=-2) <= router.expert_capacity)
+    weights = torch.max(probs, dim=-1).values.unsqueeze(-1)
+    return _static_experts_forward(self.experts, flat, selected, weights).reshape(batch, sequence, hidden)
+
+
 def patch_switch_experts(loop: str = "static"):
     """Set the expert loop of transformers' SwitchTransformers for an export: ``"static"`` (every
     expert: what ``compile_onnx`` lowers to the MoE op; use it to export a real Switch model, e.g.
-    for a benchmark), ``"v4"`` (transformers 4.x's sparse MLP) or ``"traced"`` (transformers'
-    own loop, restored)."""
+    for a benchmark), ``"v4"`` (transformers 4.x's sparse MLP), ``"flat"`` (5.17's router over
+    the flattened tokens, then the static loop) or ``"traced"`` (transformers' own loop, restored)."""
     from transformers.models.switch_transformers import modeling_switch_transformers as sw  # noqa: PLC0415
 
-    if loop not in ("static", "v4", "traced"):
-        raise ValueError(f"loop must be 'static', 'v4' or 'traced', got {loop!r}")
+    if loop not in ("static", "v4", "flat", "traced"):
+        raise ValueError(f"loop must be 'static', 'v4', 'flat' or 'traced', got {loop!r}")
     originals = _ORIGINALS.setdefault("forward", (sw.SwitchTransformersExperts.forward,
                                                   sw.SwitchTransformersSparseMLP.forward))
     sw.SwitchTransformersExperts.forward = originals[0] if loop == "traced" else _static_experts_forward
-    sw.SwitchTransformersSparseMLP.forward = _v4_sparse_mlp_forward if loop == "v4" else originals[1]
+    sw.SwitchTransformersSparseMLP.forward = {"v4": _v4_sparse_mlp_forward,
+                                              "flat": _flat_router_sparse_mlp_forward}.get(loop, originals[1])
 
 
 def _switch(capacity: int, loop: str, layers: int = 1):
@@ -215,6 +236,7 @@ def main(argv=None) -> int:
         export_switch("switch_v4_capacity", 2, "v4", args.out)
         export_switch("switch_traced_loop", 64, "traced", args.out)
         export_switch("switch_dynamic_capacity", 2, "static", args.out, dynamic=True)
+        export_switch("switch_flat_router", 2, "flat", args.out)
     for path in sorted(args.out.iterdir()):
         print(f"{path.name}: {path.stat().st_size // 1024} KiB")
     return 0

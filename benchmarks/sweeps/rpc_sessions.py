@@ -116,17 +116,25 @@ def run(servers: int, args, out_dir: str) -> str:
     return log
 
 
-def summarize(servers: int, log: str, per_round: int) -> None:
+def summarize(servers: int, log: str) -> None:
     rows = [line.split() for line in open(log, encoding="utf-8")]
     stages = collections.defaultdict(list)
     for _, stage, _, took in rows:
         stages[stage.split("@")[0]].append(float(took))
     by_server = collections.Counter(stage.split("@")[1] for _, stage, _, _ in rows if stage.startswith("create@"))
     sessions = sorted((float(start), float(start) + float(took)) for _, stage, start, took in rows if stage == "eval")
-    starts = sorted(float(start) for _, stage, start, _ in rows if stage.startswith("create@"))
-    ends = sorted(float(start) + float(took) for _, stage, start, took in rows if stage == "cleanup")
-    rounds = [round(ends[min(i + per_round, len(ends)) - 1] - starts[i], 2) for i in range(0, len(starts), per_round)]
-    print(f"{servers} server(s): {len(starts)} sessions, per server {dict(by_server)}; mean s "
+    spans = sorted((float(start), float(start) + float(took)) for _, stage, start, took in rows
+                   if stage.startswith("create@") or stage == "cleanup")
+    rounds, first, last = [], None, None     # a round: sessions without a 1 s gap between them
+    for start, end in spans:
+        if last is not None and start - last > 1.0:
+            rounds.append(round(last - first, 2))
+            first = None
+        first = start if first is None else first
+        last = end if last is None else max(last, end)
+    if first is not None:
+        rounds.append(round(last - first, 2))
+    print(f"{servers} server(s): {sum(by_server.values())} sessions, per server {dict(by_server)}; mean s "
           + ", ".join(f"{k} {sum(v) / len(v):.3f}" for k, v in stages.items())
           + f"; each round's sessions took {rounds} s ({len(sessions)} timed)")
 
@@ -146,7 +154,7 @@ def main(argv=None) -> int:
     import rpc_sessions  # noqa: PLC0415 - this file as a module, so the hooks pickle by its name
 
     for servers in args.servers:
-        summarize(servers, rpc_sessions.run(servers, args, out_dir), args.per_round)
+        summarize(servers, rpc_sessions.run(servers, args, out_dir))
     return 0
 
 

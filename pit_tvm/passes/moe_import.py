@@ -401,8 +401,8 @@ def _router_of(g: _Graph, experts, output):
 
 
 def _capacity_of(g: _Graph, inside):
-    """``(capacity, cumsum axis)`` of a ``CumSum`` -> ``LessOrEqual`` / ``Less`` constant capacity
-    mask among the nodes ``inside``, else ``(None, None)``."""
+    """``(capacity, cumsum axis, the CumSum's input)`` of a ``CumSum`` -> ``LessOrEqual`` /
+    ``Less`` constant capacity mask among the nodes ``inside``, else ``(None, None, None)``."""
     by_id = g.by_id
     for i in inside:
         node = by_id[i]
@@ -417,8 +417,8 @@ def _capacity_of(g: _Graph, inside):
                 c = g.const(seen.input[1])
                 if c is not None and c.size == 1:
                     cap = int(np.asarray(c).reshape(-1)[0]) - (1 if seen.op_type == "Less" else 0)
-                    return cap, (int(np.asarray(axis).reshape(-1)[0]) if axis is not None else None)
-    return None, None
+                    return cap, (int(np.asarray(axis).reshape(-1)[0]) if axis is not None else None), node.input[0]
+    return None, None, None
 
 
 def _token_signature(shape):
@@ -490,9 +490,15 @@ def _recognise_group(g: _Graph, experts, weight_dtype):
         return order
     experts = [experts[i] for i in order]
     inside = g.ancestors([output], stop=[experts[0].source])
-    capacity, axis = _capacity_of(g, inside)
+    capacity, axis, counted = _capacity_of(g, inside)
     per_sequence = False
     xshape = shapes.get(experts[0].source)
+    cshape = shapes.get(counted)
+    if capacity is not None and axis is not None and cshape is not None and -len(cshape) <= axis < len(cshape) \
+            and isinstance(cshape[axis], int) and cshape[axis] <= capacity:
+        # the count runs over an axis no longer than the capacity (transformers 5.17 counts over a
+        # size-1 axis of the flattened tokens' one-hot [T, 1, E]): nothing is ever dropped
+        capacity = None
     if capacity is not None:
         if len(rshape) == 3 and axis in (1, -2):
             # counted per sequence: x [batch, seq, d] with the router's leading dims, as the op counts it

@@ -26,17 +26,20 @@ from pit_tvm.passes.moe_import import MoEImportWarning, dense_moe_nodes, lower_m
 ort = pytest.importorskip("onnxruntime")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "moe"
-HF = ["switch_encoder", "switch_encoder_capacity", "switch_v4_capacity"]
+HF = ["switch_encoder", "switch_encoder_capacity", "switch_v4_capacity", "switch_flat_router"]
 HELPER = ["dense_equal", "dense_onehot", "ms_moe_relu", "ms_moe_swiglu"]
 #: the router tensors a fixture's annotations must name (one per MoE layer)
 ROUTER = {}
 ROUTER.update({name: ["/m/encoder/block.0/layer.1/mlp/router/classifier/MatMul_output_0"] for name in HF})
 ROUTER["switch_encoder"] = [f"/m/encoder/block.{i}/layer.1/mlp/router/classifier/MatMul_output_0" for i in (0, 1)]
+ROUTER["switch_flat_router"] = ["/m/encoder/block.0/layer.1/mlp/classifier/MatMul_output_0"]   # (its export's scope)
 ROUTER.update({name: ["router_logits"] for name in HELPER})
 #: what each recognised layer is read as (form, top_k, routing, activation, capacity)
 FORM = {"switch_encoder": ("hf_switch", "top-1", "relu", None),
         "switch_encoder_capacity": ("hf_switch", "top-1", "relu", "capacity 2 (dropped tokens: zero)"),
         "switch_v4_capacity": ("hf_switch", "top-1", "relu", "capacity 2 (dropped tokens: input_scaled)"),
+        # (transformers 5.17: the capacity is counted over a size-1 axis, so it drops nothing)
+        "switch_flat_router": ("hf_switch", "top-1", "relu", None),
         "dense_equal": ("dense_masked", "top-2 (softmax_topk)", "relu", None),
         "dense_onehot": ("dense_masked", "top-2 (topk_softmax)", "silu", None),
         "ms_moe_relu": ("com.microsoft.MoE", "top-2", "relu", None),
