@@ -236,7 +236,8 @@ def run_model(arch: str, cfg, tmp: str) -> list[dict]:
         try:
             ms, out, extra = fn()
             err = errors(out, ref, valid, TOLERANCE[dtype])
-            correct = err["tokens_within_tol"] >= MOE_TOKENS_WITHIN if switch else err["max_rel_err"] <= TOLERANCE[dtype]
+            correct = (err["tokens_within_tol"] >= MOE_TOKENS_WITHIN if switch
+                       else err["max_rel_err"] <= TOLERANCE[dtype])
             row.update(median_ms=ms, **err, correct=bool(correct), **extra)
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
             row.update(error=f"{type(e).__name__}: {e}"[:2000], traceback=traceback.format_exc()[-3000:])

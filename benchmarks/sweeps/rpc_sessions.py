@@ -6,10 +6,12 @@ sessions of 1 and of N servers overlap.
     python3 benchmarks/sweeps/rpc_sessions.py --servers 1 2 --target llvm     # CPU servers
 
 Runs a short ``tune_matmul`` through :class:`pit_tvm.tuning.rpc.LocalCluster` with the runner of
-:func:`pit_tvm.tuning.rpc.rpc_runner`, its hooks each wrapped to log its start and duration; every line is appended to ``$OUT/rpc_sessions_<n>.log`` (or the working
-folder) as it happens, so a run cut short by a time limit still leaves its log.  Then prints, per
-server count, the mean of each stage, the sessions per server and the wall time of each round's
-measurements.  Why: 2 GPU servers measured no faster than 1 (CHANGELOG, issue 37).
+:func:`pit_tvm.tuning.rpc.rpc_runner`, its hooks each wrapped to log its start and duration;
+every line is appended to ``$OUT/rpc_sessions_<n>.log`` (or the working folder) as it happens,
+so a run cut short by a time limit still leaves its log.  Then prints, per server count, the
+mean of each stage, the sessions per server and the wall time of each round's measurements
+(sessions without a 1 s gap between them).  Why: 2 GPU servers measured no faster than 1
+(CHANGELOG, issue 37).
 """
 from __future__ import annotations
 

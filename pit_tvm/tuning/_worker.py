@@ -114,9 +114,9 @@ def rpc_create_session(rpc_config):
 def warm_runner_worker(hold_s: float) -> None:
     """A job for a runner's worker process that imports what its measurement jobs need, then
     holds the worker ``hold_s`` seconds.  Submitted once per worker when the RPC runner is
-    made (:func:`pit_tvm.tuning.rpc.rpc_runner`), so that every worker starts during the
-    first round's search instead of one joining mid-measurement after its TVM import (~8 s on
-    the H200 box); the hold keeps a warm worker from taking a cold one's job."""
+    made (:func:`pit_tvm.tuning.rpc.rpc_runner`), so that every worker starts (imports TVM)
+    during the first round's search instead of one joining in the middle of its measurements;
+    the hold keeps a warm worker from taking a cold one's job."""
     import time
 
     import tvm.s_tir.meta_schedule.runner.rpc_runner  # noqa: F401 - the import is the point
@@ -172,48 +172,40 @@ def _restore_arguments(key: str, *tensors) -> bool:
 
 def _remote_arguments(session, device, infos, alloc_repeat, host_arrays, workload):
     """``alloc_repeat`` argument lists on an RPC server's ``device``: position i is
-    ``host_arrays(rep)[i]`` sent from here where it is not None (an index), else allocated
-    there and, but for the output (last), filled on the server (``random_fill_for_measure``,
+    ``host_arrays(rep)[i]`` sent from here where it is not None (an index), else, but for the
+    output (last, left uninitialised), filled on the server (``random_fill_for_measure``,
     nothing sent) or, for a dtype the server's fill does not take, with data sent from here.
     A PIT server keeps the inputs under a key of ``workload`` (the parameters ``host_arrays``
     draws with), the shapes and the device, and the task's later candidates, each in a new
-    session, get them by a copy on the device (filling 2 x 32 MiB took 0.3-0.45 s a session on
-    the H200, the measurement ~0.02 s).  Like the local runner's cache, the kernels only write
-    the output."""
+    session, get them by a copy on the device: filling them cost far more than measuring
+    (CHANGELOG, issue 37).  Like the local runner's cache, the kernels only write the output."""
     import tvm
     from tvm.s_tir.meta_schedule.utils import get_global_func_on_rpc_session
 
+    out = [[tvm.runtime.empty([int(s) for s in shape], dtype, device) for _, dtype, shape in infos]
+           for _ in range(int(alloc_repeat))]
+    inputs = [arg for args in out for arg in args[:-1]]
     key = repr((workload, infos, int(alloc_repeat), int(device.dlpack_device_type()) % 128, int(device.index)))
     try:
         restore, cache = session.get_function(RESTORE_ARGUMENTS_FUNC), session.get_function(CACHE_ARGUMENTS_FUNC)
     except Exception:  # noqa: BLE001 - a plain TVM server (tvm raises a plain error for a missing function)
         restore = cache = None
-    if restore is not None:
-        out = [[tvm.runtime.empty([int(s) for s in shape], dtype, device) for _, dtype, shape in infos]
-               for _ in range(int(alloc_repeat))]
-        if restore(key, *[arg for args in out for arg in args[:-1]]):
-            return out
+    if restore is not None and restore(key, *inputs):
+        return out
     fill = get_global_func_on_rpc_session(
         session, "tvm.contrib.random.random_fill_for_measure",
         "the RPC server's TVM runtime has no random fill (build TVM with USE_RANDOM=ON)")
-    out = []
-    for rep in range(alloc_repeat):
-        args = []
-        for i, (h, (_, dtype, shape)) in enumerate(zip(host_arrays(rep), infos)):
-            shape = [int(s) for s in shape]
-            if h is not None:
-                args.append(tvm.runtime.tensor(h, device))
+    for rep, args in enumerate(out):
+        for host, arg in zip(host_arrays(rep), args[:-1]):
+            if host is not None:
+                arg.copyfrom(host)
                 continue
-            arg = tvm.runtime.empty(shape, dtype, device)
-            if i != len(infos) - 1:
-                try:
-                    fill(arg)
-                except Exception:  # noqa: BLE001 - a dtype the server's fill does not take: send data
-                    arg.copyfrom(_random_host(shape, dtype, rep))
-            args.append(arg)
-        out.append(args)
+            try:
+                fill(arg)
+            except Exception:  # noqa: BLE001 - a dtype the server's fill does not take: send data
+                arg.copyfrom(_random_host(list(arg.shape), str(arg.dtype), rep))
     if cache is not None:
-        cache(key, *[arg for args in out for arg in args[:-1]])
+        cache(key, *inputs)
     return out
 
 

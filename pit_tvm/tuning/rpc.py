@@ -14,9 +14,9 @@ each measurement to a free RPC server registered under a device key, and MetaSch
   :func:`check_tracker` says the tracker answers and has servers under the key; wrapped in
   :class:`RetryingRunner` (a candidate whose session failed, e.g. its server died, is
   measured once more on another server; failing again, it is recorded as failed).
-- :class:`LocalCluster`: on one box, a tracker (:mod:`pit_tvm.tuning.rpc_tracker`) and one server per GPU (each pinned with
-  ``CUDA_VISIBLE_DEVICES``; on a CPU target, N CPU servers), stopped when the block exits,
-  also on Ctrl-C, SIGTERM and errors.
+- :class:`LocalCluster`: on one box, a tracker (:mod:`pit_tvm.tuning.rpc_tracker`) and one
+  server per GPU (each pinned with ``CUDA_VISIBLE_DEVICES``; on a CPU target, N CPU servers),
+  stopped when the block exits, also on Ctrl-C, SIGTERM and errors.
 
 Servers must be started with ``python -m pit_tvm.tuning.rpc_server`` (it registers the flush
 function the timing calls on the server, and the argument cache).
