@@ -143,14 +143,19 @@ def rpc_alloc_pit_arguments(session, device, args_info, alloc_repeat, density: f
 #: (the server's session worker process persists; :func:`register_server_functions`)
 CACHE_ARGUMENTS_FUNC = "pit.cache_arguments"
 RESTORE_ARGUMENTS_FUNC = "pit.restore_arguments"
+#: the tasks whose inputs a server keeps (the least recently used goes first): tuners sharing
+#: the servers do not refill each other's
+KEPT_TASKS = 4
 
 
 def _cache_arguments(key: str, *tensors) -> None:
-    """on the server: keep device copies of ``tensors`` under ``key``, in place of the
-    previous task's (the session's own tensors are freed when it ends)"""
+    """on the server: keep device copies of ``tensors`` under ``key`` (the session's own
+    tensors are freed when it ends), dropping the least recently used task's beyond
+    :data:`KEPT_TASKS`"""
     import tvm
 
-    _ARGS_CACHE.clear()
+    while len(_ARGS_CACHE) >= KEPT_TASKS:
+        _ARGS_CACHE.pop(next(iter(_ARGS_CACHE)))
     kept = []
     for t in tensors:
         copy = tvm.runtime.empty(t.shape, t.dtype, t.device)
@@ -162,9 +167,10 @@ def _cache_arguments(key: str, *tensors) -> None:
 def _restore_arguments(key: str, *tensors) -> bool:
     """on the server: copy what is kept under ``key`` into ``tensors`` (on the device);
     False, nothing copied, when nothing is kept under it"""
-    kept = _ARGS_CACHE.get(key)
+    kept = _ARGS_CACHE.pop(key, None)
     if kept is None or len(kept) != len(tensors):
         return False
+    _ARGS_CACHE[key] = kept          # the most recently used now
     for dst, src in zip(tensors, kept):
         dst.copyfrom(src)
     return True

@@ -488,7 +488,10 @@ def test_tracker_answers_without_nagle_delay(monkeypatch):
 def test_server_keeps_a_tasks_arguments_between_sessions():
     """a PIT server fills a task's inputs once: the next session of the same task gets the
     same contents (the server's random fill differs call to call), the output freshly
-    allocated; another task's arguments are filled anew, and replace the kept ones"""
+    allocated; another task's are filled for it, and the first task's are still kept after
+    it, up to KEPT_TASKS tasks (then the least recently used is filled anew)"""
+    from pit_tvm.tuning import _worker  # noqa: PLC0415
+
     tiles = [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(
         S.tiles_tuning_workload(256, N, (16, 32), "float16", "float16", M))]
     rows = [a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(S.tuning_workload(K, N, "float16", "float16", M))]
@@ -502,10 +505,18 @@ def test_server_keeps_a_tasks_arguments_between_sessions():
                 gc.collect()
 
         first, again, other, back = arguments(tiles), arguments(tiles), arguments(rows), arguments(tiles)
-    for rep in range(2):
-        for i in range(4):              # A, B, offsets, ids
-            np.testing.assert_array_equal(again[rep][i], first[rep][i])
-        assert again[rep][4].shape == first[rep][4].shape
-    assert not np.array_equal(back[0][0], first[0][0])      # the rows task replaced the tiles task's
-    np.testing.assert_array_equal(back[0][3], first[0][3])  # (the index is drawn the same way)
+        # more tasks than the server keeps (the rows workload at other densities): tiles' is dropped
+        for density in range(_worker.KEPT_TASKS):
+            session = rpc.connect_tracker(cluster.host, cluster.port).request("pit-cache", session_timeout=60)
+            rpc_alloc_pit_arguments(session, session.cpu(0), rows, 2, density=0.1 * (density + 1))
+            del session
+            gc.collect()
+        dropped = arguments(tiles)
+    for kept in (again, back):
+        for rep in range(2):
+            for i in range(4):              # A, B, offsets, ids
+                np.testing.assert_array_equal(kept[rep][i], first[rep][i])
+            assert kept[rep][4].shape == first[rep][4].shape
+    assert not np.array_equal(dropped[0][0], first[0][0])       # filled anew
+    np.testing.assert_array_equal(dropped[0][3], first[0][3])   # (the index is drawn the same way)
     assert np.abs(other[0][0].astype(np.float32)).max() > 0
