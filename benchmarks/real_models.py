@@ -12,9 +12,9 @@ lowers to its MoE op; the peers run transformers' own loop). Each is exported by
 TVM builds):
 
 * ``tvm_pit``: ``padding="attention_mask"`` -- the token-wise matmuls list the real tokens only
-  (``PropagatePadding``), plus the automatic annotations; with ``--expected-density sample`` its
-  ``expected_density`` is the real-token fraction of another batch drawn the same way (the tile
-  widths are planned for it), else compile_onnx's default;
+  (``PropagatePadding``), plus the automatic annotations; with ``--expected-density sample`` it
+  gets another batch drawn the same way as ``sample_inputs`` (the tile widths are planned for
+  that batch's real-token fraction), else compile_onnx's default density;
 * ``tvm_pit_off``: ``auto=False`` and no ``padding=``: the same dense kernels, no PIT.
 
 On cuda the fp32 export is converted to float16 (``pit_tvm.testing.to_float16``), both TVM builds
@@ -141,13 +141,13 @@ class _Host:
         pass
 
 
-def sample_density(cfg) -> float | None:
-    """``--expected-density sample``: the real-token fraction of a batch drawn like the timed one
-    with another seed (what a user knows of their traffic), else None (compile_onnx's default)."""
+def sample_batch(cfg) -> dict | None:
+    """``--expected-density sample``: a batch drawn like the timed one with another seed (what a
+    user knows of their traffic), given to compile_onnx as ``sample_inputs`` (it plans the padded
+    rows' matmuls for its real-token fraction), else None (compile_onnx's default density)."""
     if cfg.expected_density != "sample":
         return None
-    mask = padded_batch(cfg.batch, cfg.seq, cfg.min_len, cfg.seed + 1)["attention_mask"]
-    return round(float(mask.mean()), 3)
+    return padded_batch(cfg.batch, cfg.seq, cfg.min_len, cfg.seed + 1)
 
 
 def tvm_method(path, inputs, target, cfg, pit: bool):
@@ -158,13 +158,14 @@ def tvm_method(path, inputs, target, cfg, pit: bool):
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        kw = dict(padding="attention_mask", expected_density=sample_density(cfg)) if pit else dict(auto=False)
+        kw = dict(padding="attention_mask", sample_inputs=sample_batch(cfg)) if pit else dict(auto=False)
         cm = compile_onnx(path, target, shapes=shapes, cuda_graph=target == "cuda", **kw)
     compile_s = time.perf_counter() - t0
     ms, out = time_compiled(cm, inputs, cfg.repeat, cfg.warmup)
     statuses = [a.get("status") for a in cm.annotations]
+    planned = [a["expected_density"] for a in cm.annotations if "expected_density" in a]
     return ms, out, {"compile_s": compile_s, "pit_matmuls": statuses.count("pit"),
-                     "expected_density": kw.get("expected_density"),
+                     "expected_density": planned[0] if planned else None,
                      "warnings": sorted({str(w.message)[:300] for w in caught})[:5]}
 
 

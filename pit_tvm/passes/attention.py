@@ -31,7 +31,7 @@ from tvm import relax
 
 from pit_tvm.target import is_gpu, make_target
 
-from .attention_match import probabilities, same_dim, scores, shape_of
+from .attention_match import axes_of, probabilities, same_dim, scores, shape_of
 from .graph import FuncGraph, op_name, other_operand, scalar_constant
 
 
@@ -47,7 +47,7 @@ def _head_split(g: FuncGraph, x):
     [B, S, H, D]), [0, 2, 1, 3])``, each step used once: head h of x is columns ``o + h D``
     of the ``[B, S, W]`` tensor X.  Else None."""
     perm = g.single(x, "relax.permute_dims")
-    if perm is None or perm.attrs.axes is None or [int(a) for a in perm.attrs.axes] != [0, 2, 1, 3]:
+    if perm is None or axes_of(perm) != [0, 2, 1, 3]:
         return None
     return _head_split_rows(g, perm.args[0])
 
@@ -76,8 +76,7 @@ def _head_merge(g: FuncGraph, var):
     if op_name(perm) == "relax.reshape" and _same_dims(shape_of(perm), shape_of(var)):   # (the export's no-op reshape)
         perm_var = g.sole_user(perm_var)
         perm = g.bound.get(perm_var)
-    if (op_name(perm) != "relax.permute_dims" or perm.attrs.axes is None
-            or [int(a) for a in perm.attrs.axes] != [0, 2, 1, 3]):
+    if op_name(perm) != "relax.permute_dims" or axes_of(perm) != [0, 2, 1, 3]:
         return None
     merged_var = g.sole_user(perm_var)
     merged = g.bound.get(merged_var)

@@ -146,7 +146,8 @@ def rpc_runner(host: str, port: int, key: str, *, density: float = 0.5, number: 
     process started now (:func:`~pit_tvm.tuning._worker.warm_runner_worker`).
     ``f_alloc_argument``: another workload's argument hook (the MoE grouped GEMM's,
     :func:`~pit_tvm.tuning._worker.rpc_alloc_moe_arguments`); default the matmul's."""
-    count = check_tracker(host, port, key, check_timeout)
+    count = check_tracker(host, port, key, check_timeout)    # (a clear error first, workers given or not)
+    workers = int(workers or count)
     inner = ms.runner.RPCRunner(
         rpc_config=ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key,
                                        session_priority=1, session_timeout_sec=int(session_timeout)),
@@ -155,8 +156,8 @@ def rpc_runner(host: str, port: int, key: str, *, density: float = 0.5, number: 
         f_create_session=rpc_create_session,
         f_alloc_argument=f_alloc_argument or functools.partial(rpc_alloc_pit_arguments, density=float(density)),
         f_run_evaluator=rpc_run_evaluator_cold_l2,
-        max_workers=int(workers or count))
-    for _ in range(int(workers or count)):
+        max_workers=workers)
+    for _ in range(workers):
         inner.pool.submit(warm_runner_worker, 1.0)
     return RetryingRunner(inner)
 

@@ -61,11 +61,15 @@ class Expected:
         return (q1, k1, v1)
 
 
+def combined_expected():
+    """``Expected`` with the three projections' weights and biases concatenated"""
+    return bound(Expected, {"w": np.concatenate([W["w0"], W["w1"], W["w2"]], axis=1),
+                            "b": np.concatenate([W["b0"], W["b1"], W["b2"]])})
+
+
 def test_shared_input_projections_become_one_matmul():
     after = CombineParallelMatmuls()(bound(Before, W))
-    expected = bound(Expected, {"w": np.concatenate([W["w0"], W["w1"], W["w2"]], axis=1),
-                                "b": np.concatenate([W["b0"], W["b1"], W["b2"]])})
-    tvm.ir.assert_structural_equal(after, expected)
+    tvm.ir.assert_structural_equal(after, combined_expected())
 
 
 @I.ir_module
@@ -89,9 +93,7 @@ class BiasFirst:
 
 def test_bias_added_first_is_combined_too():
     after = CombineParallelMatmuls()(bound(BiasFirst, W))
-    expected = bound(Expected, {"w": np.concatenate([W["w0"], W["w1"], W["w2"]], axis=1),
-                                "b": np.concatenate([W["b0"], W["b1"], W["b2"]])})
-    tvm.ir.assert_structural_equal(after, expected)
+    tvm.ir.assert_structural_equal(after, combined_expected())
 
 
 def test_what_it_cannot_take_is_left_alone():
