@@ -61,15 +61,26 @@ def check_kernel_args(pattern, key_block, dtype, mask_dtype):
     assert QUERY_BLOCK * key_block < _BAD_UNIT * 2
 
 
-def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask_dtype: str | None = None
-                               ) -> tirx.PrimFunc:
+def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask_dtype: str | None = None,
+                               global_split: bool = False) -> tirx.PrimFunc:
     """PrimFunc ``(q[B, H, Sq, d], k[B, H, Sk, d], <mask, global_flags, doc_ids as the pattern
-    has them>, block_counts, block_ids, block_partial)`` building the block index (q and k give
-    the sizes only; they are not read).  B, H, Sq, Sk, d and the mask's head dim are symbolic."""
+    has them>, block_counts, block_ids, block_partial[, global_rows, global_count])`` building the
+    block index (q and k give the sizes only; they are not read).  B, H, Sq, Sk, d and the mask's
+    head dim are symbolic.
+
+    ``global_split`` (window + global tokens, :func:`~pit_tvm.ops.sparse_attention.splits_global_rows`):
+    the index of the Hopper kernel that takes the global tokens apart.  The key blocks listed are
+    those of the window alone (partial where a pair is outside the window for a non-global query,
+    or the block holds a global key: those are read from the gathered blocks instead), and two more
+    outputs list each sequence's global tokens: ``global_rows`` int32 ``[B, S]`` (ascending, tail
+    ``-1``) and ``global_count`` int32 ``[B]``."""
     from pit_tvm.ops.sparse_attention import (QUERY_BLOCK, pattern_params_dropped, pattern_predicate,
-                                              pattern_signature_buffers, sequence_lengths)
+                                              pattern_signature_buffers, sequence_lengths, splits_global_rows)
 
     check_kernel_args(pattern, key_block, dtype, mask_dtype)
+    if global_split and not splits_global_rows(pattern):
+        raise ValueError(f"global_split takes a window + global tokens pattern without a mask, documents or causal, "
+                         f"got {pattern.tag}")
     target = make_target(target)
     st = schedule_cuda() if is_gpu(target) else schedule_cpu()
     BX, TX, SH = st.bx, st.tx, st.shared
@@ -218,51 +229,97 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                     FL[blk] = _block_class_by_extremes(
                         pattern, e, T.Cast("int32", (blk // KB) % QB * QBL),
                         T.Cast("int32", T.min((blk // KB) % QB * QBL + (QBL - 1), Sq - 1)),
-                        T.Cast("int32", blk % KB * KBL), T.Cast("int32", T.min(blk % KB * KBL + (KBL - 1), Sk - 1)))
+                        T.Cast("int32", blk % KB * KBL), T.Cast("int32", T.min(blk % KB * KBL + (KBL - 1), Sk - 1)),
+                        global_split)
 
     # (documents with a window: the AND of two "some pair allowed" tests would over-list)
     by_extremes = pattern.mask is None and not (pattern.documents and pattern.window is not None)
     classify = classify_extremes if by_extremes else classify_pairs
 
-    def count_listed(FL, base):
-        """``add(acc, j)`` for run_sums: count key block ``j`` (flag ``FL[base + j]``) if listed"""
+    def count_if(at, is_listed):
+        """``add(acc, i)`` for run_sums: count item ``i`` if listed"""
         @T.macro
-        def add(acc, j):
-            if FL[base + j] != T.int8(0):
+        def add(acc, i):
+            if is_listed(at, i):
                 acc[0] = acc[0] + 1
 
         return add
 
     @T.macro
+    def list_in_order(n, at, is_listed, put, put_tail, put_count):
+        """one CTA lists the items ``i < n`` where ``is_listed(at, i)``, in ascending order:
+        ``put(at, pos, i)`` for each, ``put_tail(at, pos)`` for the positions past the last and
+        ``put_count(at, total)`` once (``at``: the CTA's output coordinates; a run-wise block scan
+        gives each thread its first position)"""
+        sA = T.alloc_buffer((NT,), "int32", scope=SH)
+        sB = T.alloc_buffer((NT,), "int32", scope=SH)
+        run_sums(sA, n, count_if(at, is_listed))
+        block_scan(sA, sB)
+        for tx in TX(NT):
+            pos = T.alloc_buffer((1,), "int32", scope="local")
+            pos[0] = 0
+            if tx > 0:
+                pos[0] = sA[tx - 1]
+            for j in range((n + (NT - 1)) // NT):
+                if tx * ((n + (NT - 1)) // NT) + j < n:
+                    if is_listed(at, tx * ((n + (NT - 1)) // NT) + j):
+                        put(at, pos[0], tx * ((n + (NT - 1)) // NT) + j)
+                        pos[0] = pos[0] + 1
+            if tx == 0:
+                put_count(at, sA[NT - 1])
+        for tx in TX(NT):
+            total = T.alloc_buffer((1,), "int32", scope="local")
+            total[0] = sA[NT - 1]
+            for j in range((n + (NT - 1)) // NT):
+                if j * NT + tx < n:
+                    if j * NT + tx >= T.Cast("int64", total[0]):
+                        put_tail(at, j * NT + tx)
+
+    # the block lists: ``at`` = (flags FL, its offset, CNT, IDS, PART, b, hg, qb)
+    def block_listed(at, j):
+        return at[0][at[1] + j] != T.int8(0)
+
+    @T.macro
+    def put_block(at, pos, j):
+        at[3][at[5], at[6], at[7], pos] = T.Cast("int32", j)
+        at[4][at[5], at[6], at[7], pos] = T.Select(at[0][at[1] + j] == T.int8(1), T.int32(1), T.int32(0))
+
+    @T.macro
+    def put_no_block(at, pos):
+        at[3][at[5], at[6], at[7], pos] = -1
+        at[4][at[5], at[6], at[7], pos] = 0
+
+    @T.macro
+    def put_block_count(at, total):
+        at[2][at[5], at[6], at[7]] = total
+
+    @T.macro
     def compact(FL, CNT, IDS, PART, B, HG, QB, KB):
         for g in BX(B * HG * QB):
-            sA = T.alloc_buffer((NT,), "int32", scope=SH)
-            sB = T.alloc_buffer((NT,), "int32", scope=SH)
-            run_sums(sA, KB, count_listed(FL, g * KB))
-            block_scan(sA, sB)
-            for tx in TX(NT):
-                pos = T.alloc_buffer((1,), "int32", scope="local")
-                pos[0] = 0
-                if tx > 0:
-                    pos[0] = sA[tx - 1]
-                for j in range((KB + (NT - 1)) // NT):
-                    if tx * ((KB + (NT - 1)) // NT) + j < KB:
-                        if FL[g * KB + tx * ((KB + (NT - 1)) // NT) + j] != T.int8(0):
-                            IDS[g // (HG * QB), g // QB % HG, g % QB, pos[0]] = T.Cast(
-                                "int32", tx * ((KB + (NT - 1)) // NT) + j)
-                            PART[g // (HG * QB), g // QB % HG, g % QB, pos[0]] = T.Select(
-                                FL[g * KB + tx * ((KB + (NT - 1)) // NT) + j] == T.int8(1), T.int32(1), T.int32(0))
-                            pos[0] = pos[0] + 1
-                if tx == 0:
-                    CNT[g // (HG * QB), g // QB % HG, g % QB] = sA[NT - 1]
-            for tx in TX(NT):
-                total = T.alloc_buffer((1,), "int32", scope="local")
-                total[0] = sA[NT - 1]
-                for j in range((KB + (NT - 1)) // NT):
-                    if j * NT + tx < KB:
-                        if j * NT + tx >= T.Cast("int64", total[0]):
-                            IDS[g // (HG * QB), g // QB % HG, g % QB, j * NT + tx] = -1
-                            PART[g // (HG * QB), g // QB % HG, g % QB, j * NT + tx] = 0
+            list_in_order(KB, (FL, g * KB, CNT, IDS, PART, g // (HG * QB), g // QB % HG, g % QB), block_listed,
+                          put_block, put_no_block, put_block_count)
+
+    # the global rows: ``at`` = (global flags, ROWS, GCNT, b)
+    def row_is_global(at, i):
+        return at[0][at[3], i] != 0
+
+    @T.macro
+    def put_row(at, pos, i):
+        at[1][at[3], pos] = T.Cast("int32", i)
+
+    @T.macro
+    def put_no_row(at, pos):
+        at[1][at[3], pos] = -1
+
+    @T.macro
+    def put_row_count(at, total):
+        at[2][at[3]] = total
+
+    @T.macro
+    def list_global_rows(flags, ROWS, GCNT, B, S):
+        """per sequence, the positions of its global tokens in ascending order, and their count"""
+        for b in BX(B):
+            list_in_order(S, (flags, ROWS, GCNT, b), row_is_global, put_row, put_no_row, put_row_count)
 
     mdt = mask_dtype or "bool"
 
@@ -278,7 +335,7 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
 
     @T.prim_func(s_tir=True)
     def index(q: T.handle, k: T.handle, m: T.handle, x: T.handle, y: T.handle, c: T.handle, i: T.handle,
-              p: T.handle):
+              p: T.handle, gr: T.handle, gc: T.handle):
         T.func_attr({"tirx.noalias": True})
         B, H, Sq, Sk, S, D, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
         Lq, Lk = T.meta_var(sequence_lengths(pattern, Sq, Sk, S))
@@ -291,19 +348,25 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         CNT = T.match_buffer(c, (B, G, qb_of(Lq)), "int32")
         IDS = T.match_buffer(i, (B, G, qb_of(Lq), kb_of(Lk)), "int32")
         PART = T.match_buffer(p, (B, G, qb_of(Lq), kb_of(Lk)), "int32")
+        GROWS = T.match_buffer(gr, (B, Lq), "int32")
+        GCNT = T.match_buffer(gc, (B,), "int32")
         FL = T.sblock_alloc_buffer((T.max(B * G * qb_of(Lq) * kb_of(Lk), 1),), "int8")
         classify(pattern_signature_buffers(pattern, M, X, Y), FL, B, G, Lq, Lk, qb_of(Lq), kb_of(Lk))
         compact(FL, CNT, IDS, PART, B, G, qb_of(Lq), kb_of(Lk))
+        if global_split:
+            list_global_rows(X, GROWS, GCNT, B, Lq)
 
-    func = without_params(index, ("q", "k", "m", "x", "y", "c", "i", "p"), pattern_params_dropped(pattern))
-    name = f"pit_attention_index_{pattern.tag}_kb{key_block}_{dtype}" + (f"_{mdt}" if pattern.mask else "")
+    dropped = pattern_params_dropped(pattern) + (() if global_split else ("gr", "gc"))
+    func = without_params(index, ("q", "k", "m", "x", "y", "c", "i", "p", "gr", "gc"), dropped)
+    name = (f"pit_attention_index_{pattern.tag}_kb{key_block}_{dtype}" + (f"_{mdt}" if pattern.mask else "")
+            + ("_gsplit" if global_split else ""))
     func = func.with_attr("global_symbol", name).with_attr("pit.index.num_inputs", 2 + len(pattern.inputs))
     if is_gpu(target):
         func = func.with_attr("tirx.is_scheduled", True)
     return func
 
 
-def _block_class_by_extremes(pattern, e, q0, q1, k0, k1):
+def _block_class_by_extremes(pattern, e, q0, q1, k0, k1, global_split=False):
     """int8 class (0 empty, 1 partial, 2 full) of the block of queries ``[q0, q1]`` x keys
     ``[k0, k1]`` (both in bounds) for causal / window / global tokens, from ``e``: the max global
     query, the min / max non-global query, the min global key, the min / max non-global key
@@ -320,7 +383,11 @@ def _block_class_by_extremes(pattern, e, q0, q1, k0, k1):
     query block holds the diagonal; one before it needs the ranges to meet), exact for
     non-decreasing ids (packed sequences); for other ids a listed block may hold no allowed
     pair (partial: the kernels skip its pairs), and no block with an allowed pair is ever left
-    out.  Every pair shares one when all four ids are equal (exact for any ids)."""
+    out.  Every pair shares one when all four ids are equal (exact for any ids).
+
+    ``global_split``: the window's blocks alone (the global rows and keys are the kernel's
+    gathered tiles): listed where a pair is in the window, full where no key is global and every
+    non-global query's pairs are in the window."""
     big = 1 << 30
     true = tirx.const(True, "bool")
     any_ok = true if not pattern.causal else k0 <= q1
@@ -335,25 +402,36 @@ def _block_class_by_extremes(pattern, e, q0, q1, k0, k1):
         w = T.int32(pattern.window)
         lo = T.int32(0) if pattern.causal else -w
         near = T.max(q0 - k1, lo) <= T.min(q1 - k0, w)
-        if pattern.global_tokens:
+        if pattern.global_tokens and not global_split:
             key_global = e[3] <= q1 if pattern.causal else e[3] < big
             row_global = e[0] >= k0 if pattern.causal else e[0] >= 0
             near = T.Or(near, T.Or(key_global, row_global))
         any_ok = T.And(any_ok, near) if pattern.causal else near
         in_window = T.max(e[2] - e[4], e[5] - e[1]) <= w
         all_ok = T.And(all_ok, T.Or(T.Or(e[1] == big, e[4] == big), in_window))
+        if global_split:
+            all_ok = T.And(all_ok, e[3] == big)
     return T.Select(any_ok, T.Select(all_ok, T.int8(2), T.int8(1)), T.int8(0))
 
 
 def reference_attention_block_index(pattern, q_shape, k_shape, key_block: int, *, mask=None, global_flags=None,
-                                    doc_ids=None):
-    """numpy reference of :func:`attention_block_index_func`: ``(counts, ids, partial)``."""
+                                    doc_ids=None, global_split=False):
+    """numpy reference of :func:`attention_block_index_func`: ``(counts, ids, partial)``, and with
+    ``global_split`` also ``(global_rows, global_count)``."""
     from pit_tvm.ops.sparse_attention import QUERY_BLOCK, reference_allowed
 
     B, H, Sq, _ = q_shape
     Sk = k_shape[2]
-    allowed = reference_allowed(pattern, B, H, Sq, Sk, mask=mask, global_flags=global_flags, doc_ids=doc_ids)
-    needs = ~allowed
+    if global_split:
+        # the window's pairs; a pair needs the predicate where its key is global (read from the
+        # gathered blocks) or, for a non-global query, it is outside the window
+        g = np.asarray(global_flags) != 0
+        near = np.abs(np.arange(Sq)[:, None] - np.arange(Sk)[None, :]) <= pattern.window
+        allowed = np.broadcast_to(near[None, None], (B, 1, Sq, Sk))
+        needs = g[:, None, None, :Sk] | (~g[:, None, :Sq, None] & ~near[None, None])
+    else:
+        allowed = reference_allowed(pattern, B, H, Sq, Sk, mask=mask, global_flags=global_flags, doc_ids=doc_ids)
+        needs = ~allowed
     if pattern.mask == "additive":
         needs = needs | (np.asarray(mask).astype(np.float32) != 0)
     HG = allowed.shape[1] if pattern.mask is None else np.asarray(mask).shape[1]
@@ -370,4 +448,10 @@ def reference_attention_block_index(pattern, q_shape, k_shape, key_block: int, *
         listed = np.nonzero(a[idx])[0]
         ids[idx][: len(listed)] = listed
         partial[idx][: len(listed)] = n[idx][listed]
-    return counts, ids, partial
+    if not global_split:
+        return counts, ids, partial
+    rows = np.full((B, Sq), -1, np.int32)
+    for b in range(B):
+        found = np.nonzero(g[b])[0]
+        rows[b, : len(found)] = found
+    return counts, ids, partial, rows, g.sum(axis=1).astype(np.int32)

@@ -125,6 +125,15 @@ def pattern_inputs(pattern: AttentionPattern) -> tuple[str, ...]:
     return tuple(names)
 
 
+def splits_global_rows(pattern: AttentionPattern) -> bool:
+    """Whether the Hopper kernel takes this pattern's global tokens apart (PIT's SRead along both
+    axes): the global query rows as their own dense query tiles (gathered rows against every
+    key) and the global keys as gathered key blocks, so that neither widens the window's key
+    blocks.  Window + global tokens without a mask, documents or causal (Longformer's pattern)."""
+    return (pattern.global_tokens and pattern.window is not None and pattern.mask is None and not pattern.documents
+            and not pattern.causal)
+
+
 def sequence_lengths(pattern: AttentionPattern, Sq, Sk, S):
     """The (query, key) lengths of the kernels' signatures: ``(S, S)`` for a pattern with
     global flags or document ids (``[B, S]`` inputs: self-attention), else ``(Sq, Sk)``."""
@@ -464,8 +473,9 @@ def fast_kernel_applies(target, head_dim: int, dtype: str) -> bool:
 
 
 def _hopper_kernel(target, head_dim, pattern, dtype, scale, mask_dtype, key_block):
-    """The sm_90a kernel (``pit.attention.key_block`` set: the index is built for it), or None
-    (with a warning when it exists but does not apply)."""
+    """The sm_90a kernel (``pit.attention.key_block`` set: the index is built for it; global
+    tokens taken apart where :func:`splits_global_rows`), or None (with a warning when it
+    exists but does not apply)."""
     from pit_tvm.target import is_gpu
 
     if not is_gpu(target) or str(target.attrs.get("arch", "")) != "sm_90a":
@@ -476,7 +486,8 @@ def _hopper_kernel(target, head_dim, pattern, dtype, scale, mask_dtype, key_bloc
         return None
     try:
         key_block = key_block or HOPPER_KEY_BLOCK
-        func = block_sparse_attention_func(head_dim, pattern, dtype, key_block, scale=scale, mask_dtype=mask_dtype)
+        func = block_sparse_attention_func(head_dim, pattern, dtype, key_block, scale=scale, mask_dtype=mask_dtype,
+                                           global_split=splits_global_rows(pattern))
         return func.with_attr("pit.attention.key_block", key_block)
     except (ValueError, TypeError) as err:
         warnings.warn(f"sparse attention: the sm_90a kernel does not apply ({err}); the generic kernel runs",
@@ -512,8 +523,10 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
     # one kernel per (kernel, pattern, d, key block, dtypes, scale): a model may hold several
     name = (f"pit_sparse_attention_{kind}_{pattern.tag}_d{d}_kb{kb}_{dtype}" + (f"_{mask_dtype}" if mask_dtype else "")
             + "_scale" + repr(scale).replace(".", "p").replace("-", "m").replace("+", ""))
+    global_split = kind == "hopper" and splits_global_rows(pattern)
+    name += "_gsplit" if global_split else ""
     kernel_gv = add_once(bb, name, lambda: func)
-    index_func = attention_block_index_func(pattern, kb, dtype, target, mask_dtype=mask_dtype)
+    index_func = attention_block_index_func(pattern, kb, dtype, target, mask_dtype=mask_dtype, global_split=global_split)
     index_gv = add_once(bb, str(index_func.attrs["global_symbol"]), lambda: index_func)
 
     B, H, Sq, _ = q.ty.shape
@@ -522,12 +535,13 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
     QB = tirx.floordiv(Sq + (QUERY_BLOCK - 1), QUERY_BLOCK)
     KB = tirx.floordiv(Sk + (kb - 1), kb)
     extra = [runtime[n] for n in pattern.inputs]
-    index = bb.emit(relax.call_tir(index_gv, [q, k, *extra],
-                                   [relax.TensorType([B, HG, QB], "int32"),
-                                    relax.TensorType([B, HG, QB, KB], "int32"),
-                                    relax.TensorType([B, HG, QB, KB], "int32")]))
-    counts, ids, partial = (bb.emit(relax.TupleGetItem(index, i)) for i in range(3))
-    return bb.emit(relax.call_tir(kernel_gv, [q, k, v, counts, ids, partial, *extra],
+    outputs = [relax.TensorType([B, HG, QB], "int32"), relax.TensorType([B, HG, QB, KB], "int32"),
+               relax.TensorType([B, HG, QB, KB], "int32")]
+    if global_split:    # the global rows and their count
+        outputs += [relax.TensorType([B, Sq], "int32"), relax.TensorType([B], "int32")]
+    index = bb.emit(relax.call_tir(index_gv, [q, k, *extra], outputs))
+    index_parts = [bb.emit(relax.TupleGetItem(index, i)) for i in range(len(outputs))]
+    return bb.emit(relax.call_tir(kernel_gv, [q, k, v, *index_parts[:3], *extra, *index_parts[3:]],
                                   relax.TensorType(list(q.ty.shape), dtype)))
 
 
@@ -557,7 +571,7 @@ class SparseAttention:
         from tvm import relax
 
         from pit_tvm._args import dtype_name, positive_int
-        from pit_tvm.index.attention import MASK_DTYPES, attention_block_index_func
+        from pit_tvm.index.attention import MASK_DTYPES
         from pit_tvm.ops.matmul import op_target
         from pit_tvm.target import build, device_for
 
@@ -601,8 +615,9 @@ class SparseAttention:
                                 if gv.name_hint.startswith("pit_sparse_attention_"))
         kernel = mod[self.kernel_name]
         self.key_block = int(kernel.attrs["pit.attention.key_block"])
-        self.index_name = str(attention_block_index_func(pattern, self.key_block, self.dtype, self.target,
-                                                         mask_dtype=self.mask_dtype).attrs["global_symbol"])
+        self.index_name = next(gv.name_hint for gv in mod.get_global_vars()
+                               if gv.name_hint.startswith("pit_attention_index_"))
+        self.global_split = self.index_name.endswith("_gsplit")
         self.executable = build(mod, self.target)
         self._main = None
 
@@ -663,7 +678,9 @@ class SparseAttention:
         return qt, kt, vt, extra
 
     def index(self, q, k, mask=None, global_flags=None, doc_ids=None):
-        """``(block_counts, block_ids, block_partial)`` of this call's pattern, on the device."""
+        """``(block_counts, block_ids, block_partial)`` of this call's pattern, on the device, and
+        where the kernel takes the global tokens apart (``global_split``) ``global_rows,
+        global_count`` (:func:`pit_tvm.index.attention.attention_block_index_func`)."""
         qt, kt, _, extra = self._inputs(q, k, None, mask, global_flags, doc_ids)
         import tvm
 
@@ -674,6 +691,8 @@ class SparseAttention:
         outs = (tvm.runtime.empty((B, HG, QB), "int32", self.device),
                 tvm.runtime.empty((B, HG, QB, KB), "int32", self.device),
                 tvm.runtime.empty((B, HG, QB, KB), "int32", self.device))
+        if self.global_split:
+            outs += (tvm.runtime.empty((B, Sq), "int32", self.device), tvm.runtime.empty((B,), "int32", self.device))
         self.executable[self.index_name](qt, kt, *extra, *outs)
         return outs
 

@@ -283,6 +283,49 @@ def test_description_index_from_block_extremes_is_exact(pattern, key_block, B, S
         np.testing.assert_array_equal(g, w)
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(window=st.sampled_from([0, 63, 130, 5000]), key_block=st.sampled_from([64, 128]), B=st.integers(1, 2),
+       S=st.sampled_from([1, 5, 127, 128, 129, 300, 700]), density=st.sampled_from([0.0, 0.01, 0.2, 1.0]),
+       seed=st.integers(0, 2**16))
+def test_index_with_global_tokens_taken_apart_is_exact(window, key_block, B, S, density, seed):
+    """``global_split`` (the Hopper kernel's window + global tokens): the window's blocks, partial
+    where a key is global or a non-global query's pair is outside the window, and each sequence's
+    global rows (ascending, tail -1) and count, equal to the numpy reference"""
+    from pit_tvm.index import IndexBuilder
+    from pit_tvm.index.attention import attention_block_index_func
+
+    pattern = AttentionPattern(window=window, global_tokens=True)
+    key = (pattern, key_block, "split")
+    if key not in _INDEXES:
+        _INDEXES[key] = IndexBuilder(attention_block_index_func(pattern, key_block, "float16", "llvm",
+                                                                global_split=True), "llvm")
+    rng = np.random.default_rng(seed)
+    q = np.zeros((B, 1, S, 2), np.float16)
+    flags = (rng.random((B, S)) < density).astype(np.int32)
+    got = [x.numpy() for x in _INDEXES[key](q, q, flags)]
+    want = reference_attention_block_index(pattern, q.shape, q.shape, key_block, global_flags=flags, global_split=True)
+    assert len(got) == len(want) == 5
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_many_global_tokens_against_fp32_reference(head_dim):
+    """sm_90a takes window + global tokens apart: with 30 % global tokens (several gathered query
+    tiles and key blocks a sequence) and with none, the op (device index + kernel) is exact"""
+    rng = np.random.default_rng(head_dim)
+    B, H, S = 2, 3, 1000
+    q, k, v = _qkv(rng, B, H, S, S, head_dim, np.float16)
+    pattern = AttentionPattern(window=50, global_tokens=True)
+    op = pit_tvm.sparse_attention(head_dim, pattern, dtype="float16", target="cuda")
+    assert op.global_split
+    for fraction in (0.3, 0.0):
+        flags = (rng.random((B, S)) < fraction).astype(np.int32)
+        out = op(q, k, v, global_flags=flags)
+        _check(out, reference_sparse_attention(q, k, v, pattern, global_flags=flags), "float16")
+
+
 def test_unsorted_document_ids_list_a_superset_and_the_result_is_exact():
     """With doc ids that are not non-decreasing the index may list blocks without an allowed pair
     (marked partial), never leave one out; the op's result is exact either way."""

@@ -74,6 +74,19 @@ def test_signature(pattern, inputs):
     assert (sq.same_as(sk)) == bool(pattern.global_tokens or pattern.documents)
 
 
+def test_signature_with_global_split():
+    """``global_split`` adds the index's ``global_rows [B, S]`` and ``global_count [B]`` after the
+    pattern's inputs; it takes window + global tokens only"""
+    f = block_sparse_attention_func(64, AttentionPattern(window=8, global_tokens=True), "float16", 64,
+                                    global_split=True)
+    bufs = [p.ty for p in f.params]
+    assert [b.dtype for b in bufs] == ["float16"] * 3 + ["int32"] * 6 + ["float16"]
+    assert [len(b.shape) for b in bufs[6:9]] == [2, 2, 1]
+    with pytest.raises(ValueError, match="global_split"):
+        block_sparse_attention_func(64, AttentionPattern(window=8, global_tokens=True, causal=True), "float16", 64,
+                                    global_split=True)
+
+
 #: the kernel's forms: P through shared memory (all threads copy), P in registers, P in
 #: registers with a loader warpgroup filling the ring, and that with a block's softmax
 #: overlapping the previous block's P V (key block 64 only); "default": the defaults (the
@@ -99,12 +112,24 @@ VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
     (AttentionPattern(mask="bool", causal=True), 64, 64, "bfloat16", "default"),
 ])
 def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, variant):
+    _compiles_without_spills(pattern, head_dim, key_block, dtype, variant)
+
+
+@pytest.mark.parametrize("head_dim,variant", [(64, "default"), (128, "default"), (64, "p_smem")])
+def test_global_split_compiles_without_spills(head_dim, variant):
+    """the form that takes Longformer's global tokens apart (gathered query tiles and key blocks)"""
+    _compiles_without_spills(AttentionPattern(window=256, global_tokens=True), head_dim, 64, "float16", variant,
+                             global_split=True)
+
+
+def _compiles_without_spills(pattern, head_dim, key_block, dtype, variant, global_split=False):
     """wgmma for Q K^T (n = key block) and P V (n = head dim; P from shared memory or from
     registers), the K / V ring by cp.async (a loader warpgroup's, with the ring's mbarriers);
     ptxas keeps the wgmma asynchronous (no C7515) and spills nothing."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, **VARIANTS[variant])
+    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, global_split=global_split,
+                                    **VARIANTS[variant])
     src = cuda_sources(build(tvm.IRModule({"main": f}), TARGET))[0]
     assert f"m64n{key_block}k16" in src and f"m64n{head_dim}k16" in src
     assert "cp_async" in src and "exp2f" in src
@@ -163,23 +188,25 @@ def _block_mask(rng, b, mh, sq, sk, key_block, density=0.4, partial=0.5):
     return mask
 
 
-def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, variant="p_smem", **inputs):
+def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, variant="p_smem", global_split=False, **inputs):
     """the kernel's output for (q, k, v) and the pattern's inputs, with the index of the numpy
     reference unless ``index`` is given"""
-    counts, ids, partial = index or reference_attention_block_index(pattern, q.shape, k.shape, key_block, **inputs)
-    f = _built(pattern, head_dim, key_block, dtype, variant)
+    index = index or reference_attention_block_index(pattern, q.shape, k.shape, key_block, global_split=global_split,
+                                                     **inputs)
+    f = _built(pattern, head_dim, key_block, dtype, variant, global_split)
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full(q.shape, 7, np.float32).astype(q.dtype), dev)
-    args = [q, k, v, counts, ids, partial] + [inputs[n] for n in pattern.inputs]
+    args = [q, k, v, *index[:3]] + [inputs[n] for n in pattern.inputs] + list(index[3:])
     f(*(tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in args), out)
     return out.numpy().astype(np.float32)
 
 
 @functools.lru_cache(maxsize=None)
-def _built(pattern, head_dim, key_block, dtype, variant):
+def _built(pattern, head_dim, key_block, dtype, variant, global_split=False):
     if variant == "ws_overlap" and key_block != 64:
         pytest.skip("overlap takes key block 64")
-    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, **VARIANTS[variant])
+    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, global_split=global_split,
+                                    **VARIANTS[variant])
     return build(tvm.IRModule({"main": f}), TARGET)["main"]
 
 
@@ -251,6 +278,25 @@ def test_gpu_longformer_and_documents(head_dim, variant):
                      for _ in range(b)]).astype(np.int32)
     got = _run(documents, q, k, v, head_dim, key_block, "bfloat16", variant=variant, doc_ids=docs)
     _check(got, reference_sparse_attention(q, k, v, documents, doc_ids=docs), "bfloat16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("head_dim,key_block", [(64, 64), (128, 64), (64, 128)])
+@pytest.mark.parametrize("global_fraction", [0.0, 0.02, 0.3])
+def test_gpu_global_tokens_taken_apart(head_dim, key_block, global_fraction, variant):
+    """window + global tokens with ``global_split``: the global rows as gathered query tiles against
+    every key (0, 1 or several tiles a sequence), the global keys as gathered key blocks (one or
+    several), the window blocks without them; tails on both axes"""
+    b, h, s = 2, 3, 700
+    rng = np.random.default_rng(head_dim + key_block + int(global_fraction * 100))
+    q, k, v = _inputs(rng, b, h, s, s, head_dim, "float16")
+    pattern = AttentionPattern(window=96, global_tokens=True)
+    flags = (rng.random((b, s)) < global_fraction).astype(np.int32)
+    flags[1, -1] = 1                                 # the last position global (the key tail)
+    got = _run(pattern, q, k, v, head_dim, key_block, "float16", variant=variant, global_split=True,
+               global_flags=flags)
+    _check(got, reference_sparse_attention(q, k, v, pattern, global_flags=flags), "float16")
 
 
 @pytest.mark.gpu

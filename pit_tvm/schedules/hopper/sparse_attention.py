@@ -54,7 +54,8 @@ from typing import Any
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.ops.sparse_attention import KEY_BLOCKS, QUERY_BLOCK
+from pit_tvm.ops.sparse_attention import (KEY_BLOCKS, QUERY_BLOCK, pattern_predicate, pattern_score_bias,
+                                          splits_global_rows)
 from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, WARPGROUP_BARRIERS, exit_thread,
                                                named_barrier_sync)
 from pit_tvm.schedules.hopper.config import CONSUMER_WARPGROUPS, LOADER_THREADS, TARGET, THREADS
@@ -92,6 +93,126 @@ class ConsumerRegisters(Unpacked):
     p_regs: Any
 
 
+class QueryTile:
+    """A CTA's work (a Python-side view of its coordinates, building the kernel's expressions):
+    which 128 query rows it loads and writes, which key blocks it visits, and each score's
+    element predicate.
+
+    Without ``global_split``: query block ``qb`` of ``(b, h)``, the listed key blocks of
+    ``(b, hg, qb)``.  With it (window + global tokens): a *global tile* ``tq`` takes the global
+    rows ``global_rows[b, 128 tq:]`` (gathered) against every key block; a *window tile* takes
+    query block ``tq``, its listed window blocks and then the gathered blocks of the global keys
+    (block id ``KBT + c``: keys ``global_rows[b, KB c:]``), and writes its non-global rows only."""
+
+    def __init__(self, pattern, KB, b, h, hg, tq, Sq, Sk, buffers, COUNTS, IDS, PARTIAL, *, glob=None, GROWS=None,
+                 gcount=None):
+        self.pattern, self.KB, self.b, self.h, self.hg, self.tq = pattern, KB, b, h, hg, tq
+        self.Sq, self.Sk, self.buffers = Sq, Sk, buffers
+        self.COUNTS, self.IDS, self.PARTIAL = COUNTS, IDS, PARTIAL
+        self.split = glob is not None
+        self.glob, self.GROWS, self.gcount = glob, GROWS, gcount
+        self.KBT = (Sk + (KB - 1)) // KB            # key blocks of the sequence (gathered ids follow)
+
+    # -- the key blocks visited ------------------------------------------------------
+    def listed(self):
+        """the index's count of listed key blocks"""
+        if not self.split:
+            return self.COUNTS[self.b, self.hg, self.tq]
+        return T.if_then_else(self.glob, 0, self.COUNTS[self.b, 0, self.tq])
+
+    def count(self, listed):
+        """the key blocks this CTA visits (``listed``: :meth:`listed`, read once)"""
+        if not self.split:
+            return listed
+        return T.if_then_else(self.glob, self.KBT, listed + (self.gcount + (self.KB - 1)) // self.KB)
+
+    def block(self, j, listed):
+        """the id of the j-th visited key block"""
+        if not self.split:
+            return self.IDS[self.b, self.hg, self.tq, j]
+        return T.if_then_else(self.glob, j, T.if_then_else(j < listed, self.IDS[self.b, 0, self.tq, j],
+                                                          self.KBT + (j - listed)))
+
+    def partial(self, j, listed):
+        """whether the j-th visited block needs the element predicate (the tail block needs it anyway)"""
+        if not self.split:
+            return self.PARTIAL[self.b, self.hg, self.tq, j]
+        return T.if_then_else(self.glob, 0, T.if_then_else(j < listed, self.PARTIAL[self.b, 0, self.tq, j], 1))
+
+    # -- rows read and written -------------------------------------------------------
+    def _global_row(self, i):
+        return T.max(self.GROWS[self.b, T.min(i, self.Sq - 1)], 0)
+
+    def query_pos(self, r):
+        """row ``r``'s place in the tile's rows (the sequence's, or the global rows' list)"""
+        return self.tq * QUERY_BLOCK + r
+
+    def query_src(self, pos):
+        """the sequence position of the row at ``pos`` (clamped: a valid address past the last)"""
+        if not self.split:
+            return T.min(pos, self.Sq - 1)
+        return T.if_then_else(self.glob, self._global_row(pos), T.min(pos, self.Sq - 1))
+
+    def query_ok(self, pos):
+        """whether the row at ``pos`` is one to compute"""
+        if not self.split:
+            return pos < self.Sq
+        return T.if_then_else(self.glob, pos < self.gcount, pos < self.Sq)
+
+    def out_row(self, r):
+        """the sequence position row ``r``'s result goes to"""
+        if not self.split:
+            return self.query_pos(r)
+        return self.query_src(self.query_pos(r))
+
+    def out_ok(self, r):
+        """whether row ``r``'s result is written: a window tile leaves the global rows to theirs"""
+        if not self.split:
+            return self.query_ok(self.query_pos(r))
+        flags = self.buffers["global_flags"]
+        pos = self.query_pos(r)
+        return T.if_then_else(self.glob, pos < self.gcount,
+                              T.And(pos < self.Sq, flags[self.b, T.min(pos, self.Sq - 1)] == 0))
+
+    def key_pos(self, kblk, r):
+        """row ``r`` of key block ``kblk``: its place among the sequence's keys, then the gathered ones"""
+        return kblk * self.KB + r
+
+    def key_src(self, kblk, key):
+        """the sequence position of the key at ``key`` (:meth:`key_pos`; clamped)"""
+        if not self.split:
+            return T.min(key, self.Sk - 1)
+        return T.if_then_else(kblk >= self.KBT, self._global_row(key - self.KBT * self.KB), T.min(key, self.Sk - 1))
+
+    def key_ok(self, kblk, key):
+        """whether the key at ``key`` is one (not past Sk, nor past the global keys)"""
+        if not self.split:
+            return key < self.Sk
+        return T.if_then_else(kblk >= self.KBT, key - self.KBT * self.KB < self.gcount, key < self.Sk)
+
+    # -- the element predicate -------------------------------------------------------
+    def needs_predicate(self, partial, kblk):
+        """a partial block, or the tail block (keys past Sk; every gathered block)"""
+        return T.Or(partial != 0, (kblk + 1) * self.KB > self.Sk)
+
+    def keys_only(self, kblk):
+        """whether every key of block ``kblk`` is allowed for every row of this tile (a global
+        tile's rows, a gathered block's keys): the predicate is then :meth:`key_ok` alone"""
+        return T.Or(self.glob, kblk >= self.KBT)
+
+    def allowed(self, kblk, query, key, key_c):
+        """is the key at ``key`` (position ``key_c``) allowed for the query row at position ``query``"""
+        if not self.split:
+            return T.And(key < self.Sk, pattern_predicate(self.pattern, self.buffers, self.b, self.h, query, key_c))
+        w = self.pattern.window
+        flags = self.buffers["global_flags"]
+        # (a window block: :meth:`keys_only` is false) its global keys are read from the gathered blocks
+        return T.And(key < self.Sk, T.And(T.And(key_c <= query + w, query <= key_c + w), flags[self.b, key_c] == 0))
+
+    def score_bias(self, query, key_c):
+        return pattern_score_bias(self.pattern, self.buffers, self.b, self.h, query, key_c)
+
+
 def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int, p_in_registers: bool = False) -> int:
     """dynamic shared memory of :func:`block_sparse_attention_func`'s kernel: Q, P (unless in
     registers), the K / V ring"""
@@ -118,7 +239,8 @@ def _check(head_dim, in_dtype, key_block, stages, p_in_registers):
 def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16", key_block: int = 64, *,
                                 scale: float | None = None, mask_dtype: str | None = None,
                                 stages: int | None = None, p_in_registers: bool = True,
-                                warp_specialized: bool = True, overlap: bool | None = None) -> tirx.PrimFunc:
+                                warp_specialized: bool = True, overlap: bool | None = None,
+                                global_split: bool = False) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -130,16 +252,23 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     loader warpgroup fills the ring (``ring.py``'s full / empty mbarriers), so that the consumer
     warpgroups run apart (needs ``p_in_registers``); ``overlap`` (with ``warp_specialized``, key
     block 64; default: where it applies): a block's softmax runs while the previous block's
-    P V is in flight; ``stages``: K / V blocks in the ring (default 4 with ``overlap``, else 2).
+    P V is in flight (not by default at head dim 128 with ``global_split``); ``stages``: K / V
+    blocks in the ring (default 4 with ``overlap``, else 2).
     An additive mask's values are added in partial blocks only: the index marks a block full
-    only where every entry is allowed with bias 0.  Raises ValueError where the kernel does not
-    apply."""
+    only where every entry is allowed with bias 0.  ``global_split`` (window + global tokens,
+    :func:`~pit_tvm.ops.sparse_attention.splits_global_rows`): the global rows and keys as their
+    own gathered tiles and blocks (:class:`QueryTile`; the index built with the same flag).
+    Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if overlap is None:
-        overlap = bool(warp_specialized) and KB == 64
+        # (at head dim 128 the global tiles' extra state makes the overlapping form spill)
+        overlap = bool(warp_specialized) and KB == 64 and not (global_split and D == 128)
     if stages is None:
         stages = 4 if overlap else 2
     _check(D, in_dtype, KB, int(stages), bool(p_in_registers))
+    if global_split and not splits_global_rows(pattern):
+        raise ValueError(f"global_split takes a window + global tokens pattern without a mask, documents or causal, "
+                         f"got {pattern.tag}")
     if warp_specialized and not p_in_registers:
         raise ValueError("warp_specialized needs p_in_registers (the consumer warpgroups share no P tile barrier)")
     if overlap and not warp_specialized:
@@ -151,8 +280,6 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     additive = pattern.mask == "additive"
     if mask_dtype is None:
         mask_dtype = "bool" if pattern.mask == "bool" else in_dtype
-    from pit_tvm.ops.sparse_attention import pattern_predicate, pattern_score_bias
-
     QB = QUERY_BLOCK
     ROW_CHUNKS = D // 8            # 16-byte chunks per row of Q / K / V / O
     ACC_S = KB // 2                # fp32 scores per thread: m64 x nKB over 128 threads
@@ -196,33 +323,29 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         return x + T.cuda.__shfl_xor_sync(full, x, 2, 32)
 
     @T.macro
-    def load_q(Q, b, h, qb, Sq, smem, t, threads):
-        """SRead: the query block's 128 rows of Q by ``threads`` copying threads (rows past Sq
+    def load_q(Q, tile, smem, t, threads):
+        """SRead: the tile's 128 rows of Q by ``threads`` copying threads (rows past its last
         zero-filled, not read)"""
         for c in T.unroll(QB * ROW_CHUNKS // threads):
             r = (t + threads * c) // ROW_CHUNKS
             ch = (t + threads * c) % ROW_CHUNKS
-            query = qb * QB + r
+            query = tile.query_pos(r)
             T.evaluate(copy16(smem.ptr_to([Q_OFF + tiled(QB, r, ch)]),
-                              Q.ptr_to([b, h, T.min(query, Sq - 1), ch * 8]), query < Sq))
+                              Q.ptr_to([tile.b, tile.h, tile.query_src(query), ch * 8]), tile.query_ok(query)))
 
     @T.macro
-    def load_block(K, V, b, h, Sk, smem, slot, kblk, t, threads):
+    def load_block(K, V, tile, smem, slot, kblk, t, threads):
         """SRead: key block ``kblk``'s KB rows of K and V into ring slot ``slot`` by ``threads``
         copying threads (keys past Sk zero-filled, not read)"""
         for c in T.unroll(KB * ROW_CHUNKS // threads):
             r = (t + threads * c) // ROW_CHUNKS
             ch = (t + threads * c) % ROW_CHUNKS
-            key = kblk * KB + r
-            src_key = T.min(key, Sk - 1)
+            key = tile.key_pos(kblk, r)
+            src_key = tile.key_src(kblk, key)
             T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + tiled(KB, r, ch)]),
-                              K.ptr_to([b, h, src_key, ch * 8]), key < Sk))
+                              K.ptr_to([tile.b, tile.h, src_key, ch * 8]), tile.key_ok(kblk, key)))
             T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + KB * D + tiled(KB, r, ch)]),
-                              V.ptr_to([b, h, src_key, ch * 8]), key < Sk))
-
-    def needs_predicate(partial, kblk, Sk):
-        """a partial block, or the tail block (keys past Sk)"""
-        return T.Or(partial != 0, (kblk + 1) * KB > Sk)
+                              V.ptr_to([tile.b, tile.h, src_key, ch * 8]), tile.key_ok(kblk, key)))
 
     @T.macro
     def issue_qk(slot, smem, tid, r):
@@ -242,30 +365,44 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         T.ptx.wgmma.commit_group.sync.aligned()
 
     @T.macro
-    def softmax_step(kblk, partial, b, h, qb, Sq, Sk, buffers, tid, r):
-        """the scores of key block ``kblk`` (its element predicate where ``partial`` or the tail
-        block) -> P = 2^(S - running max) in acc_s, the running max and sum, and ``alpha``, the
-        factor O_acc takes before this block's P V"""
+    def mask_scores(kblk, tile, pairwise, tid, r):
+        """S = allowed ? S * scale + bias : masked, for block ``kblk``; the element predicate
+        pair by pair (``pairwise``) or the keys' bounds only (:meth:`QueryTile.keys_only`)"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
         # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
         # 8nb + 2(lane%4) (+1) of the block in acc_s[4nb + 2i + e]
-        if needs_predicate(partial, kblk, Sk):
+        for nb in T.unroll(KB // 8):
+            for i in T.unroll(2):
+                for e in T.unroll(2):
+                    query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
+                    key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
+                    key_c = tile.key_src(kblk, key)
+                    score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
+                    if additive:
+                        score = score + T.float32(LOG2E) * tile.score_bias(query, key_c)
+                    if pairwise:
+                        acc_s[nb * 4 + i * 2 + e] = T.Select(tile.allowed(kblk, query, key, key_c),
+                                                             T.max(score, masked), masked)
+                    else:
+                        acc_s[nb * 4 + i * 2 + e] = T.Select(tile.key_ok(kblk, key), T.max(score, masked), masked)
+
+    @T.macro
+    def softmax_step(kblk, partial, tile, tid, r):
+        """the scores of key block ``kblk`` (its element predicate where ``partial`` or the tail
+        block) -> P = 2^(S - running max) in acc_s, the running max and sum, and ``alpha``, the
+        factor O_acc takes before this block's P V"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        if tile.needs_predicate(partial, kblk):
             # partial (or tail) block: the element predicate, on the fly
-            for nb in T.unroll(KB // 8):
-                for i in T.unroll(2):
-                    for e in T.unroll(2):
-                        query = T.min(qb * QB + tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, Sq - 1)
-                        key = kblk * KB + nb * 8 + (lane % 4) * 2 + e
-                        key_c = T.min(key, Sk - 1)
-                        score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
-                        if additive:
-                            score = score + T.float32(LOG2E) * pattern_score_bias(pattern, buffers, b, h,
-                                                                                  query, key_c)
-                        acc_s[nb * 4 + i * 2 + e] = T.Select(
-                            T.And(key < Sk, pattern_predicate(pattern, buffers, b, h, query, key_c)),
-                            T.max(score, masked), masked)
+            if tile.split:
+                if tile.keys_only(kblk):
+                    mask_scores(kblk, tile, False, tid, r)
+                else:
+                    mask_scores(kblk, tile, True, tid, r)
+            else:
+                mask_scores(kblk, tile, True, tid, r)
         else:
             for i in T.unroll(ACC_S):
                 acc_s[i] = acc_s[i] * T.float32(SCALE2)
@@ -343,12 +480,12 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         T.ptx.wgmma.commit_group.sync.aligned()
 
     @T.macro
-    def attend(kblk, partial, slot, b, h, qb, Sq, Sk, buffers, smem, tid, r):
+    def attend(kblk, partial, slot, tile, smem, tid, r):
         """a consumer warpgroup's step on the key block ``kblk`` in ring slot ``slot``, in
         order: its 64 queries' scores, the online softmax, ``O_acc += P V``"""
         issue_qk(slot, smem, tid, r)
         T.ptx.wgmma.wait_group.sync.aligned(0)
-        softmax_step(kblk, partial, b, h, qb, Sq, Sk, buffers, tid, r)
+        softmax_step(kblk, partial, tile, tid, r)
         rescale_o(r)
         if p_in_registers:
             pack_p(r)
@@ -361,9 +498,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         return named_barrier_sync(CONSUMERS_BARRIER, THREADS) if warp_specialized else T.cuda.cta_sync()
 
     @T.macro
-    def store_o(O, b, h, qb, Sq, smem, tid, r):
+    def store_o(O, tile, smem, tid, r):
         """SWrite: O_acc / l (0 for a row without an allowed key) -> the staged [128, D + 8]
-        tile over the ring (every consumer is done with it) -> 16-byte stores of rows < Sq"""
+        tile over the ring (every consumer is done with it) -> 16-byte stores of the tile's rows"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
@@ -380,15 +517,31 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         for c in T.unroll(QB * ROW_CHUNKS // THREADS):
             row = (tid + THREADS * c) // ROW_CHUNKS
             ch = (tid + THREADS * c) % ROW_CHUNKS
-            if qb * QB + row < Sq:
+            if tile.out_ok(row):
                 for e in T.vectorized(8):
-                    O[b, h, qb * QB + row, ch * 8 + e] = smem[RING_OFF + row * O_ROW + ch * 8 + e]
+                    O[tile.b, tile.h, tile.out_row(row), ch * 8 + e] = smem[RING_OFF + row * O_ROW + ch * 8 + e]
 
     @T.macro
-    def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, O, B, H, HG, Sq, Sk):
+    def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, GROWS, GCOUNT, O, B, H, HG, Sq, Sk):
         T.device_entry()
-        qb, h, b = T.cta_id([(Sq + QB - 1) // QB, H, B])
-        tid = T.thread_id([LAUNCH_THREADS])
+        if global_split:
+            # tile z: the global tiles (one a 128 global rows, at most ceil(Sq / 128)) first, so that
+            # their long rows (every key block) start early (CTAs start in x, y, z order), then
+            # the window tiles
+            h, b, z = T.cta_id([H, B, 2 * ((Sq + QB - 1) // QB)])
+            tid = T.thread_id([LAUNCH_THREADS])
+            glob = z < (Sq + QB - 1) // QB
+            tq = T.if_then_else(glob, z, z - (Sq + QB - 1) // QB)
+            gcount = GCOUNT[b]
+            if T.And(glob, tq * QB >= gcount):
+                T.evaluate(exit_thread())       # (no global rows for this tile: the whole CTA)
+            tile = T.meta_var(QueryTile(pattern, KB, b, h, 0, tq, Sq, Sk, buffers, COUNTS, IDS, PARTIAL, glob=glob,
+                                        GROWS=GROWS, gcount=gcount))
+        else:
+            qb, h, b = T.cta_id([(Sq + QB - 1) // QB, H, B])
+            tid = T.thread_id([LAUNCH_THREADS])
+            hg = T.min(h, HG - 1)
+            tile = T.meta_var(QueryTile(pattern, KB, b, h, hg, qb, Sq, Sk, buffers, COUNTS, IDS, PARTIAL))
         smem = T.alloc_buffer([SMEM_ELEMS], in_dtype, scope="shared.dyn", align=1024)
         bars = T.alloc_buffer([2 * STAGES + 1 if warp_specialized else 1], "uint64", scope="shared", align=8)
         acc_s = T.alloc_local([ACC_S], "float32")
@@ -401,8 +554,12 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         desc_b = T.alloc_local([1], "uint64")
         p_regs = T.alloc_local([KB // 4 if p_in_registers else 1], "uint32")   # P as wgmma's register A
         r = T.meta_var(ConsumerRegisters(acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs))
-        hg = T.min(h, HG - 1)
-        count = COUNTS[b, hg, qb]
+        if global_split:
+            listed = tile.listed()          # (the index's; the gathered key blocks follow them)
+            count = tile.count(listed)
+        else:
+            count = tile.listed()
+            listed = T.meta_var(count)
         for i in T.unroll(ACC_O):
             acc_o[i] = T.float32(0)
         for i in T.unroll(2):
@@ -417,11 +574,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             T.cuda.cta_sync()
             if tid >= THREADS:
                 # the loader warpgroup: Q, then each listed block once its slot is free
-                load_q(Q, b, h, qb, Sq, smem, tid - THREADS, LOADER_THREADS)
+                load_q(Q, tile, smem, tid - THREADS, LOADER_THREADS)
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([2 * STAGES]))
                 for j in T.serial(count):
                     ring.acquire(bars, j % STAGES, j)
-                    load_block(K, V, b, h, Sk, smem, j % STAGES, IDS[b, hg, qb, j], tid - THREADS, LOADER_THREADS)
+                    load_block(K, V, tile, smem, j % STAGES, tile.block(j, listed), tid - THREADS, LOADER_THREADS)
                     ring.arrive_on_copies(bars, j % STAGES)
                 T.evaluate(exit_thread())
             T.cuda.mbarrier_wait(bars.ptr_to([2 * STAGES]), 0)
@@ -434,7 +591,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     T.ptx["fence.proxy.async.shared::cta"]()
                     issue_qk(0, smem, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
-                    softmax_step(IDS[b, hg, qb, 0], PARTIAL[b, hg, qb, 0], b, h, qb, Sq, Sk, buffers, tid, r)
+                    softmax_step(tile.block(0, listed), tile.partial(0, listed), tile, tid, r)
                     pack_p(r)
                     for j in T.serial(1, count):
                         ring.wait_full(bars, j % STAGES, j)
@@ -442,7 +599,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         issue_qk(j % STAGES, smem, tid, r)
                         issue_pv((j - 1) % STAGES, smem, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
-                        softmax_step(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], b, h, qb, Sq, Sk, buffers, tid, r)
+                        softmax_step(tile.block(j, listed), tile.partial(j, listed), tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(0)          # P_{j-1} V retired
                         ring.release(bars, j, tid)      # (the slot of block j-1: release takes q - 1)
                         rescale_o(r)
@@ -454,17 +611,16 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     ring.wait_full(bars, j % STAGES, j)
                     # (cp.async wrote through the generic proxy; wgmma reads through the async one)
                     T.ptx["fence.proxy.async.shared::cta"]()
-                    attend(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], j % STAGES, b, h, qb, Sq, Sk, buffers, smem,
-                           tid, r)
+                    attend(tile.block(j, listed), tile.partial(j, listed), j % STAGES, tile, smem, tid, r)
                     ring.release(bars, j + 1, tid)      # (the slot of block j: release takes q - 1)
         else:
             # every thread copies: Q, then the first STAGES - 1 listed blocks, one group each
             # (empty groups past the count)
-            load_q(Q, b, h, qb, Sq, smem, tid, THREADS)
+            load_q(Q, tile, smem, tid, THREADS)
             T.ptx["cp.async.commit_group"]()
             for j in T.unroll(STAGES - 1):
                 if j < count:
-                    load_block(K, V, b, h, Sk, smem, j, IDS[b, hg, qb, j], tid, THREADS)
+                    load_block(K, V, tile, smem, j, tile.block(j, listed), tid, THREADS)
                 T.ptx["cp.async.commit_group"]()
             for j in T.serial(count):
                 # block j landed (this thread's copies, then everyone's); every warpgroup is
@@ -473,23 +629,23 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 T.ptx["fence.proxy.async.shared::cta"]()
                 T.cuda.cta_sync()
                 if j + STAGES - 1 < count:
-                    load_block(K, V, b, h, Sk, smem, (j + STAGES - 1) % STAGES, IDS[b, hg, qb, j + STAGES - 1],
+                    load_block(K, V, tile, smem, (j + STAGES - 1) % STAGES, tile.block(j + STAGES - 1, listed),
                                tid, THREADS)
                 T.ptx["cp.async.commit_group"]()
-                attend(IDS[b, hg, qb, j], PARTIAL[b, hg, qb, j], j % STAGES, b, h, qb, Sq, Sk, buffers, smem, tid, r)
+                attend(tile.block(j, listed), tile.partial(j, listed), j % STAGES, tile, smem, tid, r)
             T.ptx["cp.async.wait_group"](0)
-        store_o(O, b, h, qb, Sq, smem, tid, r)
+        store_o(O, tile, smem, tid, r)
 
-    func = _signature(body, D, KB, in_dtype, mask_dtype, pattern)
+    func = _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split)
     name = (f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}"
-            + (f"_{mask_dtype}" if pattern.mask else ""))
+            + (f"_{mask_dtype}" if pattern.mask else "") + ("_gsplit" if global_split else ""))
     return lower_tirx(func, TARGET).with_attr("global_symbol", name).with_attr("pit.attention.key_block", KB)
 
 
-def _signature(body, D, KB, in_dtype, mask_dtype, pattern):
+def _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split):
     """The PrimFunc around ``body`` with the contract's parameters: ``q, k, v, block_counts,
     block_ids, block_partial``, the pattern's run-time inputs (``mask, global_flags, doc_ids``
-    as present), ``o``.  B, H, Sq, Sk and the head dims of the mask (MH) and the index (HG)
+    as present), with ``global_split`` the index's ``global_rows, global_count``, then ``o``.  B, H, Sq, Sk and the head dims of the mask (MH) and the index (HG)
     symbolic; with global tokens or documents (``[B, S]`` inputs) Sq = Sk = S
     (:func:`~pit_tvm.ops.sparse_attention.sequence_lengths`)."""
     from pit_tvm.ops.sparse_attention import sequence_lengths
@@ -507,26 +663,35 @@ def _signature(body, D, KB, in_dtype, mask_dtype, pattern):
             extra["doc_ids"] = T.match_buffer(docs, (B, Sk), "int32")
         return extra
 
+    def global_rows(B, Sq, rows, nrows):
+        """the index's global rows and their count (``global_split``), else None, None"""
+        if not global_split:
+            return None, None
+        return T.match_buffer(rows, (B, Sq), "int32"), T.match_buffer(nrows, (B,), "int32")
+
     def blocks(n, size):
         return (n + (size - 1)) // size
 
     @T.macro
-    def with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, o, B, H, HG, MH, Sq, Sk):
+    def with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, rows, nrows, o, B, H, HG, MH, Sq, Sk):
         body(T.match_buffer(q, (B, H, Sq, D), in_dtype), T.match_buffer(k, (B, H, Sk, D), in_dtype),
              T.match_buffer(v, (B, H, Sk, D), in_dtype),
              T.match_buffer(counts, (B, HG, blocks(Sq, QUERY_BLOCK)), "int32"),
              T.match_buffer(ids, (B, HG, blocks(Sq, QUERY_BLOCK), blocks(Sk, KB)), "int32"),
              T.match_buffer(partial, (B, HG, blocks(Sq, QUERY_BLOCK), blocks(Sk, KB)), "int32"),
              pattern_buffers(B, MH, Sq, Sk, mask, flags, docs),
+             *global_rows(B, Sq, rows, nrows),
              T.match_buffer(o, (B, H, Sq, D), in_dtype),
              T.Cast("int32", B), T.Cast("int32", H), T.Cast("int32", HG), T.Cast("int32", Sq), T.Cast("int32", Sk))
 
     @T.prim_func(s_tir=False)
     def kernel(q: T.handle, k: T.handle, v: T.handle, counts: T.handle, ids: T.handle, partial: T.handle,
-               mask: T.handle, flags: T.handle, docs: T.handle, o: T.handle):
+               mask: T.handle, flags: T.handle, docs: T.handle, rows: T.handle, nrows: T.handle, o: T.handle):
         B, H, HG, MH, Sq, Sk = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-        with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, o, B, H, HG, MH,
+        with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, rows, nrows, o, B, H, HG, MH,
                      *sequence_lengths(pattern, Sq, Sk, Sq))
 
-    names = ("q", "k", "v", "block_counts", "block_ids", "block_partial", "mask", "global_flags", "doc_ids", "o")
-    return without_params(kernel, names, {"mask", "global_flags", "doc_ids"} - set(inputs))
+    names = ("q", "k", "v", "block_counts", "block_ids", "block_partial", "mask", "global_flags", "doc_ids",
+             "global_rows", "global_count", "o")
+    dropped = {"mask", "global_flags", "doc_ids"} - set(inputs)
+    return without_params(kernel, names, dropped if global_split else dropped | {"global_rows", "global_count"})
