@@ -13,15 +13,20 @@ For each (batch ``b``, head group ``hg``, 128-query block ``qb``) it lists the k
 1 for a pattern without a mask.  Pairs outside ``[0, Sq) x [0, Sk)`` (the tails of the last
 blocks) count neither as allowed nor as disallowed: the kernels bound-check them anyway.
 
-Two kernels, no atomics, no host round trip (so deterministic byte for byte):
+A few kernels, no atomics, no host round trip (so deterministic byte for byte):
 
-1. ``classify``: one CTA per (b, hg, qb, kb) block, 256 threads evaluate
-   :func:`pit_tvm.ops.sparse_attention.pattern_predicate` over its pairs (a mask tensor is read
-   once, coalesced along the keys) and sum two counters (allowed, needs-predicate) in shared
-   memory; the block's class (0 empty, 1 partial, 2 full) goes to an int8 scratch.
+1. ``classify``, each block's class (0 empty, 1 partial, 2 full) into an int8 scratch. With a
+   mask: one CTA per (b, hg, qb, kb) block, 256 threads evaluate
+   :func:`pit_tvm.ops.sparse_attention.pattern_predicate` over its pairs (the mask read once,
+   coalesced along the keys) and sum two counters (allowed, needs-predicate) in shared memory.
+   Without one (window, global tokens, causal, documents): one CTA per query block and per key
+   block reduces its positions' extremes (global / non-global positions, document ids), then one
+   thread per (b, qb, kb) block decides its class from the two blocks' extremes.
 2. ``compact``: one CTA per (b, hg, qb); each thread owns a contiguous run of key blocks, a
    block scan of the runs' counts gives each its write position, then it writes its ids,
    partial flags and the ``-1`` tail; thread 0 writes the count.
+3. (``global_split`` only) ``list_global_rows``: one CTA per sequence lists its global positions
+   the same way.
 
 On the CPU the same kernels run with ``parallel`` CTAs and serial thread loops
 (:mod:`pit_tvm.index._kernels`).
@@ -124,13 +129,14 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                     FL[blk] = T.Select(tot[0] % _BAD_UNIT == 0, T.int8(0),
                                        T.Select(tot[0] >= _BAD_UNIT, T.int8(1), T.int8(2)))
 
-    # --- window / global tokens / causal without a mask or documents: decided per block from
-    # six min / max reductions of the block's positions (O(128 + key_block) per block, not
-    # O(128 * key_block)); exact, see _block_class_by_extremes
+    # --- window / global tokens / causal / documents without a mask: decided per block from the
+    # position extremes of its query block and of its key block (exact, see
+    # _block_class_by_extremes), each position block's reduced once (not once a pair of blocks)
     has_global = pattern.global_tokens
     has_docs = pattern.documents
     BIG = 1 << 30
     INT_MAX, INT_MIN = 2**31 - 1, -(2**31)
+    N_EXTREMES = 6      # a position block's max / min global, min / max non-global, min / max doc id
 
     def doc_of(bufs, b, pos):
         return bufs[len(bufs) - 1][b, pos]      # (doc_ids comes last)
@@ -150,91 +156,91 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                     else:
                         sA[tx] = T.max(sA[tx], sA[tx + T.shift_right(NT // 2, step)])
 
+    def block_start(p, QB):
+        """the first position of position block ``p``: query block ``p`` (p < QB), else key block p - QB"""
+        return T.if_then_else(p < QB, p * QBL, (p - QB) * KBL)
+
+    def block_end(p, QB, Sq, Sk):
+        """one past the last in-bounds position of position block ``p``"""
+        return T.if_then_else(p < QB, T.min((p + 1) * QBL, Sq), T.min((p - QB + 1) * KBL, Sk))
+
     @T.macro
-    def classify_extremes(bufs, FL, B, HG, Sq, Sk, QB, KB):
-        for blk in BX(B * QB * KB):
-            # 0 max global q, 1 min / 2 max non-global q, 3 min global k, 4 min / 5 max non-global k
+    def position_extremes(bufs, EX, B, Sq, Sk, QB, KB):
+        """EX[b, p, :] for each query block and key block p of sequence b (one CTA each)"""
+        for blk in BX(B * (QB + KB)):
             e0 = T.alloc_buffer((NT,), "int32", scope=SH)
             e1 = T.alloc_buffer((NT,), "int32", scope=SH)
             e2 = T.alloc_buffer((NT,), "int32", scope=SH)
             e3 = T.alloc_buffer((NT,), "int32", scope=SH)
             e4 = T.alloc_buffer((NT,), "int32", scope=SH)
             e5 = T.alloc_buffer((NT,), "int32", scope=SH)
-            # documents: 6 min / 7 max doc id of the queries, 8 min / 9 max of the keys
-            e6 = T.alloc_buffer((NT,), "int32", scope=SH)
-            e7 = T.alloc_buffer((NT,), "int32", scope=SH)
-            e8 = T.alloc_buffer((NT,), "int32", scope=SH)
-            e9 = T.alloc_buffer((NT,), "int32", scope=SH)
             for tx in TX(NT):
-                if has_docs:
-                    e6[tx] = INT_MAX
-                    e7[tx] = INT_MIN
-                    e8[tx] = INT_MAX
-                    e9[tx] = INT_MIN
-                    if tx < QBL:
-                        if (blk // KB) % QB * QBL + tx < Sq:
-                            e6[tx] = doc_of(bufs, blk // (QB * KB), (blk // KB) % QB * QBL + tx)
-                            e7[tx] = doc_of(bufs, blk // (QB * KB), (blk // KB) % QB * QBL + tx)
-                    else:
-                        if tx - QBL < KBL:
-                            if blk % KB * KBL + tx - QBL < Sk:
-                                e8[tx] = doc_of(bufs, blk // (QB * KB), blk % KB * KBL + tx - QBL)
-                                e9[tx] = doc_of(bufs, blk // (QB * KB), blk % KB * KBL + tx - QBL)
                 e0[tx] = -1
                 e1[tx] = BIG
-                e2[tx] = -1
-                e3[tx] = BIG
-                e4[tx] = BIG
-                e5[tx] = -1
-                if tx < QBL:
-                    if (blk // KB) % QB * QBL + tx < Sq:
-                        if is_global(bufs, blk // (QB * KB), (blk // KB) % QB * QBL + tx):
-                            e0[tx] = T.Cast("int32", (blk // KB) % QB * QBL + tx)
-                        else:
-                            e1[tx] = T.Cast("int32", (blk // KB) % QB * QBL + tx)
-                            e2[tx] = T.Cast("int32", (blk // KB) % QB * QBL + tx)
-                else:
-                    if tx - QBL < KBL:
-                        if blk % KB * KBL + tx - QBL < Sk:
-                            if is_global(bufs, blk // (QB * KB), blk % KB * KBL + tx - QBL):
-                                e3[tx] = T.Cast("int32", blk % KB * KBL + tx - QBL)
-                            else:
-                                e4[tx] = T.Cast("int32", blk % KB * KBL + tx - QBL)
-                                e5[tx] = T.Cast("int32", blk % KB * KBL + tx - QBL)
-            block_reduce_to(e0, False)
-            block_reduce_to(e1, True)
-            block_reduce_to(e2, False)
-            block_reduce_to(e3, True)
-            block_reduce_to(e4, True)
-            block_reduce_to(e5, False)
+                e2[tx] = BIG
+                e3[tx] = -1
+                e4[tx] = INT_MAX
+                e5[tx] = INT_MIN
+                if block_start(blk % (QB + KB), QB) + tx < block_end(blk % (QB + KB), QB, Sq, Sk):
+                    if has_docs:
+                        e4[tx] = doc_of(bufs, blk // (QB + KB), block_start(blk % (QB + KB), QB) + tx)
+                        e5[tx] = doc_of(bufs, blk // (QB + KB), block_start(blk % (QB + KB), QB) + tx)
+                    if is_global(bufs, blk // (QB + KB), block_start(blk % (QB + KB), QB) + tx):
+                        e0[tx] = T.Cast("int32", block_start(blk % (QB + KB), QB) + tx)
+                        e1[tx] = T.Cast("int32", block_start(blk % (QB + KB), QB) + tx)
+                    else:
+                        e2[tx] = T.Cast("int32", block_start(blk % (QB + KB), QB) + tx)
+                        e3[tx] = T.Cast("int32", block_start(blk % (QB + KB), QB) + tx)
+            if has_global:
+                block_reduce_to(e0, False)
+                block_reduce_to(e1, True)
+            block_reduce_to(e2, True)
+            block_reduce_to(e3, False)
             if has_docs:
-                block_reduce_to(e6, True)
-                block_reduce_to(e7, False)
-                block_reduce_to(e8, True)
-                block_reduce_to(e9, False)
+                block_reduce_to(e4, True)
+                block_reduce_to(e5, False)
             for tx in TX(NT):
                 if tx == 0:
+                    EX[blk * N_EXTREMES] = e0[0]
+                    EX[blk * N_EXTREMES + 1] = e1[0]
+                    EX[blk * N_EXTREMES + 2] = e2[0]
+                    EX[blk * N_EXTREMES + 3] = e3[0]
+                    EX[blk * N_EXTREMES + 4] = e4[0]
+                    EX[blk * N_EXTREMES + 5] = e5[0]
+
+    @T.macro
+    def classify_extremes(bufs, FL, EX, B, HG, Sq, Sk, QB, KB):
+        position_extremes(bufs, EX, B, Sq, Sk, QB, KB)
+        # one thread a (b, query block, key block): its class from the two blocks' extremes
+        for c in BX((B * QB * KB + (NT - 1)) // NT):
+            for tx in TX(NT):
+                if c * NT + tx < B * QB * KB:
+                    # e: 0 max global q, 1 min / 2 max non-global q, 3 min global k, 4 min / 5 max
+                    # non-global k; 6 min / 7 max doc id of the queries, 8 / 9 of the keys
                     e = T.alloc_buffer((10,), "int32", scope="local")
-                    if has_docs:
-                        e[6] = e6[0]
-                        e[7] = e7[0]
-                        e[8] = e8[0]
-                        e[9] = e9[0]
-                    e[0] = e0[0]
-                    e[1] = e1[0]
-                    e[2] = e2[0]
-                    e[3] = e3[0]
-                    e[4] = e4[0]
-                    e[5] = e5[0]
-                    FL[blk] = _block_class_by_extremes(
-                        pattern, e, T.Cast("int32", (blk // KB) % QB * QBL),
-                        T.Cast("int32", T.min((blk // KB) % QB * QBL + (QBL - 1), Sq - 1)),
-                        T.Cast("int32", blk % KB * KBL), T.Cast("int32", T.min(blk % KB * KBL + (KBL - 1), Sk - 1)),
-                        global_split)
+                    e[0] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES]
+                    e[1] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES + 2]
+                    e[2] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES + 3]
+                    e[6] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES + 4]
+                    e[7] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES + 5]
+                    e[3] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 1]
+                    e[4] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 2]
+                    e[5] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 3]
+                    e[8] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 4]
+                    e[9] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 5]
+                    FL[c * NT + tx] = _block_class_by_extremes(
+                        pattern, e, T.Cast("int32", (c * NT + tx) // KB % QB * QBL),
+                        T.Cast("int32", T.min((c * NT + tx) // KB % QB * QBL + (QBL - 1), Sq - 1)),
+                        T.Cast("int32", (c * NT + tx) % KB * KBL),
+                        T.Cast("int32", T.min((c * NT + tx) % KB * KBL + (KBL - 1), Sk - 1)), global_split)
+
+    @T.macro
+    def classify_each_pair(bufs, FL, EX, B, HG, Sq, Sk, QB, KB):
+        classify_pairs(bufs, FL, B, HG, Sq, Sk, QB, KB)
 
     # (documents with a window: the AND of two "some pair allowed" tests would over-list)
     by_extremes = pattern.mask is None and not (pattern.documents and pattern.window is not None)
-    classify = classify_extremes if by_extremes else classify_pairs
+    classify = classify_extremes if by_extremes else classify_each_pair
 
     def count_if(at, is_listed):
         """``add(acc, i)`` for run_sums: count item ``i`` if listed"""
@@ -323,6 +329,10 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
 
     mdt = mask_dtype or "bool"
 
+    def extremes_size(B, QB, KB):
+        """the position blocks' extremes scratch (one int32 where the pattern has a mask)"""
+        return T.max(B * (QB + KB) * N_EXTREMES, 1) if by_extremes else 1
+
     def qb_of(Sq):
         return (Sq + (QBL - 1)) // QBL
 
@@ -351,7 +361,8 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         GROWS = T.match_buffer(gr, (B, Lq), "int32")
         GCNT = T.match_buffer(gc, (B,), "int32")
         FL = T.sblock_alloc_buffer((T.max(B * G * qb_of(Lq) * kb_of(Lk), 1),), "int8")
-        classify(pattern_signature_buffers(pattern, M, X, Y), FL, B, G, Lq, Lk, qb_of(Lq), kb_of(Lk))
+        EX = T.sblock_alloc_buffer((extremes_size(B, qb_of(Lq), kb_of(Lk)),), "int32")
+        classify(pattern_signature_buffers(pattern, M, X, Y), FL, EX, B, G, Lq, Lk, qb_of(Lq), kb_of(Lk))
         compact(FL, CNT, IDS, PART, B, G, qb_of(Lq), kb_of(Lk))
         if global_split:
             list_global_rows(X, GROWS, GCNT, B, Lq)
