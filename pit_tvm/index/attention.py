@@ -16,9 +16,12 @@ blocks) count neither as allowed nor as disallowed: the kernels bound-check them
 A few kernels, no atomics, no host round trip (so deterministic byte for byte):
 
 1. ``classify``, each block's class (0 empty, 1 partial, 2 full) into an int8 scratch. With a
-   mask: one CTA per (b, hg, qb, kb) block, 256 threads evaluate
-   :func:`pit_tvm.ops.sparse_attention.pattern_predicate` over its pairs (the mask read once,
-   coalesced along the keys) and sum two counters (allowed, needs-predicate) in shared memory.
+   mask (or documents with a window): one CTA per (b, hg, qb, kb) block, its 256 threads evaluate
+   :func:`pit_tvm.ops.sparse_attention.pattern_predicate` over the pairs: each thread owns a few
+   consecutive keys and walks the query rows, reading the mask 16 bytes per load where a row is
+   whole 16-byte vectors (entry by entry otherwise), and ORs two flags (some pair allowed, some
+   pair needs the predicate); the CTA ORs the threads' flags (``__syncthreads_or`` on CUDA).  A
+   boolean mask that is the whole pattern is tested four bytes at a time.
    Without one (window, global tokens, causal, documents): one CTA per query block and per key
    block reduces its positions' extremes (global / non-global positions, document ids), then one
    thread per (b, qb, kb) block decides its class from the two blocks' extremes.
@@ -34,21 +37,20 @@ On the CPU the same kernels run with ``parallel`` CTAs and serial thread loops
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
 from pit_tvm.schedules.signature import without_params
 from pit_tvm.target import is_gpu, make_target
 
-from ._kernels import (LOG_NT, NT, make_block_reduce, make_block_scan, make_run_sums, schedule_cpu,
-                       schedule_cuda)
+from ._kernels import LOG_NT, NT, make_block_scan, make_run_sums, schedule_cpu, schedule_cuda
 
 __all__ = ["attention_block_index_func", "reference_attention_block_index", "MASK_DTYPES"]
 
 MASK_DTYPES = {"bool": ("bool",), "additive": ("float16", "bfloat16", "float32")}
-# the classify counters share one int32: allowed + needs_predicate * _BAD_UNIT (a block has at
-# most 128 * 128 = 2**14 pairs, so both fit)
-_BAD_UNIT = 1 << 15
+# classify's per-thread flags: some pair allowed, some pair needs the element predicate
+_SOME_ALLOWED, _SOME_NEED_PREDICATE = 1, 2
 
 
 def check_kernel_args(pattern, key_block, dtype, mask_dtype):
@@ -63,7 +65,6 @@ def check_kernel_args(pattern, key_block, dtype, mask_dtype):
     if pattern.mask is not None and mask_dtype not in MASK_DTYPES[pattern.mask]:
         raise ValueError(f"a {pattern.mask} mask must have dtype {' or '.join(MASK_DTYPES[pattern.mask])}, "
                          f"got {mask_dtype!r}")
-    assert QUERY_BLOCK * key_block < _BAD_UNIT * 2
 
 
 def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask_dtype: str | None = None,
@@ -90,44 +91,146 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     st = schedule_cuda() if is_gpu(target) else schedule_cpu()
     BX, TX, SH = st.bx, st.tx, st.shared
     QBL, KBL = QUERY_BLOCK, key_block
-    PER_THREAD = QBL * KBL // NT
     mask_is_additive = pattern.mask == "additive"
-    block_reduce = make_block_reduce(st)
     block_scan = make_block_scan(st)
     run_sums = make_run_sums(st)
 
-    def needs_predicate(bufs, b, hg, q, k):
-        """int32 (allowed, needs the predicate) pair counters of one in-bounds pair"""
-        ok = pattern_predicate(pattern, bufs, b, hg, q, k)
+    # --- classify_pairs: each thread owns VEC consecutive keys of the block (a fixed column) and
+    # walks the query rows ROWS_PER_PASS apart; VEC entries are 16 bytes of a mask row.  A boolean
+    # mask is read through an int8 view (CUDA code has no bool vectors), or as uint32 words.
+    mask_load_dtype = None if pattern.mask is None else ("int8" if pattern.mask == "bool" else mask_dtype)
+    VEC = 1 if pattern.mask is None else 16 * 8 // tvm.DataType(mask_load_dtype).bits
+    THREADS_PER_ROW = KBL // VEC
+    ROWS_PER_PASS = NT // THREADS_PER_ROW
+    PASSES = QBL // ROWS_PER_PASS
+    pass_loop = T.unroll if PASSES <= 16 else T.serial
+    # whole-vector passes are loaded LOADS_AHEAD at a time before any is tested, so that their
+    # loads are in flight together
+    LOADS_AHEAD = min(PASSES, 4)
+    mask_is_whole_pattern = pattern.mask is not None and not (
+        pattern.causal or pattern.window is not None or pattern.documents)
+    test_words = pattern.mask == "bool" and mask_is_whole_pattern
+    # the block id's parts: int32 on CUDA (a grid index is below 2**31), int64 on the CPU
+    block_id_dtype = "int32" if st.gpu else "int64"
+
+    def pair_flags(bufs, value, b, hg, q, k):
+        """int32 classify flags of one in-bounds pair whose mask entry (as loaded; None without
+        a mask) is ``value``"""
+        mask_value = value
+        if pattern.mask == "bool":
+            mask_value = value != T.int8(0)
+        ok = pattern_predicate(pattern, bufs, b, hg, q, k, mask_value=mask_value)
         bad = T.Not(ok)
-        if mask_is_additive:
-            value = bufs[0][b, hg, q, k]
+        if mask_is_additive and mask_is_whole_pattern:
+            bad = value != tirx.const(0, mask_dtype)   # (a disallowed value is <= -1e4 or NaN)
+        elif mask_is_additive:
             bad = T.Or(bad, value != tirx.const(0, mask_dtype))
-        return T.Select(ok, T.int32(1), T.int32(0)) + T.Select(bad, T.int32(_BAD_UNIT), T.int32(0))
+        return (T.Select(ok, T.int32(_SOME_ALLOWED), T.int32(0))
+                | T.Select(bad, T.int32(_SOME_NEED_PREDICATE), T.int32(0)))
+
+    def word_flags(word):
+        """classify flags of four boolean mask entries (the bytes of a uint32 word) when the mask
+        is the whole pattern: allowed if a byte is non-zero, needs the predicate if one is zero
+        (the exact has-a-zero-byte test ``(w - 0x01010101) & ~w & 0x80808080``)"""
+        has_zero = (word - tirx.const(0x01010101, "uint32")) & (~word) & tirx.const(0x80808080, "uint32")
+        return (T.Select(word != tirx.const(0, "uint32"), T.int32(_SOME_ALLOWED), T.int32(0))
+                | T.Select(has_zero != tirx.const(0, "uint32"), T.int32(_SOME_NEED_PREDICATE), T.int32(0)))
+
+    def block_class(flags):
+        """int8 class of a block from the OR of its threads' flags"""
+        return T.Select(T.bitwise_and(flags, _SOME_ALLOWED) == 0, T.int8(0),
+                        T.Select(T.bitwise_and(flags, _SOME_NEED_PREDICATE) != 0, T.int8(1), T.int8(2)))
+
+    def as_block_id(x):
+        return T.Cast(block_id_dtype, x)
 
     @T.macro
     def classify_pairs(bufs, FL, B, HG, Sq, Sk, QB, KB):
+        if pattern.mask is not None:
+            mask_entries = T.decl_buffer((B * HG * Sq * Sk,), mask_load_dtype, data=bufs[0].data)
+            # whole 16-byte vectors (read where Sk % VEC == 0), indexed by vector: the flat index is
+            # visibly a multiple of VEC, which the CUDA code generator needs to emit a wide load
+            if test_words:
+                mask_words = T.decl_buffer((B * HG * Sq * (Sk // VEC), 4), "uint32", data=bufs[0].data)
+            else:
+                mask_vectors = T.decl_buffer((B * HG * Sq * (Sk // VEC), VEC), mask_load_dtype,
+                                             data=bufs[0].data)
         for blk in BX(B * HG * QB * KB):
-            sA = T.alloc_buffer((NT,), "int32", scope=SH)
+            if not st.gpu:
+                block_flags = T.alloc_buffer((1,), "int32", scope="local")
+                block_flags[0] = 0
             for tx in TX(NT):
-                acc = T.alloc_buffer((1,), "int32", scope="local")
-                acc[0] = 0
-                for i in range(PER_THREAD):
-                    if (blk // (HG * QB * KB) < B
-                            and (blk // KB) % QB * QBL + (i * NT + tx) // KBL < Sq
-                            and blk % KB * KBL + (i * NT + tx) % KBL < Sk):
-                        acc[0] = acc[0] + needs_predicate(
-                            bufs, blk // (HG * QB * KB), (blk // (QB * KB)) % HG,
-                            (blk // KB) % QB * QBL + (i * NT + tx) // KBL, blk % KB * KBL + (i * NT + tx) % KBL)
-                sA[tx] = acc[0]
-            block_reduce(sA)
-            for tx in TX(NT):
-                if tx == 0:
-                    # (through a register: a shared load in a branch condition does not lower)
-                    tot = T.alloc_buffer((1,), "int32", scope="local")
-                    tot[0] = sA[0]
-                    FL[blk] = T.Select(tot[0] % _BAD_UNIT == 0, T.int8(0),
-                                       T.Select(tot[0] >= _BAD_UNIT, T.int8(1), T.int8(2)))
+                flags = T.alloc_buffer((1,), "int32", scope="local")
+                # the thread's batch, head group, first query row, first key and first mask entry
+                # (or vector) read, in registers: computed once, not again in each branch below
+                batch = T.alloc_buffer((1,), "int64", scope="local")
+                group = T.alloc_buffer((1,), "int64", scope="local")
+                row = T.alloc_buffer((1,), "int64", scope="local")
+                col = T.alloc_buffer((1,), "int64", scope="local")
+                first = T.alloc_buffer((1,), "int64", scope="local")
+                block_id = T.bind(as_block_id(blk))
+                batch[0] = T.Cast("int64", T.truncdiv(block_id, as_block_id(HG * QB * KB)))
+                group[0] = T.Cast("int64", T.truncmod(T.truncdiv(block_id, as_block_id(QB * KB)), as_block_id(HG)))
+                row[0] = (T.Cast("int64", T.truncmod(T.truncdiv(block_id, as_block_id(KB)), as_block_id(QB))) * QBL
+                          + tx // THREADS_PER_ROW)
+                col[0] = T.Cast("int64", T.truncmod(block_id, as_block_id(KB))) * KBL + tx % THREADS_PER_ROW * VEC
+                flags[0] = 0
+                if pattern.mask is not None:
+                    if Sk % VEC == 0:     # rows start 16-byte aligned: whole vectors, in or out
+                        first[0] = ((batch[0] * HG + group[0]) * Sq + row[0]) * (Sk // VEC) + col[0] // VEC
+                        if col[0] < Sk:
+                            if test_words:
+                                words = T.alloc_buffer((LOADS_AHEAD, 4), "uint32", scope="local")
+                                for g in T.serial(PASSES // LOADS_AHEAD):
+                                    for i in T.unroll(LOADS_AHEAD):
+                                        if row[0] + (g * LOADS_AHEAD + i) * ROWS_PER_PASS < Sq:
+                                            for j in T.vectorized(4):
+                                                words[i, j] = mask_words[
+                                                    first[0] + (g * LOADS_AHEAD + i) * ROWS_PER_PASS * (Sk // VEC), j]
+                                    for i in T.unroll(LOADS_AHEAD):
+                                        if row[0] + (g * LOADS_AHEAD + i) * ROWS_PER_PASS < Sq:
+                                            for j in T.unroll(4):
+                                                flags[0] = flags[0] | word_flags(words[i, j])
+                            else:
+                                entries = T.alloc_buffer((LOADS_AHEAD, VEC), mask_load_dtype, scope="local")
+                                for g in T.serial(PASSES // LOADS_AHEAD):
+                                    for i in T.unroll(LOADS_AHEAD):
+                                        if row[0] + (g * LOADS_AHEAD + i) * ROWS_PER_PASS < Sq:
+                                            for j in T.vectorized(VEC):
+                                                entries[i, j] = mask_vectors[
+                                                    first[0] + (g * LOADS_AHEAD + i) * ROWS_PER_PASS * (Sk // VEC), j]
+                                    for i in T.unroll(LOADS_AHEAD):
+                                        if row[0] + (g * LOADS_AHEAD + i) * ROWS_PER_PASS < Sq:
+                                            for j in T.unroll(VEC):
+                                                flags[0] = flags[0] | pair_flags(
+                                                    bufs, entries[i, j], batch[0], group[0],
+                                                    row[0] + (g * LOADS_AHEAD + i) * ROWS_PER_PASS, col[0] + j)
+                    else:
+                        first[0] = ((batch[0] * HG + group[0]) * Sq + row[0]) * Sk + col[0]
+                        for i in pass_loop(PASSES):
+                            for j in T.unroll(VEC):
+                                if row[0] + i * ROWS_PER_PASS < Sq and col[0] + j < Sk:
+                                    flags[0] = flags[0] | pair_flags(
+                                        bufs, mask_entries[first[0] + i * ROWS_PER_PASS * Sk + j], batch[0],
+                                        group[0], row[0] + i * ROWS_PER_PASS, col[0] + j)
+                else:
+                    for i in pass_loop(PASSES):
+                        if row[0] + i * ROWS_PER_PASS < Sq and col[0] < Sk:
+                            flags[0] = flags[0] | pair_flags(bufs, None, batch[0], group[0], row[0] + i * ROWS_PER_PASS,
+                                                             col[0])
+                if st.gpu:
+                    # the CTA's OR of each flag: a barrier that reduces (every thread calls it)
+                    some = T.alloc_buffer((2,), "int32", scope="local")
+                    some[0] = T.call_extern("int32", "__syncthreads_or", T.bitwise_and(flags[0], _SOME_ALLOWED))
+                    some[1] = T.call_extern("int32", "__syncthreads_or",
+                                            T.bitwise_and(flags[0], _SOME_NEED_PREDICATE))
+                    if tx == 0:
+                        FL[blk] = block_class(T.Select(some[0] != 0, _SOME_ALLOWED, 0)
+                                              | T.Select(some[1] != 0, _SOME_NEED_PREDICATE, 0))
+                else:
+                    block_flags[0] = block_flags[0] | flags[0]
+            if not st.gpu:
+                FL[blk] = block_class(block_flags[0])
 
     # --- window / global tokens / causal / documents without a mask: decided per block from the
     # position extremes of its query block and of its key block (exact, see

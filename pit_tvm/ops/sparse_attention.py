@@ -171,20 +171,23 @@ def _mask_value(mask_buf, b, h, q, k):
     return mask_buf[b, hg, q, k]
 
 
-def pattern_predicate(pattern: AttentionPattern, buffers, b, h, q, k):
+def pattern_predicate(pattern: AttentionPattern, buffers, b, h, q, k, mask_value=None):
     """TIR boolean: is key ``k`` allowed for query ``q`` of batch ``b``, head ``h``.
 
     ``buffers``: ``{"mask": ..., "global_flags": ..., "doc_ids": ...}`` (those the pattern has)
     or a sequence of them in :func:`pattern_inputs` order.  ``h`` indexes heads (0..H-1); a mask
     with one head group is read at head 0.  Bounds (``q < Sq``, ``k < Sk``) are the caller's.
+    ``mask_value``: the mask's entry at the pair when the caller has loaded it already (a bool
+    expression for a boolean mask; e.g. from a vector load of a row), else it is read here.
     """
     bufs = _buffers_by_name(pattern, buffers)
+    if pattern.mask is not None and mask_value is None:
+        mask_value = _mask_value(bufs["mask"], b, h, q, k)
     conds = []
     if pattern.mask == "bool":
-        conds.append(_mask_value(bufs["mask"], b, h, q, k))
+        conds.append(mask_value)
     elif pattern.mask == "additive":
-        m = _mask_value(bufs["mask"], b, h, q, k)
-        conds.append(T.Cast("float32", m) > T.float32(MASK_THRESHOLD))
+        conds.append(T.Cast("float32", mask_value) > T.float32(MASK_THRESHOLD))
     if pattern.causal:
         conds.append(k <= q)
     if pattern.documents:

@@ -5,7 +5,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import pit_tvm
@@ -324,6 +324,79 @@ def test_gpu_many_global_tokens_against_fp32_reference(head_dim):
         flags = (rng.random((B, S)) < fraction).astype(np.int32)
         out = op(q, k, v, global_flags=flags)
         _check(out, reference_sparse_attention(q, k, v, pattern, global_flags=flags), "float16")
+
+
+# (pattern, key block, mask dtype): the mask-only boolean pattern takes the word test, the others
+# evaluate each entry; rows of Sk % 16 (bool) / 8 (half) / 4 (fp32) == 0 entries are read in
+# 16-byte vectors, the others entry by entry
+MASK_INDEX_CASES = [(AttentionPattern(mask="bool"), 64, "bool"),
+                    (AttentionPattern(mask="bool", causal=True), 128, "bool"),
+                    (AttentionPattern(mask="additive"), 64, "float16"),
+                    (AttentionPattern(mask="additive"), 128, "bfloat16"),
+                    (AttentionPattern(mask="additive", causal=True), 64, "float32")]
+
+
+def _block_structured_mask(rng, shape, key_block, density):
+    """bool mask whose (128 x key_block) blocks are each empty, full or (mostly) random at ``density``"""
+    B, HG, Sq, Sk = shape
+    kind = rng.choice(3, (B, HG, -(-Sq // 128), -(-Sk // key_block)), p=[0.2, 0.6, 0.2])
+    kind = np.repeat(np.repeat(kind, 128, axis=2), key_block, axis=3)[:, :, :Sq, :Sk]
+    return (kind == 2) | ((kind == 1) & (rng.random(shape) < density))
+
+
+@pytest.mark.parametrize("case", range(len(MASK_INDEX_CASES)),
+                         ids=[f"{p.tag}-kb{kb}-{dt}" for p, kb, dt in MASK_INDEX_CASES])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(B=st.integers(1, 2), HG=st.sampled_from([1, 3]), Sq=st.sampled_from([1, 100, 128, 257]),
+       Sk=st.sampled_from([4, 16, 60, 64, 136, 192, 200, 257]), density=st.sampled_from([0.01, 0.5, 0.99]),
+       seed=st.integers(0, 2**16))
+@example(B=1, HG=3, Sq=257, Sk=192, density=0.5, seed=1)      # whole vectors, several head groups
+@example(B=2, HG=1, Sq=257, Sk=200, density=0.5, seed=2)      # a tail (whole vectors for fp32 / fp16)
+@example(B=1, HG=3, Sq=100, Sk=257, density=0.5, seed=3)      # entry by entry
+def test_mask_index_is_exact_for_every_mask_dtype_and_row_length(case, B, HG, Sq, Sk, density, seed):
+    """The block index of a mask (one or several head groups) equals the numpy reference for
+    each mask dtype and key block, row lengths that are and are not whole 16-byte vectors."""
+    from pit_tvm.index import IndexBuilder
+    from pit_tvm.index.attention import attention_block_index_func
+    from pit_tvm.runtime.loader import numpy_dtype
+
+    pattern, key_block, mask_dtype = MASK_INDEX_CASES[case]
+    key = (pattern, key_block, mask_dtype)
+    if key not in _INDEXES:
+        _INDEXES[key] = IndexBuilder(attention_block_index_func(pattern, key_block, "float32", "llvm",
+                                                                mask_dtype=mask_dtype), "llvm")
+    rng = np.random.default_rng(seed)
+    allowed = _block_structured_mask(rng, (B, HG, Sq, Sk), key_block, density)
+    if mask_dtype == "bool":
+        mask = allowed
+    else:   # allowed: 0 or a bias; disallowed: -inf or the threshold itself
+        bias = np.where(rng.random(allowed.shape) < 0.9, 0.0, 0.25)
+        mask = np.where(allowed, bias, np.where(rng.random(allowed.shape) < 0.5, -np.inf, MASK_THRESHOLD))
+        mask = mask.astype(numpy_dtype(mask_dtype))
+    q, k = np.zeros((B, 2, Sq, 2), np.float32), np.zeros((B, 2, Sk, 2), np.float32)
+    got = [x.numpy() for x in _INDEXES[key](q, k, mask)]
+    want = reference_attention_block_index(pattern, q.shape, k.shape, key_block, mask=mask)
+    for g, w, name in zip(got, want, ("counts", "ids", "partial")):
+        np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
+def test_cuda_mask_index_reads_16_byte_vectors():
+    """On CUDA the index reads a mask row 16 bytes per load (whole-vector rows) and nvcc compiles it."""
+    import re
+
+    import tvm
+
+    from pit_tvm.index.attention import attention_block_index_func
+    from pit_tvm.nvcc import cuda_sources, nvcc_compile
+    from pit_tvm.target import build
+
+    for pattern, key_block, mask_dtype in MASK_INDEX_CASES[:3]:
+        func = attention_block_index_func(pattern, key_block, "float16", "cuda", mask_dtype=mask_dtype)
+        (source,) = cuda_sources(build(tvm.IRModule({"index": func}), "cuda"))
+        assert re.search(r"\*\((uint4|int4|float4)\*\)\(mask_(words|vectors)_ptr", source), pattern.tag
+        assert "__syncthreads_or" in source
+        nvcc_compile(source, "sm_90a")
 
 
 def test_unsorted_document_ids_list_a_superset_and_the_result_is_exact():
