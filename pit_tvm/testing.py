@@ -418,14 +418,157 @@ def with_outputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
     return m
 
 
+_INTEGER_TYPES = frozenset({TensorProto.BOOL, TensorProto.INT8, TensorProto.INT16, TensorProto.INT32,
+                            TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32,
+                            TensorProto.UINT64})
+
+
+def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """Names read by the nodes of ``node``'s subgraphs (If / Loop / Scan bodies), recursively."""
+    names = set()
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in sub.node:
+                names.update(n.input)
+                names |= _subgraph_inputs(n)
+    return names
+
+
+def _element_types(model: onnx.ModelProto) -> dict[str, int] | None:
+    """Element types of ``model``'s tensors by ONNX shape inference (0: unknown), ``None`` if it
+    fails.  Inferred on a copy whose large initializers are graph inputs of the same type and
+    shape: the weights' values decide no types, and copying them would cost seconds."""
+    g = model.graph
+    lite = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
+                           functions=model.functions)
+    lite.graph.node.extend(g.node)
+    lite.graph.input.extend(g.input)
+    lite.graph.output.extend(g.output)
+    lite.graph.value_info.extend(g.value_info)
+    lite.graph.sparse_initializer.extend(g.sparse_initializer)
+    inputs = {i.name for i in g.input}
+    for t in g.initializer:
+        if math.prod(t.dims) <= 1024:
+            lite.graph.initializer.append(t)
+        elif t.name not in inputs:
+            lite.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    try:
+        graph = onnx.shape_inference.infer_shapes(lite).graph
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return None
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in (*graph.input, *graph.output, *graph.value_info) if vi.type.HasField("tensor_type")}
+    types.update((t.name, t.data_type) for t in g.initializer)
+    return types
+
+
+def _float32_islands(model: onnx.ModelProto) -> tuple[set[int], set[str]]:
+    """The integer islands of ``model`` that :func:`to_float16` keeps in float32: (indices of
+    their nodes in ``model.graph.node``, the names of their float32 tensors and constants).
+
+    An island starts at a ``Cast(to=FLOAT)`` of an integer or bool tensor and takes every node that
+    reads one of its float32 tensors, whose float32 outputs join it in turn.  It is kept when every
+    float32 input of its nodes is its own tensor, an initializer or the output of a ``Constant`` /
+    ``ConstantOfShape`` node, those constants are read only by kept islands, and each output of its
+    nodes is float32 (inside the island) or integer / bool (an exit, e.g. ``Cast(to=INT64)``): no
+    float32 tensor of it is a graph output, read by a subgraph, or of a type shape inference could
+    not determine."""
+    types = _element_types(model)
+    if types is None:
+        return set(), set()
+    nodes = model.graph.node
+    constants = {t.name for t in model.graph.initializer}
+    constant_node = {n.output[0]: i for i, n in enumerate(nodes)
+                     if n.op_type in ("Constant", "ConstantOfShape") and n.output}
+    graph_outputs = {o.name for o in model.graph.output}
+    readers: dict[str, set[int]] = {}
+
+    parent: dict[int, int] = {}             # union-find over islands, named by a node of theirs
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    island_of: dict[str, int] = {}          # float32 tensor -> its island (any member, see root)
+    members: dict[int, set[int]] = {}       # root -> nodes; emptied once rejected
+    island_constants: dict[int, set[str]] = {}
+    rejected: set[int] = set()
+    for i, node in enumerate(nodes):
+        inputs = [x for x in node.input if x]
+        implicit = _subgraph_inputs(node)
+        for x in (*inputs, *implicit):
+            readers.setdefault(x, set()).add(i)
+        touched = {root(island_of[x]) for x in (*inputs, *implicit) if x in island_of}
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        seed = (node.op_type == "Cast" and to == TensorProto.FLOAT and inputs
+                and types.get(inputs[0]) in _INTEGER_TYPES)
+        if touched:                         # a node reading several islands joins them
+            r = max(touched, key=lambda t: len(members[t]))
+            for t in touched - {r}:
+                parent[t] = r
+                members[r] |= members.pop(t)
+                island_constants[r] |= island_constants.pop(t)
+                if t in rejected:
+                    rejected.add(r)
+        elif seed:
+            r = parent[i] = i
+            members[r], island_constants[r] = set(), set()
+        else:
+            continue
+        members[r].add(i)
+        ok = not implicit.intersection(island_of)
+        for x in inputs:
+            if x not in island_of and types.get(x) == TensorProto.FLOAT:
+                ok = ok and (x in constants or x in constant_node)
+                island_constants[r].add(x)
+            ok = ok and bool(types.get(x))  # 0 / missing: unknown element type
+        for o in node.output:
+            if not o:
+                continue
+            if types.get(o) == TensorProto.FLOAT:
+                island_of[o] = r
+                ok = ok and o not in graph_outputs
+            else:
+                ok = ok and types.get(o) in _INTEGER_TYPES
+        if not ok:
+            rejected.add(r)
+        if r in rejected:                   # it converts as before: forget its nodes
+            members[r].clear()
+            island_constants[r].clear()
+
+    kept = {r for r in members if r not in rejected}
+    while True:                             # constants read outside the kept islands reject theirs
+        kept_nodes = set().union(*(members[r] for r in kept))
+        shared = {r for r in kept for c in island_constants[r]
+                  if readers.get(c, set()) - kept_nodes or c in graph_outputs}
+        if not shared:
+            break
+        kept -= shared
+    keep_nodes, keep_tensors = set(), set()
+    for r in kept:
+        keep_nodes |= members[r]
+        keep_tensors |= island_constants[r]
+        keep_nodes.update(constant_node[c] for c in island_constants[r] if c in constant_node)
+    keep_tensors.update(x for x, r in island_of.items() if root(r) in kept)
+    return keep_nodes, keep_tensors
+
+
 def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
     """A float16 copy of ``model``: float32 initializers, ``Constant`` / ``ConstantOfShape`` values,
     graph inputs/outputs and ``Cast(to=FLOAT)`` become float16 (integer inputs such as
     ``attention_mask`` stay as they are).  Values beyond float16's range are clamped to it (an
-    exported mask's ``finfo(float32).min`` becomes -65504, not -inf, whose product with 0 is NaN)."""
+    exported mask's ``finfo(float32).min`` becomes -65504, not -inf, whose product with 0 is NaN).
+
+    Integer islands stay float32 (see :func:`_float32_islands`): float arithmetic between a cast
+    from and a cast back to integers, such as T5's relative-position buckets
+    (``int64(log(d / 8) / log(16) * 8)``, which transformers computes in float32 on purpose).  In
+    float16 such a result can land just below an integer and floor to the wrong bucket."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
+    keep_nodes, keep_tensors = _float32_islands(model)
     limit = float(np.finfo(np.float16).max)
 
     def half(t):
@@ -433,10 +576,10 @@ def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
         return numpy_helper.from_array(arr, t.name)
 
     for i, t in enumerate(g.initializer):
-        if t.data_type == TensorProto.FLOAT:
+        if t.data_type == TensorProto.FLOAT and t.name not in keep_tensors:
             g.initializer[i].CopyFrom(half(t))
-    for node in g.node:
-        if node.op_type in ("Constant", "ConstantOfShape"):
+    for i, node in enumerate(g.node):
+        if node.op_type in ("Constant", "ConstantOfShape") and i not in keep_nodes:
             for a in node.attribute:
                 if a.name == "value" and a.t.data_type == TensorProto.FLOAT:
                     a.t.CopyFrom(half(a.t))
@@ -444,11 +587,11 @@ def to_float16(model: onnx.ModelProto) -> onnx.ModelProto:
                     values = np.array(a.f if a.name == "value_float" else list(a.floats), np.float32)
                     a.CopyFrom(onnx.helper.make_attribute("value", half(numpy_helper.from_array(values))))
     for vi in list(g.input) + list(g.output) + list(g.value_info):
-        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT and vi.name not in keep_tensors:
             vi.type.tensor_type.elem_type = TensorProto.FLOAT16
-    for node in g.node:
+    for i, node in enumerate(g.node):
         for a in node.attribute:
-            if a.name == "to" and a.i == TensorProto.FLOAT:
+            if a.name == "to" and a.i == TensorProto.FLOAT and i not in keep_nodes:
                 a.i = TensorProto.FLOAT16
     onnx.checker.check_model(m)
     return m
