@@ -80,7 +80,7 @@ LOG2E = 1.4426950408889634
 class ConsumerRegisters(Unpacked):
     """A consumer thread's registers (local arrays): the scores S and output O_acc fragments,
     its two rows' running max and sum, the rescale factor, the block's row max, the wgmma
-    descriptors, P packed as wgmma's register A"""
+    descriptors, P packed as wgmma's register A, the block's element predicate as bits"""
 
     acc_s: Any
     acc_o: Any
@@ -91,6 +91,7 @@ class ConsumerRegisters(Unpacked):
     desc_a: Any
     desc_b: Any
     p_regs: Any
+    allowed_bits: Any
 
 
 class QueryTile:
@@ -209,6 +210,12 @@ class QueryTile:
         # (a window block: :meth:`keys_only` is false) its global keys are read from the gathered blocks
         return T.And(key < self.Sk, T.And(T.And(key_c <= query + w, query <= key_c + w), flags[self.b, key_c] == 0))
 
+    def allowed_any(self, kblk, query, key, key_c):
+        """:meth:`allowed`, or :meth:`key_ok` where :meth:`keys_only` (decided per element)"""
+        if not self.split:
+            return self.allowed(kblk, query, key, key_c)
+        return T.if_then_else(self.keys_only(kblk), self.key_ok(kblk, key), self.allowed(kblk, query, key, key_c))
+
     def score_bias(self, query, key_c):
         return pattern_score_bias(self.pattern, self.buffers, self.b, self.h, query, key_c)
 
@@ -240,7 +247,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                 scale: float | None = None, mask_dtype: str | None = None,
                                 stages: int | None = None, p_in_registers: bool = True,
                                 warp_specialized: bool = True, overlap: bool | None = None,
-                                global_split: bool = False) -> tirx.PrimFunc:
+                                global_split: bool = False, early_predicate: bool = True) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -258,6 +265,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     only where every entry is allowed with bias 0.  ``global_split`` (window + global tokens,
     :func:`~pit_tvm.ops.sparse_attention.splits_global_rows`): the global rows and keys as their
     own gathered tiles and blocks (:class:`QueryTile`; the index built with the same flag).
+    ``early_predicate``: a partial block's element predicate is evaluated (as bits) while its
+    Q K^T is in flight, not after (not for an additive mask, whose bias is read with it).
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if overlap is None:
@@ -351,7 +360,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     def issue_qk(slot, smem, tid, r):
         """S = Q K^T, this warpgroup's 64 queries against the block in ring slot ``slot``: D/16
         wgmma, one commit group (not waited for)"""
-        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         for i in T.unroll(ACC_S):
             acc_s[i] = T.float32(0)
         T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([Q_OFF + tid // 128 * 64 * ATOM]),
@@ -365,12 +374,13 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         T.ptx.wgmma.commit_group.sync.aligned()
 
     @T.macro
-    def mask_scores(kblk, tile, pairwise, tid, r):
-        """S = allowed ? S * scale + bias : masked, for block ``kblk``; the element predicate
-        pair by pair (``pairwise``) or the keys' bounds only (:meth:`QueryTile.keys_only`)"""
-        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+    def collect_bits(kblk, tile, pairwise, tid, r):
+        """allowed_bits = the element predicate of this thread's scores of block ``kblk``, pair
+        by pair (``pairwise``) or the keys' bounds only (:meth:`QueryTile.keys_only`)"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
+        allowed_bits[0] = T.uint32(0)
         # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
         # 8nb + 2(lane%4) (+1) of the block in acc_s[4nb + 2i + e]
         for nb in T.unroll(KB // 8):
@@ -379,30 +389,65 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
                     key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
                     key_c = tile.key_src(kblk, key)
+                    if pairwise:
+                        allowed_bits[0] = allowed_bits[0] | T.shift_left(
+                            T.Cast("uint32", tile.allowed(kblk, query, key, key_c)), T.uint32(nb * 4 + i * 2 + e))
+                    else:
+                        allowed_bits[0] = allowed_bits[0] | T.shift_left(
+                            T.Cast("uint32", tile.key_ok(kblk, key)), T.uint32(nb * 4 + i * 2 + e))
+
+    @T.macro
+    def predicate_bits(kblk, partial, tile, tid, r):
+        """the element predicate of block ``kblk`` (where ``partial`` or the tail block) as
+        allowed_bits, issued while the block's Q K^T is in flight: its loads and index arithmetic
+        overlap the tensor cores (an additive mask's predicate and bias stay in ``mask_scores``)"""
+        if early_predicate and not additive:
+            if tile.needs_predicate(partial, kblk):
+                if tile.split:
+                    if tile.keys_only(kblk):
+                        collect_bits(kblk, tile, False, tid, r)
+                    else:
+                        collect_bits(kblk, tile, True, tid, r)
+                else:
+                    collect_bits(kblk, tile, True, tid, r)
+
+    @T.macro
+    def mask_scores(kblk, tile, tid, r):
+        """S = allowed ? S * scale + bias : masked, for block ``kblk``: from allowed_bits, or (an
+        additive mask) the predicate and the bias pair by pair"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
+        w = (tid % 128) // 32
+        lane = tid % 32
+        for nb in T.unroll(KB // 8):
+            for i in T.unroll(2):
+                for e in T.unroll(2):
                     score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
                     if additive:
+                        query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
+                        key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
+                        key_c = tile.key_src(kblk, key)
                         score = score + T.float32(LOG2E) * tile.score_bias(query, key_c)
-                    if pairwise:
                         acc_s[nb * 4 + i * 2 + e] = T.Select(tile.allowed(kblk, query, key, key_c),
                                                              T.max(score, masked), masked)
+                    elif early_predicate:
+                        acc_s[nb * 4 + i * 2 + e] = T.Select(
+                            T.bitwise_and(T.shift_right(allowed_bits[0], T.uint32(nb * 4 + i * 2 + e)),
+                                          T.uint32(1)) != T.uint32(0), T.max(score, masked), masked)
                     else:
-                        acc_s[nb * 4 + i * 2 + e] = T.Select(tile.key_ok(kblk, key), T.max(score, masked), masked)
+                        query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
+                        key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
+                        key_c = tile.key_src(kblk, key)
+                        acc_s[nb * 4 + i * 2 + e] = T.Select(tile.allowed_any(kblk, query, key, key_c),
+                                                             T.max(score, masked), masked)
 
     @T.macro
     def softmax_step(kblk, partial, tile, tid, r):
         """the scores of key block ``kblk`` (its element predicate where ``partial`` or the tail
-        block) -> P = 2^(S - running max) in acc_s, the running max and sum, and ``alpha``, the
-        factor O_acc takes before this block's P V"""
-        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        block: :func:`predicate_bits` ran before) -> P = 2^(S - running max) in acc_s, the running
+        max and sum, and ``alpha``, the factor O_acc takes before this block's P V"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         if tile.needs_predicate(partial, kblk):
-            # partial (or tail) block: the element predicate, on the fly
-            if tile.split:
-                if tile.keys_only(kblk):
-                    mask_scores(kblk, tile, False, tid, r)
-                else:
-                    mask_scores(kblk, tile, True, tid, r)
-            else:
-                mask_scores(kblk, tile, True, tid, r)
+            mask_scores(kblk, tile, tid, r)
         else:
             for i in T.unroll(ACC_S):
                 acc_s[i] = acc_s[i] * T.float32(SCALE2)
@@ -426,7 +471,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     @T.macro
     def rescale_o(r):
         """O_acc *= alpha (its rows'), before the block's P V adds to it"""
-        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         for nb in T.unroll(D // 8):
             for i in T.unroll(2):
                 for e in T.unroll(2):
@@ -436,7 +481,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     def pack_p(r):
         """P as wgmma's register A: k16 step kk takes the scores of keys 16kk .. 16kk+15, rows r
         and r+8 (accumulator column blocks 2kk, 2kk+1), as four f16x2 / bf16x2 pairs"""
-        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         for kk in T.unroll(KB // 16):
             for a in T.unroll(4):
                 T.ptx[pack_pair](p_regs[kk * 4 + a], acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2 + 1],
@@ -446,7 +491,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     def issue_pv(slot, smem, tid, r):
         """O_acc += P V for the block in ring slot ``slot``: KB/16 wgmma, one commit group (not
         waited for); P from registers (``pack_p``), or first written to shared memory"""
-        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         wg = tid // 128
         if p_in_registers:
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
@@ -484,6 +529,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         """a consumer warpgroup's step on the key block ``kblk`` in ring slot ``slot``, in
         order: its 64 queries' scores, the online softmax, ``O_acc += P V``"""
         issue_qk(slot, smem, tid, r)
+        predicate_bits(kblk, partial, tile, tid, r)
         T.ptx.wgmma.wait_group.sync.aligned(0)
         softmax_step(kblk, partial, tile, tid, r)
         rescale_o(r)
@@ -501,7 +547,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     def store_o(O, tile, smem, tid, r):
         """SWrite: O_acc / l (0 for a row without an allowed key) -> the staged [128, D + 8]
         tile over the ring (every consumer is done with it) -> 16-byte stores of the tile's rows"""
-        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs = r.unpacked()
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
         T.evaluate(consumers_sync())
@@ -553,7 +599,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
         p_regs = T.alloc_local([KB // 4 if p_in_registers else 1], "uint32")   # P as wgmma's register A
-        r = T.meta_var(ConsumerRegisters(acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs))
+        allowed_bits = T.alloc_local([1], "uint32")    # the block's predicate, bit 4nb + 2i + e
+        r = T.meta_var(ConsumerRegisters(acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs,
+                                         allowed_bits))
         if global_split:
             listed = tile.listed()          # (the index's; the gathered key blocks follow them)
             count = tile.count(listed)
@@ -590,6 +638,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     ring.wait_full(bars, 0, 0)
                     T.ptx["fence.proxy.async.shared::cta"]()
                     issue_qk(0, smem, tid, r)
+                    predicate_bits(tile.block(0, listed), tile.partial(0, listed), tile, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
                     softmax_step(tile.block(0, listed), tile.partial(0, listed), tile, tid, r)
                     pack_p(r)
@@ -598,6 +647,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         T.ptx["fence.proxy.async.shared::cta"]()
                         issue_qk(j % STAGES, smem, tid, r)
                         issue_pv((j - 1) % STAGES, smem, tid, r)
+                        predicate_bits(tile.block(j, listed), tile.partial(j, listed), tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
                         softmax_step(tile.block(j, listed), tile.partial(j, listed), tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(0)          # P_{j-1} V retired
