@@ -122,14 +122,21 @@ def test_global_split_compiles_without_spills(head_dim, variant):
                              global_split=True)
 
 
-def _compiles_without_spills(pattern, head_dim, key_block, dtype, variant, global_split=False):
+@pytest.mark.parametrize("pattern", [BOOL, AttentionPattern(window=64, global_tokens=True)], ids=lambda p: p.tag)
+def test_late_predicate_form_compiles_without_spills(pattern):
+    """``early_predicate=False``: a partial block's predicate evaluated after Q K^T's wait (the
+    form the default was measured against)"""
+    _compiles_without_spills(pattern, 64, 64, "float16", "default", early_predicate=False,
+                             global_split=pattern.global_tokens)
+
+
+def _compiles_without_spills(pattern, head_dim, key_block, dtype, variant, **form):
     """wgmma for Q K^T (n = key block) and P V (n = head dim; P from shared memory or from
     registers), the K / V ring by cp.async (a loader warpgroup's, with the ring's mbarriers);
     ptxas keeps the wgmma asynchronous (no C7515) and spills nothing."""
     if find_nvcc() is None:
         pytest.skip("nvcc not found")
-    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, global_split=global_split,
-                                    **VARIANTS[variant])
+    f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, **form, **VARIANTS[variant])
     src = cuda_sources(build(tvm.IRModule({"main": f}), TARGET))[0]
     assert f"m64n{key_block}k16" in src and f"m64n{head_dim}k16" in src
     assert "cp_async" in src and "exp2f" in src
