@@ -375,12 +375,14 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
 
     @T.macro
     def collect_bits(kblk, tile, pairwise, tid, r):
-        """allowed_bits = the element predicate of this thread's scores of block ``kblk``, pair
+        """allowed_bits = the element predicate of this thread's scores of block ``kblk`` (score
+        ``4nb + 2i + e``: word ``nb / 8``, bit ``4 (nb % 8) + 2i + e``; KB / 64 words), pair
         by pair (``pairwise``) or the keys' bounds only (:meth:`QueryTile.keys_only`)"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
-        allowed_bits[0] = T.uint32(0)
+        for i in T.unroll(ACC_S // 32):
+            allowed_bits[i] = T.uint32(0)
         # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
         # 8nb + 2(lane%4) (+1) of the block in acc_s[4nb + 2i + e]
         for nb in T.unroll(KB // 8):
@@ -390,11 +392,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
                     key_c = tile.key_src(kblk, key)
                     if pairwise:
-                        allowed_bits[0] = allowed_bits[0] | T.shift_left(
-                            T.Cast("uint32", tile.allowed(kblk, query, key, key_c)), T.uint32(nb * 4 + i * 2 + e))
+                        allowed_bits[nb // 8] = allowed_bits[nb // 8] | T.shift_left(
+                            T.Cast("uint32", tile.allowed(kblk, query, key, key_c)), T.uint32(nb % 8 * 4 + i * 2 + e))
                     else:
-                        allowed_bits[0] = allowed_bits[0] | T.shift_left(
-                            T.Cast("uint32", tile.key_ok(kblk, key)), T.uint32(nb * 4 + i * 2 + e))
+                        allowed_bits[nb // 8] = allowed_bits[nb // 8] | T.shift_left(
+                            T.Cast("uint32", tile.key_ok(kblk, key)), T.uint32(nb % 8 * 4 + i * 2 + e))
 
     @T.macro
     def predicate_bits(kblk, partial, tile, tid, r):
@@ -431,7 +433,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                                              T.max(score, masked), masked)
                     elif early_predicate:
                         acc_s[nb * 4 + i * 2 + e] = T.Select(
-                            T.bitwise_and(T.shift_right(allowed_bits[0], T.uint32(nb * 4 + i * 2 + e)),
+                            T.bitwise_and(T.shift_right(allowed_bits[nb // 8], T.uint32(nb % 8 * 4 + i * 2 + e)),
                                           T.uint32(1)) != T.uint32(0), T.max(score, masked), masked)
                     else:
                         query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
@@ -599,7 +601,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
         p_regs = T.alloc_local([KB // 4 if p_in_registers else 1], "uint32")   # P as wgmma's register A
-        allowed_bits = T.alloc_local([1], "uint32")    # the block's predicate, bit 4nb + 2i + e
+        allowed_bits = T.alloc_local([ACC_S // 32], "uint32")    # the predicate: word nb / 8, bit 4(nb % 8) + 2i + e
         r = T.meta_var(ConsumerRegisters(acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs,
                                          allowed_bits))
         if global_split:
