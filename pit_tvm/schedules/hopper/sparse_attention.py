@@ -17,8 +17,9 @@ has a disallowed entry or a non-zero additive bias, so the element predicate is 
 it; 0: every entry allowed, nothing added).
 ``hg = min(h, HG - 1)`` (HG: the mask's head dim, 1 or H; 1 without a mask).
 
-One CTA per (128-query block, head, batch); B, H, Sq, Sk, HG and the mask's head dim symbolic.
-The default form: a loader warpgroup and 2 consumer warpgroups (384 threads)::
+One CTA per (128-query block, head, batch); B, H, Sq, Sk, HG and the mask's head dim symbolic
+(with ``global_split``, Longformer's window + global tokens: global tiles of gathered global rows
+first, then the window tiles; :class:`QueryTile`).  The default form: a loader warpgroup and 2 consumer warpgroups (384 threads)::
 
     loader warpgroup (128 threads, cp.async; then it exits):
         SRead Q_s[128, D] (rows past Sq zero-filled)                       -> Q mbarrier
@@ -28,7 +29,8 @@ The default form: a loader warpgroup and 2 consumer warpgroups (384 threads)::
     consumer warpgroup g (queries 64g .. 64g+63), block j once full[j % STAGES]:
         S_j[64, KB]  = Q_s[64g:] K_s^T               D/16  x wgmma m64nKBk16 (K_s: B, K-major)
         O_acc[64, D] += P_{j-1} V_s(j-1)              KB/16 x wgmma m64nDk16, P: register A
-        (S_j in) partial or tail block: S = allowed ? S * scale + bias : -inf (predicate)
+        (both in flight) partial or tail block: the predicate as bits (allowed_bits)
+        (S_j in) partial or tail block: S = allowed ? S * scale + bias : -inf
                  m_new = max(m, rowmax S); alpha = 2^(m - m_new); P_j = 2^(S - m_new)
                  l = l alpha + rowsum P_j                                  (log2 domain)
         (P_{j-1} V in) release slot j-1; O_acc *= alpha; pack P_j (f16x2 / bf16x2 pairs)
