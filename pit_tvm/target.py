@@ -88,7 +88,8 @@ def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     reshapes into model outputs made views (:func:`~pit_tvm.passes.output_views.ReshapeOutputsAsViews`).
     Small integer powers become multiplies first (:func:`~pit_tvm.passes.integer_power.
     IntegerPowerToMultiply`): CUDA code is compiled with ``--use_fast_math``, whose ``powf`` is
-    NaN for a negative base."""
+    NaN for a negative base; half-precision reductions accumulate in float32
+    (:func:`~pit_tvm.passes.half_reductions.HalfReductionsInFloat32`)."""
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
 
     passes = (cuda_schedule_passes(tgt) + cuda.dataflow_lower_passes(tgt) + cuda.finalize_passes(tgt))
@@ -101,11 +102,12 @@ def cuda_schedule_passes(tgt: tvm.target.Target) -> list:
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
+    from pit_tvm.passes.half_reductions import HalfReductionsInFloat32  # noqa: PLC0415
     from pit_tvm.passes.integer_power import IntegerPowerToMultiply  # noqa: PLC0415
     from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
 
     legalize = [p for p in cuda.legalize_passes(tgt) if p.info.name != "ApplyDefaultSchedule"]
-    return ([IntegerPowerToMultiply] + cuda.library_dispatch_passes(tgt) + legalize
+    return ([IntegerPowerToMultiply, HalfReductionsInFloat32] + cuda.library_dispatch_passes(tgt) + legalize
             + [dl.ApplyDefaultSchedule(*cuda_schedule_rules()), ReshapeOutputsAsViews])
 
 
@@ -124,7 +126,8 @@ def mark_shape_funcs_noalias(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
 
 def cpu_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     """TVM 0.27's CPU Relax pipeline, erf first rewritten to its fast form
-    (:func:`~pit_tvm.passes.fast_erf.ErfToFastErf`), after legalization exp as vectorisable
+    (:func:`~pit_tvm.passes.fast_erf.ErfToFastErf`) and half-precision reductions accumulating in
+    float32 (:func:`~pit_tvm.passes.half_reductions.HalfReductionsInFloat32`), after legalization exp as vectorisable
     arithmetic (:func:`~pit_tvm.passes.vector_exp.ExpToVectorExp`) and :class:`~pit_tvm.schedules.
     cpu_batched_matmul.CPUBatchedMatmul`, :class:`~pit_tvm.schedules.cpu_row_reduction.
     CPURowReduction` and :class:`~pit_tvm.schedules.cpu_elementwise.CPUElementwise` applied
@@ -134,12 +137,13 @@ def cpu_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
 
     from pit_tvm.schedules.cpu_batched_matmul import CPUBatchedMatmul  # noqa: PLC0415
     from pit_tvm.passes.fast_erf import ErfToFastErf  # noqa: PLC0415
+    from pit_tvm.passes.half_reductions import HalfReductionsInFloat32  # noqa: PLC0415
     from pit_tvm.schedules.cpu_elementwise import CPUElementwise  # noqa: PLC0415
     from pit_tvm.schedules.cpu_row_reduction import CPURowReduction  # noqa: PLC0415
     from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
     from pit_tvm.passes.vector_exp import ExpToVectorExp  # noqa: PLC0415
 
-    passes = ([ErfToFastErf] + cpu.library_dispatch_passes(tgt) + cpu.legalize_passes(tgt)
+    passes = ([ErfToFastErf, HalfReductionsInFloat32] + cpu.library_dispatch_passes(tgt) + cpu.legalize_passes(tgt)
               + [ExpToVectorExp, dl.ApplyDefaultSchedule(CPUBatchedMatmul(), CPURowReduction(), CPUElementwise()),
                  ReshapeOutputsAsViews]
               + cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt) + [mark_shape_funcs_noalias])

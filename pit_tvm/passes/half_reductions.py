@@ -1,0 +1,56 @@
+"""``HalfReductionsInFloat32``: mean / sum / variance / softmax of a float16 or bfloat16 tensor
+computed in float32 (a build pipeline stage, CPU and CUDA).
+
+Why: TVM legalizes ``R.mean`` (``R.sum``, ``R.variance``, ``R.nn.softmax``) into TIR that
+accumulates in the tensor's own dtype, so a float16 model's reductions sum hundreds of values in
+float16.  Exports decompose norms into such reductions (T5's RMS norm: ``mean(x * x)``), and
+frameworks compute them in float32 (PyTorch accumulates half reductions in float; HF's T5 norm
+upcasts its variance); in float16 the norm's error, amplified by MoE routers and the layers
+after it, moved the Switch encoder's outputs well away from PyTorch's.
+
+Rewritten: ``op(x, ...)`` with ``x`` float16 / bfloat16 and ``op`` one of :data:`REDUCTIONS`
+becomes ``astype(op(astype(x, "float32"), ...), x's dtype)``: the reduction's kernel accumulates
+in float and writes half (the widening cast fuses into it, or into the kernel producing ``x``,
+whose output is then float).
+Softmax attention fused earlier (``FuseAttention``) and the PIT ops' own kernels are not Relax
+reductions any more and stay as they are.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+#: the Relax reductions computed in float32 for half inputs
+REDUCTIONS = ("relax.mean", "relax.sum", "relax.variance", "relax.nn.softmax", "relax.nn.log_softmax")
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+def half_reduction_dtype(call: relax.Call) -> str | None:
+    """The half dtype of ``call``'s input when :class:`HalfReductionsInFloat32` rewrites it, else None."""
+    if not (isinstance(call.op, tvm.ir.Op) and call.op.name in REDUCTIONS and call.args):
+        return None
+    dtype = str(getattr(call.args[0].ty, "dtype", ""))
+    return dtype if dtype in HALF_DTYPES else None
+
+
+@relax.expr_functor.mutator
+class _HalfReductionRewriter(relax.PyExprMutator):
+    def visit_call_(self, op: relax.Call) -> relax.Expr:
+        call = super().visit_call_(op)
+        dtype = half_reduction_dtype(call)
+        if dtype is None:
+            return call
+        wide = self.builder_.emit(relax.op.astype(call.args[0], "float32"))
+        reduced = self.builder_.emit(relax.Call(call.op, [wide, *call.args[1:]], call.attrs))
+        return relax.op.astype(reduced, dtype)
+
+
+@tvm.transform.module_pass(opt_level=0, name="HalfReductionsInFloat32")
+def HalfReductionsInFloat32(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N802 - a pass, named like TVM's
+    """Compute the half-precision reductions of the module's Relax functions in float32 (see the
+    module docstring)."""
+    rewriter = _HalfReductionRewriter(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
