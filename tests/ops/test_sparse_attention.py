@@ -395,7 +395,6 @@ def test_cuda_mask_index_reads_16_byte_vectors():
         func = attention_block_index_func(pattern, key_block, "float16", "cuda", mask_dtype=mask_dtype)
         (source,) = cuda_sources(build(tvm.IRModule({"index": func}), "cuda"))
         assert re.search(r"\*\((uint4|int4|float4)\*\)\(mask_(words|vectors)_ptr", source), pattern.tag
-        assert "__syncthreads_or" in source
         nvcc_compile(source, "sm_90a")
 
 
