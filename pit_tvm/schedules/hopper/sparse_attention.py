@@ -249,7 +249,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                 scale: float | None = None, mask_dtype: str | None = None,
                                 stages: int | None = None, p_in_registers: bool = True,
                                 warp_specialized: bool = True, overlap: bool | None = None,
-                                global_split: bool = False, early_predicate: bool = True) -> tirx.PrimFunc:
+                                global_split: bool = False, early_predicate: bool | None = None) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -267,8 +267,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     only where every entry is allowed with bias 0.  ``global_split`` (window + global tokens,
     :func:`~pit_tvm.ops.sparse_attention.splits_global_rows`): the global rows and keys as their
     own gathered tiles and blocks (:class:`QueryTile`; the index built with the same flag).
-    ``early_predicate``: a partial block's element predicate is evaluated (as bits) while its
-    Q K^T is in flight, not after (not for an additive mask, whose bias is read with it).
+    ``early_predicate`` (default: at key block 64): a partial block's element predicate is
+    evaluated (as bits) while its Q K^T is in flight, not after (not for an additive mask, whose
+    bias is read with it).
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if overlap is None:
@@ -276,6 +277,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         overlap = bool(warp_specialized) and KB == 64 and not (global_split and D == 128)
     if stages is None:
         stages = 4 if overlap else 2
+    if early_predicate is None:
+        # (at key block 128 a thread's 64 predicate bits, loaded ahead, spill at head dim 128)
+        early_predicate = KB == 64
     _check(D, in_dtype, KB, int(stages), bool(p_in_registers))
     if global_split and not splits_global_rows(pattern):
         raise ValueError(f"global_split takes a window + global tokens pattern without a mask, documents or causal, "
