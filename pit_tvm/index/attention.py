@@ -20,8 +20,8 @@ A few kernels, no atomics, no host round trip (so deterministic byte for byte):
    :func:`pit_tvm.ops.sparse_attention.pattern_predicate` over the pairs: each thread owns a few
    consecutive keys and walks the query rows, reading the mask 16 bytes per load where a row is
    whole 16-byte vectors (entry by entry otherwise), and ORs two flags (some pair allowed, some
-   pair needs the predicate); the CTA ORs the threads' flags (a thread holding one stores 1 to a
-   shared word; no per-thread values to reduce).  A
+   pair needs the predicate); the CTA ORs the threads' flags through shared memory (32 threads
+   an eighth each, then one thread the 32).  A
    boolean mask that is the whole pattern is tested four bytes at a time.
    Without one (window, global tokens, causal, documents): one CTA per query block and per key
    block reduces its positions' extremes (global / non-global positions, document ids), then one
@@ -157,13 +157,11 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                 mask_vectors = T.decl_buffer((B * HG * Sq * (Sk // VEC), VEC), mask_load_dtype,
                                              data=bufs[0].data)
         for blk in BX(B * HG * QB * KB):
-            # the CTA's OR of its threads' flags: a thread holding a flag stores 1 into that flag's
-            # shared word (the same value whoever stores it), read once every thread is done
-            some = T.alloc_buffer((2,), "int32", scope=SH)
-            for tx in TX(NT):
-                if tx == 0:
-                    some[0] = 0
-                    some[1] = 0
+            # the CTA's OR of its threads' flags: each thread's flags into its own shared word, then
+            # 32 threads OR a strided eighth each, then thread 0 the 32 (every phase reads what the
+            # one before wrote: the barriers between them are TVM's)
+            thread_flags = T.alloc_buffer((NT,), "int32", scope=SH)
+            lane_flags = T.alloc_buffer((32,), "int32", scope=SH)
             for tx in TX(NT):
                 flags = T.alloc_buffer((1,), "int32", scope="local")
                 # the thread's batch, head group, first query row, first key and first mask entry
@@ -223,18 +221,21 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                         if row[0] + i * ROWS_PER_PASS < Sq and col[0] < Sk:
                             flags[0] = flags[0] | pair_flags(bufs, None, batch[0], group[0], row[0] + i * ROWS_PER_PASS,
                                                              col[0])
-                if T.bitwise_and(flags[0], _SOME_ALLOWED) != 0:
-                    some[0] = 1
-                if T.bitwise_and(flags[0], _SOME_NEED_PREDICATE) != 0:
-                    some[1] = 1
+                thread_flags[tx] = flags[0]
+            for tx in TX(NT):
+                if tx < 32:
+                    eighth = T.alloc_buffer((1,), "int32", scope="local")
+                    eighth[0] = 0
+                    for j in T.unroll(NT // 32):
+                        eighth[0] = eighth[0] | thread_flags[j * 32 + tx]
+                    lane_flags[tx] = eighth[0]
             for tx in TX(NT):
                 if tx == 0:
-                    # (through registers: a shared load in a branch condition does not lower)
-                    found = T.alloc_buffer((2,), "int32", scope="local")
-                    found[0] = some[0]
-                    found[1] = some[1]
-                    FL[blk] = block_class(T.Select(found[0] != 0, _SOME_ALLOWED, 0)
-                                          | T.Select(found[1] != 0, _SOME_NEED_PREDICATE, 0))
+                    found = T.alloc_buffer((1,), "int32", scope="local")
+                    found[0] = 0
+                    for j in T.unroll(32):
+                        found[0] = found[0] | lane_flags[j]
+                    FL[blk] = block_class(found[0])
 
     # --- window / global tokens / causal / documents without a mask: decided per block from the
     # position extremes of its query block and of its key block (exact, see
