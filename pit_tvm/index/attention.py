@@ -146,7 +146,8 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         return T.Cast(block_id_dtype, x)
 
     @T.macro
-    def classify_pairs(bufs, FL, B, HG, Sq, Sk, QB, KB):
+    def classify_pairs(bufs, FL, EX, B, HG, Sq, Sk, QB, KB):
+        """(``EX``, the extremes' scratch, unused: the signature of ``classify_extremes``)"""
         if pattern.mask is not None:
             mask_entries = T.decl_buffer((B * HG * Sq * Sk,), mask_load_dtype, data=bufs[0].data)
             # whole 16-byte vectors (read where Sk % VEC == 0), indexed by vector: the flat index is
@@ -342,13 +343,9 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                         T.Cast("int32", (c * NT + tx) % KB * KBL),
                         T.Cast("int32", T.min((c * NT + tx) % KB * KBL + (KBL - 1), Sk - 1)), global_split)
 
-    @T.macro
-    def classify_each_pair(bufs, FL, EX, B, HG, Sq, Sk, QB, KB):
-        classify_pairs(bufs, FL, B, HG, Sq, Sk, QB, KB)
-
     # (documents with a window: the AND of two "some pair allowed" tests would over-list)
     by_extremes = pattern.mask is None and not (pattern.documents and pattern.window is not None)
-    classify = classify_extremes if by_extremes else classify_each_pair
+    classify = classify_extremes if by_extremes else classify_pairs
 
     def count_if(at, is_listed):
         """``add(acc, i)`` for run_sums: count item ``i`` if listed"""

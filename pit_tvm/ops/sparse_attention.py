@@ -526,7 +526,8 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
     # one kernel per (kernel, pattern, d, key block, dtypes, scale): a model may hold several
     name = (f"pit_sparse_attention_{kind}_{pattern.tag}_d{d}_kb{kb}_{dtype}" + (f"_{mask_dtype}" if mask_dtype else "")
             + "_scale" + repr(scale).replace(".", "p").replace("-", "m").replace("+", ""))
-    global_split = kind == "hopper" and splits_global_rows(pattern)
+    # (the Hopper kernel says whether it takes the global tokens apart: the index must match)
+    global_split = bool(func.attrs.get("pit.attention.global_split", False))
     name += "_gsplit" if global_split else ""
     kernel_gv = add_once(bb, name, lambda: func)
     index_func = attention_block_index_func(pattern, kb, dtype, target, mask_dtype=mask_dtype, global_split=global_split)
@@ -620,7 +621,7 @@ class SparseAttention:
         self.key_block = int(kernel.attrs["pit.attention.key_block"])
         self.index_name = next(gv.name_hint for gv in mod.get_global_vars()
                                if gv.name_hint.startswith("pit_attention_index_"))
-        self.global_split = self.index_name.endswith("_gsplit")
+        self.global_split = bool(kernel.attrs.get("pit.attention.global_split", False))
         self.executable = build(mod, self.target)
         self._main = None
 

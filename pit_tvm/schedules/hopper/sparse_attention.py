@@ -212,12 +212,6 @@ class QueryTile:
         # (a window block: :meth:`keys_only` is false) its global keys are read from the gathered blocks
         return T.And(key < self.Sk, T.And(T.And(key_c <= query + w, query <= key_c + w), flags[self.b, key_c] == 0))
 
-    def allowed_any(self, kblk, query, key, key_c):
-        """:meth:`allowed`, or :meth:`key_ok` where :meth:`keys_only` (decided per element)"""
-        if not self.split:
-            return self.allowed(kblk, query, key, key_c)
-        return T.if_then_else(self.keys_only(kblk), self.key_ok(kblk, key), self.allowed(kblk, query, key, key_c))
-
     def score_bias(self, query, key_c):
         return pattern_score_bias(self.pattern, self.buffers, self.b, self.h, query, key_c)
 
@@ -405,24 +399,31 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                             T.Cast("uint32", tile.key_ok(kblk, key)), T.uint32(nb % 8 * 4 + i * 2 + e))
 
     @T.macro
+    def by_block_kind(step, kblk, tile, tid, r):
+        """``step(kblk, tile, pairwise, tid, r)`` with ``pairwise`` false where every key of block
+        ``kblk`` is allowed for every row of the tile (:meth:`QueryTile.keys_only`: a uniform
+        branch, so each form is its own unrolled loop)"""
+        if tile.split:
+            if tile.keys_only(kblk):
+                step(kblk, tile, False, tid, r)
+            else:
+                step(kblk, tile, True, tid, r)
+        else:
+            step(kblk, tile, True, tid, r)
+
+    @T.macro
     def predicate_bits(kblk, partial, tile, tid, r):
         """the element predicate of block ``kblk`` (where ``partial`` or the tail block) as
         allowed_bits, issued while the block's Q K^T is in flight: its loads and index arithmetic
         overlap the tensor cores (an additive mask's predicate and bias stay in ``mask_scores``)"""
         if early_predicate and not additive:
             if tile.needs_predicate(partial, kblk):
-                if tile.split:
-                    if tile.keys_only(kblk):
-                        collect_bits(kblk, tile, False, tid, r)
-                    else:
-                        collect_bits(kblk, tile, True, tid, r)
-                else:
-                    collect_bits(kblk, tile, True, tid, r)
+                by_block_kind(collect_bits, kblk, tile, tid, r)
 
     @T.macro
-    def mask_scores(kblk, tile, tid, r):
-        """S = allowed ? S * scale + bias : masked, for block ``kblk``: from allowed_bits, or (an
-        additive mask) the predicate and the bias pair by pair"""
+    def mask_scores(kblk, tile, pairwise, tid, r):
+        """S = allowed ? S * scale + bias : masked, for block ``kblk``: from allowed_bits, else
+        the predicate (``pairwise``, or the keys' bounds) and an additive mask's bias pair by pair"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
@@ -430,14 +431,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             for i in T.unroll(2):
                 for e in T.unroll(2):
                     score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
-                    if additive:
-                        query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
-                        key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
-                        key_c = tile.key_src(kblk, key)
-                        score = score + T.float32(LOG2E) * tile.score_bias(query, key_c)
-                        acc_s[nb * 4 + i * 2 + e] = T.Select(tile.allowed(kblk, query, key, key_c),
-                                                             T.max(score, masked), masked)
-                    elif early_predicate:
+                    if early_predicate and not additive:
                         acc_s[nb * 4 + i * 2 + e] = T.Select(
                             T.bitwise_and(T.shift_right(allowed_bits[nb // 8], T.uint32(nb % 8 * 4 + i * 2 + e)),
                                           T.uint32(1)) != T.uint32(0), T.max(score, masked), masked)
@@ -445,8 +439,14 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
                         key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
                         key_c = tile.key_src(kblk, key)
-                        acc_s[nb * 4 + i * 2 + e] = T.Select(tile.allowed_any(kblk, query, key, key_c),
-                                                             T.max(score, masked), masked)
+                        if additive:
+                            score = score + T.float32(LOG2E) * tile.score_bias(query, key_c)
+                        if pairwise:
+                            acc_s[nb * 4 + i * 2 + e] = T.Select(tile.allowed(kblk, query, key, key_c),
+                                                                 T.max(score, masked), masked)
+                        else:
+                            acc_s[nb * 4 + i * 2 + e] = T.Select(tile.key_ok(kblk, key), T.max(score, masked),
+                                                                 masked)
 
     @T.macro
     def softmax_step(kblk, partial, tile, tid, r):
@@ -455,7 +455,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         max and sum, and ``alpha``, the factor O_acc takes before this block's P V"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         if tile.needs_predicate(partial, kblk):
-            mask_scores(kblk, tile, tid, r)
+            if early_predicate and not additive:
+                mask_scores(kblk, tile, True, tid, r)       # (from the bits: pairwise unused)
+            else:
+                by_block_kind(mask_scores, kblk, tile, tid, r)
         else:
             for i in T.unroll(ACC_S):
                 acc_s[i] = acc_s[i] * T.float32(SCALE2)
@@ -697,7 +700,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     func = _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split)
     name = (f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}"
             + (f"_{mask_dtype}" if pattern.mask else "") + ("_gsplit" if global_split else ""))
-    return lower_tirx(func, TARGET).with_attr("global_symbol", name).with_attr("pit.attention.key_block", KB)
+    return (lower_tirx(func, TARGET).with_attr("global_symbol", name).with_attr("pit.attention.key_block", KB)
+            .with_attr("pit.attention.global_split", bool(global_split)))
 
 
 def _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split):
