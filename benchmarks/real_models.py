@@ -17,13 +17,19 @@ TVM builds):
   that batch's real-token fraction), else compile_onnx's default density;
 * ``tvm_pit_off``: ``auto=False`` and no ``padding=``: the same dense kernels, no PIT.
 
-On cuda the fp32 export is converted to float16 (``pit_tvm.testing.to_float16``), both TVM builds
-are CUDA graphs (``cuda_graph=True``), and the peers are the ``transformers`` model itself (SDPA
+On cuda the TVM builds read a float16 export: switch-base-8's half model exported as it is (its
+router and RMS norms keep transformers' explicit float32 upcasts, which the fp32 graph cannot show),
+the BERT-family fp32 export converted by ``pit_tvm.testing.to_float16`` (the TorchScript exporter
+writes a half BERT's SDPA in float32 and its LayerNormalization with mixed types, an invalid graph);
+both TVM builds are CUDA graphs (``cuda_graph=True``), and the peers are the ``transformers`` model itself (SDPA
 attention) eager, ``torch.compile`` and ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), on the
 padded batch. On cpu the peer is onnxruntime (CPUExecutionProvider) on the fp32 export.
 
 Every output is checked against the fp32 PyTorch model on the real (non-padded) tokens:
-``max_rel_err`` = max|out - ref| / max|ref| over those positions. Timings: median ms of ``--repeat``
+``max_rel_err`` = max|out - ref| / max|ref| over those positions. An MoE model is checked by the
+fraction of real tokens within the tolerance (``tokens_within_tol``): at least 99 %, or in float16 at
+least the fraction of the ``transformers`` model's own float16 eager run (a near-tie top-1 takes
+the other expert in float16, and expert capacity turns one flip into others). Timings: median ms of ``--repeat``
 calls, inputs on the device, synchronised per call (``pit_tvm.timing.median_ms``).
 Writes ``docs/results/real_models_<device>.json`` / ``.png`` (under ``$OUT`` when set).
 """
@@ -56,7 +62,8 @@ DEFAULTS = {
     "cpu": dict(models="minilm-l6", dtype="float32", batch=16, seq=128, min_len=8, repeat=5, warmup=1),
 }
 TOLERANCE = {"float32": 1e-4, "float16": 5e-3}
-#: an MoE model is correct when this fraction of its real tokens is within the tolerance
+#: an MoE model is correct when this fraction of its real tokens is within the tolerance (in float16:
+#: or PyTorch's own float16 fraction, where lower)
 MOE_TOKENS_WITHIN = 0.99
 TABLE = ["model", "method", "dtype", "median_ms", "speedup_vs_pit_off", "speedup_vs_best_peer", "tokens_within_tol",
          "pit_matmuls", "max_rel_err", "correct"]
@@ -215,10 +222,13 @@ def run_model(arch: str, cfg, tmp: str) -> list[dict]:
     switch = ARCHITECTURES[arch][0] == "switch"
     if switch:
         switch_expert_loop("static")
-    export(model, inputs, path, "cpu")          # fp32, as a user exports it
+    if device == "cuda" and switch:             # the half model, as a user exports float16
+        model = model.half().cuda()
+        path = os.path.join(tmp, f"{arch}_fp16.onnx")
+    export(model, inputs, path, device if switch else "cpu")
     if switch:
         switch_expert_loop("traced")            # the peers run transformers' own code
-    if device == "cuda":                        # the TVM builds read its float16 copy
+    if device == "cuda" and not switch:         # the TVM builds read its float16 copy
         import onnx  # noqa: PLC0415
 
         from pit_tvm.testing import to_float16  # noqa: PLC0415
@@ -237,9 +247,7 @@ def run_model(arch: str, cfg, tmp: str) -> list[dict]:
         try:
             ms, out, extra = fn()
             err = errors(out, ref, valid, TOLERANCE[dtype])
-            correct = (err["tokens_within_tol"] >= MOE_TOKENS_WITHIN if switch
-                       else err["max_rel_err"] <= TOLERANCE[dtype])
-            row.update(median_ms=ms, **err, correct=bool(correct), **extra)
+            row.update(median_ms=ms, **err, correct=bool(err["max_rel_err"] <= TOLERANCE[dtype]), **extra)
         except Exception as e:  # noqa: BLE001 - recorded, not fatal
             row.update(error=f"{type(e).__name__}: {e}"[:2000], traceback=traceback.format_exc()[-3000:])
         row["wall_s"] = time.perf_counter() - t
@@ -256,6 +264,8 @@ def run_model(arch: str, cfg, tmp: str) -> list[dict]:
             record(f"torch_{mode}", lambda mode=mode: torch_method(model, inputs, cfg, mode))
     else:
         record("onnxruntime", lambda: onnxruntime_method(path, inputs, cfg), "float32")
+    if switch:
+        moe_token_check(rows)
     base = next((r["median_ms"] for r in rows if r["method"] == "tvm_pit_off" and r["median_ms"]), None)
     peers = [r["median_ms"] for r in rows if not r["method"].startswith("tvm") and r["median_ms"]]
     for r in rows:
@@ -263,6 +273,20 @@ def run_model(arch: str, cfg, tmp: str) -> list[dict]:
             r["speedup_vs_pit_off"] = base / r["median_ms"] if base else None
             r["speedup_vs_best_peer"] = min(peers) / r["median_ms"] if peers else None
     return rows
+
+
+def moe_token_check(rows: list[dict]) -> None:
+    """Set an MoE model's rows' ``correct``: its fraction of real tokens within the tolerance at
+    least :data:`MOE_TOKENS_WITHIN`, or (float16) at least that of PyTorch's own eager run"""
+    eager = next((r.get("tokens_within_tol") for r in rows if r["method"] == "torch_eager"), None)
+    for r in rows:
+        if r.get("tokens_within_tol") is None:
+            continue
+        need = MOE_TOKENS_WITHIN
+        if r["dtype"] != "float32" and eager is not None:
+            need = min(need, eager)
+        r["tokens_needed"] = need
+        r["correct"] = bool(r["tokens_within_tol"] >= need)
 
 
 def plot(ax, rows):

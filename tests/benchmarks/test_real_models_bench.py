@@ -27,3 +27,18 @@ def test_expected_density_sample_is_another_batch_of_the_same_distribution():
     timed = R.padded_batch(cfg.batch, cfg.seq, cfg.min_len, cfg.seed)["attention_mask"].mean()
     assert sampled != round(float(timed), 3)
     assert R.sample_batch(R.parse_args(["--device", "cuda"])) is None
+
+
+def test_moe_token_check_in_float16_asks_for_pytorch_own_fraction():
+    """An MoE model's fp16 rows need the fraction of tokens PyTorch's fp16 eager run keeps within
+    the tolerance (at most 99 %); fp32 rows need 99 %"""
+    def row(method, frac, dtype="float16"):
+        return {"method": method, "dtype": dtype, "tokens_within_tol": frac, "correct": None}
+
+    rows = [row("tvm_pit", 0.84), row("tvm_pit_off", 0.5), row("torch_eager", 0.8), row("torch_compile", 0.79)]
+    R.moe_token_check(rows)
+    assert [r["correct"] for r in rows] == [True, False, True, False]
+    assert {r["tokens_needed"] for r in rows} == {0.8}
+    fp32 = [row("tvm_pit", 0.98, "float32"), row("onnxruntime", 0.995, "float32")]
+    R.moe_token_check(fp32)
+    assert [r["correct"] for r in fp32] == [False, True]
