@@ -6,6 +6,12 @@ kernel's time, its speedup over dense and that speedup as a fraction of the dens
 time from torch.profiler (do_bench's time includes the host's per call where that bounds it).
 
     python3 benchmarks/sweeps/sparse_attention_kernel.py [--seq 4096] [--heads 12]
+    python3 benchmarks/sweeps/sparse_attention_kernel.py --uniform [--partial 0.33] [--seq 16384]
+
+``--uniform``: the default form only, every query block listing exactly n key blocks (n = 1, 2,
+4, ... all), a ``--partial`` fraction of them partial (their element predicate read from an
+all-true mask): the kernel's device time against n, and its least-squares fit ``waves x (fixed
++ n x per block)`` (a CTA's cost outside its blocks: launch, Q, the ring's fill, the epilogue).
 """
 import argparse
 import sys
@@ -45,11 +51,56 @@ def block_index(rng, batch, seq, key_block, density):
     return counts, ids, np.zeros_like(ids), listed.mean()
 
 
+def uniform_index(rng, batch, seq, key_block, listed, partial):
+    """the index of exactly ``listed`` random key blocks per query block, a ``partial`` fraction
+    of them marked partial"""
+    qbn, kbn = -(-seq // QUERY_BLOCK), -(-seq // key_block)
+    ids = np.full((batch, 1, qbn, kbn), -1, np.int32)
+    for idx in np.ndindex(batch, 1, qbn):
+        ids[idx][:listed] = np.sort(rng.choice(kbn, listed, replace=False))
+    marks = (rng.random(ids.shape) < partial) & (ids >= 0)
+    return np.full((batch, 1, qbn), listed, np.int32), ids, marks.astype(np.int32)
+
+
+def uniform_sweep(seq, heads, partial):
+    """kernel device time against the listed blocks per query block (module docstring)"""
+    B, S, kb = 1, seq, 64
+    rng = np.random.default_rng(0)
+    T = tvm.runtime.from_dlpack
+    for d in (64, 128):
+        q, k, v = (torch.randn(B, heads, S, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        o = torch.empty_like(q)
+        mask = torch.ones(B, 1, S, S, dtype=torch.bool, device="cuda")
+        f = build(tvm.IRModule({"main": block_sparse_attention_func(d, AttentionPattern(mask="bool"), "float16", kb)}),
+                  "cuda:sm_90a")["main"]
+        ctas = -(-S // QUERY_BLOCK) * heads * B
+        waves = ctas / torch.cuda.get_device_properties(0).multi_processor_count
+        points = []
+        n = 1
+        while n <= S // kb:
+            index = [torch.from_numpy(x).cuda() for x in uniform_index(rng, B, S, kb, n, partial)]
+            call_args = [T(x) for x in [q, k, v] + index + [mask, o]]
+            dev_us = sum(t for name, t in kernel_split_us(lambda: f(*call_args)).items() if "sparse_attention" in name)
+            points.append((n, dev_us))
+            print(f"  d {d} S {S} H {heads} partial {partial:.2f}: {n:4d} blocks per query block: {dev_us:8.1f} us "
+                  f"({dev_us / waves:6.2f} us a wave of CTAs)", flush=True)
+            n *= 2
+        ns, us = np.array(points, float).T
+        per_block, fixed = np.polyfit(ns, us / waves, 1)
+        print(f"  d {d}: fit per CTA: fixed {fixed:.2f} us + {per_block:.3f} us a block ({ctas} CTAs, "
+              f"{waves:.1f} waves)", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, default=4096, help="sequence length (default 4096)")
     ap.add_argument("--heads", type=int, default=12, help="attention heads (default 12)")
+    ap.add_argument("--uniform", action="store_true", help="kernel time against exactly n listed blocks")
+    ap.add_argument("--partial", type=float, default=0.0, help="(--uniform) the fraction of listed blocks partial")
     args = ap.parse_args()
+    if args.uniform:
+        uniform_sweep(args.seq, args.heads, args.partial)
+        return
     B, H, S = 1, args.heads, args.seq
     rng = np.random.default_rng(0)
     T = tvm.runtime.from_dlpack

@@ -165,10 +165,14 @@ def _buffers_by_name(pattern, buffers) -> dict:
     return found
 
 
+def mask_head(mask_buf, h):
+    """the mask's head read for head ``h``: its head dim is 1 or H, so min(h, MH - 1) reads head 0
+    of a shared mask, head h else"""
+    return T.min(T.Cast("int64", h), T.Cast("int64", mask_buf.shape[1]) - T.int64(1))
+
+
 def _mask_value(mask_buf, b, h, q, k):
-    # the mask's head dim is 1 or H: min(h, HG - 1) reads head 0 of a shared mask, head h else
-    hg = T.min(T.Cast("int64", h), T.Cast("int64", mask_buf.shape[1]) - T.int64(1))
-    return mask_buf[b, hg, q, k]
+    return mask_buf[b, mask_head(mask_buf, h), q, k]
 
 
 def pattern_predicate(pattern: AttentionPattern, buffers, b, h, q, k, mask_value=None):

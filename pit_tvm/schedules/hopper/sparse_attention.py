@@ -56,7 +56,7 @@ from typing import Any
 from tvm import tirx
 from tvm.script import tirx as T
 
-from pit_tvm.ops.sparse_attention import (KEY_BLOCKS, QUERY_BLOCK, pattern_predicate, pattern_score_bias,
+from pit_tvm.ops.sparse_attention import (KEY_BLOCKS, QUERY_BLOCK, mask_head, pattern_predicate, pattern_score_bias,
                                           splits_global_rows)
 from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, WARPGROUP_BARRIERS, exit_thread,
                                                named_barrier_sync)
@@ -203,27 +203,42 @@ class QueryTile:
         tile's rows, a gathered block's keys): the predicate is then :meth:`key_ok` alone"""
         return T.Or(self.glob, kblk >= self.KBT)
 
-    def allowed(self, kblk, query, key, key_c):
-        """is the key at ``key`` (position ``key_c``) allowed for the query row at position ``query``"""
+    def allowed(self, kblk, query, key, key_c, mask_value=None):
+        """is the key at ``key`` (position ``key_c``) allowed for the query row at position ``query``
+        (``mask_value``: the mask's entry there where the caller has it, else read from the mask)"""
         if not self.split:
-            return T.And(key < self.Sk, pattern_predicate(self.pattern, self.buffers, self.b, self.h, query, key_c))
+            return T.And(key < self.Sk, pattern_predicate(self.pattern, self.buffers, self.b, self.h, query, key_c,
+                                                          mask_value))
         w = self.pattern.window
         flags = self.buffers["global_flags"]
         # (a window block: :meth:`keys_only` is false) its global keys are read from the gathered blocks
         return T.And(key < self.Sk, T.And(T.And(key_c <= query + w, query <= key_c + w), flags[self.b, key_c] == 0))
 
+    def mask_offset(self, query, kblk):
+        """(int64) the flat offset in the mask of query position ``query``'s entry for the first key
+        of block ``kblk``"""
+        mask = self.buffers["mask"]
+        return (((T.Cast("int64", self.b) * mask.shape[1] + mask_head(mask, self.h)) * mask.shape[2]
+                 + T.Cast("int64", query)) * mask.shape[3] + T.Cast("int64", kblk) * self.KB)
+
     def score_bias(self, query, key_c):
         return pattern_score_bias(self.pattern, self.buffers, self.b, self.h, query, key_c)
 
 
-def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int, p_in_registers: bool = False) -> int:
+#: bytes of padding after each row of a staged mask tile (its rows then start in other banks)
+MASK_ROW_PAD = 16
+
+
+def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int, p_in_registers: bool = False,
+                                mask_tiles: bool = False) -> int:
     """dynamic shared memory of :func:`block_sparse_attention_func`'s kernel: Q, P (unless in
-    registers), the K / V ring"""
+    registers), the K / V ring, a boolean mask tile a ring slot (``mask_tiles``)"""
     p_tile = 0 if p_in_registers else QUERY_BLOCK * key_block
-    return (QUERY_BLOCK * head_dim + p_tile + stages * 2 * key_block * head_dim) * 2
+    masks = stages * QUERY_BLOCK * (key_block + MASK_ROW_PAD) if mask_tiles else 0
+    return (QUERY_BLOCK * head_dim + p_tile + stages * 2 * key_block * head_dim) * 2 + masks
 
 
-def _check(head_dim, in_dtype, key_block, stages, p_in_registers):
+def _check(head_dim, in_dtype, key_block, stages, p_in_registers, mask_tiles):
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"block-sparse attention's Hopper kernel takes head dims {HEAD_DIMS}, got {head_dim}")
     if in_dtype not in IN_DTYPES:
@@ -232,7 +247,7 @@ def _check(head_dim, in_dtype, key_block, stages, p_in_registers):
         raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block}")
     if stages < 2:
         raise ValueError(f"the K / V ring needs at least 2 stages, got {stages}")
-    smem = sparse_attention_smem_bytes(head_dim, key_block, stages, p_in_registers)
+    smem = sparse_attention_smem_bytes(head_dim, key_block, stages, p_in_registers, mask_tiles)
     if smem > max_smem_bytes("sm_90a"):
         raise ValueError(f"head dim {head_dim}, key block {key_block} and {stages} stages need {smem} bytes "
                          f"of shared memory, over the H100's {max_smem_bytes('sm_90a')}")
@@ -243,7 +258,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                 scale: float | None = None, mask_dtype: str | None = None,
                                 stages: int | None = None, p_in_registers: bool = True,
                                 warp_specialized: bool = True, overlap: bool | None = None,
-                                global_split: bool = False, early_predicate: bool | None = None) -> tirx.PrimFunc:
+                                global_split: bool = False, early_predicate: bool | None = None,
+                                mask_tiles: bool | None = None) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -263,7 +279,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     own gathered tiles and blocks (:class:`QueryTile`; the index built with the same flag).
     ``early_predicate`` (default: at key block 64): a partial block's element predicate is
     evaluated (as bits) while its Q K^T is in flight, not after (not for an additive mask, whose
-    bias is read with it).
+    bias is read with it).  ``mask_tiles`` (default: with a boolean mask, the loader warpgroup
+    and the early predicate): the loader stages a partial block's [128, KB] mask tile in shared
+    memory beside its K / V (16-byte cp.async; where Sk % 16 == 0, else the consumers read the
+    mask themselves), so the predicate reads shared memory, not scattered bytes of global memory.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if overlap is None:
@@ -274,7 +293,12 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     if early_predicate is None:
         # (at key block 128 a thread's 64 predicate bits, loaded ahead, spill at head dim 128)
         early_predicate = KB == 64
-    _check(D, in_dtype, KB, int(stages), bool(p_in_registers))
+    early_predicate = bool(early_predicate) and pattern.mask != "additive"
+    if mask_tiles is None:
+        mask_tiles = bool(warp_specialized) and early_predicate and pattern.mask == "bool"
+    if mask_tiles and not (warp_specialized and early_predicate and pattern.mask == "bool"):
+        raise ValueError("mask_tiles takes a boolean mask, warp_specialized and the early predicate")
+    _check(D, in_dtype, KB, int(stages), bool(p_in_registers), bool(mask_tiles))
     if global_split and not splits_global_rows(pattern):
         raise ValueError(f"global_split takes a window + global tokens pattern without a mask, documents or causal, "
                          f"got {pattern.tag}")
@@ -298,7 +322,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     RING_OFF = P_OFF + (0 if p_in_registers else QB * KB)
     SLOT = 2 * KB * D              # a ring slot: K block, then V block
     O_ROW = D + 8                  # staged O pitch (16 bytes of padding against bank conflicts)
-    SMEM_ELEMS = sparse_attention_smem_bytes(D, KB, STAGES, p_in_registers) // dtype_bytes(in_dtype)
+    SMEM_BYTES = sparse_attention_smem_bytes(D, KB, STAGES, p_in_registers, mask_tiles)
+    SMEM_ELEMS = SMEM_BYTES // dtype_bytes(in_dtype)
+    MASK_OFF = (RING_OFF + STAGES * SLOT) * dtype_bytes(in_dtype)   # (bytes) the staged mask tiles
+    MASK_PITCH = KB + MASK_ROW_PAD
+    MASK_CHUNKS = KB // 16          # 16-byte chunks per row of a mask tile
     t = PTX_TYPE[in_dtype]
     wgmma_s = f"wgmma.mma_async.sync.aligned.m64n{KB}k16.f32.{t}.{t}"
     wgmma_o = f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{t}.{t}"
@@ -356,6 +384,39 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + KB * D + tiled(KB, r, ch)]),
                               V.ptr_to([tile.b, tile.h, src_key, ch * 8]), tile.key_ok(kblk, key)))
 
+    def staged_entry(staged, tile, kblk, row, query, key):
+        """the staged mask tile's entry (bool) at ``row`` of the tile (query position ``query``) and
+        ``key`` of block ``kblk`` (``load_mask_tile``); ``staged``: ``(mask_s, slot)``, None where
+        nothing is staged (then None)"""
+        if staged is None:
+            return None
+        mask_s, slot = staged
+        shift = T.Cast("int32", tile.mask_offset(query, kblk) % 16)
+        return mask_s[MASK_OFF + slot * QB * MASK_PITCH + row * MASK_PITCH + shift + key] != T.uint8(0)
+
+    @T.macro
+    def load_mask_tile(tile, mask_s, slot, kblk, t, threads):
+        """SRead: the [128, KB] boolean mask tile of key block ``kblk`` (the tile's query rows) into
+        ring slot ``slot``'s mask tile by ``threads`` copying threads: row r's KB entries as the
+        KB / 16 + 1 aligned 16-byte chunks around them (any Sk; the chunk past them only where
+        they start off a 16-byte boundary), at ``MASK_PITCH`` r; entry k of the row at
+        ``MASK_PITCH`` r + (its offset % 16) + k (``staged_entry``).  Rows past the last and bytes
+        past the mask zero-filled, not read"""
+        mask = tile.buffers["mask"]
+        total = mask.shape[0] * mask.shape[1] * mask.shape[2] * mask.shape[3]
+        for c in T.unroll(QB * (MASK_CHUNKS + 1) // threads):
+            r = (t + threads * c) // (MASK_CHUNKS + 1)
+            ch = (t + threads * c) % (MASK_CHUNKS + 1)
+            query = tile.query_pos(r)
+            row = tile.mask_offset(tile.query_src(query), kblk)
+            start = row - row % 16 + ch * 16
+            nbytes = T.if_then_else(T.And(tile.query_ok(query), T.Or(ch < MASK_CHUNKS, row % 16 != 0)),
+                                    T.max(T.min(total - start, 16), 0), 0)
+            # (flat offsets: the mask read as one array)
+            T.evaluate(T.ptx["cp.async.cg.shared.global"](
+                mask_s.ptr_to([MASK_OFF + slot * QB * MASK_PITCH + r * MASK_PITCH + ch * 16]),
+                mask.ptr_to([0, 0, 0, T.max(T.min(start, total - 16), 0)]), 16, T.Cast("uint32", nbytes)))
+
     @T.macro
     def issue_qk(slot, smem, tid, r):
         """S = Q K^T, this warpgroup's 64 queries against the block in ring slot ``slot``: D/16
@@ -374,10 +435,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         T.ptx.wgmma.commit_group.sync.aligned()
 
     @T.macro
-    def collect_bits(kblk, tile, pairwise, tid, r):
+    def collect_bits(kblk, tile, pairwise, tid, r, staged=None):
         """allowed_bits = the element predicate of this thread's scores of block ``kblk`` (score
         ``4nb + 2i + e``: word ``nb / 8``, bit ``4 (nb % 8) + 2i + e``; KB / 64 words), pair
-        by pair (``pairwise``) or the keys' bounds only (:meth:`QueryTile.keys_only`)"""
+        by pair (``pairwise``) or the keys' bounds only (:meth:`QueryTile.keys_only`);
+        ``staged``: ``(mask_s, slot)``, the block's mask tile staged by the loader"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
@@ -393,7 +455,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     key_c = tile.key_src(kblk, key)
                     if pairwise:
                         allowed_bits[nb // 8] = allowed_bits[nb // 8] | T.shift_left(
-                            T.Cast("uint32", tile.allowed(kblk, query, key, key_c)), T.uint32(nb % 8 * 4 + i * 2 + e))
+                            T.Cast("uint32", tile.allowed(kblk, query, key, key_c, staged_entry(
+                                staged, tile, kblk, tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, query,
+                                nb * 8 + (lane % 4) * 2 + e))),
+                            T.uint32(nb % 8 * 4 + i * 2 + e))
                     else:
                         allowed_bits[nb // 8] = allowed_bits[nb // 8] | T.shift_left(
                             T.Cast("uint32", tile.key_ok(kblk, key)), T.uint32(nb % 8 * 4 + i * 2 + e))
@@ -412,13 +477,17 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             step(kblk, tile, True, tid, r)
 
     @T.macro
-    def predicate_bits(kblk, partial, tile, tid, r):
+    def predicate_bits(kblk, partial, slot, mask_s, tile, tid, r):
         """the element predicate of block ``kblk`` (where ``partial`` or the tail block) as
         allowed_bits, issued while the block's Q K^T is in flight: its loads and index arithmetic
-        overlap the tensor cores (an additive mask's predicate and bias stay in ``mask_scores``)"""
-        if early_predicate and not additive:
+        overlap the tensor cores (an additive mask's predicate and bias stay in ``mask_scores``);
+        from ring slot ``slot``'s staged mask tile where the loader staged it"""
+        if early_predicate:
             if tile.needs_predicate(partial, kblk):
-                by_block_kind(collect_bits, kblk, tile, tid, r)
+                if mask_tiles:
+                    collect_bits(kblk, tile, True, tid, r, (mask_s, slot))
+                else:
+                    by_block_kind(collect_bits, kblk, tile, tid, r)
 
     @T.macro
     def mask_scores(kblk, tile, pairwise, tid, r):
@@ -431,7 +500,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             for i in T.unroll(2):
                 for e in T.unroll(2):
                     score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
-                    if early_predicate and not additive:
+                    if early_predicate:
                         acc_s[nb * 4 + i * 2 + e] = T.Select(
                             T.bitwise_and(T.shift_right(allowed_bits[nb // 8], T.uint32(nb % 8 * 4 + i * 2 + e)),
                                           T.uint32(1)) != T.uint32(0), T.max(score, masked), masked)
@@ -455,7 +524,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         max and sum, and ``alpha``, the factor O_acc takes before this block's P V"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         if tile.needs_predicate(partial, kblk):
-            if early_predicate and not additive:
+            if early_predicate:
                 mask_scores(kblk, tile, True, tid, r)       # (from the bits: pairwise unused)
             else:
                 by_block_kind(mask_scores, kblk, tile, tid, r)
@@ -536,11 +605,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         T.ptx.wgmma.commit_group.sync.aligned()
 
     @T.macro
-    def attend(kblk, partial, slot, tile, smem, tid, r):
+    def attend(kblk, partial, slot, tile, smem, mask_s, tid, r):
         """a consumer warpgroup's step on the key block ``kblk`` in ring slot ``slot``, in
         order: its 64 queries' scores, the online softmax, ``O_acc += P V``"""
         issue_qk(slot, smem, tid, r)
-        predicate_bits(kblk, partial, tile, tid, r)
+        predicate_bits(kblk, partial, slot, mask_s, tile, tid, r)
         T.ptx.wgmma.wait_group.sync.aligned(0)
         softmax_step(kblk, partial, tile, tid, r)
         rescale_o(r)
@@ -600,6 +669,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             hg = T.min(h, HG - 1)
             tile = T.meta_var(QueryTile(pattern, KB, b, h, hg, qb, Sq, Sk, buffers, COUNTS, IDS, PARTIAL))
         smem = T.alloc_buffer([SMEM_ELEMS], in_dtype, scope="shared.dyn", align=1024)
+        mask_s = T.decl_buffer([SMEM_BYTES], "uint8", data=smem.data)     # (bytes: the staged mask tiles)
         bars = T.alloc_buffer([2 * STAGES + 1 if warp_specialized else 1], "uint64", scope="shared", align=8)
         acc_s = T.alloc_local([ACC_S], "float32")
         acc_o = T.alloc_local([ACC_O], "float32")
@@ -638,6 +708,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 for j in T.serial(count):
                     ring.acquire(bars, j % STAGES, j)
                     load_block(K, V, tile, smem, j % STAGES, tile.block(j, listed), tid - THREADS, LOADER_THREADS)
+                    if mask_tiles:
+                        if tile.needs_predicate(tile.partial(j, listed), tile.block(j, listed)):
+                            load_mask_tile(tile, mask_s, j % STAGES, tile.block(j, listed), tid - THREADS,
+                                           LOADER_THREADS)
                     ring.arrive_on_copies(bars, j % STAGES)
                 T.evaluate(exit_thread())
             T.cuda.mbarrier_wait(bars.ptr_to([2 * STAGES]), 0)
@@ -649,7 +723,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     ring.wait_full(bars, 0, 0)
                     T.ptx["fence.proxy.async.shared::cta"]()
                     issue_qk(0, smem, tid, r)
-                    predicate_bits(tile.block(0, listed), tile.partial(0, listed), tile, tid, r)
+                    predicate_bits(tile.block(0, listed), tile.partial(0, listed), 0, mask_s, tile, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
                     softmax_step(tile.block(0, listed), tile.partial(0, listed), tile, tid, r)
                     pack_p(r)
@@ -658,7 +732,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         T.ptx["fence.proxy.async.shared::cta"]()
                         issue_qk(j % STAGES, smem, tid, r)
                         issue_pv((j - 1) % STAGES, smem, tid, r)
-                        predicate_bits(tile.block(j, listed), tile.partial(j, listed), tile, tid, r)
+                        predicate_bits(tile.block(j, listed), tile.partial(j, listed), j % STAGES, mask_s, tile,
+                                       tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
                         softmax_step(tile.block(j, listed), tile.partial(j, listed), tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(0)          # P_{j-1} V retired
@@ -672,7 +747,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     ring.wait_full(bars, j % STAGES, j)
                     # (cp.async wrote through the generic proxy; wgmma reads through the async one)
                     T.ptx["fence.proxy.async.shared::cta"]()
-                    attend(tile.block(j, listed), tile.partial(j, listed), j % STAGES, tile, smem, tid, r)
+                    attend(tile.block(j, listed), tile.partial(j, listed), j % STAGES, tile, smem, mask_s, tid, r)
                     ring.release(bars, j + 1, tid)      # (the slot of block j: release takes q - 1)
         else:
             # every thread copies: Q, then the first STAGES - 1 listed blocks, one group each
@@ -693,7 +768,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     load_block(K, V, tile, smem, (j + STAGES - 1) % STAGES, tile.block(j + STAGES - 1, listed),
                                tid, THREADS)
                 T.ptx["cp.async.commit_group"]()
-                attend(tile.block(j, listed), tile.partial(j, listed), j % STAGES, tile, smem, tid, r)
+                attend(tile.block(j, listed), tile.partial(j, listed), j % STAGES, tile, smem, mask_s, tid, r)
             T.ptx["cp.async.wait_group"](0)
         store_o(O, tile, smem, tid, r)
 
