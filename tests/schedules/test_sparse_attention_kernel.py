@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -153,6 +154,20 @@ def test_form_arguments_checked():
         block_sparse_attention_func(64, BOOL, "float16", 64, warp_specialized=False, overlap=True)
     with pytest.raises(ValueError, match="key_block 64"):
         block_sparse_attention_func(64, BOOL, "float16", 128, **VARIANTS["ws_overlap"])
+    with pytest.raises(ValueError, match="mask_tiles"):       # staged mask tiles: a boolean mask only
+        block_sparse_attention_func(64, AttentionPattern(window=64), "float16", 64, mask_tiles=True)
+
+
+@pytest.mark.parametrize("mask_tiles", [True, False])
+def test_boolean_mask_tiles_staged_by_the_loader(mask_tiles):
+    """With a boolean mask the loader copies a partial block's mask tile (cp.async, bytes) and the
+    predicate reads it from shared memory; without, the consumers read the mask in global memory"""
+    f = block_sparse_attention_func(64, BOOL, "float16", 64, mask_tiles=mask_tiles)
+    src = cuda_sources(build(tvm.IRModule({"main": f}), TARGET))[0]
+    assert ("((uchar*)smem_ptr)[" in src) == mask_tiles
+    mask = re.search(r"bool\* __restrict__ (\w+)", src).group(1)
+    direct_reads = [line for line in src.splitlines() if f"{mask}[" in line and "cp_async" not in line]
+    assert (len(direct_reads) == 0) == mask_tiles
 
 
 def test_op_takes_the_kernel_on_sm90a():
