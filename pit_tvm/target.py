@@ -89,7 +89,8 @@ def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     Small integer powers become multiplies first (:func:`~pit_tvm.passes.integer_power.
     IntegerPowerToMultiply`): CUDA code is compiled with ``--use_fast_math``, whose ``powf`` is
     NaN for a negative base; half-precision reductions accumulate in float32
-    (:func:`~pit_tvm.passes.half_reductions.HalfReductionsInFloat32`)."""
+    (:func:`~pit_tvm.passes.half_reductions.HalfReductionsInFloat32`); a large tensor's reduction to
+    one value runs rows first (:func:`~pit_tvm.passes.split_reductions.SplitWholeTensorReductions`)."""
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
 
     passes = (cuda_schedule_passes(tgt) + cuda.dataflow_lower_passes(tgt) + cuda.finalize_passes(tgt))
@@ -105,9 +106,11 @@ def cuda_schedule_passes(tgt: tvm.target.Target) -> list:
     from pit_tvm.passes.half_reductions import HalfReductionsInFloat32  # noqa: PLC0415
     from pit_tvm.passes.integer_power import IntegerPowerToMultiply  # noqa: PLC0415
     from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
+    from pit_tvm.passes.split_reductions import SplitWholeTensorReductions  # noqa: PLC0415
 
     legalize = [p for p in cuda.legalize_passes(tgt) if p.info.name != "ApplyDefaultSchedule"]
-    return ([IntegerPowerToMultiply, HalfReductionsInFloat32] + cuda.library_dispatch_passes(tgt) + legalize
+    return ([IntegerPowerToMultiply, HalfReductionsInFloat32, SplitWholeTensorReductions]
+            + cuda.library_dispatch_passes(tgt) + legalize
             + [dl.ApplyDefaultSchedule(*cuda_schedule_rules()), ReshapeOutputsAsViews])
 
 
@@ -127,7 +130,8 @@ def mark_shape_funcs_noalias(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:
 def cpu_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     """TVM 0.27's CPU Relax pipeline, erf first rewritten to its fast form
     (:func:`~pit_tvm.passes.fast_erf.ErfToFastErf`) and half-precision reductions accumulating in
-    float32 (:func:`~pit_tvm.passes.half_reductions.HalfReductionsInFloat32`), after legalization exp as vectorisable
+    float32 (:func:`~pit_tvm.passes.half_reductions.HalfReductionsInFloat32`), whole-tensor reductions rows first
+    (:func:`~pit_tvm.passes.split_reductions.SplitWholeTensorReductions`), after legalization exp as vectorisable
     arithmetic (:func:`~pit_tvm.passes.vector_exp.ExpToVectorExp`) and :class:`~pit_tvm.schedules.
     cpu_batched_matmul.CPUBatchedMatmul`, :class:`~pit_tvm.schedules.cpu_row_reduction.
     CPURowReduction` and :class:`~pit_tvm.schedules.cpu_elementwise.CPUElementwise` applied
@@ -141,9 +145,11 @@ def cpu_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
     from pit_tvm.schedules.cpu_elementwise import CPUElementwise  # noqa: PLC0415
     from pit_tvm.schedules.cpu_row_reduction import CPURowReduction  # noqa: PLC0415
     from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
+    from pit_tvm.passes.split_reductions import SplitWholeTensorReductions  # noqa: PLC0415
     from pit_tvm.passes.vector_exp import ExpToVectorExp  # noqa: PLC0415
 
-    passes = ([ErfToFastErf, HalfReductionsInFloat32] + cpu.library_dispatch_passes(tgt) + cpu.legalize_passes(tgt)
+    passes = ([ErfToFastErf, HalfReductionsInFloat32, SplitWholeTensorReductions] + cpu.library_dispatch_passes(tgt)
+              + cpu.legalize_passes(tgt)
               + [ExpToVectorExp, dl.ApplyDefaultSchedule(CPUBatchedMatmul(), CPURowReduction(), CPUElementwise()),
                  ReshapeOutputsAsViews]
               + cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt) + [mark_shape_funcs_noalias])
