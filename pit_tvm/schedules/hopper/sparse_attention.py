@@ -25,6 +25,7 @@ first, then the window tiles; :class:`QueryTile`).  The default form: a loader w
         SRead Q_s[128, D] (rows past Sq zero-filled)                       -> Q mbarrier
         for j in listed blocks of (b, hg, qb):              (block id via block_ids: SRead)
             wait empty[j % STAGES]; SRead K_s, V_s[KB, D] of block j (keys past Sk zero-filled)
+            (a boolean mask, block j partial: its [128, KB] mask tile too, mask_tiles)
             -> full[j % STAGES]                                     (ring.py's MbarrierRing)
     consumer warpgroup g (queries 64g .. 64g+63), block j once full[j % STAGES]:
         S_j[64, KB]  = Q_s[64g:] K_s^T               D/16  x wgmma m64nKBk16 (K_s: B, K-major)
@@ -42,7 +43,8 @@ copies through cp.async groups with a CTA barrier a block, P through a shared-me
 the previous block's P V.
 
 Shared memory (elements): Q 128 x D, P 128 x KB (P through shared memory only), then the ring
-of ``stages`` slots of K and V (KB x D each); every tile is stored as 64-column tiles of
+of ``stages`` slots of K and V (KB x D each), then (``mask_tiles``) a mask tile a slot (128 rows of
+KB + 16 bytes); every tile is stored as 64-column tiles of
 128-byte-swizzled rows (:func:`~.smem.swizzle_128b`), the layout the wgmma descriptors read.
 Design notes and measurements: docs/design/sparse_attention.md, "Kernel".
 """
