@@ -10,8 +10,9 @@ reduction the schedules spread over the device.
 Rewritten: ``op(x)`` over every axis of ``x`` (static shape, at least :data:`MIN_ELEMENTS`
 elements) becomes ``op(op(x, trailing axes), the other axes)``, the trailing axes' elements
 at least :data:`ROW_ELEMENTS` (:func:`row_split`), or where no trailing axes make such rows
-``op(op(reshape(x, [R, C]), axis=1), axis=0)`` (``keepdims``: then reshaped to ``x``'s rank).  The producer of ``x`` (e.g. ``isinf`` and a cast) fuses into the
-first step.  A mean of equal rows' means is the mean.
+``op(op(reshape(x, [R, C]), axis=1), axis=0)`` (``keepdims``: then reshaped to ``x``'s rank).
+The producer of ``x`` (e.g. ``isinf`` and a cast) fuses into the first step.  A mean of equal
+rows' means is the mean.
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ it; 0: every entry allowed, nothing added).
 
 One CTA per (128-query block, head, batch); B, H, Sq, Sk, HG and the mask's head dim symbolic
 (with ``global_split``, Longformer's window + global tokens: global tiles of gathered global rows
-first, then the window tiles; :class:`QueryTile`).  The default form: a loader warpgroup and 2 consumer warpgroups (384 threads)::
+first, then the window tiles; :class:`QueryTile`).  The default form: a loader warpgroup and 2
+consumer warpgroups (384 threads)::
 
     loader warpgroup (128 threads, cp.async; then it exits):
         SRead Q_s[128, D] (rows past Sq zero-filled)                       -> Q mbarrier
@@ -283,8 +284,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     evaluated (as bits) while its Q K^T is in flight, not after (not for an additive mask, whose
     bias is read with it).  ``mask_tiles`` (default: with a boolean mask, the loader warpgroup
     and the early predicate): the loader stages a partial block's [128, KB] mask tile in shared
-    memory beside its K / V (16-byte cp.async; where Sk % 16 == 0, else the consumers read the
-    mask themselves), so the predicate reads shared memory, not scattered bytes of global memory.
+    memory beside its K / V (16-byte cp.async, any Sk), so the predicate reads shared memory, not
+    scattered bytes of global memory.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if overlap is None:
@@ -784,7 +785,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
 def _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split):
     """The PrimFunc around ``body`` with the contract's parameters: ``q, k, v, block_counts,
     block_ids, block_partial``, the pattern's run-time inputs (``mask, global_flags, doc_ids``
-    as present), with ``global_split`` the index's ``global_rows, global_count``, then ``o``.  B, H, Sq, Sk and the head dims of the mask (MH) and the index (HG)
+    as present), with ``global_split`` the index's ``global_rows, global_count``, then ``o``.  B, H, Sq,
+    Sk and the head dims of the mask (MH) and the index (HG)
     symbolic; with global tokens or documents (``[B, S]`` inputs) Sq = Sk = S
     (:func:`~pit_tvm.ops.sparse_attention.sequence_lengths`)."""
     from pit_tvm.ops.sparse_attention import sequence_lengths
