@@ -285,10 +285,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     bias is read with it).  ``mask_tiles`` (default: with a boolean mask, the loader warpgroup
     and the early predicate): the loader stages a partial block's [128, KB] mask tile in shared
     memory beside its K / V (16-byte cp.async, any Sk), so the predicate reads shared memory, not
-    scattered bytes of global memory.  ``prefetch_index`` (default: but at head dim 128 with global
-    tokens not taken apart): the loader and the warp-specialized consumers read the next listed
-    block's index entry (id, partial flag) an iteration ahead, so its latency is not in front of
-    the block's work.
+    scattered bytes of global memory.  ``prefetch_index`` (default: with ``global_split``): the
+    loader and the warp-specialized consumers read the next listed block's index entry (id,
+    partial flag) an iteration ahead, so its latency is not in front of the block's work.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if overlap is None:
@@ -300,8 +299,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         # (at key block 128 a thread's 64 predicate bits, loaded ahead, spill at head dim 128)
         early_predicate = KB == 64
     if prefetch_index is None:
-        # (at head dim 128 the global tokens' predicate in a query block's tile leaves no register)
-        prefetch_index = not (D == 128 and pattern.global_tokens and not global_split)
+        # (measured: Longformer's split tiles 1.7-1.9x faster with it, the block masks 1-3 % slower)
+        prefetch_index = bool(global_split)
     early_predicate = bool(early_predicate) and pattern.mask != "additive"
     if mask_tiles is None:
         mask_tiles = bool(warp_specialized) and early_predicate and pattern.mask == "bool"
@@ -627,36 +626,43 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         issue_pv(slot, smem, tid, r)
         T.ptx.wgmma.wait_group.sync.aligned(0)
 
-    def index_entry(j, tile, listed):
-        """the j-th visited block as ``2 id + partial`` (:func:`visit_block`, :func:`visit_partial`)"""
-        return tile.block(j, listed) * 2 + T.Cast("int32", tile.partial(j, listed) != 0)
+    class VisitedBlocks:
+        """the id and partial flag of the j-th block a CTA visits: read from the index where used,
+        or (``prefetch_index``) an iteration ahead into ``visit`` (:meth:`first` before the loop,
+        :meth:`next` at the top of iteration j), each entry packed as ``2 id + partial``, so the
+        index's loads run while the iteration works, not in front of it"""
+
+        def __init__(self, visit, tile, listed, count):
+            self.visit, self.tile, self.listed, self.count = visit, tile, listed, count
+
+        def entry(self, j):
+            return self.tile.block(j, self.listed) * 2 + T.Cast("int32", self.tile.partial(j, self.listed) != 0)
+
+        def block(self, j):
+            if prefetch_index:
+                return T.shift_right(self.visit[0], 1)
+            return self.tile.block(j, self.listed)
+
+        def partial(self, j):
+            if prefetch_index:
+                return T.bitwise_and(self.visit[0], 1)
+            return self.tile.partial(j, self.listed)
 
     @T.macro
-    def first_visit(visit, count, tile, listed):
-        """(``prefetch_index``) visited block 0's index entry into ``visit[1]``, before the loop"""
+    def first_visit(blocks):
+        """(``prefetch_index``) visited block 0's entry into ``visit[1]``"""
         if prefetch_index:
-            if count > 0:
-                visit[1] = index_entry(0, tile, listed)
+            if blocks.count > 0:
+                blocks.visit[1] = blocks.entry(0)
 
     @T.macro
-    def next_visit(visit, j, count, tile, listed):
-        """visited block j's index entry into ``visit[0]``: with ``prefetch_index`` the one read an
-        iteration ago, block j + 1's read now into ``visit[1]`` (the index's loads run while the
-        iteration works, not in front of it)"""
+    def next_visit(blocks, j):
+        """(``prefetch_index``) block j's entry, read an iteration ago, into ``visit[0]``, block
+        j + 1's read now into ``visit[1]``"""
         if prefetch_index:
-            visit[0] = visit[1]
-            if j + 1 < count:
-                visit[1] = index_entry(j + 1, tile, listed)
-        else:
-            visit[0] = index_entry(j, tile, listed)
-
-    def visit_block(visit):
-        """the id of the block visited now (:func:`next_visit`)"""
-        return T.shift_right(visit[0], 1)
-
-    def visit_partial(visit):
-        """the partial flag of the block visited now (:func:`next_visit`)"""
-        return T.bitwise_and(visit[0], 1)
+            blocks.visit[0] = blocks.visit[1]
+            if j + 1 < blocks.count:
+                blocks.visit[1] = blocks.entry(j + 1)
 
     def consumers_sync():
         """the barrier of the two consumer warpgroups (the loader warpgroup, where there is one,
@@ -721,8 +727,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         desc_b = T.alloc_local([1], "uint64")
         p_regs = T.alloc_local([KB // 4 if p_in_registers else 1], "uint32")   # P as wgmma's register A
         allowed_bits = T.alloc_local([ACC_S // 32], "uint32")    # the predicate: word nb / 8, bit 4(nb % 8) + 2i + e
-        # the block visited now and the next, each 2 id + partial flag (next_visit)
-        visit = T.alloc_local([2], "int32")
+        visit = T.alloc_local([2], "int32")     # (prefetch_index) entries of the block visited now and the next
         r = T.meta_var(ConsumerRegisters(acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs,
                                          allowed_bits))
         if global_split:
@@ -731,6 +736,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         else:
             count = tile.listed()
             listed = T.meta_var(count)
+        blocks = T.meta_var(VisitedBlocks(visit, tile, listed, count))
         for i in T.unroll(ACC_O):
             acc_o[i] = T.float32(0)
         for i in T.unroll(2):
@@ -747,14 +753,15 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 # the loader warpgroup: Q, then each listed block once its slot is free
                 load_q(Q, tile, smem, tid - THREADS, LOADER_THREADS)
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([2 * STAGES]))
-                first_visit(visit, count, tile, listed)
+                first_visit(blocks)
                 for j in T.serial(count):
-                    next_visit(visit, j, count, tile, listed)
+                    next_visit(blocks, j)
                     ring.acquire(bars, j % STAGES, j)
-                    load_block(K, V, tile, smem, j % STAGES, visit_block(visit), tid - THREADS, LOADER_THREADS)
+                    load_block(K, V, tile, smem, j % STAGES, blocks.block(j), tid - THREADS,
+                               LOADER_THREADS)
                     if mask_tiles:
-                        if tile.needs_predicate(visit_partial(visit), visit_block(visit)):
-                            load_mask_tile(tile, mask_s, j % STAGES, visit_block(visit), tid - THREADS,
+                        if tile.needs_predicate(blocks.partial(j), blocks.block(j)):
+                            load_mask_tile(tile, mask_s, j % STAGES, blocks.block(j), tid - THREADS,
                                            LOADER_THREADS)
                     ring.arrive_on_copies(bars, j % STAGES)
                 T.evaluate(exit_thread())
@@ -764,24 +771,27 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 # overlap): S_j's wgmma, then P_{j-1} V's; the softmax once S_j is in; O_acc's
                 # rescale and P_j's packing once P_{j-1} V retired (it reads both)
                 if count > 0:
-                    first_visit(visit, count, tile, listed)
-                    next_visit(visit, 0, count, tile, listed)
+                    first_visit(blocks)
+                    next_visit(blocks, 0)
                     ring.wait_full(bars, 0, 0)
                     T.ptx["fence.proxy.async.shared::cta"]()
                     issue_qk(0, smem, tid, r)
-                    predicate_bits(visit_block(visit), visit_partial(visit), 0, mask_s, tile, tid, r)
+                    predicate_bits(blocks.block(0), blocks.partial(0), 0, mask_s, tile, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
-                    softmax_step(visit_block(visit), visit_partial(visit), tile, tid, r)
+                    softmax_step(blocks.block(0), blocks.partial(0), tile, tid,
+                                 r)
                     pack_p(r)
                     for j in T.serial(1, count):
-                        next_visit(visit, j, count, tile, listed)
+                        next_visit(blocks, j)
                         ring.wait_full(bars, j % STAGES, j)
                         T.ptx["fence.proxy.async.shared::cta"]()
                         issue_qk(j % STAGES, smem, tid, r)
                         issue_pv((j - 1) % STAGES, smem, tid, r)
-                        predicate_bits(visit_block(visit), visit_partial(visit), j % STAGES, mask_s, tile, tid, r)
+                        predicate_bits(blocks.block(j), blocks.partial(j),
+                                       j % STAGES, mask_s, tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
-                        softmax_step(visit_block(visit), visit_partial(visit), tile, tid, r)
+                        softmax_step(blocks.block(j), blocks.partial(j), tile,
+                                     tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(0)          # P_{j-1} V retired
                         ring.release(bars, j, tid)      # (the slot of block j-1: release takes q - 1)
                         rescale_o(r)
@@ -789,13 +799,14 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     issue_pv((count - 1) % STAGES, smem, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
             else:
-                first_visit(visit, count, tile, listed)
+                first_visit(blocks)
                 for j in T.serial(count):
-                    next_visit(visit, j, count, tile, listed)
+                    next_visit(blocks, j)
                     ring.wait_full(bars, j % STAGES, j)
                     # (cp.async wrote through the generic proxy; wgmma reads through the async one)
                     T.ptx["fence.proxy.async.shared::cta"]()
-                    attend(visit_block(visit), visit_partial(visit), j % STAGES, tile, smem, mask_s, tid, r)
+                    attend(blocks.block(j), blocks.partial(j),
+                                       j % STAGES, tile, smem, mask_s, tid, r)
                     ring.release(bars, j + 1, tid)      # (the slot of block j: release takes q - 1)
         else:
             # every thread copies: Q, then the first STAGES - 1 listed blocks, one group each
