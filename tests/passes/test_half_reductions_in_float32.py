@@ -87,3 +87,57 @@ def test_cuda_build_accumulates_in_float():
     assert not re.search(r"half \w*red_rf_local\w*\[", kernel)
     bf16 = HalfReductionsInFloat32(_mean_of_squares("bfloat16")).script()
     assert 'R.astype(lv, dtype="float32")' in bf16 and 'dtype="bfloat16"' in bf16, bf16
+
+
+@I.ir_module
+class AttentionProducts:
+    @R.function
+    def main(q: R.Tensor((2, 4, 64, 32), "float16"), k: R.Tensor((2, 4, 32, 64), "float16"),
+             v: R.Tensor((2, 4, 64, 32), "float16"), w: R.Tensor((32, 8), "float32")):
+        with R.dataflow():
+            scores = R.matmul(q, k)                                  # T5's Q K^T, no fused kernel
+            out = R.matmul(scores, v)
+            wide = R.matmul(R.astype(out, "float32"), w)             # float32: left alone
+            R.output(out, wide)
+        return (out, wide)
+
+
+@I.ir_module
+class AttentionProductsInFloat:
+    @R.function
+    def main(q: R.Tensor((2, 4, 64, 32), "float16"), k: R.Tensor((2, 4, 32, 64), "float16"),
+             v: R.Tensor((2, 4, 64, 32), "float16"), w: R.Tensor((32, 8), "float32")):
+        with R.dataflow():
+            product = R.matmul(q, k, out_dtype="float32")
+            scores = R.astype(product, "float16")
+            product_v = R.matmul(scores, v, out_dtype="float32")
+            out = R.astype(product_v, "float16")
+            out32 = R.astype(out, "float32")
+            wide = R.matmul(out32, w)
+            R.output(out, wide)
+        return (out, wide)
+
+
+def test_half_matmuls_accumulate_in_float32():
+    tvm.ir.assert_structural_equal(HalfReductionsInFloat32(AttentionProducts), AttentionProductsInFloat)
+
+
+def test_cuda_half_matmul_accumulator_is_float():
+    """on CUDA the batched half matmul's tensor-core accumulator is float (half without the pass)"""
+    src = "\n".join(cuda_sources(build(AttentionProducts, "cuda:sm_90a")))
+    accumulators = re.findall(r"wmma::accumulator, \d+, \d+, \d+, (\w+)>", src)
+    assert accumulators and set(accumulators) == {"float"}, accumulators
+
+
+def test_cpu_half_matmul_matches_float_accumulation():
+    """the CPU build of a half P V (128 keys of probabilities near 1/128) against numpy's float32
+    product of the same half operands, rounded to half"""
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype(np.float16) for s in ((2, 4, 64, 32), (2, 4, 32, 64), (2, 4, 64, 32))]
+    w = rng.standard_normal((32, 8)).astype(np.float32)
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(build(AttentionProducts, "llvm"), dev)
+    out, _ = vm["main"](*[tvm.runtime.tensor(x, dev) for x in (*inputs, w)])
+    scores = (inputs[0].astype(np.float32) @ inputs[1].astype(np.float32)).astype(np.float16)
+    want = (scores.astype(np.float32) @ inputs[2].astype(np.float32)).astype(np.float16)
+    np.testing.assert_allclose(out.numpy().astype(np.float32), want.astype(np.float32), rtol=2 ** -10, atol=2 ** -10)
