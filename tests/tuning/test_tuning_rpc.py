@@ -285,8 +285,12 @@ def test_server_without_the_flush_says_how_to_start_it():
 
 
 def test_ctrl_c_stops_the_cluster():
-    """a process holding a LocalCluster, interrupted as by Ctrl-C: tracker and server gone"""
-    code = ("import time\nfrom pit_tvm.tuning.rpc import LocalCluster\n"
+    """a process holding a LocalCluster, interrupted as by Ctrl-C: tracker and server gone (the
+    process takes SIGINT as a shell's child does, whatever the test process left blocked or ignored)"""
+    code = ("import signal, time\n"
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from pit_tvm.tuning.rpc import LocalCluster\n"
             "with LocalCluster(1, gpus=False, key='ctrl-c') as c:\n"
             "    print(' '.join(str(p.pid) for p in c.procs), flush=True)\n"
             "    time.sleep(300)\n")
@@ -297,10 +301,17 @@ def test_ctrl_c_stops_the_cluster():
         assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
         group = {c.pid for p in pids for c in psutil.Process(p).children(recursive=True)} | set(pids)
         proc.send_signal(signal.SIGINT)
-        proc.wait(60)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            with open(f"/proc/{proc.pid}/status") as f:
+                signals = [line.strip() for line in f if line.startswith("Sig")]
+            pytest.fail(f"the interrupted process still runs after 60 s ({signals})")
     finally:
         if proc.poll() is None:
             proc.kill()
+            for pid in _alive(group):           # (a failed run leaves no cluster behind)
+                psutil.Process(pid).kill()
     assert proc.returncode != 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _alive(group):
