@@ -355,9 +355,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         """16-byte units from a K-major operand's descriptor to its k16 step ``kk``"""
         return T.Cast("uint64", ((kk // 4) * rows * ATOM + (kk % 4) * 16) // 8)
 
-    def copy16(dst, src, read):
-        """16-byte cp.async (to wrap in ``T.evaluate``); zero-fills ``dst`` where ``read`` is false"""
-        return T.ptx["cp.async.cg.shared.global"](dst, src, 16, T.Cast("uint32", T.if_then_else(read, 16, 0)))
+    def copy16(dst, src, read, nbytes=16):
+        """16-byte cp.async (to wrap in ``T.evaluate``) of ``nbytes`` read from ``src`` (the rest
+        zero-filled); nothing read where ``read`` is false"""
+        return T.ptx["cp.async.cg.shared.global"](dst, src, 16, T.Cast("uint32", T.if_then_else(read, nbytes, 0)))
 
     def quad_max(x):
         x = T.max(x, T.cuda.__shfl_xor_sync(full, x, 1, 32))
@@ -418,12 +419,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             query = tile.query_pos(r)
             row = tile.mask_offset(tile.query_src(query), kblk)
             start = row - row % 16 + ch * 16
-            nbytes = T.if_then_else(T.And(tile.query_ok(query), T.Or(ch < MASK_CHUNKS, row % 16 != 0)),
-                                    T.max(T.min(total - start, 16), 0), 0)
             # (flat offsets: the mask read as one array)
-            T.evaluate(T.ptx["cp.async.cg.shared.global"](
-                mask_s.ptr_to([MASK_OFF + slot * QB * MASK_PITCH + r * MASK_PITCH + ch * 16]),
-                mask.ptr_to([0, 0, 0, T.max(T.min(start, total - 16), 0)]), 16, T.Cast("uint32", nbytes)))
+            T.evaluate(copy16(mask_s.ptr_to([MASK_OFF + slot * QB * MASK_PITCH + r * MASK_PITCH + ch * 16]),
+                              mask.ptr_to([0, 0, 0, T.max(T.min(start, total - 16), 0)]),
+                              T.And(tile.query_ok(query), T.Or(ch < MASK_CHUNKS, row % 16 != 0)),
+                              T.max(T.min(total - start, 16), 0)))
 
     @T.macro
     def issue_qk(slot, smem, tid, r):
@@ -628,8 +628,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
 
     class VisitedBlocks:
         """the id and partial flag of the j-th block a CTA visits: read from the index where used,
-        or (``prefetch_index``) an iteration ahead into ``visit`` (:meth:`first` before the loop,
-        :meth:`next` at the top of iteration j), each entry packed as ``2 id + partial``, so the
+        or (``prefetch_index``) an iteration ahead into ``visit`` (``first_visit`` before the loop,
+        ``next_visit`` at the top of iteration j), each entry packed as ``2 id + partial``, so the
         index's loads run while the iteration works, not in front of it"""
 
         def __init__(self, visit, tile, listed, count):
@@ -757,8 +757,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 for j in T.serial(count):
                     next_visit(blocks, j)
                     ring.acquire(bars, j % STAGES, j)
-                    load_block(K, V, tile, smem, j % STAGES, blocks.block(j), tid - THREADS,
-                               LOADER_THREADS)
+                    load_block(K, V, tile, smem, j % STAGES, blocks.block(j), tid - THREADS, LOADER_THREADS)
                     if mask_tiles:
                         if tile.needs_predicate(blocks.partial(j), blocks.block(j)):
                             load_mask_tile(tile, mask_s, j % STAGES, blocks.block(j), tid - THREADS,
@@ -778,8 +777,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     issue_qk(0, smem, tid, r)
                     predicate_bits(blocks.block(0), blocks.partial(0), 0, mask_s, tile, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
-                    softmax_step(blocks.block(0), blocks.partial(0), tile, tid,
-                                 r)
+                    softmax_step(blocks.block(0), blocks.partial(0), tile, tid, r)
                     pack_p(r)
                     for j in T.serial(1, count):
                         next_visit(blocks, j)
@@ -787,11 +785,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         T.ptx["fence.proxy.async.shared::cta"]()
                         issue_qk(j % STAGES, smem, tid, r)
                         issue_pv((j - 1) % STAGES, smem, tid, r)
-                        predicate_bits(blocks.block(j), blocks.partial(j),
-                                       j % STAGES, mask_s, tile, tid, r)
+                        predicate_bits(blocks.block(j), blocks.partial(j), j % STAGES, mask_s, tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
-                        softmax_step(blocks.block(j), blocks.partial(j), tile,
-                                     tid, r)
+                        softmax_step(blocks.block(j), blocks.partial(j), tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(0)          # P_{j-1} V retired
                         ring.release(bars, j, tid)      # (the slot of block j-1: release takes q - 1)
                         rescale_o(r)
@@ -805,8 +801,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     ring.wait_full(bars, j % STAGES, j)
                     # (cp.async wrote through the generic proxy; wgmma reads through the async one)
                     T.ptx["fence.proxy.async.shared::cta"]()
-                    attend(blocks.block(j), blocks.partial(j),
-                                       j % STAGES, tile, smem, mask_s, tid, r)
+                    attend(blocks.block(j), blocks.partial(j), j % STAGES, tile, smem, mask_s, tid, r)
                     ring.release(bars, j + 1, tid)      # (the slot of block j: release takes q - 1)
         else:
             # every thread copies: Q, then the first STAGES - 1 listed blocks, one group each
