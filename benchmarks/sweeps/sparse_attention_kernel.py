@@ -5,8 +5,8 @@ kernel's time, its speedup over dense and that speedup as a fraction of the dens
 (issue 36's target: >= 0.7 at <= 25 %, and >= 0.85x dense at 100 %), and the kernel's device
 time from torch.profiler (do_bench's time includes the host's per call where that bounds it).
 
-    python3 benchmarks/sweeps/sparse_attention_kernel.py [--seq 4096] [--heads 12]
-    python3 benchmarks/sweeps/sparse_attention_kernel.py --uniform [--partial 0.33] [--seq 16384]
+    python3 benchmarks/sweeps/sparse_attention_kernel.py [--seq 4096] [--heads 12] [--forms 64/ws_overlap/4 ...]
+    python3 benchmarks/sweeps/sparse_attention_kernel.py --uniform [--partial 0.33] [--seq 16384] [--forms ...]
 
 ``--uniform``: the default form only, every query block listing exactly n key blocks (n = 1, 2,
 4, ... all), a ``--partial`` fraction of them partial (their element predicate read from an
@@ -30,13 +30,25 @@ from pit_tvm.target import build  # noqa: E402
 
 #: the kernel's forms: P through shared memory (all threads copy), P in registers, a loader
 #: warpgroup filling the ring (P in registers), and that with each block's softmax overlapping
-#: the previous block's P V (key block 64)
+#: the previous block's P V; the warp-specialized forms with the loader's registers handed to the
+#: consumers (``register_split``, the default) or not (``_168``: 168 registers a thread); two listed
+#: blocks of 64 keys a step (``pair``: without staged mask tiles, ``pair_mt``: with them)
 FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
              "p_regs": {"p_in_registers": True, "warp_specialized": False},
              "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
-             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True}}
+             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True},
+             "ws_overlap_168": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
+                                "register_split": False},
+             "pair": {"pair_blocks": True, "overlap": True, "mask_tiles": False},
+             "pair_mt": {"pair_blocks": True, "overlap": True},
+             "pair_late": {"pair_blocks": True, "overlap": True, "early_predicate": False},
+             "ws_overlap_late": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
+                                 "early_predicate": False}}
+#: (key block, form, ring stages)
 FORMS = ([(kb, form, 2) for kb in (64, 128) for form in ("p_smem", "p_regs", "ws")]
-         + [(64, "ws", 4), (128, "ws", 3), (64, "ws_overlap", 3), (64, "ws_overlap", 4)])
+         + [(64, "ws", 4), (128, "ws", 3), (64, "ws_overlap", 3), (64, "ws_overlap", 4), (64, "ws_overlap_168", 4),
+            (128, "ws_overlap", 2), (128, "ws_overlap", 3), (64, "pair", 3), (64, "pair", 4), (64, "pair_mt", 4),
+            (64, "pair_late", 3), (64, "pair_late", 4), (128, "ws_overlap_late", 3)])
 
 
 def block_index(rng, batch, seq, key_block, density):
@@ -62,17 +74,19 @@ def uniform_index(rng, batch, seq, key_block, listed, partial):
     return np.full((batch, 1, qbn), listed, np.int32), ids, marks.astype(np.int32)
 
 
-def uniform_sweep(seq, heads, partial):
-    """kernel device time against the listed blocks per query block (module docstring)"""
-    B, S, kb = 1, seq, 64
+def uniform_sweep(seq, heads, partial, form=None):
+    """kernel device time against the listed blocks per query block (module docstring); ``form``
+    ``(key block, form, stages)`` (default: the kernel's defaults at key block 64)"""
+    B, S = 1, seq
+    kb, form_args = (64, {}) if form is None else (form[0], dict(FORM_ARGS[form[1]], stages=form[2]))
     rng = np.random.default_rng(0)
     T = tvm.runtime.from_dlpack
     for d in (64, 128):
         q, k, v = (torch.randn(B, heads, S, d, device="cuda", dtype=torch.float16) for _ in range(3))
         o = torch.empty_like(q)
         mask = torch.ones(B, 1, S, S, dtype=torch.bool, device="cuda")
-        f = build(tvm.IRModule({"main": block_sparse_attention_func(d, AttentionPattern(mask="bool"), "float16", kb)}),
-                  "cuda:sm_90a")["main"]
+        func = block_sparse_attention_func(d, AttentionPattern(mask="bool"), "float16", kb, **form_args)
+        f = build(tvm.IRModule({"main": func}), "cuda:sm_90a")["main"]
         ctas = -(-S // QUERY_BLOCK) * heads * B
         waves = ctas / torch.cuda.get_device_properties(0).multi_processor_count
         points = []
@@ -82,7 +96,7 @@ def uniform_sweep(seq, heads, partial):
             call_args = [T(x) for x in [q, k, v] + index + [mask, o]]
             dev_us = sum(t for name, t in kernel_split_us(lambda: f(*call_args)).items() if "sparse_attention" in name)
             points.append((n, dev_us))
-            print(f"  d {d} S {S} H {heads} partial {partial:.2f}: {n:4d} blocks per query block: {dev_us:8.1f} us "
+            print(f"  d {d} S {S} H {heads} kb {kb} partial {partial:.2f}: {n:4d} blocks per query block: {dev_us:8.1f} us "
                   f"({dev_us / waves:6.2f} us a wave of CTAs)", flush=True)
             n *= 2
         ns, us = np.array(points, float).T
@@ -95,11 +109,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, default=4096, help="sequence length (default 4096)")
     ap.add_argument("--heads", type=int, default=12, help="attention heads (default 12)")
+    ap.add_argument("--forms", nargs="*", help="key block/form/stages of FORMS to run (default: all)")
     ap.add_argument("--uniform", action="store_true", help="kernel time against exactly n listed blocks")
     ap.add_argument("--partial", type=float, default=0.0, help="(--uniform) the fraction of listed blocks partial")
     args = ap.parse_args()
     if args.uniform:
-        uniform_sweep(args.seq, args.heads, args.partial)
+        for form in args.forms or [None]:
+            uniform_sweep(args.seq, args.heads, args.partial,
+                          None if form is None else (int(form.split("/")[0]), form.split("/")[1], int(form.split("/")[2])))
         return
     B, H, S = 1, args.heads, args.seq
     rng = np.random.default_rng(0)
@@ -114,6 +131,8 @@ def main():
         print(f"d {d}: dense SDPA {dense_us:.1f} us (device time {dense_dev:.1f} us)", flush=True)
         mask = torch.ones(B, 1, S, S, dtype=torch.bool, device="cuda")   # read only in partial blocks: never
         for kb, form, stages in FORMS:
+            if args.forms and f"{kb}/{form}/{stages}" not in args.forms:
+                continue
             try:
                 func = block_sparse_attention_func(d, pattern, "float16", kb, stages=stages, **FORM_ARGS[form])
             except ValueError as err:        # (a ring too deep for the shared memory)

@@ -26,6 +26,14 @@ TARGET = tvm.target.Target({"kind": "cuda", "arch": WGMMA_ARCH})
 #: the warpgroup after the two consumer warpgroups that loads the ring of a warp-specialized kernel
 #: (ptxas allocates registers for 12 warps even with 9, so a whole warpgroup costs nothing more)
 LOADER_THREADS = 128
+#: registers a thread after ``setmaxnreg`` in a loader + 2 consumer warpgroups kernel launched one CTA
+#: an SM: the loader hands its registers to the consumers (128 x 40 + 256 x 232 = 64512 of the SM's
+#: 65536); ptxas otherwise allocates 65536 / 384 = 168 to every thread
+LOADER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+#: the same where the loader also stages mask tiles (their offsets' arithmetic spills in 40)
+STAGING_LOADER_REGISTERS = 72
+STAGING_CONSUMER_REGISTERS = 216
 #: the warpgroup after the consumers of a few-rows tier that stores C's rows past its listed rows'
 #: tiles once the CTA's K loop is done
 STORER_THREADS = 128

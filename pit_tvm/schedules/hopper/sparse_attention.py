@@ -63,7 +63,8 @@ from pit_tvm.ops.sparse_attention import (KEY_BLOCKS, QUERY_BLOCK, mask_head, pa
                                           splits_global_rows)
 from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, WARPGROUP_BARRIERS, exit_thread,
                                                named_barrier_sync)
-from pit_tvm.schedules.hopper.config import CONSUMER_WARPGROUPS, LOADER_THREADS, TARGET, THREADS
+from pit_tvm.schedules.hopper.config import (CONSUMER_REGISTERS, CONSUMER_WARPGROUPS, LOADER_REGISTERS, LOADER_THREADS,
+                                             STAGING_CONSUMER_REGISTERS, STAGING_LOADER_REGISTERS, TARGET, THREADS)
 from pit_tvm.schedules.hopper.lowering import lower_tirx
 from pit_tvm.schedules.hopper.operands import Unpacked
 from pit_tvm.schedules.hopper.ring import MbarrierRing
@@ -191,14 +192,15 @@ class QueryTile:
         return T.if_then_else(kblk >= self.KBT, self._global_row(key - self.KBT * self.KB), T.min(key, self.Sk - 1))
 
     def key_ok(self, kblk, key):
-        """whether the key at ``key`` is one (not past Sk, nor past the global keys)"""
+        """whether the key at ``key`` is one (not past Sk, nor past the global keys; none of
+        ``EMPTY_BLOCK``'s)"""
         if not self.split:
             return key < self.Sk
         return T.if_then_else(kblk >= self.KBT, key - self.KBT * self.KB < self.gcount, key < self.Sk)
 
     # -- the element predicate -------------------------------------------------------
     def needs_predicate(self, partial, kblk):
-        """a partial block, or the tail block (keys past Sk; every gathered block)"""
+        """a partial block, or the tail block (keys past Sk; every gathered block; ``EMPTY_BLOCK``)"""
         return T.Or(partial != 0, (kblk + 1) * self.KB > self.Sk)
 
     def keys_only(self, kblk):
@@ -230,18 +232,51 @@ class QueryTile:
 
 #: bytes of padding after each row of a staged mask tile (its rows then start in other banks)
 MASK_ROW_PAD = 16
+#: the id of a block with no keys (past every sequence's and gathered keys: nothing loaded, every score
+#: masked): the second of a pair where a CTA's visited blocks are odd
+EMPTY_BLOCK = 1 << 20
+
+
+class KeyTile:
+    """The key blocks of one step of a consumer warpgroup (a Python-side view): ``pair`` listed
+    blocks of ``KB`` keys gathered side by side into one tile of ``pair * KB`` keys (PIT's SRead
+    of micro-tiles into a dense tile), each with its partial flag"""
+
+    def __init__(self, ids, partials, KB):
+        self.ids, self.partials, self.KB = list(ids), list(partials), KB
+
+    def block_of(self, col):
+        """the block id of the tile's key column ``col``"""
+        if len(self.ids) == 1:
+            return self.ids[0]
+        return T.if_then_else(col < self.KB, self.ids[0], self.ids[1])
+
+    def needs_predicate(self, tile, part=None):
+        """whether block ``part`` of the tile (any block: None) needs the element predicate"""
+        if part is not None:
+            return tile.needs_predicate(self.partials[part], self.ids[part])
+        need = tile.needs_predicate(self.partials[0], self.ids[0])
+        for kblk, partial in zip(self.ids[1:], self.partials[1:]):
+            need = T.Or(need, tile.needs_predicate(partial, kblk))
+        return need
+
+    def empty(self, part):
+        """whether block ``part`` of the tile is ``EMPTY_BLOCK``"""
+        return self.ids[part] == EMPTY_BLOCK
 
 
 def sparse_attention_smem_bytes(head_dim: int, key_block: int, stages: int, p_in_registers: bool = False,
-                                mask_tiles: bool = False) -> int:
+                                mask_tiles: bool = False, pair: int = 1) -> int:
     """dynamic shared memory of :func:`block_sparse_attention_func`'s kernel: Q, P (unless in
-    registers), the K / V ring, a boolean mask tile a ring slot (``mask_tiles``)"""
-    p_tile = 0 if p_in_registers else QUERY_BLOCK * key_block
-    masks = stages * QUERY_BLOCK * (key_block + MASK_ROW_PAD) if mask_tiles else 0
-    return (QUERY_BLOCK * head_dim + p_tile + stages * 2 * key_block * head_dim) * 2 + masks
+    registers), the K / V ring of ``pair`` key blocks a slot, a boolean mask tile a ring slot
+    (``mask_tiles``)"""
+    keys = key_block * pair
+    p_tile = 0 if p_in_registers else QUERY_BLOCK * keys
+    masks = stages * QUERY_BLOCK * pair * (key_block + MASK_ROW_PAD) if mask_tiles else 0
+    return (QUERY_BLOCK * head_dim + p_tile + stages * 2 * keys * head_dim) * 2 + masks
 
 
-def _check(head_dim, in_dtype, key_block, stages, p_in_registers, mask_tiles):
+def _check(head_dim, in_dtype, key_block, stages, p_in_registers, mask_tiles, pair=1):
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"block-sparse attention's Hopper kernel takes head dims {HEAD_DIMS}, got {head_dim}")
     if in_dtype not in IN_DTYPES:
@@ -250,10 +285,11 @@ def _check(head_dim, in_dtype, key_block, stages, p_in_registers, mask_tiles):
         raise ValueError(f"key_block must be one of {KEY_BLOCKS}, got {key_block}")
     if stages < 2:
         raise ValueError(f"the K / V ring needs at least 2 stages, got {stages}")
-    smem = sparse_attention_smem_bytes(head_dim, key_block, stages, p_in_registers, mask_tiles)
+    smem = sparse_attention_smem_bytes(head_dim, key_block, stages, p_in_registers, mask_tiles, pair)
     if smem > max_smem_bytes("sm_90a"):
-        raise ValueError(f"head dim {head_dim}, key block {key_block} and {stages} stages need {smem} bytes "
-                         f"of shared memory, over the H100's {max_smem_bytes('sm_90a')}")
+        raise ValueError(f"head dim {head_dim}, key block {key_block}" + (" in pairs" if pair > 1 else "")
+                         + f" and {stages} stages need {smem} bytes of shared memory, over the H100's "
+                         f"{max_smem_bytes('sm_90a')}")
 
 
 @functools.lru_cache(maxsize=64)
@@ -262,7 +298,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                 stages: int | None = None, p_in_registers: bool = True,
                                 warp_specialized: bool = True, overlap: bool | None = None,
                                 global_split: bool = False, early_predicate: bool | None = None,
-                                mask_tiles: bool | None = None, prefetch_index: bool | None = None) -> tirx.PrimFunc:
+                                mask_tiles: bool | None = None, prefetch_index: bool | None = None,
+                                register_split: bool | None = None, pair_blocks: bool | None = None
+                                ) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -288,25 +326,50 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     scattered bytes of global memory.  ``prefetch_index`` (default: with ``global_split``): the
     loader and the warp-specialized consumers read the next listed block's index entry (id,
     partial flag) an iteration ahead, so its latency is not in front of the block's work.
+    ``register_split`` (default: with ``warp_specialized``): launched one CTA an SM, the loader
+    warpgroup hands registers to the consumers (``setmaxnreg``: ``LOADER_REGISTERS`` /
+    ``CONSUMER_REGISTERS`` a thread instead of 168 for all), which lets ``overlap`` take key block 128.
+    ``pair_blocks`` (key block 64, warp-specialized; default: off): a consumer step takes two listed
+    blocks, which the loader gathers side by side into one 128-key tile of the ring (the index stays
+    at key block 64): one m64n128 Q K^T and 8 k16 steps of P V a step, half the steps' fixed work.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
-    if overlap is None:
-        # (at head dim 128 the global tiles' extra state makes the overlapping form spill)
-        overlap = bool(warp_specialized) and KB == 64 and not (global_split and D == 128)
-    if stages is None:
-        stages = 4 if overlap else 2
+    if register_split is None:
+        register_split = bool(warp_specialized)
+    if pair_blocks is None:
+        # (a boolean mask's staged tiles, two a step, left the consumers short of registers: slower)
+        pair_blocks = KB == 64 and bool(warp_specialized) and bool(register_split) and pattern.mask != "bool"
+    pair_blocks = bool(pair_blocks)
+    PAIR = 2 if pair_blocks else 1
+    if pair_blocks and not (KB == 64 and warp_specialized):
+        raise ValueError("pair_blocks takes key_block 64 and warp_specialized")
+    KT = KB * PAIR                 # keys of a step's tile
     if early_predicate is None:
-        # (at key block 128 a thread's 64 predicate bits, loaded ahead, spill at head dim 128)
+        # (at key block 128 a thread's 64 predicate bits, loaded ahead, spill at head dim 128; a pair
+        # of blocks of 64 takes them block by block)
         early_predicate = KB == 64
-    if prefetch_index is None:
-        # (measured: Longformer's split tiles 1.7-1.9x faster with it, the block masks 1-3 % slower)
-        prefetch_index = bool(global_split)
     early_predicate = bool(early_predicate) and pattern.mask != "additive"
     if mask_tiles is None:
         mask_tiles = bool(warp_specialized) and early_predicate and pattern.mask == "bool"
-    if mask_tiles and not (warp_specialized and early_predicate and pattern.mask == "bool"):
-        raise ValueError("mask_tiles takes a boolean mask, warp_specialized and the early predicate")
-    _check(D, in_dtype, KB, int(stages), bool(p_in_registers), bool(mask_tiles))
+
+    def fits(n):
+        return sparse_attention_smem_bytes(D, KB, n, p_in_registers, bool(mask_tiles), PAIR) <= max_smem_bytes("sm_90a")
+
+    if overlap is None:
+        # (at head dim 128 the global tiles' extra state makes the overlapping form spill in 168
+        # registers; a pair's second score block needs the consumers' registers of ``register_split``;
+        # at key block 128 the late predicate spills there; the overlap releases a slot one block
+        # late, so it needs a ring of 3)
+        overlap = (bool(warp_specialized) and (KB == 64 and (KT == 64 or bool(register_split))) and fits(3)
+                   and not (global_split and D == 128 and not register_split))
+    if stages is None:
+        stages = max(n for n in (2, 3, 4) if fits(n)) if overlap else 2
+    if prefetch_index is None:
+        # (measured: Longformer's split tiles 1.7-1.9x faster with it, the block masks 1-3 % slower)
+        prefetch_index = bool(global_split)
+    if mask_tiles and not (warp_specialized and pattern.mask == "bool"):
+        raise ValueError("mask_tiles takes a boolean mask and warp_specialized")
+    _check(D, in_dtype, KB, int(stages), bool(p_in_registers), bool(mask_tiles), PAIR)
     if global_split and not splits_global_rows(pattern):
         raise ValueError(f"global_split takes a window + global tokens pattern without a mask, documents or causal, "
                          f"got {pattern.tag}")
@@ -314,8 +377,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         raise ValueError("warp_specialized needs p_in_registers (the consumer warpgroups share no P tile barrier)")
     if overlap and not warp_specialized:
         raise ValueError("overlap needs warp_specialized (the all-threads loop syncs the CTA every block)")
-    if overlap and key_block != 64:
-        raise ValueError("overlap takes key_block 64 (at 128 the second block's scores spill: 168 registers)")
+    if register_split and not warp_specialized:
+        raise ValueError("register_split needs warp_specialized (a loader warpgroup to take registers from)")
+    if overlap and KT != 64 and not register_split:
+        raise ValueError("overlap takes key_block 64 without register_split (at 128 the second block's scores "
+                         "spill in 168 registers)")
     STAGES = int(stages)
     SCALE2 = (1.0 / math.sqrt(D) if scale is None else float(scale)) * LOG2E
     additive = pattern.mask == "additive"
@@ -323,25 +389,28 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         mask_dtype = "bool" if pattern.mask == "bool" else in_dtype
     QB = QUERY_BLOCK
     ROW_CHUNKS = D // 8            # 16-byte chunks per row of Q / K / V / O
-    ACC_S = KB // 2                # fp32 scores per thread: m64 x nKB over 128 threads
+    ACC_S = KT // 2                # fp32 scores per thread: m64 x nKT over 128 threads
     ACC_O = D // 2
     Q_OFF = 0
-    P_OFF = Q_OFF + QB * D         # P (not p_in_registers): KB / 64 column tiles of [128 rows x 64 keys]
-    RING_OFF = P_OFF + (0 if p_in_registers else QB * KB)
-    SLOT = 2 * KB * D              # a ring slot: K block, then V block
+    P_OFF = Q_OFF + QB * D         # P (not p_in_registers): KT / 64 column tiles of [128 rows x 64 keys]
+    RING_OFF = P_OFF + (0 if p_in_registers else QB * KT)
+    SLOT = 2 * KT * D              # a ring slot: the tile's K rows, then its V rows
     O_ROW = D + 8                  # staged O pitch (16 bytes of padding against bank conflicts)
-    SMEM_BYTES = sparse_attention_smem_bytes(D, KB, STAGES, p_in_registers, mask_tiles)
+    SMEM_BYTES = sparse_attention_smem_bytes(D, KB, STAGES, p_in_registers, mask_tiles, PAIR)
     SMEM_ELEMS = SMEM_BYTES // dtype_bytes(in_dtype)
     MASK_OFF = (RING_OFF + STAGES * SLOT) * dtype_bytes(in_dtype)   # (bytes) the staged mask tiles
-    MASK_PITCH = KB + MASK_ROW_PAD
-    MASK_CHUNKS = KB // 16          # 16-byte chunks per row of a mask tile
+    MASK_PITCH = KB + MASK_ROW_PAD  # a block's part of a staged mask row
+    MASK_ROW = PAIR * MASK_PITCH    # a staged mask row: the tile's blocks' parts side by side
+    MASK_CHUNKS = KB // 16          # 16-byte chunks per row of a block's mask
     t = PTX_TYPE[in_dtype]
-    wgmma_s = f"wgmma.mma_async.sync.aligned.m64n{KB}k16.f32.{t}.{t}"
+    wgmma_s = f"wgmma.mma_async.sync.aligned.m64n{KT}k16.f32.{t}.{t}"
     wgmma_o = f"wgmma.mma_async.sync.aligned.m64n{D}k16.f32.{t}.{t}"
     pack_pair = f"cvt.rn.{t}x2.f32"             # (hi, lo) fp32 -> one b32 of two halves
     KM_LBO, KM_SBO = k_major_strides(ATOM)      # K-major rows of 128 B (Q, K, P)
-    V_LBO, V_SBO = mn_major_strides(KB)         # V as MN-major B: 64-column atoms of KB rows
+    V_LBO, V_SBO = mn_major_strides(KT)         # V as MN-major B: 64-column atoms of KT rows
     LAUNCH_THREADS = THREADS + (LOADER_THREADS if warp_specialized else 0)
+    LOADER_REGS, CONSUMER_REGS = ((STAGING_LOADER_REGISTERS, STAGING_CONSUMER_REGISTERS) if mask_tiles
+                                  else (LOADER_REGISTERS, CONSUMER_REGISTERS))
     ring = MbarrierRing(STAGES)
     masked = tirx.const(MASKED, "float32")
     full = T.uint32(0xFFFFFFFF)
@@ -380,47 +449,51 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                               Q.ptr_to([tile.b, tile.h, tile.query_src(query), ch * 8]), tile.query_ok(query)))
 
     @T.macro
-    def load_block(K, V, tile, smem, slot, kblk, t, threads):
-        """SRead: key block ``kblk``'s KB rows of K and V into ring slot ``slot`` by ``threads``
-        copying threads (keys past Sk zero-filled, not read)"""
-        for c in T.unroll(KB * ROW_CHUNKS // threads):
+    def load_block(K, V, tile, smem, slot, keys, t, threads):
+        """SRead: the KT rows of K and V of the key tile ``keys`` (its blocks side by side) into
+        ring slot ``slot`` by ``threads`` copying threads (keys past Sk zero-filled, not read)"""
+        for c in T.unroll(KT * ROW_CHUNKS // threads):
             r = (t + threads * c) // ROW_CHUNKS
             ch = (t + threads * c) % ROW_CHUNKS
-            key = tile.key_pos(kblk, r)
+            kblk = keys.block_of(threads * c // ROW_CHUNKS)     # (a step's rows lie in one block)
+            key = tile.key_pos(kblk, r % KB)
             src_key = tile.key_src(kblk, key)
-            T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + tiled(KB, r, ch)]),
+            T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + tiled(KT, r, ch)]),
                               K.ptr_to([tile.b, tile.h, src_key, ch * 8]), tile.key_ok(kblk, key)))
-            T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + KB * D + tiled(KB, r, ch)]),
+            T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + KT * D + tiled(KT, r, ch)]),
                               V.ptr_to([tile.b, tile.h, src_key, ch * 8]), tile.key_ok(kblk, key)))
 
-    def staged_entry(staged, tile, kblk, row, query, key):
+    def staged_entry(staged, tile, kblk, part, row, query, key):
         """the staged mask tile's entry (bool) at ``row`` of the tile (query position ``query``) and
-        ``key`` of block ``kblk`` (``load_mask_tile``); ``staged``: ``(mask_s, slot)``, None where
-        nothing is staged (then None)"""
+        ``key`` of block ``kblk``, the key tile's block ``part`` (``load_mask_tile``); ``staged``:
+        ``(mask_s, slot)``, None where nothing is staged (then None)"""
         if staged is None:
             return None
         mask_s, slot = staged
-        shift = T.Cast("int32", tile.mask_offset(query, kblk) % 16)
-        return mask_s[MASK_OFF + slot * QB * MASK_PITCH + row * MASK_PITCH + shift + key] != T.uint8(0)
+        # (a block starts KB keys in, a multiple of 16: the row's offset % 16 is its first block's)
+        shift = T.Cast("int32", tile.mask_offset(query, 0) % 16)
+        return mask_s[MASK_OFF + slot * QB * MASK_ROW + row * MASK_ROW + part * MASK_PITCH + shift + key] != T.uint8(0)
 
     @T.macro
-    def load_mask_tile(tile, mask_s, slot, kblk, t, threads):
-        """SRead: the [128, KB] boolean mask tile of key block ``kblk`` (the tile's query rows) into
-        ring slot ``slot``'s mask tile by ``threads`` copying threads: row r's KB entries as the
-        KB / 16 + 1 aligned 16-byte chunks around them (any Sk; the chunk past them only where
-        they start off a 16-byte boundary), at ``MASK_PITCH`` r; entry k of the row at
-        ``MASK_PITCH`` r + (its offset % 16) + k (``staged_entry``).  Rows past the last and bytes
-        past the mask zero-filled, not read"""
+    def load_mask_tile(tile, mask_s, slot, keys, t, threads):
+        """SRead: the [128, KT] boolean mask tile of the key tile ``keys`` (the tile's query rows)
+        into ring slot ``slot``'s mask tile by ``threads`` copying threads: for each block of the
+        tile, row r's KB entries as the KB / 16 + 1 aligned 16-byte chunks around them (any Sk; the
+        chunk past them only where they start off a 16-byte boundary), at ``MASK_ROW`` r + the
+        block's ``MASK_PITCH``; entry k of the row at that + (its offset % 16) + k
+        (``staged_entry``).  Rows past the last and bytes past the mask zero-filled, not read"""
         mask = tile.buffers["mask"]
         total = mask.shape[0] * mask.shape[1] * mask.shape[2] * mask.shape[3]
-        for c in T.unroll(QB * (MASK_CHUNKS + 1) // threads):
-            r = (t + threads * c) // (MASK_CHUNKS + 1)
+        for c in T.unroll(QB * PAIR * (MASK_CHUNKS + 1) // threads):
+            r = (t + threads * c) // (PAIR * (MASK_CHUNKS + 1))
+            part = (t + threads * c) % (PAIR * (MASK_CHUNKS + 1)) // (MASK_CHUNKS + 1)
             ch = (t + threads * c) % (MASK_CHUNKS + 1)
             query = tile.query_pos(r)
-            row = tile.mask_offset(tile.query_src(query), kblk)
-            start = row - row % 16 + ch * 16
+            row = tile.mask_offset(tile.query_src(query), 0)       # (the block adds KB keys: 16 | KB)
+            start = row - row % 16 + T.Cast("int64", keys.block_of(part * KB)) * KB + ch * 16
             # (flat offsets: the mask read as one array)
-            T.evaluate(copy16(mask_s.ptr_to([MASK_OFF + slot * QB * MASK_PITCH + r * MASK_PITCH + ch * 16]),
+            T.evaluate(copy16(mask_s.ptr_to([MASK_OFF + slot * QB * MASK_ROW + r * MASK_ROW + part * MASK_PITCH
+                                             + ch * 16]),
                               mask.ptr_to([0, 0, 0, T.max(T.min(start, total - 16), 0)]),
                               T.And(tile.query_ok(query), T.Or(ch < MASK_CHUNKS, row % 16 != 0)),
                               T.max(T.min(total - start, 16), 0)))
@@ -439,78 +512,91 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         T.ptx.wgmma.fence.sync.aligned()
         for kk in T.unroll(D // 16):
             T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
-                           desc_a[0] + k_step(QB, kk), desc_b[0] + k_step(KB, kk), True, 1, 1, 0, 0)
+                           desc_a[0] + k_step(QB, kk), desc_b[0] + k_step(KT, kk), True, 1, 1, 0, 0)
         T.ptx.wgmma.commit_group.sync.aligned()
 
     @T.macro
-    def collect_bits(kblk, tile, pairwise, tid, r, staged=None):
-        """allowed_bits = the element predicate of this thread's scores of block ``kblk`` (score
-        ``4nb + 2i + e``: word ``nb / 8``, bit ``4 (nb % 8) + 2i + e``; KB / 64 words), pair
-        by pair (``pairwise``) or the keys' bounds only (:meth:`QueryTile.keys_only`);
-        ``staged``: ``(mask_s, slot)``, the block's mask tile staged by the loader"""
+    def collect_bits(keys, part, tile, pairwise, tid, r, staged=None):
+        """allowed_bits = the element predicate of this thread's scores of block ``part`` of the
+        key tile ``keys`` (its columns ``KB part ..``; score ``4c + 2i + e`` of column block c:
+        word ``c / 8``, bit ``4 (c % 8) + 2i + e``; KB / 64 words a block), pair by pair
+        (``pairwise``) or the keys' bounds only (:meth:`QueryTile.keys_only`); ``staged``:
+        ``(mask_s, slot)``, the tile's mask tile staged by the loader"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
-        for i in T.unroll(ACC_S // 32):
-            allowed_bits[i] = T.uint32(0)
+        kblk = keys.ids[part]
+        for i in T.unroll(KB // 64):
+            allowed_bits[part * (KB // 64) + i] = T.uint32(0)
         # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
-        # 8nb + 2(lane%4) (+1) of the block in acc_s[4nb + 2i + e]
+        # 8nb + 2(lane%4) (+1) of the block in acc_s[4c + 2i + e], c = part KB / 8 + nb
         for nb in T.unroll(KB // 8):
             for i in T.unroll(2):
                 for e in T.unroll(2):
+                    c = part * (KB // 8) + nb
                     query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
                     key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
                     key_c = tile.key_src(kblk, key)
                     if pairwise:
-                        allowed_bits[nb // 8] = allowed_bits[nb // 8] | T.shift_left(
+                        allowed_bits[c // 8] = allowed_bits[c // 8] | T.shift_left(
                             T.Cast("uint32", tile.allowed(kblk, query, key, key_c, staged_entry(
-                                staged, tile, kblk, tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, query,
+                                staged, tile, kblk, part, tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, query,
                                 nb * 8 + (lane % 4) * 2 + e))),
-                            T.uint32(nb % 8 * 4 + i * 2 + e))
+                            T.uint32(c % 8 * 4 + i * 2 + e))
                     else:
-                        allowed_bits[nb // 8] = allowed_bits[nb // 8] | T.shift_left(
-                            T.Cast("uint32", tile.key_ok(kblk, key)), T.uint32(nb % 8 * 4 + i * 2 + e))
+                        allowed_bits[c // 8] = allowed_bits[c // 8] | T.shift_left(
+                            T.Cast("uint32", tile.key_ok(kblk, key)), T.uint32(c % 8 * 4 + i * 2 + e))
 
     @T.macro
-    def by_block_kind(step, kblk, tile, tid, r):
-        """``step(kblk, tile, pairwise, tid, r)`` with ``pairwise`` false where every key of block
-        ``kblk`` is allowed for every row of the tile (:meth:`QueryTile.keys_only`: a uniform
-        branch, so each form is its own unrolled loop)"""
+    def by_block_kind(step, keys, part, tile, tid, r):
+        """``step(keys, part, tile, pairwise, tid, r)`` with ``pairwise`` false where every key of
+        block ``part`` of the key tile ``keys`` is allowed for every row of the tile
+        (:meth:`QueryTile.keys_only`: a uniform branch, so each form is its own unrolled loop)"""
         if tile.split:
-            if tile.keys_only(kblk):
-                step(kblk, tile, False, tid, r)
+            if tile.keys_only(keys.ids[part]):
+                step(keys, part, tile, False, tid, r)
             else:
-                step(kblk, tile, True, tid, r)
+                step(keys, part, tile, True, tid, r)
         else:
-            step(kblk, tile, True, tid, r)
+            step(keys, part, tile, True, tid, r)
 
     @T.macro
-    def predicate_bits(kblk, partial, slot, mask_s, tile, tid, r):
-        """the element predicate of block ``kblk`` (where ``partial`` or the tail block) as
-        allowed_bits, issued while the block's Q K^T is in flight: its loads and index arithmetic
-        overlap the tensor cores (an additive mask's predicate and bias stay in ``mask_scores``);
-        from ring slot ``slot``'s staged mask tile where the loader staged it"""
+    def block_bits(keys, part, slot, mask_s, tile, tid, r):
+        """:func:`predicate_bits` of block ``part`` of the tile"""
+        if T.And(keys.needs_predicate(tile, part), T.Not(keys.empty(part))):
+            if mask_tiles:
+                collect_bits(keys, part, tile, True, tid, r, (mask_s, slot))
+            else:
+                by_block_kind(collect_bits, keys, part, tile, tid, r)
+
+    @T.macro
+    def predicate_bits(keys, slot, mask_s, tile, tid, r):
+        """the element predicate of the key tile ``keys`` (of each block partial or the tail block;
+        the empty block needs none) as allowed_bits, issued while its Q K^T is in flight: its loads
+        and index arithmetic overlap the tensor cores (an additive mask's predicate and bias stay in
+        ``mask_scores``); from ring slot ``slot``'s staged mask tile where the loader staged it"""
         if early_predicate:
-            if tile.needs_predicate(partial, kblk):
-                if mask_tiles:
-                    collect_bits(kblk, tile, True, tid, r, (mask_s, slot))
-                else:
-                    by_block_kind(collect_bits, kblk, tile, tid, r)
+            block_bits(keys, 0, slot, mask_s, tile, tid, r)
+            if PAIR == 2:
+                block_bits(keys, 1, slot, mask_s, tile, tid, r)
 
     @T.macro
-    def mask_scores(kblk, tile, pairwise, tid, r):
-        """S = allowed ? S * scale + bias : masked, for block ``kblk``: from allowed_bits, else
-        the predicate (``pairwise``, or the keys' bounds) and an additive mask's bias pair by pair"""
+    def mask_scores(keys, part, tile, pairwise, tid, r, staged=None):
+        """S = allowed ? S * scale + bias : masked, for block ``part`` of the key tile ``keys``: from
+        allowed_bits, else the predicate (``pairwise``, or the keys' bounds; ``staged``: ``(mask_s,
+        slot)``, the tile's mask tile staged by the loader) and an additive mask's bias pair by pair"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
+        kblk = keys.ids[part]
         for nb in T.unroll(KB // 8):
             for i in T.unroll(2):
                 for e in T.unroll(2):
-                    score = acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2)
+                    c = part * (KB // 8) + nb
+                    score = acc_s[c * 4 + i * 2 + e] * T.float32(SCALE2)
                     if early_predicate:
-                        acc_s[nb * 4 + i * 2 + e] = T.Select(
-                            T.bitwise_and(T.shift_right(allowed_bits[nb // 8], T.uint32(nb % 8 * 4 + i * 2 + e)),
+                        acc_s[c * 4 + i * 2 + e] = T.Select(
+                            T.bitwise_and(T.shift_right(allowed_bits[c // 8], T.uint32(c % 8 * 4 + i * 2 + e)),
                                           T.uint32(1)) != T.uint32(0), T.max(score, masked), masked)
                     else:
                         query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
@@ -519,30 +605,48 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         if additive:
                             score = score + T.float32(LOG2E) * tile.score_bias(query, key_c)
                         if pairwise:
-                            acc_s[nb * 4 + i * 2 + e] = T.Select(tile.allowed(kblk, query, key, key_c),
-                                                                 T.max(score, masked), masked)
+                            acc_s[c * 4 + i * 2 + e] = T.Select(
+                                tile.allowed(kblk, query, key, key_c, staged_entry(
+                                    staged, tile, kblk, part, tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, query,
+                                    nb * 8 + (lane % 4) * 2 + e)),
+                                T.max(score, masked), masked)
                         else:
-                            acc_s[nb * 4 + i * 2 + e] = T.Select(tile.key_ok(kblk, key), T.max(score, masked),
-                                                                 masked)
+                            acc_s[c * 4 + i * 2 + e] = T.Select(tile.key_ok(kblk, key), T.max(score, masked),
+                                                                masked)
 
     @T.macro
-    def softmax_step(kblk, partial, tile, tid, r):
-        """the scores of key block ``kblk`` (its element predicate where ``partial`` or the tail
-        block: :func:`predicate_bits` ran before) -> P = 2^(S - running max) in acc_s, the running
-        max and sum, and ``alpha``, the factor O_acc takes before this block's P V"""
+    def block_scores(keys, part, slot, mask_s, tile, tid, r):
+        """the scaled scores of block ``part`` of the key tile ``keys``: the element predicate
+        where the block is partial or the tail block (:func:`predicate_bits` ran before), every
+        score masked for the empty block"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
-        if tile.needs_predicate(partial, kblk):
+        if keys.empty(part):
+            for i in T.unroll(KB // 2):
+                acc_s[part * (KB // 2) + i] = masked
+        elif keys.needs_predicate(tile, part):
             if early_predicate:
-                mask_scores(kblk, tile, True, tid, r)       # (from the bits: pairwise unused)
+                mask_scores(keys, part, tile, True, tid, r)       # (from the bits: pairwise unused)
+            elif mask_tiles:
+                mask_scores(keys, part, tile, True, tid, r, (mask_s, slot))
             else:
-                by_block_kind(mask_scores, kblk, tile, tid, r)
+                by_block_kind(mask_scores, keys, part, tile, tid, r)
         else:
-            for i in T.unroll(ACC_S):
-                acc_s[i] = acc_s[i] * T.float32(SCALE2)
+            for i in T.unroll(KB // 2):
+                acc_s[part * (KB // 2) + i] = acc_s[part * (KB // 2) + i] * T.float32(SCALE2)
+
+    @T.macro
+    def softmax_step(keys, slot, mask_s, tile, tid, r):
+        """the scores of the key tile ``keys`` (:func:`block_scores` of each block) -> P = 2^(S -
+        running max) in acc_s, the running max and sum, and ``alpha``, the factor O_acc takes
+        before the tile's P V"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
+        block_scores(keys, 0, slot, mask_s, tile, tid, r)
+        if PAIR == 2:
+            block_scores(keys, 1, slot, mask_s, tile, tid, r)
         # online softmax (log2 domain): new running max, the old terms' factor, P
         for i in T.unroll(2):
             m_new[0] = row_max[i]
-            for nb in T.unroll(KB // 8):
+            for nb in T.unroll(KT // 8):
                 for e in T.unroll(2):
                     m_new[0] = T.max(m_new[0], acc_s[nb * 4 + i * 2 + e])
             m_new[0] = quad_max(m_new[0])
@@ -551,7 +655,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             alpha[i] = T.exp2(row_max[i] - m_use)
             row_max[i] = m_new[0]
             row_sum[i] = row_sum[i] * alpha[i]
-            for nb in T.unroll(KB // 8):
+            for nb in T.unroll(KT // 8):
                 for e in T.unroll(2):
                     acc_s[nb * 4 + i * 2 + e] = T.exp2(acc_s[nb * 4 + i * 2 + e] - m_use)
                     row_sum[i] = row_sum[i] + acc_s[nb * 4 + i * 2 + e]
@@ -570,30 +674,30 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         """P as wgmma's register A: k16 step kk takes the scores of keys 16kk .. 16kk+15, rows r
         and r+8 (accumulator column blocks 2kk, 2kk+1), as four f16x2 / bf16x2 pairs"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
-        for kk in T.unroll(KB // 16):
+        for kk in T.unroll(KT // 16):
             for a in T.unroll(4):
                 T.ptx[pack_pair](p_regs[kk * 4 + a], acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2 + 1],
                                  acc_s[(2 * kk + a // 2) * 4 + (a % 2) * 2])
 
     @T.macro
     def issue_pv(slot, smem, tid, r):
-        """O_acc += P V for the block in ring slot ``slot``: KB/16 wgmma, one commit group (not
+        """O_acc += P V for the key tile in ring slot ``slot``: KT/16 wgmma, one commit group (not
         waited for); P from registers (``pack_p``), or first written to shared memory"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         wg = tid // 128
         if p_in_registers:
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
-                                                  smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
+                                                  smem.ptr_to([RING_OFF + slot * SLOT + KT * D]),
                                                   V_LBO, V_SBO, SWIZZLE_128B)
             T.ptx.wgmma.fence.sync.aligned()
-            for kk in T.unroll(KB // 16):
+            for kk in T.unroll(KT // 16):
                 T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)], *[p_regs[kk * 4 + a] for a in range(4)],
                                desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8), True, 1, 1, 1)
         else:
             # P (unnormalised) as wgmma's A in shared memory, this warpgroup's 64 rows
             w = (tid % 128) // 32
             lane = tid % 32
-            for nb in T.unroll(KB // 8):
+            for nb in T.unroll(KT // 8):
                 for i in T.unroll(2):
                     for e in T.vectorized(2):
                         smem[P_OFF + tiled(QB, wg * 64 + w * 16 + lane // 4 + 8 * i, nb)
@@ -603,23 +707,23 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([P_OFF + wg * 64 * ATOM]),
                                                   KM_LBO, KM_SBO, SWIZZLE_128B)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]),
-                                                  smem.ptr_to([RING_OFF + slot * SLOT + KB * D]),
+                                                  smem.ptr_to([RING_OFF + slot * SLOT + KT * D]),
                                                   V_LBO, V_SBO, SWIZZLE_128B)
             T.ptx.wgmma.fence.sync.aligned()
-            for kk in T.unroll(KB // 16):
+            for kk in T.unroll(KT // 16):
                 T.ptx[wgmma_o](*[acc_o[i] for i in range(ACC_O)],
                                desc_a[0] + k_step(QB, kk), desc_b[0] + T.Cast("uint64", kk * 16 * ATOM // 8),
                                True, 1, 1, 0, 1)
         T.ptx.wgmma.commit_group.sync.aligned()
 
     @T.macro
-    def attend(kblk, partial, slot, tile, smem, mask_s, tid, r):
-        """a consumer warpgroup's step on the key block ``kblk`` in ring slot ``slot``, in
-        order: its 64 queries' scores, the online softmax, ``O_acc += P V``"""
+    def attend(keys, slot, tile, smem, mask_s, tid, r):
+        """a consumer warpgroup's step on the key tile ``keys`` in ring slot ``slot``, in order:
+        its 64 queries' scores, the online softmax, ``O_acc += P V``"""
         issue_qk(slot, smem, tid, r)
-        predicate_bits(kblk, partial, slot, mask_s, tile, tid, r)
+        predicate_bits(keys, slot, mask_s, tile, tid, r)
         T.ptx.wgmma.wait_group.sync.aligned(0)
-        softmax_step(kblk, partial, tile, tid, r)
+        softmax_step(keys, slot, mask_s, tile, tid, r)
         rescale_o(r)
         if p_in_registers:
             pack_p(r)
@@ -627,42 +731,56 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         T.ptx.wgmma.wait_group.sync.aligned(0)
 
     class VisitedBlocks:
-        """the id and partial flag of the j-th block a CTA visits: read from the index where used,
-        or (``prefetch_index``) an iteration ahead into ``visit`` (``first_visit`` before the loop,
-        ``next_visit`` at the top of iteration j), each entry packed as ``2 id + partial``, so the
-        index's loads run while the iteration works, not in front of it"""
+        """the key tile of step j of a CTA (``PAIR`` visited blocks, the empty block past the
+        ``count`` visited ones): ids and partial flags read from the index where used, or
+        (``prefetch_index``) a step ahead into ``visit`` (``first_visit`` before the loop,
+        ``next_visit`` at the top of step j; ``visit[h]`` step j's block h, ``visit[PAIR + h]``
+        step j + 1's), each entry packed as ``2 id + partial``, so the index's loads run while the
+        step works, not in front of it"""
 
         def __init__(self, visit, tile, listed, count):
             self.visit, self.tile, self.listed, self.count = visit, tile, listed, count
+            self.steps = (count + (PAIR - 1)) // PAIR
 
-        def entry(self, j):
-            return self.tile.block(j, self.listed) * 2 + T.Cast("int32", self.tile.partial(j, self.listed) != 0)
+        def _block(self, n):
+            if PAIR == 1:
+                return self.tile.block(n, self.listed)
+            return T.if_then_else(n < self.count, self.tile.block(n, self.listed), EMPTY_BLOCK)
 
-        def block(self, j):
+        def _partial(self, n):
+            if PAIR == 1:
+                return self.tile.partial(n, self.listed)
+            return T.if_then_else(n < self.count, self.tile.partial(n, self.listed), 1)
+
+        def entry(self, j, h):
+            n = j * PAIR + h
+            return self._block(n) * 2 + T.Cast("int32", self._partial(n) != 0)
+
+        def keys(self, j):
             if prefetch_index:
-                return T.shift_right(self.visit[0], 1)
-            return self.tile.block(j, self.listed)
-
-        def partial(self, j):
-            if prefetch_index:
-                return T.bitwise_and(self.visit[0], 1)
-            return self.tile.partial(j, self.listed)
+                return KeyTile([T.shift_right(self.visit[h], 1) for h in range(PAIR)],
+                               [T.bitwise_and(self.visit[h], 1) for h in range(PAIR)], KB)
+            return KeyTile([self._block(j * PAIR + h) for h in range(PAIR)],
+                           [self._partial(j * PAIR + h) for h in range(PAIR)], KB)
 
     @T.macro
     def first_visit(blocks):
-        """(``prefetch_index``) visited block 0's entry into ``visit[1]``"""
+        """(``prefetch_index``) step 0's entries into ``visit[PAIR:]``"""
         if prefetch_index:
             if blocks.count > 0:
-                blocks.visit[1] = blocks.entry(0)
+                for h in T.unroll(PAIR):
+                    blocks.visit[PAIR + h] = blocks.entry(0, h)
 
     @T.macro
     def next_visit(blocks, j):
-        """(``prefetch_index``) block j's entry, read an iteration ago, into ``visit[0]``, block
-        j + 1's read now into ``visit[1]``"""
+        """(``prefetch_index``) step j's entries, read a step ago, into ``visit[:PAIR]``, step
+        j + 1's read now into ``visit[PAIR:]``"""
         if prefetch_index:
-            blocks.visit[0] = blocks.visit[1]
-            if j + 1 < blocks.count:
-                blocks.visit[1] = blocks.entry(j + 1)
+            for h in T.unroll(PAIR):
+                blocks.visit[h] = blocks.visit[PAIR + h]
+            if j + 1 < blocks.steps:
+                for h in T.unroll(PAIR):
+                    blocks.visit[PAIR + h] = blocks.entry(j + 1, h)
 
     def consumers_sync():
         """the barrier of the two consumer warpgroups (the loader warpgroup, where there is one,
@@ -696,6 +814,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     @T.macro
     def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, GROWS, GCOUNT, O, B, H, HG, Sq, Sk):
         T.device_entry()
+        if register_split:
+            # (setmaxnreg needs the registers at entry known: one CTA an SM)
+            T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         if global_split:
             # tile z: the global tiles (one a 128 global rows, at most ceil(Sq / 128)) first, so that
             # their long rows (every key block) start early (CTAs start in x, y, z order), then
@@ -725,9 +846,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         m_new = T.alloc_local([1], "float32")
         desc_a = T.alloc_local([1], "uint64")
         desc_b = T.alloc_local([1], "uint64")
-        p_regs = T.alloc_local([KB // 4 if p_in_registers else 1], "uint32")   # P as wgmma's register A
+        p_regs = T.alloc_local([KT // 4 if p_in_registers else 1], "uint32")   # P as wgmma's register A
         allowed_bits = T.alloc_local([ACC_S // 32], "uint32")    # the predicate: word nb / 8, bit 4(nb % 8) + 2i + e
-        visit = T.alloc_local([2], "int32")     # (prefetch_index) entries of the block visited now and the next
+        visit = T.alloc_local([2 * PAIR], "int32")   # (prefetch_index) entries of this step's blocks and the next's
         r = T.meta_var(ConsumerRegisters(acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs,
                                          allowed_bits))
         if global_split:
@@ -750,23 +871,26 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 T.ptx.mbarrier.init.shared.b64(bars.ptr_to([2 * STAGES]), T.uint32(LOADER_THREADS))
             T.cuda.cta_sync()
             if tid >= THREADS:
-                # the loader warpgroup: Q, then each listed block once its slot is free
+                # the loader warpgroup: Q, then each step's key tile once its slot is free
+                if register_split:
+                    T.ptx["setmaxnreg.dec.sync.aligned.u32"](LOADER_REGS)
                 load_q(Q, tile, smem, tid - THREADS, LOADER_THREADS)
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([2 * STAGES]))
                 first_visit(blocks)
-                for j in T.serial(count):
+                for j in T.serial(blocks.steps):
                     next_visit(blocks, j)
                     ring.acquire(bars, j % STAGES, j)
-                    load_block(K, V, tile, smem, j % STAGES, blocks.block(j), tid - THREADS, LOADER_THREADS)
+                    load_block(K, V, tile, smem, j % STAGES, blocks.keys(j), tid - THREADS, LOADER_THREADS)
                     if mask_tiles:
-                        if tile.needs_predicate(blocks.partial(j), blocks.block(j)):
-                            load_mask_tile(tile, mask_s, j % STAGES, blocks.block(j), tid - THREADS,
-                                           LOADER_THREADS)
+                        if blocks.keys(j).needs_predicate(tile):
+                            load_mask_tile(tile, mask_s, j % STAGES, blocks.keys(j), tid - THREADS, LOADER_THREADS)
                     ring.arrive_on_copies(bars, j % STAGES)
                 T.evaluate(exit_thread())
+            if register_split:
+                T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
             T.cuda.mbarrier_wait(bars.ptr_to([2 * STAGES]), 0)
             if overlap:
-                # block j's scores and softmax while block j-1's P V runs (FA3's intra-warpgroup
+                # step j's scores and softmax while step j-1's P V runs (FA3's intra-warpgroup
                 # overlap): S_j's wgmma, then P_{j-1} V's; the softmax once S_j is in; O_acc's
                 # rescale and P_j's packing once P_{j-1} V retired (it reads both)
                 if count > 0:
@@ -775,34 +899,34 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     ring.wait_full(bars, 0, 0)
                     T.ptx["fence.proxy.async.shared::cta"]()
                     issue_qk(0, smem, tid, r)
-                    predicate_bits(blocks.block(0), blocks.partial(0), 0, mask_s, tile, tid, r)
+                    predicate_bits(blocks.keys(0), 0, mask_s, tile, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
-                    softmax_step(blocks.block(0), blocks.partial(0), tile, tid, r)
+                    softmax_step(blocks.keys(0), 0, mask_s, tile, tid, r)
                     pack_p(r)
-                    for j in T.serial(1, count):
+                    for j in T.serial(1, blocks.steps):
                         next_visit(blocks, j)
                         ring.wait_full(bars, j % STAGES, j)
                         T.ptx["fence.proxy.async.shared::cta"]()
                         issue_qk(j % STAGES, smem, tid, r)
                         issue_pv((j - 1) % STAGES, smem, tid, r)
-                        predicate_bits(blocks.block(j), blocks.partial(j), j % STAGES, mask_s, tile, tid, r)
+                        predicate_bits(blocks.keys(j), j % STAGES, mask_s, tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
-                        softmax_step(blocks.block(j), blocks.partial(j), tile, tid, r)
+                        softmax_step(blocks.keys(j), j % STAGES, mask_s, tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(0)          # P_{j-1} V retired
-                        ring.release(bars, j, tid)      # (the slot of block j-1: release takes q - 1)
+                        ring.release(bars, j, tid)      # (the slot of step j-1: release takes q - 1)
                         rescale_o(r)
                         pack_p(r)
-                    issue_pv((count - 1) % STAGES, smem, tid, r)
+                    issue_pv((blocks.steps - 1) % STAGES, smem, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
             else:
                 first_visit(blocks)
-                for j in T.serial(count):
+                for j in T.serial(blocks.steps):
                     next_visit(blocks, j)
                     ring.wait_full(bars, j % STAGES, j)
                     # (cp.async wrote through the generic proxy; wgmma reads through the async one)
                     T.ptx["fence.proxy.async.shared::cta"]()
-                    attend(blocks.block(j), blocks.partial(j), j % STAGES, tile, smem, mask_s, tid, r)
-                    ring.release(bars, j + 1, tid)      # (the slot of block j: release takes q - 1)
+                    attend(blocks.keys(j), j % STAGES, tile, smem, mask_s, tid, r)
+                    ring.release(bars, j + 1, tid)      # (the slot of step j: release takes q - 1)
         else:
             # every thread copies: Q, then the first STAGES - 1 listed blocks, one group each
             # (empty groups past the count)
@@ -810,7 +934,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             T.ptx["cp.async.commit_group"]()
             for j in T.unroll(STAGES - 1):
                 if j < count:
-                    load_block(K, V, tile, smem, j, tile.block(j, listed), tid, THREADS)
+                    load_block(K, V, tile, smem, j, KeyTile([tile.block(j, listed)], [0], KB), tid, THREADS)
                 T.ptx["cp.async.commit_group"]()
             for j in T.serial(count):
                 # block j landed (this thread's copies, then everyone's); every warpgroup is
@@ -819,10 +943,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 T.ptx["fence.proxy.async.shared::cta"]()
                 T.cuda.cta_sync()
                 if j + STAGES - 1 < count:
-                    load_block(K, V, tile, smem, (j + STAGES - 1) % STAGES, tile.block(j + STAGES - 1, listed),
-                               tid, THREADS)
+                    load_block(K, V, tile, smem, (j + STAGES - 1) % STAGES,
+                               KeyTile([tile.block(j + STAGES - 1, listed)], [0], KB), tid, THREADS)
                 T.ptx["cp.async.commit_group"]()
-                attend(tile.block(j, listed), tile.partial(j, listed), j % STAGES, tile, smem, mask_s, tid, r)
+                attend(KeyTile([tile.block(j, listed)], [tile.partial(j, listed)], KB), j % STAGES, tile, smem, mask_s,
+                       tid, r)
             T.ptx["cp.async.wait_group"](0)
         store_o(O, tile, smem, tid, r)
 
@@ -830,7 +955,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     name = (f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}"
             + (f"_{mask_dtype}" if pattern.mask else "") + ("_gsplit" if global_split else ""))
     return (lower_tirx(func, TARGET).with_attr("global_symbol", name).with_attr("pit.attention.key_block", KB)
-            .with_attr("pit.attention.global_split", bool(global_split)))
+            .with_attr("pit.attention.global_split", bool(global_split)).with_attr("pit.attention.key_tile", KT))
 
 
 def _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split):
