@@ -20,19 +20,22 @@ it; 0: every entry allowed, nothing added).
 One CTA per (128-query block, head, batch); B, H, Sq, Sk, HG and the mask's head dim symbolic
 (with ``global_split``, Longformer's window + global tokens: global tiles of gathered global rows
 first, then the window tiles; :class:`QueryTile`).  The default form: a loader warpgroup and 2
-consumer warpgroups (384 threads)::
+consumer warpgroups (384 threads, one CTA an SM; the loader hands registers to the consumers,
+``register_split``).  A step takes a key tile of KT keys: one listed block (KT = KB), or
+(``pair_blocks``, key block 64, no boolean mask) two listed blocks side by side (KT = 128, the
+second the empty block past an odd count)::
 
     loader warpgroup (128 threads, cp.async; then it exits):
         SRead Q_s[128, D] (rows past Sq zero-filled)                       -> Q mbarrier
-        for j in listed blocks of (b, hg, qb):              (block id via block_ids: SRead)
-            wait empty[j % STAGES]; SRead K_s, V_s[KB, D] of block j (keys past Sk zero-filled)
+        for step j (blocks of (b, hg, qb) listed j, or 2j and 2j + 1; ids via block_ids: SRead)
+            wait empty[j % STAGES]; SRead K_s, V_s[KT, D] of the step's blocks (keys past Sk zero-filled)
             (a boolean mask, block j partial: its [128, KB] mask tile too, mask_tiles)
             -> full[j % STAGES]                                     (ring.py's MbarrierRing)
-    consumer warpgroup g (queries 64g .. 64g+63), block j once full[j % STAGES]:
-        S_j[64, KB]  = Q_s[64g:] K_s^T               D/16  x wgmma m64nKBk16 (K_s: B, K-major)
-        O_acc[64, D] += P_{j-1} V_s(j-1)              KB/16 x wgmma m64nDk16, P: register A
-        (both in flight) partial or tail block: the predicate as bits (allowed_bits)
-        (S_j in) partial or tail block: S = allowed ? S * scale + bias : -inf
+    consumer warpgroup g (queries 64g .. 64g+63), step j once full[j % STAGES]:
+        S_j[64, KT]  = Q_s[64g:] K_s^T               D/16  x wgmma m64nKTk16 (K_s: B, K-major)
+        O_acc[64, D] += P_{j-1} V_s(j-1)              KT/16 x wgmma m64nDk16, P: register A
+        (both in flight) partial or tail block: the predicate as bits (allowed_bits), block by block
+        (S_j in) partial or tail block: S = allowed ? S * scale + bias : -inf; the empty block: -inf
                  m_new = max(m, rowmax S); alpha = 2^(m - m_new); P_j = 2^(S - m_new)
                  l = l alpha + rowsum P_j                                  (log2 domain)
         (P_{j-1} V in) release slot j-1; O_acc *= alpha; pack P_j (f16x2 / bf16x2 pairs)
@@ -44,7 +47,7 @@ copies through cp.async groups with a CTA barrier a block, P through a shared-me
 the previous block's P V.
 
 Shared memory (elements): Q 128 x D, P 128 x KB (P through shared memory only), then the ring
-of ``stages`` slots of K and V (KB x D each), then (``mask_tiles``) a mask tile a slot (128 rows of
+of ``stages`` slots of K and V (KT x D each), then (``mask_tiles``) a mask tile a slot (128 rows of
 KB + 16 bytes); every tile is stored as 64-column tiles of
 128-byte-swizzled rows (:func:`~.smem.swizzle_128b`), the layout the wgmma descriptors read.
 Design notes and measurements: docs/design/sparse_attention.md, "Kernel".
@@ -329,9 +332,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     ``register_split`` (default: with ``warp_specialized``): launched one CTA an SM, the loader
     warpgroup hands registers to the consumers (``setmaxnreg``: ``LOADER_REGISTERS`` /
     ``CONSUMER_REGISTERS`` a thread instead of 168 for all), which lets ``overlap`` take key block 128.
-    ``pair_blocks`` (key block 64, warp-specialized; default: off): a consumer step takes two listed
-    blocks, which the loader gathers side by side into one 128-key tile of the ring (the index stays
-    at key block 64): one m64n128 Q K^T and 8 k16 steps of P V a step, half the steps' fixed work.
+    ``pair_blocks`` (key block 64, warp-specialized; default: with ``register_split``, without a
+    boolean mask): a consumer step takes two listed blocks, which the loader gathers side by side
+    into one 128-key tile of the ring (the index stays at key block 64): one m64n128 Q K^T and 8 k16
+    steps of P V a step, half the steps' fixed work.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if register_split is None:
