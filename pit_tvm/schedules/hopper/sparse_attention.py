@@ -331,7 +331,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     partial flag) an iteration ahead, so its latency is not in front of the block's work.
     ``register_split`` (default: with ``warp_specialized``): launched one CTA an SM, the loader
     warpgroup hands registers to the consumers (``setmaxnreg``: ``LOADER_REGISTERS`` /
-    ``CONSUMER_REGISTERS`` a thread instead of 168 for all), which lets ``overlap`` take key block 128.
+    ``CONSUMER_REGISTERS`` a thread instead of 168 for all), which lets ``overlap`` hold a step of
+    128 keys (``pair_blocks``; key block 128 where asked for).
     ``pair_blocks`` (key block 64, warp-specialized; default: with ``register_split``, without a
     boolean mask): a consumer step takes two listed blocks, which the loader gathers side by side
     into one 128-key tile of the ring (the index stays at key block 64): one m64n128 Q K^T and 8 k16
@@ -371,8 +372,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     if prefetch_index is None:
         # (measured: Longformer's split tiles 1.7-1.9x faster with it, the block masks 1-3 % slower)
         prefetch_index = bool(global_split)
-    if mask_tiles and not (warp_specialized and pattern.mask == "bool"):
-        raise ValueError("mask_tiles takes a boolean mask and warp_specialized")
+    if mask_tiles and not (warp_specialized and early_predicate and pattern.mask == "bool"):
+        raise ValueError("mask_tiles takes a boolean mask, warp_specialized and the early predicate")
     _check(D, in_dtype, KB, int(stages), bool(p_in_registers), bool(mask_tiles), PAIR)
     if global_split and not splits_global_rows(pattern):
         raise ValueError(f"global_split takes a window + global tokens pattern without a mask, documents or causal, "
@@ -585,10 +586,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 block_bits(keys, 1, slot, mask_s, tile, tid, r)
 
     @T.macro
-    def mask_scores(keys, part, tile, pairwise, tid, r, staged=None):
+    def mask_scores(keys, part, tile, pairwise, tid, r):
         """S = allowed ? S * scale + bias : masked, for block ``part`` of the key tile ``keys``: from
-        allowed_bits, else the predicate (``pairwise``, or the keys' bounds; ``staged``: ``(mask_s,
-        slot)``, the tile's mask tile staged by the loader) and an additive mask's bias pair by pair"""
+        allowed_bits, else the predicate (``pairwise``, or the keys' bounds) and an additive mask's
+        bias pair by pair"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
@@ -609,17 +610,14 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         if additive:
                             score = score + T.float32(LOG2E) * tile.score_bias(query, key_c)
                         if pairwise:
-                            acc_s[c * 4 + i * 2 + e] = T.Select(
-                                tile.allowed(kblk, query, key, key_c, staged_entry(
-                                    staged, tile, kblk, part, tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, query,
-                                    nb * 8 + (lane % 4) * 2 + e)),
-                                T.max(score, masked), masked)
+                            acc_s[c * 4 + i * 2 + e] = T.Select(tile.allowed(kblk, query, key, key_c),
+                                                                T.max(score, masked), masked)
                         else:
                             acc_s[c * 4 + i * 2 + e] = T.Select(tile.key_ok(kblk, key), T.max(score, masked),
                                                                 masked)
 
     @T.macro
-    def block_scores(keys, part, slot, mask_s, tile, tid, r):
+    def block_scores(keys, part, tile, tid, r):
         """the scaled scores of block ``part`` of the key tile ``keys``: the element predicate
         where the block is partial or the tail block (:func:`predicate_bits` ran before), every
         score masked for the empty block"""
@@ -630,8 +628,6 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         elif keys.needs_predicate(tile, part):
             if early_predicate:
                 mask_scores(keys, part, tile, True, tid, r)       # (from the bits: pairwise unused)
-            elif mask_tiles:
-                mask_scores(keys, part, tile, True, tid, r, (mask_s, slot))
             else:
                 by_block_kind(mask_scores, keys, part, tile, tid, r)
         else:
@@ -639,14 +635,14 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 acc_s[part * (KB // 2) + i] = acc_s[part * (KB // 2) + i] * T.float32(SCALE2)
 
     @T.macro
-    def softmax_step(keys, slot, mask_s, tile, tid, r):
+    def softmax_step(keys, tile, tid, r):
         """the scores of the key tile ``keys`` (:func:`block_scores` of each block) -> P = 2^(S -
         running max) in acc_s, the running max and sum, and ``alpha``, the factor O_acc takes
         before the tile's P V"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
-        block_scores(keys, 0, slot, mask_s, tile, tid, r)
+        block_scores(keys, 0, tile, tid, r)
         if PAIR == 2:
-            block_scores(keys, 1, slot, mask_s, tile, tid, r)
+            block_scores(keys, 1, tile, tid, r)
         # online softmax (log2 domain): new running max, the old terms' factor, P
         for i in T.unroll(2):
             m_new[0] = row_max[i]
@@ -727,7 +723,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         issue_qk(slot, smem, tid, r)
         predicate_bits(keys, slot, mask_s, tile, tid, r)
         T.ptx.wgmma.wait_group.sync.aligned(0)
-        softmax_step(keys, slot, mask_s, tile, tid, r)
+        softmax_step(keys, tile, tid, r)
         rescale_o(r)
         if p_in_registers:
             pack_p(r)
@@ -905,7 +901,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     issue_qk(0, smem, tid, r)
                     predicate_bits(blocks.keys(0), 0, mask_s, tile, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
-                    softmax_step(blocks.keys(0), 0, mask_s, tile, tid, r)
+                    softmax_step(blocks.keys(0), tile, tid, r)
                     pack_p(r)
                     for j in T.serial(1, blocks.steps):
                         next_visit(blocks, j)
@@ -915,7 +911,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         issue_pv((j - 1) % STAGES, smem, tid, r)
                         predicate_bits(blocks.keys(j), j % STAGES, mask_s, tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
-                        softmax_step(blocks.keys(j), j % STAGES, mask_s, tile, tid, r)
+                        softmax_step(blocks.keys(j), tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(0)          # P_{j-1} V retired
                         ring.release(bars, j, tid)      # (the slot of step j-1: release takes q - 1)
                         rescale_o(r)
