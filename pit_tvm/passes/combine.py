@@ -20,6 +20,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .graph import rewrite_functions
+
 
 def _lifted_operands(func: relax.Function) -> list:
     """The tensor constants ``func`` uses as a matmul's right operand or as an add's second
@@ -101,11 +103,7 @@ def _split_to_slices(mod: tvm.IRModule) -> tvm.IRModule:
             cuts = [0] + [int(i) for i in indices] + [int(x.ty.shape[axis])]
             return relax.op.strided_slice(x, [axis], [cuts[new.index]], [cuts[new.index + 1]])
 
-    rewriter = _Slices(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _Slices(mod)))
 
 
 @tvm.transform.module_pass(opt_level=0, name="CombineParallelMatmuls")

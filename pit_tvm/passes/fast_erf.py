@@ -14,6 +14,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, topi
 
+from .graph import rewrite_functions
+
 
 @relax.expr_functor.mutator
 class _ErfRewriter(relax.PyExprMutator):
@@ -29,8 +31,4 @@ class _ErfRewriter(relax.PyExprMutator):
 def ErfToFastErf(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N802 - a pass, named like TVM's
     """Rewrite every fp32 ``R.erf`` of the module's Relax functions into a ``call_tir`` of TOPI's
     ``fast_erf`` (its fp16 form is 0.04 off: fp16 erf stays as it is)."""
-    rewriter = _ErfRewriter(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return rewrite_functions(mod, _ErfRewriter(mod))

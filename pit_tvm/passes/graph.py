@@ -1,12 +1,21 @@
 """Def-use helpers over one Relax function in ANF, for the passes that match patterns by hand
 (annotation sources, epilogue chains, attention): what each var is bound to, how often and by
-whom it is used, and scalar constants."""
+whom it is used, and scalar constants; and a mutator's run over a module's Relax functions."""
 from __future__ import annotations
 
 import tvm
 from tvm import relax
 
-__all__ = ["FuncGraph", "call_tir_parts", "op_name", "other_operand", "scalar_constant"]
+__all__ = ["FuncGraph", "call_tir_parts", "op_name", "other_operand", "rewrite_functions", "scalar_constant"]
+
+
+def rewrite_functions(mod: tvm.IRModule, rewriter: relax.PyExprMutator) -> tvm.IRModule:
+    """``mod`` with each of its Relax functions replaced by ``rewriter``'s visit of it (a
+    ``PyExprMutator`` built on ``mod``), the functions it emitted added"""
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    return rewriter.builder_.get()
 
 
 def op_name(expr) -> str | None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .graph import rewrite_functions
+
 #: the Relax reductions computed in float32 for half inputs
 REDUCTIONS = ("relax.mean", "relax.sum", "relax.variance", "relax.nn.softmax", "relax.nn.log_softmax")
 HALF_DTYPES = ("float16", "bfloat16")
@@ -60,8 +62,4 @@ class _HalfReductionRewriter(relax.PyExprMutator):
 def HalfReductionsInFloat32(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N802 - a pass, named like TVM's
     """Compute the half-precision reductions of the module's Relax functions in float32 (see the
     module docstring)."""
-    rewriter = _HalfReductionRewriter(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return rewrite_functions(mod, _HalfReductionRewriter(mod))

@@ -20,7 +20,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .graph import scalar_constant
+from .graph import rewrite_functions, scalar_constant
 
 #: the largest |exponent| rewritten (x ** 8: three multiplies, by squaring)
 MAX_EXPONENT = 8
@@ -74,8 +74,4 @@ class _PowerRewriter(relax.PyExprMutator):
 def IntegerPowerToMultiply(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N802 - a pass, named like TVM's
     """Rewrite the small-integer ``R.power`` calls of the module's Relax functions into multiplies
     (see the module docstring)."""
-    rewriter = _PowerRewriter(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return rewrite_functions(mod, _PowerRewriter(mod))

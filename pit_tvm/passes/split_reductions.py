@@ -21,6 +21,8 @@ import math
 import tvm
 from tvm import relax
 
+from .graph import rewrite_functions
+
 #: the reductions split (each is its own combiner, or the mean of equal parts)
 SPLIT_OPS = ("relax.sum", "relax.max", "relax.min", "relax.mean")
 #: smaller tensors stay one reduction
@@ -88,8 +90,4 @@ class _WholeTensorReductionRewriter(relax.PyExprMutator):
 def SplitWholeTensorReductions(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N802 - a pass, named like TVM's
     """Split the module's large whole-tensor reductions into a row step and a final step (see the
     module docstring)."""
-    rewriter = _WholeTensorReductionRewriter(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return rewrite_functions(mod, _WholeTensorReductionRewriter(mod))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .graph import FuncGraph, call_tir_parts, op_name
+from .graph import FuncGraph, call_tir_parts, op_name, rewrite_functions
 
 
 def _default_make():
@@ -105,9 +105,5 @@ class ListStripsInProducer:
                 plan(func)
         if not plans:
             return mod
-        rewriter = _Fuse(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        # the listing calls are dead now
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+        # (the listing calls are dead then)
+        return relax.transform.DeadCodeElimination()(rewrite_functions(mod, _Fuse(mod)))
