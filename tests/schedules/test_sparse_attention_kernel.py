@@ -283,6 +283,21 @@ def test_gpu_random_block_mask(head_dim, key_block, dtype, sq, sk, mask_heads, v
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["default", "ws", "pair"])
+@pytest.mark.parametrize("b,mask_heads,sq,sk", [(2, 1, 5, 7), (1, 1, 130, 77), (2, 3, 129, 203)])
+def test_gpu_mask_tiles_at_the_end_of_the_mask(b, mask_heads, sq, sk, variant):
+    """masks whose size is not a multiple of 16 bytes, every listed block partial: the staged mask
+    tiles' last chunks (the bytes up to the mask's end, read from 16-byte aligned addresses)"""
+    h = 3
+    rng = np.random.default_rng(sq + sk)
+    q, k, v = _inputs(rng, b, h, sq, sk, 64, "float16")
+    mask = _block_mask(rng, b, mask_heads, sq, sk, 64, density=1.0, partial=1.0)
+    assert mask.size % 16 != 0
+    got = _run(BOOL, q, k, v, 64, 64, "float16", variant=variant, mask=mask)
+    _check(got, reference_sparse_attention(q, k, v, BOOL, mask=mask), "float16")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("head_dim,key_block,seq", [(64, 64, 333), (128, 128, 512), (128, 64, 130)])
 def test_gpu_causal(head_dim, key_block, seq, variant):

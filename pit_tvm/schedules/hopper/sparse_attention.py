@@ -496,10 +496,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             query = tile.query_pos(r)
             row = tile.mask_offset(tile.query_src(query), 0)       # (the block adds KB keys: 16 | KB)
             start = row - row % 16 + T.Cast("int64", keys.block_of(part * KB)) * KB + ch * 16
-            # (flat offsets: the mask read as one array)
+            # (flat offsets: the mask read as one array; a chunk past its end reads nothing, from its
+            # start: every source address 16-byte aligned)
             T.evaluate(copy16(mask_s.ptr_to([MASK_OFF + slot * QB * MASK_ROW + r * MASK_ROW + part * MASK_PITCH
                                              + ch * 16]),
-                              mask.ptr_to([0, 0, 0, T.max(T.min(start, total - 16), 0)]),
+                              mask.ptr_to([0, 0, 0, T.if_then_else(start < total, start, T.int64(0))]),
                               T.And(tile.query_ok(query), T.Or(ch < MASK_CHUNKS, row % 16 != 0)),
                               T.max(T.min(total - start, 16), 0)))
 
