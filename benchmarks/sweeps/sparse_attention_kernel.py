@@ -74,6 +74,12 @@ def uniform_index(rng, batch, seq, key_block, listed, partial):
     return np.full((batch, 1, qbn), listed, np.int32), ids, marks.astype(np.int32)
 
 
+def parse_form(spec):
+    """``"64/ws_overlap/4"`` -> ``(64, "ws_overlap", 4)``: key block, form (``FORM_ARGS``), ring stages"""
+    kb, form, stages = spec.split("/")
+    return int(kb), form, int(stages)
+
+
 def uniform_sweep(seq, heads, partial, form=None):
     """kernel device time against the listed blocks per query block (module docstring); ``form``
     ``(key block, form, stages)`` (default: the kernel's defaults at key block 64)"""
@@ -109,14 +115,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq", type=int, default=4096, help="sequence length (default 4096)")
     ap.add_argument("--heads", type=int, default=12, help="attention heads (default 12)")
-    ap.add_argument("--forms", nargs="*", help="key block/form/stages of FORMS to run (default: all)")
+    ap.add_argument("--forms", nargs="*", type=parse_form,
+                    help="key block/form/stages of FORMS to run, e.g. 64/ws_overlap/4 (default: all)")
     ap.add_argument("--uniform", action="store_true", help="kernel time against exactly n listed blocks")
     ap.add_argument("--partial", type=float, default=0.0, help="(--uniform) the fraction of listed blocks partial")
     args = ap.parse_args()
     if args.uniform:
         for form in args.forms or [None]:
-            uniform_sweep(args.seq, args.heads, args.partial,
-                          None if form is None else (int(form.split("/")[0]), form.split("/")[1], int(form.split("/")[2])))
+            uniform_sweep(args.seq, args.heads, args.partial, form)
         return
     B, H, S = 1, args.heads, args.seq
     rng = np.random.default_rng(0)
@@ -131,7 +137,7 @@ def main():
         print(f"d {d}: dense SDPA {dense_us:.1f} us (device time {dense_dev:.1f} us)", flush=True)
         mask = torch.ones(B, 1, S, S, dtype=torch.bool, device="cuda")   # read only in partial blocks: never
         for kb, form, stages in FORMS:
-            if args.forms and f"{kb}/{form}/{stages}" not in args.forms:
+            if args.forms and (kb, form, stages) not in args.forms:
                 continue
             try:
                 func = block_sparse_attention_func(d, pattern, "float16", kb, stages=stages, **FORM_ARGS[form])

@@ -365,7 +365,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         # registers; a pair's second score block needs the consumers' registers of ``register_split``;
         # at key block 128 the late predicate spills there; the overlap releases a slot one block
         # late, so it needs a ring of 3)
-        overlap = (bool(warp_specialized) and (KB == 64 and (KT == 64 or bool(register_split))) and fits(3)
+        overlap = (bool(warp_specialized) and KB == 64 and (PAIR == 1 or bool(register_split)) and fits(3)
                    and not (global_split and D == 128 and not register_split))
     if stages is None:
         stages = max(n for n in (2, 3, 4) if fits(n)) if overlap else 2
@@ -468,10 +468,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + KT * D + tiled(KT, r, ch)]),
                               V.ptr_to([tile.b, tile.h, src_key, ch * 8]), tile.key_ok(kblk, key)))
 
-    def staged_entry(staged, tile, kblk, part, row, query, key):
+    def staged_entry(staged, tile, part, row, query, key):
         """the staged mask tile's entry (bool) at ``row`` of the tile (query position ``query``) and
-        ``key`` of block ``kblk``, the key tile's block ``part`` (``load_mask_tile``); ``staged``:
-        ``(mask_s, slot)``, None where nothing is staged (then None)"""
+        ``key`` of the key tile's block ``part`` (``load_mask_tile``); ``staged``: ``(mask_s, slot)``,
+        None where nothing is staged (then None)"""
         if staged is None:
             return None
         mask_s, slot = staged
@@ -546,7 +546,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     if pairwise:
                         allowed_bits[c // 8] = allowed_bits[c // 8] | T.shift_left(
                             T.Cast("uint32", tile.allowed(kblk, query, key, key_c, staged_entry(
-                                staged, tile, kblk, part, tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, query,
+                                staged, tile, part, tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, query,
                                 nb * 8 + (lane % 4) * 2 + e))),
                             T.uint32(c % 8 * 4 + i * 2 + e))
                     else:
