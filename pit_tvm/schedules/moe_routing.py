@@ -1,9 +1,11 @@
 """The small kernels around the MoE op's grouped GEMMs: routing and the combine over k.
 
 * :func:`routing_func`: ``router[T, E]`` -> ``expert_ids[T, k]`` (int32) and ``route_weight[T*k]``
-  (fp32), one token per thread, in fp32: the softmax over E (unless the router holds
-  probabilities), k selection passes (ties go to the lower expert id, as ``torch.topk`` /
-  ``argmax`` on CPU do), then the routing weights of the spec.  Deterministic, no sort.
+  (fp32), in fp32: the softmax over E (unless the router holds probabilities), k selection
+  passes (ties go to the lower expert id, as ``torch.topk`` / ``argmax`` on CPU do), then the
+  routing weights of the spec.  Deterministic, no sort.  On the GPU a warp a token (lane l
+  holds experts l, l + 32, ...: coalesced reads, butterfly shuffles for the max, the sum and
+  each selection); on the CPU a token an iteration of a parallel loop.
 * :func:`combine_func`: ``y[t] = sum_j Y[t*k + j]`` in fp32, in order of ``j`` (no atomics), plus
   for ``dropped_token="input_scaled"`` the capacity-dropped assignments' ``w * x[t]``.
 """
@@ -18,6 +20,8 @@ from pit_tvm.target import is_gpu, make_target
 ROUTINGS = ("softmax_topk", "topk_softmax")
 ROUTER_INPUTS = ("logits", "probs")
 THREADS = 128
+#: tokens a CUDA block of the routing kernel (a warp each)
+ROUTING_WARPS = 4
 
 
 def routing_func(num_experts: int, top_k: int, routing: str, normalize: bool, router_input: str,
@@ -36,6 +40,30 @@ def routing_func(num_experts: int, top_k: int, routing: str, normalize: bool, ro
     topk_softmax = routing == "topk_softmax"
     normalize = bool(normalize) and routing == "softmax_topk"
     gpu = is_gpu(make_target(target))
+
+    @T.macro
+    def weights_and_store(IDS, WT, t, vals, sel, st):
+        # the k selected values (st: the softmax's max and sum over E) -> the spec's weights
+        if softmax_over_e:
+            for j in range(TK):
+                vals[j] = T.exp(vals[j] - st[0]) / st[1]
+        if topk_softmax:
+            st[0] = vals[0]                  # the largest selected logit
+            st[1] = T.float32(0)
+            for j in range(TK):
+                vals[j] = T.exp(vals[j] - st[0])
+                st[1] = st[1] + vals[j]
+            for j in range(TK):
+                vals[j] = vals[j] / st[1]
+        if normalize:
+            st[1] = T.float32(0)
+            for j in range(TK):
+                st[1] = st[1] + vals[j]
+            for j in range(TK):
+                vals[j] = vals[j] / st[1]
+        for j in range(TK):
+            IDS[t, j] = sel[j]
+            WT[t * TK + j] = vals[j]
 
     @T.macro
     def route_token(R, IDS, WT, t):
@@ -63,34 +91,75 @@ def routing_func(num_experts: int, top_k: int, routing: str, normalize: bool, ro
                     if T.Or(sel[j] < 0, T.Cast("float32", R[t, e]) > vals[j]):
                         sel[j] = e
                         vals[j] = T.Cast("float32", R[t, e])
+        weights_and_store(IDS, WT, t, vals, sel, st)
+
+    # GPU: experts lane, lane + 32, ... of a token in lane `lane`'s registers (PER of them)
+    PER = (E + 31) // 32
+    full = T.uint32(0xFFFFFFFF)
+
+    @T.macro
+    def route_token_warp(R, IDS, WT, t, lane):
+        v = T.alloc_buffer((PER,), "float32", scope="local")
+        taken = T.alloc_buffer((PER,), "int32", scope="local")     # 1: selected, or no expert
+        vals = T.alloc_buffer((TK,), "float32", scope="local")
+        sel = T.alloc_buffer((TK,), "int32", scope="local")
+        st = T.alloc_buffer((2,), "float32", scope="local")       # max, sum (the whole warp's)
+        best = T.alloc_buffer((1,), "float32", scope="local")     # a selection's value, expert
+        best_e = T.alloc_buffer((1,), "int32", scope="local")
+        other = T.alloc_buffer((1,), "float32", scope="local")
+        other_e = T.alloc_buffer((1,), "int32", scope="local")
+        for i in T.unroll(PER):
+            if lane + 32 * i < E:
+                v[i] = T.Cast("float32", R[t, lane + 32 * i])
+                taken[i] = 0
+            else:
+                v[i] = T.min_value("float32")
+                taken[i] = 1
         if softmax_over_e:
-            for j in range(TK):
-                vals[j] = T.exp(vals[j] - st[0]) / st[1]
-        if topk_softmax:
-            st[0] = vals[0]                  # the largest selected logit
+            st[0] = v[0]
+            for i in T.unroll(PER):
+                st[0] = T.max(st[0], v[i])
+            for s in T.unroll(5):
+                st[0] = T.max(st[0], T.cuda.__shfl_xor_sync(full, st[0], T.shift_right(16, s), 32))
             st[1] = T.float32(0)
-            for j in range(TK):
-                vals[j] = T.exp(vals[j] - st[0])
-                st[1] = st[1] + vals[j]
-            for j in range(TK):
-                vals[j] = vals[j] / st[1]
-        if normalize:
-            st[1] = T.float32(0)
-            for j in range(TK):
-                st[1] = st[1] + vals[j]
-            for j in range(TK):
-                vals[j] = vals[j] / st[1]
+            for i in T.unroll(PER):
+                if taken[i] == 0:
+                    st[1] = st[1] + T.exp(v[i] - st[0])
+            for s in T.unroll(5):
+                st[1] = st[1] + T.cuda.__shfl_xor_sync(full, st[1], T.shift_right(16, s), 32)
         for j in range(TK):
-            IDS[t, j] = sel[j]
-            WT[t * TK + j] = vals[j]
+            # the lane's best untaken expert (the lower on ties), then the warp's (E: none)
+            best[0] = T.min_value("float32")
+            best_e[0] = E
+            for i in T.unroll(PER):
+                if taken[i] == 0:
+                    if T.Or(best_e[0] == E, v[i] > best[0]):
+                        best[0] = v[i]
+                        best_e[0] = lane + 32 * i
+            for s in T.unroll(5):
+                other[0] = T.cuda.__shfl_xor_sync(full, best[0], T.shift_right(16, s), 32)
+                other_e[0] = T.cuda.__shfl_xor_sync(full, best_e[0], T.shift_right(16, s), 32)
+                if other_e[0] < E:
+                    if T.Or(best_e[0] == E, T.Or(other[0] > best[0],
+                                                 T.And(other[0] == best[0], other_e[0] < best_e[0]))):
+                        best[0] = other[0]
+                        best_e[0] = other_e[0]
+            sel[j] = best_e[0]
+            vals[j] = best[0]
+            for i in T.unroll(PER):
+                if lane + 32 * i == best_e[0]:
+                    taken[i] = 1
+        if lane == 0:
+            weights_and_store(IDS, WT, t, vals, sel, st)
 
     if gpu:
         @T.macro
         def each_token(R, IDS, WT, NTOK):
-            for bx in T.thread_binding((NTOK + (THREADS - 1)) // THREADS, thread="blockIdx.x"):
-                for tx in T.thread_binding(THREADS, thread="threadIdx.x"):
-                    if bx * THREADS + tx < NTOK:
-                        route_token(R, IDS, WT, bx * THREADS + tx)
+            for bx in T.thread_binding((NTOK + (ROUTING_WARPS - 1)) // ROUTING_WARPS, thread="blockIdx.x"):
+                for ty in T.thread_binding(ROUTING_WARPS, thread="threadIdx.y"):
+                    for lane in T.thread_binding(32, thread="threadIdx.x"):
+                        if bx * ROUTING_WARPS + ty < NTOK:
+                            route_token_warp(R, IDS, WT, bx * ROUTING_WARPS + ty, lane)
     else:
         @T.macro
         def each_token(R, IDS, WT, NTOK):

@@ -17,7 +17,7 @@ from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc
 from pit_tvm.ops.moe import (MoESpec, grouped_gemm_func, moe_ffn, reference_grouped_gemm, reference_moe,
                              reference_routing)
 from pit_tvm.schedules.moe_routing import routing_func
-from pit_tvm.target import build
+from pit_tvm.target import build, device_for
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -70,24 +70,44 @@ def make_router(spec, lead, pattern, rng):
 
 
 # ----------------------------------------------------------------------------- routing
+def _check_routing(spec, target, ntok=33, seed=3):
+    """The routing kernel for ``target`` against :func:`reference_routing`, with a row of ties
+    (the lowest expert ids win), a row with a tied top, and rows far below the others."""
+    rng = np.random.default_rng(seed)
+    ex = build(tvm.IRModule({"route": routing_func(spec.num_experts, spec.top_k, spec.routing,
+                                                    spec.normalize_routing_weights, spec.router_input,
+                                                    "float32", target).with_attr("global_symbol", "route")}), target)
+    dev = device_for(target)
+    r = rng.standard_normal((ntok, spec.num_experts)).astype(np.float32)
+    r[5] = 0.25                               # all tied: the lowest expert ids win
+    r[6, :3] = 2.0
+    r[7] -= 1e4
+    ids = tvm.runtime.empty((ntok, spec.top_k), "int32", dev)
+    w = tvm.runtime.empty((ntok * spec.top_k,), "float32", dev)
+    ex["route"](tvm.runtime.tensor(r, dev), ids, w)
+    ref_ids, ref_w = reference_routing(r, spec)
+    np.testing.assert_array_equal(ids.numpy(), ref_ids)
+    assert ids.numpy()[5].tolist() == list(range(spec.top_k))
+    np.testing.assert_allclose(w.numpy().reshape(ntok, -1), ref_w, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("spec", [MoESpec(6, 2), MoESpec(6, 3, normalize_routing_weights=True),
                                   MoESpec(5, 2, routing="topk_softmax"), MoESpec(7, 1, router_input="probs")],
                          ids=lambda s: f"{s.routing}_k{s.top_k}_{s.router_input}")
 def test_routing_kernel(spec):
-    rng = np.random.default_rng(3)
-    ex = build(tvm.IRModule({"route": routing_func(spec.num_experts, spec.top_k, spec.routing,
-                                                    spec.normalize_routing_weights, spec.router_input,
-                                                    "float32", "llvm").with_attr("global_symbol", "route")}), "llvm")
-    r = rng.standard_normal((33, spec.num_experts)).astype(np.float32)
-    r[5] = 0.25                               # all tied: the lowest expert ids win
-    r[6, :3] = 2.0
-    ids = tvm.runtime.empty((33, spec.top_k), "int32")
-    w = tvm.runtime.empty((33 * spec.top_k,), "float32")
-    ex["route"](tvm.runtime.tensor(r), ids, w)
-    ref_ids, ref_w = reference_routing(r, spec)
-    np.testing.assert_array_equal(ids.numpy(), ref_ids)
-    assert ids.numpy()[5].tolist() == list(range(spec.top_k))
-    np.testing.assert_allclose(w.numpy().reshape(33, -1), ref_w, rtol=1e-5, atol=1e-6)
+    _check_routing(spec, "llvm")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", [MoESpec(6, 2), MoESpec(6, 3, normalize_routing_weights=True),
+                                  MoESpec(5, 2, routing="topk_softmax"), MoESpec(7, 1, router_input="probs"),
+                                  MoESpec(32, 1), MoESpec(33, 2), MoESpec(64, 6), MoESpec(128, 1),
+                                  MoESpec(128, 8, routing="topk_softmax"), MoESpec(200, 3, normalize_routing_weights=True)],
+                         ids=lambda s: f"e{s.num_experts}_{s.routing}_k{s.top_k}_{s.router_input}")
+def test_gpu_routing_kernel(spec):
+    """The GPU's warp-a-token routing: ids exactly the reference's, ties to the lower id, E not a
+    multiple of 32, k up to 8; a token count not a multiple of the block's tokens."""
+    _check_routing(spec, "cuda", ntok=1001)
 
 
 # ----------------------------------------------------------------------------- index
