@@ -10,8 +10,8 @@ experts.  Methods, each paying its routing every call:
 
 - ``pit``: :func:`pit_tvm.moe_ffn` built for ``cuda`` (sm_90a: routing, the device index, the
   Hopper grouped GEMMs, the combine), its VM function called on device tensors; ``pit_device``:
-  the sum of its kernels' device times (torch.profiler), and ``pit_index`` the index kernel
-  alone (built and timed on its own);
+  the sum of its kernels' device times (torch.profiler), and ``pit_index`` the device time of
+  its expert-index kernels among them (as ``benchmarks/attention.py`` counts its index);
 - ``torch_grouped_mm``: softmax / top-k, argsort, per-expert counts, gather, ``torch._grouped_mm``
   for fc1 (and the gate) and fc2, weights, ``index_add_`` (CUDA-graph captured where it can be;
   the counts by ``index_add_`` rather than ``bincount``, whose output size syncs the host);
@@ -368,29 +368,6 @@ def pit_layer(main, inputs, case):
 
 
 @functools.lru_cache(maxsize=None)
-def _index_kernel(num_experts: int, top_k: int):
-    import tvm  # noqa: PLC0415
-
-    from pit_tvm.index import expert_index_func  # noqa: PLC0415
-    from pit_tvm.target import build  # noqa: PLC0415
-
-    return build(tvm.IRModule({"main": expert_index_func(num_experts, top_k, "cuda")}), "cuda")["main"]
-
-
-def pit_index_ms(case, ids) -> float:
-    """The device index alone (``expert_index_func``, as the op builds it) on the routing's
-    expert ids."""
-    from pit_tvm.runtime.loader import dlpack_to_tvm  # noqa: PLC0415
-
-    torch = _torch()
-    f = _index_kernel(case["E"], case["top_k"])
-    ids32 = ids.to(torch.int32).contiguous()
-    offsets = torch.empty(case["E"] + 1, device="cuda", dtype=torch.int32)
-    assignments = torch.empty(ids32.numel(), device="cuda", dtype=torch.int32)
-    args = [dlpack_to_tvm(t, n) for t, n in ((ids32, "ids"), (offsets, "offsets"), (assignments, "assignments"))]
-    return cuda_ms(lambda: f(*args))
-
-
 def kernel_device_ms(fn) -> tuple[float | None, dict]:
     """(sum of the kernels' device time a call, ms; per kernel µs) from torch.profiler."""
     from common import kernel_split_us  # noqa: PLC0415
@@ -436,7 +413,8 @@ def run_case(case, main, rates, cfg) -> list[dict]:
             raise main
         fn = pit_layer(main, inputs, case)
         device_ms, split = kernel_device_ms(fn)
-        return fn, {"pit_device_ms": device_ms, "kernels_us": split, "pit_index_ms": pit_index_ms(case, ids)}
+        index_ms = sum(us for name, us in split.items() if "expert_index" in name) / 1e3
+        return fn, {"pit_device_ms": device_ms, "kernels_us": split, "pit_index_ms": index_ms}
 
     record("pit", pit)
     layouts = {}
@@ -492,7 +470,8 @@ def render_page(env: dict, rows: list[dict], json_rel: str = "results/moe.json")
              f"`{env.get('command', 'python benchmarks/moe.py')}`; torch {env.get('torch', '?')}, "
              f"TVM {env.get('tvm', '?')}.  ms per layer call (median, CUDA events, every method paying its "
              f"routing); cuBLAS {_fmt(env.get('cublas_tflops'), '.0f')} TFLOP/s and copy "
-             f"{_fmt(env.get('copy_gbps'), '.0f')} GB/s measured in the same run.", "",
+             f"{_fmt(env.get('copy_gbps'), '.0f')} GB/s measured in the same run.  PIT device: the sum of its "
+             f"kernels' device times; index: its expert-index kernels' device time (torch.profiler).", "",
              "| case | dtype | PIT | PIT device | index | grouped_mm | loop | bmm cf1.25 | roofline | weight floor "
              "| PIT vs grouped_mm | PIT / roofline | PIT row err |", "|" + "---|" * 13]
     by_case: dict = {}

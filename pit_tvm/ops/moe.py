@@ -280,9 +280,10 @@ def reference_moe(x, router, w1, w2, spec: MoESpec, b1=None, b2=None, w3=None, b
 
 
 def reference_grouped_gemm(mode, a, assignments, offsets, w, *, top_k, bias=None, route_weight=None,
-                           activation=None) -> np.ndarray:
+                           activation=None, gate=None) -> np.ndarray:
     """Numpy (fp64) reference of the grouped GEMM contract (:func:`grouped_gemm_func`): ``H[P, N]``
-    (``"gather"``) or ``Y[P, N]`` (``"scatter"``), the rows no position lists zero."""
+    (``"gather"``, times ``gate[P, N]`` where given) or ``Y[P, N]`` (``"scatter"``), the rows no
+    position lists zero."""
     a = np.asarray(a, dtype=np.float64)
     w = np.asarray(w, dtype=np.float64)
     offsets, assignments = np.asarray(offsets), np.asarray(assignments)
@@ -296,7 +297,7 @@ def reference_grouped_gemm(mode, a, assignments, offsets, w, *, top_k, bias=None
         rows = a[asg // top_k] if mode == "gather" else a[p]
         v = rows @ w[e] + (0 if bias is None else np.asarray(bias, np.float64)[e])
         if mode == "gather":
-            out[p] = _np_activation(v, activation)
+            out[p] = _np_activation(v, activation) * (1 if gate is None else np.asarray(gate, np.float64)[p])
         else:
             out[asg] = np.asarray(route_weight, np.float64)[asg][:, None] * v
     return out
@@ -318,7 +319,8 @@ def _wgmma_target(target) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _grouped_gemm_cached(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target_key, config):
+def _grouped_gemm_cached(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target_key, config,
+                         gate):
     target = make_target(tvm.target.Target(target_key))
     if _wgmma_target(target):
         try:
@@ -329,7 +331,7 @@ def _grouped_gemm_cached(mode, k, n, num_experts, top_k, dtype, out_dtype, bias,
             for tiles in dict.fromkeys((config, None)):     # the given tiles, else the kernel's default
                 try:
                     func = wgmma_grouped_gemm_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias,
-                                                   activation, tiles)
+                                                   activation, tiles, gate)
                 except ValueError as err:
                     if tiles is not None:
                         why = err
@@ -340,20 +342,23 @@ def _grouped_gemm_cached(mode, k, n, num_experts, top_k, dtype, out_dtype, bias,
                 return func
     from pit_tvm.schedules.grouped_gemm import grouped_gemm_generic_func
 
-    return grouped_gemm_generic_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target)
+    return grouped_gemm_generic_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target,
+                                     gate)
 
 
 def grouped_gemm_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation, target, *,
-                      config=None) -> tirx.PrimFunc:
+                      config=None, gate=False) -> tirx.PrimFunc:
     """The grouped GEMM PrimFunc of the MoE contract (mode ``"gather"`` / ``"scatter"``): the
     Hopper wgmma kernel (:mod:`pit_tvm.schedules.hopper.grouped`) on an sm_90a target where it
     applies, else the generic TIR kernel (:mod:`pit_tvm.schedules.grouped_gemm`).  ``config``:
     the wgmma kernel's tiles (a :class:`~pit_tvm.schedules.hopper.config.WgmmaConfig`, e.g.
     :func:`grouped_tile_config`'s; None: the kernel's default, the widest tile); tiles that do
-    not fit are said and the default taken.  Made once per arguments in a process."""
+    not fit are said and the default taken.  ``gate`` (gather): the output times a gate tensor
+    ``G[P, N]``, a parameter after the bias (a gated FFN's second half, its multiply fused).  Made
+    once per arguments in a process."""
     activation = None if activation in (None, "none", "identity") else activation
     return _grouped_gemm_cached(mode, int(k), int(n), int(num_experts), int(top_k), str(dtype), str(out_dtype),
-                                bool(bias), activation, str(make_target(target)), config)
+                                bool(bias), activation, str(make_target(target)), config, bool(gate))
 
 
 def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=None, tuning_log=None):
@@ -472,15 +477,15 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
     tiles = {mode: grouped_tile_config(mode, kk, n, E, k, dtype, target, tokens, tuning_log)
              for mode, kk, n in (("gather", d, f), ("scatter", f, d))}
 
-    def fc1(w, b, act):
+    def fc1(w, b, act, gate=None):
         gv = _add_once(bb, grouped_gemm_func("gather", d, f, E, k, dtype, dtype, b is not None, act, target,
-                                             config=tiles["gather"]))
-        args = [x2, assignments, offsets, w] + ([b] if b is not None else [])
+                                             config=tiles["gather"], gate=gate is not None))
+        args = [x2, assignments, offsets, w] + ([b] if b is not None else []) + ([gate] if gate is not None else [])
         return bb.emit(relax.call_tir(gv, args, relax.TensorType([positions, f], dtype)))
 
     h = fc1(w1, b1, GATED.get(spec.activation, spec.activation))
-    if spec.gated:
-        h = bb.emit(relax.op.multiply(h, fc1(w3, b3, None)))
+    if spec.gated:      # the up projection's epilogue multiplies by the activated gate projection
+        h = fc1(w3, b3, None, gate=h)
     fc2_gv = _add_once(bb, grouped_gemm_func("scatter", f, d, E, k, dtype, dtype, b2 is not None, None, target,
                                              config=tiles["scatter"]))
     y_rows = bb.emit(relax.call_tir(fc2_gv, [h, assignments, offsets, w2] + ([b2] if b2 is not None else [])

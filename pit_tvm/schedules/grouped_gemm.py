@@ -5,7 +5,8 @@ positions ``P`` symbolic; ``offsets[E+1]`` / ``assignments[P]`` the expert index
 (:func:`pit_tvm.index.expert_index_func`):
 
 * ``"gather"`` (fc1): ``H[p] = act(X[assignments[p] // top_k] @ W[e] + bias[e])`` for every listed
-  position ``p`` (``e`` the expert whose range holds it); rows ``p >= offsets[E]`` are zero.
+  position ``p`` (``e`` the expert whose range holds it); rows ``p >= offsets[E]`` are zero.  With a
+  gate ``G[P, N]`` (a gated FFN's other half), ``H[p]`` is that times ``G[p]`` in ``H``'s dtype.
   SRead: a tile's rows are gathered from the token rows.
 * ``"scatter"`` (fc2): ``Y[a] = route_weight[a] * (H[p] @ W[e] + bias[e])`` with
   ``a = assignments[p]``; rows of ``Y`` no position lists (dropped by capacity) are zero.
@@ -115,32 +116,40 @@ def _listed(E):
 
 
 def grouped_gemm_generic_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, activation,
-                              target) -> tirx.PrimFunc:
+                              target, gate=False) -> tirx.PrimFunc:
     """The generic grouped GEMM PrimFunc (see the module docstring), scheduled for ``target``.
 
     Parameters in order: gather ``(X[T, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]],
-    H[P, N])``; scatter ``(H[P, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]],
+    [gate G[P, N]], H[P, N])``; scatter ``(H[P, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]],
     route_weight[P], Y[P, N])``."""
     activation = None if activation in (None, "none", "identity") else activation
     check_grouped_args(mode, k, n, num_experts, top_k, dtype, out_dtype, activation)
+    if gate and mode != "gather":
+        raise ValueError(f"a gate multiplies the grouped gather's output only, got mode {mode!r}")
     target = make_target(target)
     make = _cuda_func if is_gpu(target) else _cpu_func
-    func = make(mode, k, n, num_experts, top_k, dtype, out_dtype, bool(bias), activation)
+    func = make(mode, k, n, num_experts, top_k, dtype, out_dtype, bool(bias), activation, bool(gate))
     name = (f"pit_grouped_{mode}_e{num_experts}_k{k}_n{n}_top{top_k}_{dtype}_{out_dtype}"
-            f"{'_bias' if bias else ''}{'_' + activation if activation else ''}")
+            f"{'_bias' if bias else ''}{'_' + activation if activation else ''}{'_gated' if gate else ''}")
     return func.with_attrs({"global_symbol": name, "tirx.is_scheduled": True, "tirx.noalias": True})
 
 
-def _epilogue_value(mode, acc, BIAS, WT, e, col, a, activation, out_dtype, bias):
+def _epilogue_value(mode, acc, BIAS, WT, e, col, a, activation, out_dtype, bias, gate):
+    """one output element: gather ``act(acc + bias)`` (times ``WT[a, col]``, the gate, at row
+    ``a``: the product of two ``out_dtype`` values rounded once, as the graph's multiply);
+    scatter ``WT[a] * (acc + bias)`` (``WT`` the route weights, ``a`` the assignment)"""
     v = acc
     if bias:
         v = v + T.Cast("float32", BIAS[e, col])
     if mode == "gather":
+        if gate:
+            return T.Cast(out_dtype, T.Cast("float32", T.Cast(out_dtype, apply_activation(v, activation)))
+                          * T.Cast("float32", WT[a, col]))
         return T.Cast(out_dtype, apply_activation(v, activation))
     return T.Cast(out_dtype, WT[a] * v)
 
 
-def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
+def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation, gate):
     BM = CPU_BM
     BN = min(CPU_BN, -(-N // 8) * 8)
     NBLK = -(-N // BN)
@@ -174,22 +183,22 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                         if n0 + j < N:
                             if gather:
                                 O[info[1] + r, n0 + j] = _epilogue_value(
-                                    mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, 0, activation,
-                                    out_dtype, bias)
+                                    mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, info[1] + r, activation,
+                                    out_dtype, bias, gate)
                             else:
                                 O[ASG[info[1] + r], n0 + j] = _epilogue_value(
                                     mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, ASG[info[1] + r],
-                                    activation, out_dtype, bias)
+                                    activation, out_dtype, bias, gate)
                 else:
                     for j in VEC(width):
                         if gather:
                             O[info[1] + r, n0 + j] = _epilogue_value(
-                                mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, 0, activation, out_dtype,
-                                bias)
+                                mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, info[1] + r, activation,
+                                out_dtype, bias, gate)
                         else:
                             O[ASG[info[1] + r], n0 + j] = _epilogue_value(
                                 mode, acc[r * width + j], BIAS, WT, info[0], n0 + j, ASG[info[1] + r],
-                                activation, out_dtype, bias)
+                                activation, out_dtype, bias, gate)
 
     @T.macro
     def body(A, ASG, OFF, W, BIAS, WT, O, P):
@@ -225,16 +234,17 @@ def _cpu_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                     tile_body(A, ASG, W, BIAS, WT, O, info, src, acc, (task // ((P + (BM - 1)) // BM + E)) * BN,
                               BN, True)
 
-    return _signature(mode, K, N, E, TK, dtype, out_dtype, bias, body)
+    return _signature(mode, K, N, E, TK, dtype, out_dtype, bias, gate, body)
 
 
-def _signature(mode, K, N, E, TK, dtype, out_dtype, bias, body):
+def _signature(mode, K, N, E, TK, dtype, out_dtype, bias, gate, body):
     """The PrimFunc of ``body(A, ASG, OFF, W, BIAS, WT, O, P)`` with the contract's parameters
-    (one definition a mode; the bias parameter dropped without a bias)."""
-    dropped = () if bias else ("b",)
+    (one definition a mode; the bias and gate parameters dropped where not taken; ``WT`` is
+    gather's gate, scatter's route weights)."""
+    dropped = (() if bias else ("b",)) + (() if gate else ("g",))
     if mode == "gather":
         @T.prim_func(s_tir=True)
-        def gather(x: T.handle, s: T.handle, o: T.handle, w: T.handle, b: T.handle, h: T.handle):
+        def gather(x: T.handle, s: T.handle, o: T.handle, w: T.handle, b: T.handle, g: T.handle, h: T.handle):
             NTOK = T.int64()
             P = T.int64()
             X = T.match_buffer(x, (NTOK, K), dtype)
@@ -242,11 +252,12 @@ def _signature(mode, K, N, E, TK, dtype, out_dtype, bias, body):
             OFF = T.match_buffer(o, (E + 1,), "int32")
             W = T.match_buffer(w, (E, K, N), dtype)
             BIAS = T.match_buffer(b, (E, N), dtype)
+            G = T.match_buffer(g, (P, N), out_dtype)
             H = T.match_buffer(h, (P, N), out_dtype)
             with T.sblock("root"):
-                body(X, ASG, OFF, W, BIAS, None, H, P)
+                body(X, ASG, OFF, W, BIAS, G, H, P)
 
-        return without_params(gather, ("x", "s", "o", "w", "b", "h"), dropped)
+        return without_params(gather, ("x", "s", "o", "w", "b", "g", "h"), dropped)
 
     @T.prim_func(s_tir=True)
     def scatter(h: T.handle, s: T.handle, o: T.handle, w: T.handle, b: T.handle, r: T.handle, y: T.handle):
@@ -264,7 +275,7 @@ def _signature(mode, K, N, E, TK, dtype, out_dtype, bias, body):
     return without_params(scatter, ("h", "s", "o", "w", "b", "r", "y"), dropped)
 
 
-def _cuda_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
+def _cuda_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation, gate):
     BM, BN, BK, TS = GPU_BM, GPU_BN, GPU_BK, GPU_THREADS
     RM, RN = BM // TS, BN // TS          # outputs per thread: RM x RN
     NBLK = -(-N // BN)
@@ -337,10 +348,10 @@ def _cuda_func(mode, K, N, E, TK, dtype, out_dtype, bias, activation):
                                 if gather:
                                     O[info[1] + ty + TS * i, (bid % NBLK) * BN + tx + TS * j] = _epilogue_value(
                                         mode, acc[i * RN + j], BIAS, WT, info[0], (bid % NBLK) * BN + tx + TS * j,
-                                        0, activation, out_dtype, bias)
+                                        info[1] + ty + TS * i, activation, out_dtype, bias, gate)
                                 else:
                                     O[ASG[info[1] + ty + TS * i], (bid % NBLK) * BN + tx + TS * j] = _epilogue_value(
                                         mode, acc[i * RN + j], BIAS, WT, info[0], (bid % NBLK) * BN + tx + TS * j,
-                                        ASG[info[1] + ty + TS * i], activation, out_dtype, bias)
+                                        ASG[info[1] + ty + TS * i], activation, out_dtype, bias, gate)
 
-    return _signature(mode, K, N, E, TK, dtype, out_dtype, bias, body)
+    return _signature(mode, K, N, E, TK, dtype, out_dtype, bias, gate, body)

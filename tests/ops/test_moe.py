@@ -159,20 +159,21 @@ def test_capacity_index_errors():
 _GEMMS: dict = {}
 
 
-def _gemm(mode, k, n, E, top_k, bias, activation):
-    key = (mode, k, n, E, top_k, bias, activation)
+def _gemm(mode, k, n, E, top_k, bias, activation, gate=False):
+    key = (mode, k, n, E, top_k, bias, activation, gate)
     if key not in _GEMMS:
-        func = grouped_gemm_func(mode, k, n, E, top_k, "float32", "float32", bias, activation, "llvm")
+        func = grouped_gemm_func(mode, k, n, E, top_k, "float32", "float32", bias, activation, "llvm", gate=gate)
         _GEMMS[key] = build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), "llvm")["main"]
     return _GEMMS[key]
 
 
 @SETTINGS
 @given(mode=st.sampled_from(["gather", "scatter"]), ntok=st.integers(0, 40), drop=st.booleans(),
-       bias=st.booleans(), seed=st.integers(0, 2**16))
-def test_grouped_gemm_contract(mode, ntok, drop, bias, seed):
+       bias=st.booleans(), gated=st.booleans(), seed=st.integers(0, 2**16))
+def test_grouped_gemm_contract(mode, ntok, drop, bias, gated, seed):
     """Both modes of the contract on the CPU kernel: listed rows against numpy, the rest zero
-    (gather: positions past offsets[E]; scatter: assignments the index dropped)."""
+    (gather: positions past offsets[E]; scatter: assignments the index dropped); gather with a
+    gate (the listed rows times the gate's)."""
     E, top_k, K, N = 5, 2, 23, 70
     activation = "silu" if mode == "gather" else None
     rng = np.random.default_rng(seed)
@@ -184,11 +185,14 @@ def test_grouped_gemm_contract(mode, ntok, drop, bias, seed):
     w = rng.standard_normal((E, K, N)).astype(np.float32)
     b = rng.standard_normal((E, N)).astype(np.float32)
     rw = rng.random(P).astype(np.float32)
+    gated = gated and mode == "gather"
+    g = rng.standard_normal((P, N)).astype(np.float32)
     out = tvm.runtime.tensor(np.full((P, N), np.nan, np.float32))     # every row must be written
-    args = [a, assignments, offsets, w] + ([b] if bias else []) + ([rw] if mode == "scatter" else [])
-    _gemm(mode, K, N, E, top_k, bias, activation)(*[tvm.runtime.tensor(x) for x in args], out)
+    args = ([a, assignments, offsets, w] + ([b] if bias else []) + ([g] if gated else [])
+            + ([rw] if mode == "scatter" else []))
+    _gemm(mode, K, N, E, top_k, bias, activation, gated)(*[tvm.runtime.tensor(x) for x in args], out)
     ref = reference_grouped_gemm(mode, a, assignments, offsets, w, top_k=top_k, bias=b if bias else None,
-                                 route_weight=rw, activation=activation)
+                                 route_weight=rw, activation=activation, gate=g if gated else None)
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 

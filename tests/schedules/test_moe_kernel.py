@@ -30,8 +30,8 @@ TARGET = "cuda:sm_90a"
 
 @functools.lru_cache(maxsize=None)
 def _exe(mode, k, n, num_experts, top_k, in_dtype="float16", out_dtype="float16", bias=False, activation=None,
-         config=None):
-    f = wgmma_grouped_gemm_func(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config)
+         config=None, gate=False):
+    f = wgmma_grouped_gemm_func(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config, gate)
     return build(tvm.IRModule({"main": f}), TARGET)
 
 
@@ -71,9 +71,9 @@ def _act(v, activation):
     return v
 
 
-def grouped_reference(mode, a, assignments, offsets, w, bias, route_weight, top_k, activation):
-    """The contract's grouped GEMM in float64: gather ``H[p] = act(X[a[p] // k] @ W[e] + b[e])``,
-    zero past offsets[E]; scatter ``Y[a[p]] = rw[a[p]] * act(H[p] @ W[e] + b[e])``, zero rows
+def grouped_reference(mode, a, assignments, offsets, w, bias, route_weight, top_k, activation, gate=None):
+    """The contract's grouped GEMM in float64: gather ``H[p] = act(X[a[p] // k] @ W[e] + b[e])``
+    (times ``gate[p]`` where given), zero past offsets[E]; scatter ``Y[a[p]] = rw[a[p]] * act(H[p] @ W[e] + b[e])``, zero rows
     for the flat ids not listed."""
     num_experts, _, n = w.shape
     p_rows = assignments.shape[0]
@@ -89,14 +89,14 @@ def grouped_reference(mode, a, assignments, offsets, w, bias, route_weight, top_
             v = v + bias[e].astype(np.float64)
         v = _act(v, activation)
         if mode == "gather":
-            out[rows] = v
+            out[rows] = v if gate is None else v * gate[rows]
         else:
             out[ids] = route_weight[ids, None].astype(np.float64) * v
     return out
 
 
 def run_grouped(mode, num_tokens, k, n, num_experts, top_k, expert_ids, *, capacity=None, in_dtype="float16",
-                out_dtype="float16", bias=False, activation=None, config=None, seed=0):
+                out_dtype="float16", bias=False, activation=None, config=None, seed=0, gate=False):
     """Runs the kernel on the GPU; returns (got, want) as float64, every row of the output
     (initialised to a non-zero fill, so rows the kernel leaves unwritten show)."""
     rng = np.random.default_rng(seed)
@@ -108,14 +108,16 @@ def run_grouped(mode, num_tokens, k, n, num_experts, top_k, expert_ids, *, capac
     w = (rng.standard_normal((num_experts, k, n)) / np.sqrt(k)).astype(np.float32).astype(dt)
     b = rng.standard_normal((num_experts, n)).astype(np.float32).astype(dt) if bias else None
     rw = rng.uniform(0.1, 1.0, p_rows).astype(np.float32)
+    g = rng.standard_normal((p_rows, n)).astype(np.float32).astype(numpy_dtype(out_dtype)) if gate else None
     dev = tvm.cuda()
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
     out = t(np.full((p_rows, n), 7.0, np.float32).astype(numpy_dtype(out_dtype)))
-    args = [t(a), t(assignments), t(offsets), t(w)] + ([t(b)] if bias else []) + ([t(rw)] if mode == "scatter"
-                                                                                  else []) + [out]
-    _exe(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config)["main"](*args)
+    args = ([t(a), t(assignments), t(offsets), t(w)] + ([t(b)] if bias else []) + ([t(g)] if gate else [])
+            + ([t(rw)] if mode == "scatter" else []) + [out])
+    _exe(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config, gate)["main"](*args)
     want = grouped_reference(mode, a.astype(np.float64), assignments, offsets, w.astype(np.float64),
-                             None if b is None else b.astype(np.float64), rw, top_k, activation)
+                             None if b is None else b.astype(np.float64), rw, top_k, activation,
+                             None if g is None else g.astype(np.float64))
     return out.numpy().astype(np.float64), want, offsets, assignments
 
 
@@ -167,14 +169,20 @@ def test_signature_and_attr():
     g = wgmma_grouped_gemm_func("scatter", 256, 512, 8, 2)
     assert len(g.params) == 6      # h, assignments, offsets, w, route_weight, y
     # a name of its own per variant (the op adds each kernel to its module once, by name)
-    names = {str(h.attrs["global_symbol"]) for h in (f, g, wgmma_grouped_gemm_func("gather", 256, 512, 8, 2))}
-    assert len(names) == 3 and all(name.startswith("wgmma_grouped_") for name in names)
+    gated = wgmma_grouped_gemm_func("gather", 256, 512, 8, 2, "float16", "float16", True, None, gate=True)
+    assert len(gated.params) == 7  # x, assignments, offsets, w, bias, gate, h
+    assert gated.attrs[GROUPED_ATTR]["gate"] and not f.attrs[GROUPED_ATTR]["gate"]
+    names = {str(h.attrs["global_symbol"])
+             for h in (f, g, gated, wgmma_grouped_gemm_func("gather", 256, 512, 8, 2))}
+    assert len(names) == 4 and all(name.startswith("wgmma_grouped_") for name in names)
 
 
 #: the kernels ptxas checks: each mode at a Switch layer's shapes, the decode tiles
 _PTXAS_CASES = {
     "gather_bias_silu": lambda: wgmma_grouped_gemm_func("gather", 768, 3072, 8, 2, "float16", "float16", True, "silu"),
     "scatter_bias": lambda: wgmma_grouped_gemm_func("scatter", 3072, 768, 8, 2, "float16", "float16", True, None),
+    "gather_gated_bf16": lambda: wgmma_grouped_gemm_func("gather", 2048, 1408, 64, 6, "bfloat16", "bfloat16", False,
+                                                         None, grouped_config(1408, 64, 6), gate=True),
     "scatter_decode_bf16_f32": lambda: wgmma_grouped_gemm_func("scatter", 3072, 768, 8, 1, "bfloat16", "float32",
                                                                False, None, grouped_config(768, 8, 1, tokens=16)),
 }
@@ -219,6 +227,7 @@ def test_grouped_config():
     (dict(in_dtype="float32"), "wgmma takes"),
     (dict(config=WgmmaConfig(256, 4, 32)), "block_k"),
     (dict(config=WgmmaConfig(256, 8)), "shared memory"),
+    (dict(mode="scatter", gate=True), "gate"),
 ])
 def test_bad_arguments_raise(kwargs, match):
     args = dict(mode="gather", k=256, n=512, num_experts=8, top_k=2)
@@ -304,6 +313,25 @@ def test_gpu_grouped_epilogues(mode, in_dtype, out_dtype, activation, bias):
     got, want, _, _ = run_grouped(mode, T, 512, 768, E, top_k, expert_ids, in_dtype=in_dtype, out_dtype=out_dtype,
                                   bias=bias, activation=activation)
     _close(got, want, out_dtype, in_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype,out_dtype,bias,case", [
+    ("bfloat16", "bfloat16", False, "uniform"),
+    ("float16", "float16", True, "dropped"),
+    ("float16", "float32", True, "uniform"),
+])
+def test_gpu_grouped_gated(in_dtype, out_dtype, bias, case):
+    """The gate epilogue (a gated FFN's up half times its gate half, element by element in the
+    output dtype): every listed row against the contract, the rows past offsets[E] zero."""
+    rng = np.random.default_rng(23)
+    T, E, top_k = 700, 64, 6
+    expert_ids = route(T, E, top_k, rng)
+    got, want, offsets, _ = run_grouped("gather", T, 512, 768, E, top_k, expert_ids, in_dtype=in_dtype,
+                                        out_dtype=out_dtype, bias=bias, gate=True,
+                                        capacity=40 if case == "dropped" else None)
+    _close(got, want, out_dtype, in_dtype)
+    assert np.all(got[offsets[-1]:] == 0)
 
 
 @pytest.mark.gpu

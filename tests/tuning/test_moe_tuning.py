@@ -65,7 +65,7 @@ def test_grouped_space_is_the_configs_the_kernel_takes():
     cfg = S.config_from_trace(space.trace, workload, S.WGMMA_GROUPED)
     kernel = S.prepare_candidate(space.mod)["main"]
     assert dict(kernel.attrs[GROUPED_ATTR]) == {"mode": "scatter", "num_experts": E, "top_k": TOP_K,
-                                               "block_n": cfg.block_n, "stages": cfg.stages}
+                                               "block_n": cfg.block_n, "stages": cfg.stages, "gate": False}
     # the workload's parameters are the kernel's (the runner allocates them for the kernel)
     assert len(kernel.params) == len(workload.params) == 6
 

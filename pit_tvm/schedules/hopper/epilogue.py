@@ -49,7 +49,8 @@ def silu(v):
 class Epilogue:
     """A GEMM's epilogue on an fp32 accumulator, in order: A's row scale (``row_scale_a``), the
     bias, the activation (``act``: None, "relu", "gelu" or "silu"), the row scale (``row_scale``), the
-    cast to ``out_dtype``, then the residual in the output dtype (as the graph's own add).
+    cast to ``out_dtype``, then the residual in the output dtype (as the graph's own add), or the
+    gate (``gate``: times a tensor of C's shape, in the output dtype, as the graph's multiply).
     ``row_scale_masks``: the row scale is zero wherever the index skips a row.  ``vec``: output
     elements a 16-byte chunk (the residual's registers are per chunk)."""
 
@@ -60,6 +61,7 @@ class Epilogue:
     row_scale_a: bool = False
     row_scale_masks: bool = False
     residual: bool = False
+    gate: bool = False
 
     @property
     def vec(self) -> int:
@@ -87,6 +89,11 @@ class Epilogue:
     def plus_residual(self, v, res_regs, j, e):
         """the skip connection (chunk j's element e, loaded ahead), added in the output dtype"""
         return v + res_regs[j * self.vec + e] if self.residual else v
+
+    def times_gate(self, v, gate_regs, j, e):
+        """the gate's element (chunk j's element e, loaded ahead into the residual's registers)
+        times ``v``, in the output dtype"""
+        return v * gate_regs[j * self.vec + e] if self.gate else v
 
     @property
     def unlisted_nonzero(self) -> bool:

@@ -64,7 +64,7 @@ def index_is_full(offsets, m, tiles_per_strip: int):
 
 def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
                 full_mk=0, row_scale=False, row_scale_masks=False, residual=False, rows_above=0, rows_upto=0,
-                row_scale_a=False, strips_mk=0, num_experts=0, top_k=1):
+                row_scale_a=False, strips_mk=0, num_experts=0, top_k=1, gate=False):
     """The kernel body for ``mode`` "rows" / "dense" (see :mod:`.rows`) or "tiles"
     (:func:`.tiles.wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
@@ -74,7 +74,9 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     the epilogue also builds the strips index of C for ``(128, strips_mk)`` micro-tiles (see
     :func:`.rows.wgmma_row_gather_func`).  "gather" / "scatter": the grouped GEMM of
     :mod:`.grouped` over ``num_experts`` weights (a CTA's tile: its expert and rows, see
-    ``expert_tile``); gather reads A's rows ``ids[p] // top_k``."""
+    ``expert_tile``); gather reads A's rows ``ids[p] // top_k``, and with ``gate`` multiplies each
+    output element by the same element of a gate tensor (C's shape and dtype; a gated FFN's
+    other half)."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK
@@ -91,6 +93,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                     or not 0 < num_experts <= THREADS):
         raise ValueError(f"the grouped GEMM takes 64-deep K tiles, no residual / tiers / strips and "
                          f"1..{THREADS} experts, got {cfg}, num_experts={num_experts}")
+    if gate and mode != "gather":
+        raise ValueError(f"a gate multiplies the grouped gather's output only, got mode {mode!r}")
     # a few-rows tier: SMS CTAs, CTA c computing tile c of the listed rows' tiles (there are at
     # most SMS), then its store warpgroup storing a share of C's rows past them (``store_unlisted``)
     persistent = rows_upto > 0
@@ -149,7 +153,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     B_LBO, B_SBO = mn_major_strides(BK)
     zero_out = tirx.const(0, out_dtype)
 
-    ep = Epilogue(out_dtype, has_bias, act, row_scale, row_scale_a, row_scale_masks, residual)
+    ep = Epilogue(out_dtype, has_bias, act, row_scale, row_scale_a, row_scale_masks, residual, gate)
     epilogue, plus_residual, unlisted = ep.apply, ep.plus_residual, ep.unlisted
     # the store warpgroup computes epilogue(0) only where it is not zero (the SWrite's branches
     # take the same cases: a bias's value staged once, a row scale's per element)
@@ -447,8 +451,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         if runs(OFF, m, p0 < stored_below(OFF, m)):
             for j in T.unroll(C_CHUNKS):
                 c_row[j] = row_id(IDS, p0 + (tid + THREADS * j) // C_ROW_CHUNKS, m)
-            if residual:
-                # every residual chunk loaded before the first store, for the same reason
+            if residual or gate:
+                # every residual (gate) chunk loaded before the first store, for the same reason
                 for j in T.unroll(C_CHUNKS):
                     for e in T.vectorized(C_VEC):
                         res_v[j * C_VEC + e] = RES[c_row[j], bn * BN + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC + e]
@@ -458,7 +462,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
             if runs(OFF, m, T.And(p0 < stored_below(OFF, m), p0 + r < m) if persistent else p0 + r < m):
                 if grouped:   # (the expert's rows: m is their end; the rows past it are others')
                     for e in T.vectorized(C_VEC):
-                        C[c_row[j], bn * BN + ch * C_VEC + e] = smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e]
+                        C[c_row[j], bn * BN + ch * C_VEC + e] = ep.times_gate(
+                            smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e], res_v, j, e)
                 elif p0 + r < count:
                     for e in T.vectorized(C_VEC):
                         C[c_row[j], bn * BN + ch * C_VEC + e] = plus_residual(
@@ -508,7 +513,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         a_row = T.alloc_local([A_LOADER_CHUNKS if ws else A_CHUNKS], "int64")
         c_row = T.alloc_local([C_CHUNKS], "int64")       # the C rows this thread stores
         rs_val = T.alloc_local([2], "float32")           # row_scale: its fragment rows' scales
-        res_v = T.alloc_local([C_CHUNKS * C_VEC if residual else 1], out_dtype)   # residual chunks
+        res_v = T.alloc_local([C_CHUNKS * C_VEC if residual or gate else 1], out_dtype)   # residual / gate chunks
         # tiles: this K tile's A columns and B rows (ws: a loader thread's), and the next K tile's
         a_col = T.alloc_local([A_CHUNKS], "int32")
         b_row_id = T.alloc_local([lb_rows if ws_tiles else B_ROWS], "int32")
@@ -579,7 +584,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, None)
 
     if grouped:
-        return grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body_ws)
+        return grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body_ws, gate)
     return gemm_signature(K, N, in_dtype, out_dtype, has_bias, mode, body_ws if ws else body, MKT, full_mk,
                           row_scale or row_scale_a, residual, S_MKT, S_COMPACT)
 
@@ -624,25 +629,25 @@ def gemm_signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_
     return without_params(kernel, names, {name for name, taken in takes.items() if not taken})
 
 
-def grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body):
+def grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body, gate=False):
     """The grouped GEMM's PrimFunc around ``body`` (:mod:`.grouped`): gather
-    ``x[T, K], assignments[P], offsets[E + 1], w[E, K, N][, bias[E, N]], h[P, N]``; scatter
+    ``x[T, K], assignments[P], offsets[E + 1], w[E, K, N][, bias[E, N]][, gate[P, N]], h[P, N]``; scatter
     ``h[P, K], assignments[P], offsets[E + 1], w[E, K, N][, bias[E, N]], route_weight[P] (fp32),
     y[P, N]``.  ``body``'s operands as :func:`gemm_signature`'s (A, B, offsets, ids, bias, row
-    scale = route weight, C; no residual or strips)."""
+    scale = route weight, the gate as the residual, C; no strips)."""
     E = num_experts
-    takes = {"bias": has_bias, "route_weight": mode == "scatter"}
+    takes = {"bias": has_bias, "gate": gate, "route_weight": mode == "scatter"}
 
     @T.prim_func(s_tir=False)
     def kernel(a: T.handle, assignments: T.handle, offsets: T.handle, w: T.handle, bias: T.handle,
-               route_weight: T.handle, c: T.handle):
+               gate: T.handle, route_weight: T.handle, c: T.handle):
         P = T.int64()
         A_ROWS = T.int64()   # gather: tokens (scatter: P)
         body(P, T.match_buffer(a, (P if mode == "scatter" else A_ROWS, K), in_dtype),
              T.match_buffer(w, (E, K, N), in_dtype), T.match_buffer(offsets, (E + 1,), "int32"),
              T.match_buffer(assignments, (P,), "int32"), T.match_buffer(bias, (E, N), in_dtype),
-             T.match_buffer(route_weight, (P,), "float32"), None, T.match_buffer(c, (P, N), out_dtype),
-             None, None, None, None)
+             T.match_buffer(route_weight, (P,), "float32"), T.match_buffer(gate, (P, N), out_dtype),
+             T.match_buffer(c, (P, N), out_dtype), None, None, None, None)
 
-    names = ("a", "assignments", "offsets", "w", "bias", "route_weight", "c")
+    names = ("a", "assignments", "offsets", "w", "bias", "gate", "route_weight", "c")
     return without_params(kernel, names, {name for name, taken in takes.items() if not taken})

@@ -3,8 +3,10 @@
 expert's weight as B.  Checks the arguments, builds the body in mode "gather" or "scatter" and
 lowers it.  Contract: docs/design/moe.md ("Grouped GEMM kernel")::
 
-    gather  (fc1): grouped_gemm(X[T, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]], H[P, N])
+    gather  (fc1): grouped_gemm(X[T, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]], [G[P, N]],
+                                H[P, N])
         H[p, :] = act(X[assignments[p] // top_k, :] @ W[e] + bias[e])   p in [offsets[e], offsets[e+1])
+                  (* G[p, :] with a gate, in H's dtype: a gated FFN's up half times its gate half)
         H[p, :] = 0                                                      p >= offsets[E]
     scatter (fc2): grouped_gemm(H[P, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]],
                                 route_weight[P] (fp32), Y[P, N])
@@ -44,7 +46,7 @@ def _activation(activation):
     act = None if activation in (None, "none", "identity") else activation
     if act not in GROUPED_ACTIVATIONS:
         raise ValueError(f"the grouped GEMM's epilogue takes activation none / relu / gelu / silu, "
-                         f"got {activation!r} (gated ones: two GEMMs, multiplied by the op)")
+                         f"got {activation!r} (gated ones: two GEMMs, the second with the first as its gate)")
     return act
 
 
@@ -94,20 +96,23 @@ def check_grouped_config(mode: str, k: int, n: int, num_experts: int, top_k: int
 @functools.lru_cache(maxsize=64)
 def wgmma_grouped_gemm_func(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str = "float16",
                             out_dtype: str = "float16", bias: bool = False, activation: str | None = None,
-                            config: WgmmaConfig | None = None) -> tirx.PrimFunc:
+                            config: WgmmaConfig | None = None, gate: bool = False) -> tirx.PrimFunc:
     """The lowered grouped GEMM PrimFunc (the module docstring's contract), mode "gather" (fc1)
     or "scatter" (fc2), for ``num_experts`` weights ``[E, k, n]``; ``T`` and ``P`` symbolic.
     ``config``: the tiles (default :func:`grouped_config` for many tokens; 64-deep K tiles).
+    ``gate`` (gather): the output times a gate tensor ``G[P, N]`` (the contract above).
     Raises ValueError when the shape, dtypes or config do not fit."""
     act = _activation(activation)
     config = config or grouped_config(n, num_experts, top_k)
     check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, config)
     func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, mode, config,
-                       row_scale=mode == "scatter", num_experts=int(num_experts), top_k=int(top_k))
+                       row_scale=mode == "scatter", num_experts=int(num_experts), top_k=int(top_k), gate=bool(gate))
     func = lower_tirx(func, TARGET)
     # (a name of its own: a module holding fc1 and fc2, or two layers' kernels, adds each once by name)
     name = (f"wgmma_grouped_{mode}_k{k}_n{n}_e{num_experts}_top{top_k}_{in_dtype}_{out_dtype}"
-            f"{'_bias' if bias else ''}{'_' + act if act else ''}_bn{config.block_n}s{config.stages}")
+            f"{'_bias' if bias else ''}{'_' + act if act else ''}{'_gated' if gate else ''}"
+            f"_bn{config.block_n}s{config.stages}")
     return func.with_attrs({"global_symbol": name,
                             GROUPED_ATTR: {"mode": mode, "num_experts": int(num_experts), "top_k": int(top_k),
-                                           "block_n": config.block_n, "stages": config.stages}})
+                                           "block_n": config.block_n, "stages": config.stages,
+                                           "gate": bool(gate)}})
