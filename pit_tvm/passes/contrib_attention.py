@@ -318,10 +318,15 @@ def longformer_attention_contrib(bb: relax.BlockBuilder, inputs, attrs, target=N
 
         local = dense(q, k, v, emit(relax.op.logical_and(keys, near)), "local")
         glob = dense(gq, gk, gv, keys, "global")
-    rows_global = emit(relax.op.expand_dims(is_global, [1, 3]))                                         # [B, 1, S, 1]
-    rows_pad = emit(relax.op.expand_dims(pad, [1, 3]))
-    out = emit(relax.op.where(rows_global, glob, local))
-    out = emit(relax.op.where(rows_pad, relax.const(0.0, dtype), out))
+    # the rows' choice as 0 / 1 factors in the data's dtype, exact for finite values (x * 1 + y * 0
+    # is x): a where on these [B, 1, S, 1] booleans, fused into the dense path's P V matmul, became a
+    # 4-lane boolean select that TVM's CUDA codegen declares half4 (nvcc rejects it)
+    rows_global = emit(relax.op.astype(emit(relax.op.expand_dims(is_global, [1, 3])), dtype))           # [B, 1, S, 1]
+    rows_real = emit(relax.op.astype(emit(relax.op.expand_dims(emit(relax.op.logical_not(pad)), [1, 3])), dtype))
+    one = relax.const(1.0, dtype)
+    out = emit(relax.op.add(emit(relax.op.multiply(glob, rows_global)),
+                            emit(relax.op.multiply(local, emit(relax.op.subtract(one, rows_global))))))
+    out = emit(relax.op.multiply(out, rows_real))
     out = emit(relax.op.reshape(emit(relax.op.permute_dims(out, [0, 2, 1, 3])), [B, S, hidden]))
     if notes is not None:
         tensor = node_output or "LongformerAttention"

@@ -161,6 +161,21 @@ def test_contrib_longformer_builds_for_cuda(head_dim):
     assert check_cuda_compiles(compiled.executable, archs=("sm_90a",)) >= 1
 
 
+@pytest.mark.skipif(__import__("pit_tvm.nvcc", fromlist=["find_nvcc"]).find_nvcc() is None, reason="nvcc not found")
+def test_exported_longformer_half_dense_cuda_build_compiles():
+    """The HF LongformerModel export in float16 with its attention left dense (what a target
+    without the fast kernel runs): the rows' global / padding choice fused into the P V matmul
+    compiles to device code (a boolean where there became a vector select nvcc rejected)"""
+    from pit_tvm.nvcc import check_cuda_compiles
+    from pit_tvm.testing import to_float16
+
+    model = to_float16(onnx.load(DATA / "longformer_model.onnx"))
+    shapes = {n: [1, 64] for n in ("input_ids", "attention_mask", "global_attention_mask")}
+    compiled = pit_tvm.compile_onnx(model, "cuda", shapes=shapes, auto=False, sparse_attention=False)
+    assert all(n["status"] != "pit" for n in compiled.annotations)
+    assert check_cuda_compiles(compiled.executable, archs=("sm_90a",)) >= 1
+
+
 # --------------------------------------------------------------------------- an exported encoder
 BOTH_MASKS = "attention:attention_mask,global_attention_mask"
 ENCODER_SHAPES = {"inputs_embeds": [2, 64, HIDDEN], "attention_mask": [2, 64], "global_attention_mask": [2, 64]}
