@@ -119,7 +119,7 @@ def run(cfg, tmp: str) -> list[dict]:
     print(f"exported {cfg.layers} layers in {time.perf_counter() - t0:.1f}s", flush=True)
     inputs = draw_call(cfg.seq, cfg.globals, cfg.pad, cfg.seed)
     valid = inputs["attention_mask"].astype(bool)
-    model = lf._tiny_model(full_size=True, layers=cfg.layers).cuda()      # the exported weights (seeded)
+    model = lf.random_longformer(full_size=True, layers=cfg.layers).cuda()      # the exported weights (seeded)
     with torch.no_grad():
         ref = model(**{n: torch.from_numpy(v).cuda() for n, v in inputs.items()}).last_hidden_state.cpu().numpy()
     model = model.half()

@@ -165,8 +165,8 @@ def export_encoder(out: pathlib.Path) -> None:
     print("wrote", out / "window_global_encoder.onnx")
 
 
-def _tiny_model(biases=True, full_size=False, layers=2):
-    """HF LongformerModel of the tiny config (or ``full_size``), eval mode, random weights (and
+def random_longformer(biases=True, full_size=False, layers=2):
+    """HF LongformerModel of the tiny config (or ``full_size``: longformer-base's), eval mode, seeded random weights (and
     attention biases)"""
     import transformers as tf  # noqa: PLC0415
     from transformers.models.longformer import modeling_longformer as ml  # noqa: PLC0415
@@ -216,7 +216,7 @@ def export_hf_model_contrib(out: pathlib.Path, full_size=False, layers=2) -> Non
     (``full_size``: longformer-base's dimensions, batch 1 of 4096 tokens, ``layers`` layers)"""
     from transformers.models.longformer import modeling_longformer as ml  # noqa: PLC0415
 
-    model = _tiny_model(full_size=full_size, layers=layers)
+    model = random_longformer(full_size=full_size, layers=layers)
     wrapped = LastHiddenState(model)
     shape = (FULL_SIZE["batch"], FULL_SIZE["sequence"]) if full_size else (BATCH, SEQUENCE)
     calls = _model_calls(np.random.default_rng(1), *shape)
@@ -285,7 +285,7 @@ def export_hf_model_contrib(out: pathlib.Path, full_size=False, layers=2) -> Non
 
 def try_hf_model() -> None:
     """Export HF LongformerModel as it is (TorchScript, opset 17) and try compile_onnx on it."""
-    model = _tiny_model(biases=False)
+    model = random_longformer(biases=False)
     ids = torch.randint(3, 100, (BATCH, SEQUENCE))
     mask = torch.ones(BATCH, SEQUENCE, dtype=torch.int64)
     flags = torch.zeros(BATCH, SEQUENCE, dtype=torch.int64)
