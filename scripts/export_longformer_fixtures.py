@@ -166,8 +166,8 @@ def export_encoder(out: pathlib.Path) -> None:
 
 
 def random_longformer(biases=True, full_size=False, layers=2):
-    """HF LongformerModel of the tiny config (or ``full_size``: longformer-base's), eval mode, seeded random weights (and
-    attention biases)"""
+    """HF LongformerModel of the tiny config (or ``full_size``: longformer-base's), eval mode,
+    seeded random weights (and attention biases)"""
     import transformers as tf  # noqa: PLC0415
     from transformers.models.longformer import modeling_longformer as ml  # noqa: PLC0415
 
