@@ -33,7 +33,7 @@ RECORD = {"reason": "com.microsoft.LongformerAttention: window +-2 and global to
                     "block-sparse attention (local and global projections, block index built on the device every "
                     "call)", "source": "attention:global,mask", "status": "pit", "tensor": "out"}
 NAMES = {**{n: n for n in ("bias", "global", "global_bias", "global_weight", "input", "mask", "weight")},
-         "out": "lv43"}     # (the converter's output binding keeps no ONNX name)
+         "out": "lv49"}     # (the converter's output binding keeps no ONNX name)
 
 
 @I.ir_module
@@ -130,9 +130,11 @@ class Expected:
             glob = R.call_tir(cls.pit_sparse_attention_generic_nomask_w0_g_d_d4_kb64_float32_scale0p5,
                               (gq, gk, gv, gcnt, gids, gpart, global_, doc_ids),
                               out_ty=R.Tensor((1, 2, 8, 4), "float32"))
-            rows_global = R.expand_dims(is_global, axis=[1, 3])
-            rows_pad = R.expand_dims(pad, axis=[1, 3])
-            out = R.where(rows_pad, R.const(0.0, "float32"), R.where(rows_global, glob, local))
+            # the rows' choice as 0 / 1 factors: global rows take glob, padded rows zero
+            rows_global = R.astype(R.expand_dims(is_global, axis=[1, 3]), "float32")
+            rows_real = R.astype(R.expand_dims(R.logical_not(pad), axis=[1, 3]), "float32")
+            out = R.multiply(R.add(R.multiply(glob, rows_global),
+                                   R.multiply(local, R.subtract(R.const(1.0, "float32"), rows_global))), rows_real)
             result = R.reshape(R.permute_dims(out, axes=[0, 2, 1, 3]), R.shape([1, 8, 8]))
             gv_out = result
             R.output(gv_out)
