@@ -58,23 +58,26 @@ def write_results(name: str, env: dict, rows: list[dict], plot) -> tuple[str, st
     return json_path, png_path
 
 
-def time_compiled(cm, inputs: dict, repeat: int, warmup: int):
-    """``(median ms, first output as numpy)`` of a :class:`pit_tvm.compile.CompiledModel` called
-    on ``inputs`` already on its device (the VM's ``main`` directly: no host conversion timed)."""
+def compiled_call(cm, inputs: dict):
+    """A no-argument call of a :class:`pit_tvm.compile.CompiledModel`'s VM ``main`` on ``inputs``
+    copied to its device once (no host conversion in the call)."""
     import tvm
 
+    args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), cm.device)
+            for i in cm.inputs]
+    main = cm._machine()["main"]
+    return lambda: main(*args)
+
+
+def time_compiled(cm, inputs: dict, repeat: int, warmup: int):
+    """``(median ms, first output as numpy)`` of a :class:`pit_tvm.compile.CompiledModel` called
+    on ``inputs`` already on its device (:func:`compiled_call`)."""
     from pit_tvm.timing import median_ms
 
-    dev = cm.device
-    args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), dev) for i in cm.inputs]
-    main = cm._machine()["main"]
-
-    def call():
-        return main(*args)
-
+    call = compiled_call(cm, inputs)
     out = call()
     out = (out[0] if not hasattr(out, "numpy") else out).numpy()
-    return median_ms(call, dev, repeat, warmup), out
+    return median_ms(call, cm.device, repeat, warmup), out
 
 
 def print_table(rows: list[dict], columns: list[str]):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import sys
 import tempfile
 import time
@@ -37,8 +38,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "scripts"))
-from common import environment, kernel_split_us, print_table, time_compiled, write_results  # noqa: E402
-from real_models import TOLERANCE, errors  # noqa: E402
+from common import (compiled_call, environment, kernel_split_us, print_table, time_compiled,  # noqa: E402
+                    write_results)
+from real_models import TOLERANCE, TorchCuda, errors  # noqa: E402
 
 NAMES = ("input_ids", "attention_mask", "global_attention_mask")
 TABLE = ["method", "median_ms", "device_ms", "speedup_vs_eager", "max_rel_err", "correct", "compile_s"]
@@ -72,12 +74,7 @@ def tvm_method(path, inputs, cfg, pit: bool):
     ms, out = time_compiled(cm, inputs, cfg.repeat, cfg.warmup)
     lowered = sorted({f"{a.get('status')}:{a.get('source')}" for a in cm.annotations})
     # where the time goes: each kernel's device time a call (torch.profiler), the largest first
-    import tvm  # noqa: PLC0415
-
-    args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]], dtype=i["dtype"]), cm.device)
-            for i in cm.inputs]
-    main = cm._machine()["main"]
-    split = kernel_split_us(lambda: main(*args), iters=5)
+    split = kernel_split_us(compiled_call(cm, inputs), iters=5)
     top = dict(sorted(split.items(), key=lambda kv: -kv[1])[:12])
     return ms, out, {"compile_s": compile_s, "annotations": lowered, "device_ms": sum(split.values()) / 1e3,
                      "kernels_us": top, "warnings": sorted({str(w.message)[:300] for w in caught})[:5]}
@@ -96,12 +93,7 @@ def torch_method(model, inputs, cfg, compiled: bool):
         return fwd(**args).last_hidden_state
 
     out = call().float().cpu().numpy()
-
-    class Sync:
-        def sync(self):
-            torch.cuda.synchronize()
-
-    return median_ms(call, Sync(), cfg.repeat, cfg.warmup), out, {}
+    return median_ms(call, TorchCuda(), cfg.repeat, cfg.warmup), out, {}
 
 
 def run(cfg, tmp: str) -> list[dict]:
@@ -113,7 +105,7 @@ def run(cfg, tmp: str) -> list[dict]:
     from pit_tvm.testing import to_float16  # noqa: PLC0415
 
     t0 = time.perf_counter()
-    lf.export_hf_model_contrib(__import__("pathlib").Path(tmp), full_size=True, layers=cfg.layers)
+    lf.export_hf_model_contrib(pathlib.Path(tmp), full_size=True, layers=cfg.layers)
     path16 = os.path.join(tmp, "longformer_model_fp16.onnx")
     onnx.save(to_float16(onnx.load(os.path.join(tmp, "longformer_model.onnx"))), path16)
     print(f"exported {cfg.layers} layers in {time.perf_counter() - t0:.1f}s", flush=True)

@@ -19,7 +19,6 @@ from pit_tvm.target import is_gpu, make_target
 
 ROUTINGS = ("softmax_topk", "topk_softmax")
 ROUTER_INPUTS = ("logits", "probs")
-THREADS = 128
 #: tokens a CUDA block of the routing kernel (a warp each)
 ROUTING_WARPS = 4
 
