@@ -78,7 +78,8 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     ``global_split`` (window + global tokens, :func:`~pit_tvm.ops.sparse_attention.splits_global_rows`):
     the index of the Hopper kernel that takes the global tokens apart.  The key blocks listed are
     those of the window alone (partial where a pair is outside the window for a non-global query,
-    or the block holds a global key: those are read from the gathered blocks instead), and two more
+    or in different documents, or the block holds a global key: those are read from the gathered
+    blocks instead), and two more
     outputs list each sequence's global tokens: ``global_rows`` int32 ``[B, S]`` (ascending, tail
     ``-1``) and ``global_count`` int32 ``[B]``."""
     from pit_tvm.ops.sparse_attention import (QUERY_BLOCK, pattern_params_dropped, pattern_predicate,
@@ -86,7 +87,7 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
 
     check_kernel_args(pattern, key_block, dtype, mask_dtype)
     if global_split and not splits_global_rows(pattern):
-        raise ValueError(f"global_split takes a window + global tokens pattern without a mask, documents or causal, "
+        raise ValueError(f"global_split takes a window + global tokens pattern without a mask or causal, "
                          f"got {pattern.tag}")
     target = make_target(target)
     st = schedule_cuda() if is_gpu(target) else schedule_cpu()
@@ -343,8 +344,9 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                         T.Cast("int32", (c * NT + tx) % KB * KBL),
                         T.Cast("int32", T.min((c * NT + tx) % KB * KBL + (KBL - 1), Sk - 1)), global_split)
 
-    # (documents with a window: the AND of two "some pair allowed" tests would over-list)
-    by_extremes = pattern.mask is None and not (pattern.documents and pattern.window is not None)
+    # (documents with a window: the AND of two "some pair allowed" tests would over-list; the
+    # split's window blocks take it: its padding-as-documents over-lists only a boundary's blocks)
+    by_extremes = pattern.mask is None and not (pattern.documents and pattern.window is not None and not global_split)
     classify = classify_extremes if by_extremes else classify_pairs
 
     def count_if(at, is_listed):
@@ -494,7 +496,8 @@ def _block_class_by_extremes(pattern, e, q0, q1, k0, k1, global_split=False):
     after the first key) and "every pair allowed" needs every key at or before every query
     (causal) and every non-global pair inside the window.
 
-    Documents (without a window; ``e[6:10]`` the min / max doc id of the queries and of the keys):
+    Documents (without a window, or with ``global_split``; ``e[6:10]`` the min / max doc id of the
+    queries and of the keys):
     some pair shares a document when the two id ranges meet (causal: a key block inside the
     query block holds the diagonal; one before it needs the ranges to meet), exact for
     non-decreasing ids (packed sequences); for other ids a listed block may hold no allowed
@@ -502,13 +505,14 @@ def _block_class_by_extremes(pattern, e, q0, q1, k0, k1, global_split=False):
     out.  Every pair shares one when all four ids are equal (exact for any ids).
 
     ``global_split``: the window's blocks alone (the global rows and keys are the kernel's
-    gathered tiles): listed where a pair is in the window, full where no key is global and every
-    non-global query's pairs are in the window."""
+    gathered tiles): listed where a pair is in the window (and the blocks' documents meet), full
+    where no key is global and every non-global query's pairs are in the window (and in one
+    document)."""
     big = 1 << 30
     true = tirx.const(True, "bool")
     any_ok = true if not pattern.causal else k0 <= q1
     all_ok = true if not pattern.causal else k1 <= q0
-    if pattern.documents:    # (no window: see the caller)
+    if pattern.documents:    # (no window, or the split's window blocks: see the caller)
         shared = T.max(e[6], e[8]) <= T.min(e[7], e[9])
         if pattern.causal:   # a key block inside the query block holds the diagonal (k, k)
             shared = T.Or(T.And(k0 >= q0, k0 <= q1), T.And(k1 < q0, shared))
@@ -522,7 +526,7 @@ def _block_class_by_extremes(pattern, e, q0, q1, k0, k1, global_split=False):
             key_global = e[3] <= q1 if pattern.causal else e[3] < big
             row_global = e[0] >= k0 if pattern.causal else e[0] >= 0
             near = T.Or(near, T.Or(key_global, row_global))
-        any_ok = T.And(any_ok, near) if pattern.causal else near
+        any_ok = T.And(any_ok, near)
         in_window = T.max(e[2] - e[4], e[5] - e[1]) <= w
         all_ok = T.And(all_ok, T.Or(T.Or(e[1] == big, e[4] == big), in_window))
         if global_split:
@@ -539,12 +543,18 @@ def reference_attention_block_index(pattern, q_shape, k_shape, key_block: int, *
     B, H, Sq, _ = q_shape
     Sk = k_shape[2]
     if global_split:
-        # the window's pairs; a pair needs the predicate where its key is global (read from the
-        # gathered blocks) or, for a non-global query, it is outside the window
+        # the window's pairs (in one document); a pair needs the predicate where its key is global
+        # (read from the gathered blocks), or for a non-global query it is outside the window, or
+        # the two are in different documents (the kernel's index decides documents from the blocks'
+        # id ranges: equal to this for non-decreasing ids)
         g = np.asarray(global_flags) != 0
         near = np.abs(np.arange(Sq)[:, None] - np.arange(Sk)[None, :]) <= pattern.window
-        allowed = np.broadcast_to(near[None, None], (B, 1, Sq, Sk))
-        needs = g[:, None, None, :Sk] | (~g[:, None, :Sq, None] & ~near[None, None])
+        same_doc = np.ones((B, 1, Sq, Sk), bool)
+        if pattern.documents:
+            d = np.asarray(doc_ids)
+            same_doc = (d[:, :Sq, None] == d[:, None, :Sk])[:, None]
+        allowed = near[None, None] & same_doc
+        needs = g[:, None, None, :Sk] | (~g[:, None, :Sq, None] & ~near[None, None]) | ~same_doc
     else:
         allowed = reference_allowed(pattern, B, H, Sq, Sk, mask=mask, global_flags=global_flags, doc_ids=doc_ids)
         needs = ~allowed

@@ -129,9 +129,9 @@ def splits_global_rows(pattern: AttentionPattern) -> bool:
     """Whether the Hopper kernel takes this pattern's global tokens apart (PIT's SRead along both
     axes): the global query rows as their own dense query tiles (gathered rows against every
     key) and the global keys as gathered key blocks, so that neither widens the window's key
-    blocks.  Window + global tokens without a mask, documents or causal (Longformer's pattern)."""
-    return (pattern.global_tokens and pattern.window is not None and pattern.mask is None and not pattern.documents
-            and not pattern.causal)
+    blocks.  Window + global tokens (with or without documents) without a mask or causal:
+    Longformer's pattern, and a padded batch of it (the padding as documents)."""
+    return pattern.global_tokens and pattern.window is not None and pattern.mask is None and not pattern.causal
 
 
 def sequence_lengths(pattern: AttentionPattern, Sq, Sk, S):

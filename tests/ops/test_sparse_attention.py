@@ -283,18 +283,27 @@ def test_description_index_from_block_extremes_is_exact(pattern, key_block, B, S
         np.testing.assert_array_equal(g, w)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _sorted_doc_ids(rng, B, S, documents):
+    """``[B, S]`` non-decreasing document ids: ``"padding"`` (0 for the tokens, 1 for a padded
+    tail, as the Longformer import passes it), ``"packed"`` (a few documents of random lengths)"""
+    if documents == "padding":
+        return (np.arange(S)[None, :] >= rng.integers(0, S + 1, (B, 1))).astype(np.int32)
+    return np.sort(rng.integers(0, 4, (B, S)), axis=1).astype(np.int32)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(window=st.sampled_from([0, 63, 130, 5000]), key_block=st.sampled_from([64, 128]), B=st.integers(1, 2),
        S=st.sampled_from([1, 5, 127, 128, 129, 300, 700]), density=st.sampled_from([0.0, 0.01, 0.2, 1.0]),
-       seed=st.integers(0, 2**16))
-def test_index_with_global_tokens_taken_apart_is_exact(window, key_block, B, S, density, seed):
-    """``global_split`` (the Hopper kernel's window + global tokens): the window's blocks, partial
-    where a key is global or a non-global query's pair is outside the window, and each sequence's
-    global rows (ascending, tail -1) and count, equal to the numpy reference"""
+       documents=st.sampled_from([None, "padding", "packed"]), seed=st.integers(0, 2**16))
+def test_index_with_global_tokens_taken_apart_is_exact(window, key_block, B, S, density, documents, seed):
+    """``global_split`` (the Hopper kernel's window + global tokens, with or without documents):
+    the window's blocks, partial where a key is global, a non-global query's pair is outside the
+    window or the pair spans two documents, and each sequence's global rows (ascending, tail -1)
+    and count, equal to the numpy reference (for non-decreasing document ids)"""
     from pit_tvm.index import IndexBuilder
     from pit_tvm.index.attention import attention_block_index_func
 
-    pattern = AttentionPattern(window=window, global_tokens=True)
+    pattern = AttentionPattern(window=window, global_tokens=True, documents=documents is not None)
     key = (pattern, key_block, "split")
     if key not in _INDEXES:
         _INDEXES[key] = IndexBuilder(attention_block_index_func(pattern, key_block, "float16", "llvm",
@@ -302,8 +311,10 @@ def test_index_with_global_tokens_taken_apart_is_exact(window, key_block, B, S, 
     rng = np.random.default_rng(seed)
     q = np.zeros((B, 1, S, 2), np.float16)
     flags = (rng.random((B, S)) < density).astype(np.int32)
-    got = [x.numpy() for x in _INDEXES[key](q, q, flags)]
-    want = reference_attention_block_index(pattern, q.shape, q.shape, key_block, global_flags=flags, global_split=True)
+    docs = _sorted_doc_ids(rng, B, S, documents) if documents else None
+    got = [x.numpy() for x in _INDEXES[key](q, q, flags, *([docs] if documents else []))]
+    want = reference_attention_block_index(pattern, q.shape, q.shape, key_block, global_flags=flags, doc_ids=docs,
+                                           global_split=True)
     assert len(got) == len(want) == 5
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
@@ -324,6 +335,26 @@ def test_gpu_many_global_tokens_against_fp32_reference(head_dim):
         flags = (rng.random((B, S)) < fraction).astype(np.int32)
         out = op(q, k, v, global_flags=flags)
         _check(out, reference_sparse_attention(q, k, v, pattern, global_flags=flags), "float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_padded_global_tokens_against_fp32_reference(head_dim):
+    """a padded batch of window + global tokens (the padding as documents, as the Longformer import
+    passes it) takes the global tokens apart too: the op (device index + kernel) is exact with a
+    padded tail, with none, and with random document ids"""
+    rng = np.random.default_rng(head_dim + 1)
+    B, H, S = 2, 3, 1000
+    q, k, v = _qkv(rng, B, H, S, S, head_dim, np.float16)
+    pattern = AttentionPattern(window=50, global_tokens=True, documents=True)
+    op = pit_tvm.sparse_attention(head_dim, pattern, dtype="float16", target="cuda")
+    assert op.global_split
+    flags = (rng.random((B, S)) < 0.03).astype(np.int32)
+    for docs in (np.arange(S)[None, :] >= np.array([[S - 300], [S - 1]]), np.zeros((B, S)),
+                 rng.integers(0, 4, (B, S))):
+        docs = docs.astype(np.int32)
+        out = op(q, k, v, global_flags=flags, doc_ids=docs)
+        _check(out, reference_sparse_attention(q, k, v, pattern, global_flags=flags, doc_ids=docs), "float16")
 
 
 # (pattern, key block, mask dtype): the mask-only boolean pattern takes the word test, the others

@@ -131,11 +131,13 @@ def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, varia
     _compiles_without_spills(pattern, head_dim, key_block, dtype, variant)
 
 
+@pytest.mark.parametrize("documents", [False, True])
 @pytest.mark.parametrize("head_dim,variant", [(64, "default"), (128, "default"), (64, "p_smem")])
-def test_global_split_compiles_without_spills(head_dim, variant):
-    """the form that takes Longformer's global tokens apart (gathered query tiles and key blocks)"""
-    _compiles_without_spills(AttentionPattern(window=256, global_tokens=True), head_dim, 64, "float16", variant,
-                             global_split=True)
+def test_global_split_compiles_without_spills(head_dim, variant, documents):
+    """the form that takes Longformer's global tokens apart (gathered query tiles and key blocks),
+    also with documents (a padded batch)"""
+    _compiles_without_spills(AttentionPattern(window=256, global_tokens=True, documents=documents), head_dim, 64,
+                             "float16", variant, global_split=True)
 
 
 @pytest.mark.parametrize("pattern", [BOOL, AttentionPattern(window=64, global_tokens=True)], ids=lambda p: p.tag)
@@ -362,6 +364,29 @@ def test_gpu_global_tokens_taken_apart(head_dim, key_block, global_fraction, var
     got = _run(pattern, q, k, v, head_dim, key_block, "float16", variant=variant, global_split=True,
                global_flags=flags)
     _check(got, reference_sparse_attention(q, k, v, pattern, global_flags=flags), "float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["default", "p_smem", "ws"])
+@pytest.mark.parametrize("head_dim,key_block", [(64, 64), (128, 64), (64, 128)])
+@pytest.mark.parametrize("documents", ["padding", "random"])
+def test_gpu_global_tokens_taken_apart_with_documents(head_dim, key_block, documents, variant):
+    """window + global tokens + documents with ``global_split``: a padded batch (document 1 the
+    padded tail, as the Longformer import passes it; one sequence unpadded) and random document
+    ids; the global tiles and the gathered global keys keep to the query's document"""
+    b, h, s = 2, 3, 700
+    rng = np.random.default_rng(head_dim + key_block + len(documents))
+    q, k, v = _inputs(rng, b, h, s, s, head_dim, "float16")
+    pattern = AttentionPattern(window=96, global_tokens=True, documents=True)
+    flags = (rng.random((b, s)) < 0.05).astype(np.int32)
+    if documents == "padding":
+        docs = (np.arange(s)[None, :] >= np.array([[s], [s - 170]])).astype(np.int32)
+        flags[1, -3] = 1                             # a global padding token: attends to the padding only
+    else:
+        docs = rng.integers(0, 3, (b, s)).astype(np.int32)
+    got = _run(pattern, q, k, v, head_dim, key_block, "float16", variant=variant, global_split=True,
+               global_flags=flags, doc_ids=docs)
+    _check(got, reference_sparse_attention(q, k, v, pattern, global_flags=flags, doc_ids=docs), "float16")
 
 
 @pytest.mark.gpu

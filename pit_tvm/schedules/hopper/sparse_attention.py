@@ -144,10 +144,12 @@ class QueryTile:
                                                           self.KBT + (j - listed)))
 
     def partial(self, j, listed):
-        """whether the j-th visited block needs the element predicate (the tail block needs it anyway)"""
+        """whether the j-th visited block needs the element predicate (the tail block needs it anyway;
+        with documents every block of a global tile)"""
         if not self.split:
             return self.PARTIAL[self.b, self.hg, self.tq, j]
-        return T.if_then_else(self.glob, 0, T.if_then_else(j < listed, self.PARTIAL[self.b, 0, self.tq, j], 1))
+        return T.if_then_else(self.glob, int(self.pattern.documents),
+                              T.if_then_else(j < listed, self.PARTIAL[self.b, 0, self.tq, j], 1))
 
     # -- rows read and written -------------------------------------------------------
     def _global_row(self, i):
@@ -208,8 +210,20 @@ class QueryTile:
 
     def keys_only(self, kblk):
         """whether every key of block ``kblk`` is allowed for every row of this tile (a global
-        tile's rows, a gathered block's keys): the predicate is then :meth:`key_ok` alone"""
+        tile's rows, a gathered block's keys) but for the keys' bounds and documents: the predicate
+        is then :meth:`keys_allowed`"""
         return T.Or(self.glob, kblk >= self.KBT)
+
+    def _same_document(self, query, key_c):
+        if not self.pattern.documents:
+            return tirx.const(True, "bool")
+        docs = self.buffers["doc_ids"]
+        return docs[self.b, query] == docs[self.b, key_c]
+
+    def keys_allowed(self, kblk, query, key, key_c):
+        """the predicate in a :meth:`keys_only` block: the key is one (:meth:`key_ok`) and in the
+        query's document"""
+        return T.And(self.key_ok(kblk, key), self._same_document(query, key_c))
 
     def allowed(self, kblk, query, key, key_c, mask_value=None):
         """is the key at ``key`` (position ``key_c``) allowed for the query row at position ``query``
@@ -220,7 +234,8 @@ class QueryTile:
         w = self.pattern.window
         flags = self.buffers["global_flags"]
         # (a window block: :meth:`keys_only` is false) its global keys are read from the gathered blocks
-        return T.And(key < self.Sk, T.And(T.And(key_c <= query + w, query <= key_c + w), flags[self.b, key_c] == 0))
+        return T.And(T.And(key < self.Sk, T.And(T.And(key_c <= query + w, query <= key_c + w),
+                                                flags[self.b, key_c] == 0)), self._same_document(query, key_c))
 
     def mask_offset(self, query, kblk):
         """(int64) the flat offset in the mask of query position ``query``'s entry for the first key
@@ -321,9 +336,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     only where every entry is allowed with bias 0.  ``global_split`` (window + global tokens,
     :func:`~pit_tvm.ops.sparse_attention.splits_global_rows`): the global rows and keys as their
     own gathered tiles and blocks (:class:`QueryTile`; the index built with the same flag).
-    ``early_predicate`` (default: at key block 64): a partial block's element predicate is
-    evaluated (as bits) while its Q K^T is in flight, not after (not for an additive mask, whose
-    bias is read with it).  ``mask_tiles`` (default: with a boolean mask, the loader warpgroup
+    ``early_predicate`` (default: at key block 64, but not for the split with documents): a
+    partial block's element predicate is evaluated (as bits) while its Q K^T is in flight, not
+    after (not for an additive mask, whose bias is read with it).  ``mask_tiles`` (default: with a boolean mask, the loader warpgroup
     and the early predicate): the loader stages a partial block's [128, KB] mask tile in shared
     memory beside its K / V (16-byte cp.async, any Sk), so the predicate reads shared memory, not
     scattered bytes of global memory.  ``prefetch_index`` (default: with ``global_split``): the
@@ -351,8 +366,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     KT = KB * PAIR                 # keys of a step's tile
     if early_predicate is None:
         # (at key block 128 a thread's 64 predicate bits, loaded ahead, spill at head dim 128; a pair
-        # of blocks of 64 takes them block by block)
-        early_predicate = KB == 64
+        # of blocks of 64 takes them block by block; the split's document terms, loaded ahead, spill
+        # at both head dims)
+        early_predicate = KB == 64 and not (global_split and pattern.documents)
     early_predicate = bool(early_predicate) and pattern.mask != "additive"
     if mask_tiles is None:
         mask_tiles = bool(warp_specialized) and early_predicate and pattern.mask == "bool"
@@ -376,7 +392,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         raise ValueError("mask_tiles takes a boolean mask, warp_specialized and the early predicate")
     _check(D, in_dtype, KB, int(stages), bool(p_in_registers), bool(mask_tiles), PAIR)
     if global_split and not splits_global_rows(pattern):
-        raise ValueError(f"global_split takes a window + global tokens pattern without a mask, documents or causal, "
+        raise ValueError(f"global_split takes a window + global tokens pattern without a mask or causal, "
                          f"got {pattern.tag}")
     if warp_specialized and not p_in_registers:
         raise ValueError("warp_specialized needs p_in_registers (the consumer warpgroups share no P tile barrier)")
@@ -551,7 +567,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                             T.uint32(c % 8 * 4 + i * 2 + e))
                     else:
                         allowed_bits[c // 8] = allowed_bits[c // 8] | T.shift_left(
-                            T.Cast("uint32", tile.key_ok(kblk, key)), T.uint32(c % 8 * 4 + i * 2 + e))
+                            T.Cast("uint32", tile.keys_allowed(kblk, query, key, key_c)),
+                            T.uint32(c % 8 * 4 + i * 2 + e))
 
     @T.macro
     def by_block_kind(step, keys, part, tile, tid, r):
@@ -614,8 +631,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                             acc_s[c * 4 + i * 2 + e] = T.Select(tile.allowed(kblk, query, key, key_c),
                                                                 T.max(score, masked), masked)
                         else:
-                            acc_s[c * 4 + i * 2 + e] = T.Select(tile.key_ok(kblk, key), T.max(score, masked),
-                                                                masked)
+                            acc_s[c * 4 + i * 2 + e] = T.Select(tile.keys_allowed(kblk, query, key, key_c),
+                                                                T.max(score, masked), masked)
 
     @T.macro
     def block_scores(keys, part, tile, tid, r):
