@@ -30,7 +30,8 @@ A few kernels, no atomics, no host round trip (so deterministic byte for byte):
    block scan of the runs' counts gives each its write position, then it writes its ids,
    partial flags and the ``-1`` tail; thread 0 writes the count.
 3. (``global_split`` only) ``list_global_rows``: one CTA per sequence lists its global positions
-   the same way.
+   the same way, and ``classify_global_tiles`` the global tiles' key blocks (head group 1)
+   before ``compact``.
 
 On the CPU the same kernels run with ``parallel`` CTAs and serial thread loops
 (:mod:`pit_tvm.index._kernels`).
@@ -76,12 +77,14 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     head dim are symbolic.
 
     ``global_split`` (window + global tokens, :func:`~pit_tvm.ops.sparse_attention.splits_global_rows`):
-    the index of the Hopper kernel that takes the global tokens apart.  The key blocks listed are
-    those of the window alone (partial where a pair is outside the window for a non-global query,
-    or in different documents, or the block holds a global key: those are read from the gathered
-    blocks instead), and two more
-    outputs list each sequence's global tokens: ``global_rows`` int32 ``[B, S]`` (ascending, tail
-    ``-1``) and ``global_count`` int32 ``[B]``."""
+    the index of the Hopper kernel that takes the global tokens apart.  It has two head groups:
+    group 0 lists for each query block the key blocks of the window alone (partial where a pair is
+    outside the window for a non-global query, or in different documents, or the block holds a
+    global key: those are read from the gathered blocks instead); group 1 for each *global tile*
+    (128 of the sequence's global rows, in order) the key blocks it attends to (every one without
+    documents; with them those whose document ids meet the tile's, full where all are one id).
+    Two more outputs list each sequence's global tokens: ``global_rows`` int32 ``[B, S]``
+    (ascending, tail ``-1``) and ``global_count`` int32 ``[B]``."""
     from pit_tvm.ops.sparse_attention import (QUERY_BLOCK, pattern_params_dropped, pattern_predicate,
                                               pattern_signature_buffers, sequence_lengths, splits_global_rows)
 
@@ -338,7 +341,8 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                     e[5] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 3]
                     e[8] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 4]
                     e[9] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 5]
-                    FL[c * NT + tx] = _block_class_by_extremes(
+                    # (the split's window tiles are its head group 0 of 2: skip each sequence's group 1)
+                    FL[c * NT + tx + (c * NT + tx) // (QB * KB) * (QB * KB) * (HG - 1)] = _block_class_by_extremes(
                         pattern, e, T.Cast("int32", (c * NT + tx) // KB % QB * QBL),
                         T.Cast("int32", T.min((c * NT + tx) // KB % QB * QBL + (QBL - 1), Sq - 1)),
                         T.Cast("int32", (c * NT + tx) % KB * KBL),
@@ -434,6 +438,42 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         for b in BX(B):
             list_in_order(S, (flags, ROWS, GCNT, b), row_is_global, put_row, put_no_row, put_row_count)
 
+    @T.macro
+    def classify_global_tiles(docs, ROWS, GCNT, FL, EX, B, S, QB, KB):
+        """(``global_split``) head group 1's classes: global tile ``t`` of sequence ``b`` (its global
+        rows ``ROWS[b, 128 t ..]``) against key block ``kb``: empty past the count; with documents
+        from the tile's and the block's doc id ranges (as :func:`_block_class_by_extremes`); else
+        full (the kernel bounds the tail block's keys)"""
+        for blk in BX(B * QB):
+            lo = T.alloc_buffer((NT,), "int32", scope=SH)
+            hi = T.alloc_buffer((NT,), "int32", scope=SH)
+            for tx in TX(NT):
+                lo[tx] = INT_MAX
+                hi[tx] = INT_MIN
+                if has_docs:
+                    if tx < QBL:
+                        if blk % QB * QBL + tx < T.Cast("int64", GCNT[blk // QB]):
+                            lo[tx] = docs[blk // QB, ROWS[blk // QB, blk % QB * QBL + tx]]
+                            hi[tx] = docs[blk // QB, ROWS[blk // QB, blk % QB * QBL + tx]]
+            if has_docs:
+                block_reduce_to(lo, True)
+                block_reduce_to(hi, False)
+            for tx in TX(NT):
+                for j in range((KB + (NT - 1)) // NT):
+                    if j * NT + tx < KB:
+                        if blk % QB * QBL >= T.Cast("int64", GCNT[blk // QB]):
+                            FL[((blk // QB * 2 + 1) * QB + blk % QB) * KB + j * NT + tx] = T.int8(0)
+                        elif has_docs:
+                            FL[((blk // QB * 2 + 1) * QB + blk % QB) * KB + j * NT + tx] = T.Select(
+                                T.max(lo[0], EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 4])
+                                <= T.min(hi[0], EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 5]),
+                                T.Select(T.And(lo[0] == hi[0], T.And(
+                                    EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 4] == lo[0],
+                                    EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 5] == lo[0])),
+                                    T.int8(2), T.int8(1)), T.int8(0))
+                        else:
+                            FL[((blk // QB * 2 + 1) * QB + blk % QB) * KB + j * NT + tx] = T.int8(2)
+
     mdt = mask_dtype or "bool"
 
     def extremes_size(B, QB, KB):
@@ -447,7 +487,10 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         return (Sk + (KBL - 1)) // KBL
 
     def groups(HG):
-        """the index's head groups: the mask's head dim, 1 without a mask"""
+        """the index's head groups: the mask's head dim, 1 without a mask; with ``global_split`` 2
+        (the window tiles, the global tiles)"""
+        if global_split:
+            return 2
         return HG if pattern.mask is not None else 1
 
     @T.prim_func(s_tir=True)
@@ -470,9 +513,10 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         FL = T.sblock_alloc_buffer((T.max(B * G * qb_of(Lq) * kb_of(Lk), 1),), "int8")
         EX = T.sblock_alloc_buffer((extremes_size(B, qb_of(Lq), kb_of(Lk)),), "int32")
         classify(pattern_signature_buffers(pattern, M, X, Y), FL, EX, B, G, Lq, Lk, qb_of(Lq), kb_of(Lk))
-        compact(FL, CNT, IDS, PART, B, G, qb_of(Lq), kb_of(Lk))
         if global_split:
             list_global_rows(X, GROWS, GCNT, B, Lq)
+            classify_global_tiles(Y, GROWS, GCNT, FL, EX, B, Lq, qb_of(Lq), kb_of(Lk))
+        compact(FL, CNT, IDS, PART, B, G, qb_of(Lq), kb_of(Lk))
 
     dropped = pattern_params_dropped(pattern) + (() if global_split else ("gr", "gc"))
     func = without_params(index, ("q", "k", "m", "x", "y", "c", "i", "p", "gr", "gc"), dropped)
@@ -534,10 +578,35 @@ def _block_class_by_extremes(pattern, e, q0, q1, k0, k1, global_split=False):
     return T.Select(any_ok, T.Select(all_ok, T.int8(2), T.int8(1)), T.int8(0))
 
 
+def _global_tile_classes(g, doc_ids, Sk, QB, KB, key_block):
+    """(listed, partial) ``[B, 1, QB, KB]`` of the global tiles (128 global rows each, in order)
+    against the key blocks: without documents every block of a tile with rows, full; with them
+    listed where the tile's and the block's document id ranges meet, full where both hold one
+    and the same id (the index's rule: a range test, a superset of the blocks with an allowed pair)"""
+    from pit_tvm.ops.sparse_attention import QUERY_BLOCK
+
+    B = g.shape[0]
+    listed = np.zeros((B, 1, QB, KB), bool)
+    partial = np.zeros((B, 1, QB, KB), bool)
+    for b in range(B):
+        rows = np.nonzero(g[b])[0]
+        for t in range(-(-len(rows) // QUERY_BLOCK)):
+            if doc_ids is None:
+                listed[b, 0, t] = True
+                continue
+            tile_docs = np.asarray(doc_ids)[b, rows[t * QUERY_BLOCK:(t + 1) * QUERY_BLOCK]]
+            for kb in range(KB):
+                key_docs = np.asarray(doc_ids)[b, kb * key_block:min((kb + 1) * key_block, Sk)]
+                listed[b, 0, t, kb] = max(tile_docs.min(), key_docs.min()) <= min(tile_docs.max(), key_docs.max())
+                partial[b, 0, t, kb] = not (tile_docs.min() == tile_docs.max() == key_docs.min() == key_docs.max())
+    return listed, partial
+
+
 def reference_attention_block_index(pattern, q_shape, k_shape, key_block: int, *, mask=None, global_flags=None,
                                     doc_ids=None, global_split=False):
     """numpy reference of :func:`attention_block_index_func`: ``(counts, ids, partial)``, and with
-    ``global_split`` also ``(global_rows, global_count)``."""
+    ``global_split`` (head group 0 the window tiles, 1 the global tiles) also ``(global_rows,
+    global_count)``."""
     from pit_tvm.ops.sparse_attention import QUERY_BLOCK, reference_allowed
 
     B, H, Sq, _ = q_shape
@@ -567,6 +636,10 @@ def reference_attention_block_index(pattern, q_shape, k_shape, key_block: int, *
     pad = ((0, 0), (0, 0), (0, QB * QUERY_BLOCK - Sq), (0, KB * key_block - Sk))
     a = np.pad(allowed, pad).reshape(B, HG, QB, QUERY_BLOCK, KB, key_block).any(axis=(3, 5))
     n = np.pad(needs, pad).reshape(B, HG, QB, QUERY_BLOCK, KB, key_block).any(axis=(3, 5))
+    if global_split:    # head group 1: the global tiles
+        ga, gn = _global_tile_classes(g, doc_ids if pattern.documents else None, Sk, QB, KB, key_block)
+        a, n = np.concatenate([a, ga], axis=1), np.concatenate([n, gn], axis=1)
+        HG = 2
     counts = a.sum(axis=-1).astype(np.int32)
     ids = np.full((B, HG, QB, KB), -1, np.int32)
     partial = np.zeros((B, HG, QB, KB), np.int32)

@@ -539,7 +539,8 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
 
     B, H, Sq, _ = q.ty.shape
     Sk = k.ty.shape[2]
-    HG = mask.ty.shape[1] if pattern.mask is not None else tirx.const(1, "int64")
+    # (the index's head groups: the mask's; 1 without one; the split's window and global tiles)
+    HG = mask.ty.shape[1] if pattern.mask is not None else tirx.const(2 if global_split else 1, "int64")
     QB = tirx.floordiv(Sq + (QUERY_BLOCK - 1), QUERY_BLOCK)
     KB = tirx.floordiv(Sk + (kb - 1), kb)
     extra = [runtime[n] for n in pattern.inputs]
@@ -694,7 +695,7 @@ class SparseAttention:
 
         B, _, Sq, _ = (int(s) for s in qt.shape)
         Sk = int(kt.shape[2])
-        HG = int(extra[0].shape[1]) if self.pattern.mask is not None else 1
+        HG = int(extra[0].shape[1]) if self.pattern.mask is not None else (2 if self.global_split else 1)
         QB, KB = -(-Sq // QUERY_BLOCK), -(-Sk // self.key_block)
         outs = (tvm.runtime.empty((B, HG, QB), "int32", self.device),
                 tvm.runtime.empty((B, HG, QB, KB), "int32", self.device),

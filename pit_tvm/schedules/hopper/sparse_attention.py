@@ -110,9 +110,11 @@ class QueryTile:
 
     Without ``global_split``: query block ``qb`` of ``(b, h)``, the listed key blocks of
     ``(b, hg, qb)``.  With it (window + global tokens): a *global tile* ``tq`` takes the global
-    rows ``global_rows[b, 128 tq:]`` (gathered) against every key block; a *window tile* takes
-    query block ``tq``, its listed window blocks and then the gathered blocks of the global keys
-    (block id ``KBT + c``: keys ``global_rows[b, KB c:]``), and writes its non-global rows only."""
+    rows ``global_rows[b, 128 tq:]`` (gathered) against the key blocks the index lists for it
+    (head group 1: every block, or with documents those in the rows' documents); a *window tile*
+    takes query block ``tq``, its listed window blocks (head group 0) and then the gathered
+    blocks of the global keys (block id ``KBT + c``: keys ``global_rows[b, KB c:]``), and writes
+    its non-global rows only."""
 
     def __init__(self, pattern, KB, b, h, hg, tq, Sq, Sk, buffers, COUNTS, IDS, PARTIAL, *, glob=None, GROWS=None,
                  gcount=None):
@@ -124,32 +126,34 @@ class QueryTile:
         self.KBT = (Sk + (KB - 1)) // KB            # key blocks of the sequence (gathered ids follow)
 
     # -- the key blocks visited ------------------------------------------------------
+    def _group(self):
+        """the tile's head group of the index: with the split 1 for a global tile, 0 for a window tile"""
+        if not self.split:
+            return self.hg
+        return T.if_then_else(self.glob, 1, 0)
+
     def listed(self):
         """the index's count of listed key blocks"""
-        if not self.split:
-            return self.COUNTS[self.b, self.hg, self.tq]
-        return T.if_then_else(self.glob, 0, self.COUNTS[self.b, 0, self.tq])
+        return self.COUNTS[self.b, self._group(), self.tq]
 
     def count(self, listed):
-        """the key blocks this CTA visits (``listed``: :meth:`listed`, read once)"""
+        """the key blocks this CTA visits (``listed``: :meth:`listed`, read once; a window tile's
+        gathered global key blocks follow its listed ones)"""
         if not self.split:
             return listed
-        return T.if_then_else(self.glob, self.KBT, listed + (self.gcount + (self.KB - 1)) // self.KB)
+        return T.if_then_else(self.glob, listed, listed + (self.gcount + (self.KB - 1)) // self.KB)
 
     def block(self, j, listed):
         """the id of the j-th visited key block"""
         if not self.split:
             return self.IDS[self.b, self.hg, self.tq, j]
-        return T.if_then_else(self.glob, j, T.if_then_else(j < listed, self.IDS[self.b, 0, self.tq, j],
-                                                          self.KBT + (j - listed)))
+        return T.if_then_else(j < listed, self.IDS[self.b, self._group(), self.tq, j], self.KBT + (j - listed))
 
     def partial(self, j, listed):
-        """whether the j-th visited block needs the element predicate (the tail block needs it anyway;
-        with documents every block of a global tile)"""
+        """whether the j-th visited block needs the element predicate (the tail block needs it anyway)"""
         if not self.split:
             return self.PARTIAL[self.b, self.hg, self.tq, j]
-        return T.if_then_else(self.glob, int(self.pattern.documents),
-                              T.if_then_else(j < listed, self.PARTIAL[self.b, 0, self.tq, j], 1))
+        return T.if_then_else(j < listed, self.PARTIAL[self.b, self._group(), self.tq, j], 1)
 
     # -- rows read and written -------------------------------------------------------
     def _global_row(self, i):
