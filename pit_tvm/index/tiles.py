@@ -306,115 +306,16 @@ def seqlen_row_index_func(max_len: int, target) -> tirx.PrimFunc:
 
 
 # --------------------------------------------------------------------------- expert index
-#: the most assignments (tokens x top_k) whose expert index one CTA builds (staged as int16 in 32 KiB
-#: of shared memory); more take the three-kernel flag pipeline
-ONE_CTA_ASSIGNMENTS = 16384
-#: threads of the one-CTA expert index: ``1024 // E`` groups of E (a thread per expert and group)
-ONE_CTA_THREADS = 1024
-
-
-def _one_cta_expert_index(st, E: int, TK: int):
-    """The macro ``one_cta(X, P, OFF, ASG)``: :func:`expert_index_func`'s lists built by one CTA
-    (one kernel, where the flag pipeline takes three launches over T x top_k x E flags).
-
-    The P assignments' expert ids are staged in shared memory (int16, -1 outside [0, E)); the
-    threads are G = 1024 // E groups of E, thread (g, e) owning expert e in group g's contiguous
-    run of ceil(P / G) assignments: it counts them, a block scan of the counts in (e, g) order
-    gives each its first position, and it writes their ids there in order (ascending within each
-    expert, deterministic, no atomics)."""
-    G = max(1, ONE_CTA_THREADS // E)
-    NTH = G * E
-    LOG = max(1, (NTH - 1).bit_length())
-    BX, TX, SH = st.bx, st.tx, st.shared
-
-    def run_len(P):
-        return (P + (G - 1)) // G
-
-    @T.macro
-    def one_cta(X, P, OFF, ASG):
-        for blk in BX(1):
-            staged = T.alloc_buffer((ONE_CTA_ASSIGNMENTS,), "int16", scope=SH)
-            # (read through a view: buffer compaction would otherwise size it by P, not a constant)
-            ex = T.decl_buffer((ONE_CTA_ASSIGNMENTS,), "int16", data=staged.data, scope=SH)
-            sA = T.alloc_buffer((NTH,), "int32", scope=SH)
-            sB = T.alloc_buffer((NTH,), "int32", scope=SH)
-            for tx in TX(NTH):
-                for j in range((P + (NTH - 1)) // NTH):
-                    if j * NTH + tx < P:
-                        ex[j * NTH + tx] = T.Cast("int16", T.Select(
-                            T.And(X[(j * NTH + tx) // TK, (j * NTH + tx) % TK] >= 0,
-                                  X[(j * NTH + tx) // TK, (j * NTH + tx) % TK] < E),
-                            X[(j * NTH + tx) // TK, (j * NTH + tx) % TK], -1))
-            for tx in TX(NTH):
-                acc = T.alloc_buffer((1,), "int32", scope="local")
-                acc[0] = 0
-                for i in range(run_len(P)):
-                    if tx // E * run_len(P) + i < P:
-                        acc[0] = acc[0] + T.Select(ex[tx // E * run_len(P) + i] == T.Cast("int16", tx % E),
-                                                   T.int32(1), T.int32(0))
-                sA[tx % E * G + tx // E] = acc[0]      # (e, g) order: an expert's groups in a row
-            for step in T.unroll(LOG):           # inclusive Hillis-Steele scan of sA
-                for tx in TX(NTH):
-                    sB[tx] = sA[tx]
-                    if tx >= T.shift_left(1, step):
-                        sB[tx] = sA[tx] + sA[tx - T.shift_left(1, step)]
-                for tx in TX(NTH):
-                    sA[tx] = sB[tx]
-            for tx in TX(NTH):
-                pos = T.alloc_buffer((1,), "int32", scope="local")
-                pos[0] = 0
-                if tx % E * G + tx // E > 0:
-                    pos[0] = sA[tx % E * G + tx // E - 1]
-                if tx < E:                       # (group 0: the expert's first position)
-                    OFF[tx] = pos[0]
-                if tx == 0:
-                    OFF[E] = sA[NTH - 1]
-                expert = T.alloc_buffer((1,), "int16", scope="local")
-                for i in range(run_len(P)):
-                    if tx // E * run_len(P) + i < P:
-                        expert[0] = ex[tx // E * run_len(P) + i]     # (a shared load outside the test)
-                        if expert[0] == T.Cast("int16", tx % E):
-                            ASG[pos[0]] = T.Cast("int32", tx // E * run_len(P) + i)
-                            pos[0] = pos[0] + 1
-            for tx in TX(NTH):
-                total = T.alloc_buffer((1,), "int32", scope="local")
-                total[0] = sA[NTH - 1]
-                for j in range((P + (NTH - 1)) // NTH):
-                    if j * NTH + tx < P:
-                        if j * NTH + tx >= T.Cast("int64", total[0]):
-                            ASG[j * NTH + tx] = -1
-
-    return one_cta
-
-
-def expert_index_func(num_experts: int, top_k: int, target, max_tokens: int | None = None) -> tirx.PrimFunc:
+def expert_index_func(num_experts: int, top_k: int, target) -> tirx.PrimFunc:
     """PrimFunc ``(expert_ids[T, top_k], offsets[E+1], assignments[T*top_k])``.
 
     For each expert e (in order) the ascending flat assignment ids ``t*top_k + j`` with
-    ``expert_ids[t, j] == e``; ids outside ``[0, E)`` are dropped; tail ``-1``.  Where the
-    caller bounds the tokens (``max_tokens``, e.g. a static T) to at most
-    :data:`ONE_CTA_ASSIGNMENTS` assignments and E <= 1024, one kernel of one CTA builds it
-    (:func:`_one_cta_expert_index`; a call past the bound stops with an error), else the flag
-    pipeline over T x top_k x E flags (count, scan, compact: three kernels).
+    ``expert_ids[t, j] == e``; ids outside ``[0, E)`` are dropped; tail ``-1``.
     """
     E = _check_pos_int("num_experts", num_experts)
     TK = _check_pos_int("top_k", top_k)
     target = make_target(target)
     st = _strategy(target)
-    if max_tokens is not None and max_tokens * TK <= ONE_CTA_ASSIGNMENTS and E <= ONE_CTA_THREADS:
-        one_cta = _one_cta_expert_index(st, E, TK)
-
-        @T.prim_func(s_tir=True)
-        def expert_index_one_cta(x: T.handle, o: T.handle, a: T.handle):
-            T.func_attr({"tirx.noalias": True})
-            NTOK = T.int64()
-            X = T.match_buffer(x, (NTOK, TK), "int32")
-            OFF = T.match_buffer(o, (E + 1,), "int32")
-            ASG = T.match_buffer(a, (NTOK * TK,), "int32")
-            assert NTOK * TK <= ONE_CTA_ASSIGNMENTS, "the one-CTA expert index takes at most 16384 assignments"
-            one_cta(X, NTOK * TK, OFF, ASG)
-
-        return _finish(expert_index_one_cta, f"pit_expert_index_e{E}_k{TK}_one_cta", target)
 
     def flag_fn(X, f):
         P = X.shape[0] * TK

@@ -462,8 +462,7 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
     positions = ntok * k
     index_ty = [relax.TensorType([E + 1], "int32"), relax.TensorType([positions], "int32")]
     if spec.capacity is None:
-        # (a static T bounds the index's size: one CTA builds it where that is small)
-        index_gv = _add_once(bb, expert_index_func(E, k, target, max_tokens=static_tokens(x_shape)))
+        index_gv = _add_once(bb, expert_index_func(E, k, target))
         index = bb.emit(relax.call_tir(index_gv, [expert_ids], index_ty))
         kept = None
     else:

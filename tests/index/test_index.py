@@ -317,15 +317,10 @@ def test_seqlen_row_index(max_len):
     np.testing.assert_array_equal(count.numpy(), rc)
 
 
-@pytest.mark.parametrize("one_cta", [False, True])
-@pytest.mark.parametrize("num_experts,top_k", [(1, 1), (8, 2), (5, 3), (700, 1)])
-def test_expert_index(num_experts, top_k, one_cta):
-    """the flag pipeline, and the one-CTA form (a static T bound): groups of E threads (one group
-    at E 700), a run a group not a multiple of anything"""
+@pytest.mark.parametrize("num_experts,top_k", [(1, 1), (8, 2), (5, 3)])
+def test_expert_index(num_experts, top_k):
     rng = np.random.default_rng(num_experts * 10 + top_k)
-    max_tokens = 1000 if one_cta else None
-    b = IndexBuilder(expert_index_func(num_experts, top_k, "llvm", max_tokens=max_tokens), "llvm")
-    assert b.name.endswith("_one_cta") == one_cta
+    b = IndexBuilder(expert_index_func(num_experts, top_k, "llvm"), "llvm")
     for ntok in (0, 1, 17, 1000):
         ids = rng.integers(-1, num_experts + 1, size=(ntok, top_k)).astype(np.int32)
         if ntok:
@@ -338,19 +333,6 @@ def test_expert_index(num_experts, top_k, one_cta):
     offsets, asg = b(ids)
     assert offsets.numpy().tolist() == [0] * num_experts + [9 * top_k]
     assert asg.numpy().tolist() == list(range(9 * top_k))
-
-
-def test_one_cta_expert_index_bounds():
-    """the one-CTA form only where the bound fits one CTA's staging (and E <= 1024); a call past
-    its bound stops with an error, not a wrong index"""
-    from pit_tvm.index.tiles import ONE_CTA_ASSIGNMENTS
-
-    assert expert_index_func(8, 2, "llvm", max_tokens=ONE_CTA_ASSIGNMENTS // 2).attrs["global_symbol"].endswith("_one_cta")
-    assert not expert_index_func(8, 2, "llvm", max_tokens=ONE_CTA_ASSIGNMENTS).attrs["global_symbol"].endswith("_one_cta")
-    assert not expert_index_func(2000, 1, "llvm", max_tokens=8).attrs["global_symbol"].endswith("_one_cta")
-    b = IndexBuilder(expert_index_func(4, 1, "llvm", max_tokens=16), "llvm")
-    with pytest.raises(Exception, match="16384 assignments"):
-        b(np.zeros((ONE_CTA_ASSIGNMENTS + 1, 1), np.int32))
 
 
 # ----------------------------------------------------------------------------- fuzz
@@ -431,8 +413,7 @@ def _cuda_funcs():
     fs += [tile_index_func(600, mt, "row", dt, "cuda") for mt, dt in [((1, 600), "bfloat16"), ((3, 7), "bool"), ((2, 64), "float32")]]
     fs += [tile_index_func(4096, mt, g, "float16", "cuda", density_threshold=0.9)
            for mt, g in [((1, 4096), "col"), ((1, 64), "row"), ((32, 1), "row"), ((32, 64), "row"), ((32, 1), "col")]]
-    fs += [seqlen_row_index_func(128, "cuda"), expert_index_func(8, 2, "cuda"),
-           expert_index_func(128, 1, "cuda", max_tokens=4096)]
+    fs += [seqlen_row_index_func(128, "cuda"), expert_index_func(8, 2, "cuda")]
     return fs
 
 
@@ -442,10 +423,7 @@ def test_cuda_builds_compile_with_nvcc():
         name = str(f.attrs["global_symbol"])
         ex = build(tvm.IRModule({name: f}), "cuda")
         src = "\n".join(cuda_sources(ex))
-        assert "threadIdx.x" in src and "__syncthreads" in src
-        # (one CTA: a single launch; the others index their CTAs)
-        assert ("blockIdx.x" in src) != name.endswith("_one_cta")
-        assert src.count("__global__ void") == 2 or not name.endswith("_one_cta")
+        assert "threadIdx.x" in src and "blockIdx.x" in src and "__syncthreads" in src
         if "pit.index.state" in f.attrs:   # one group: flags and listing in one kernel, one
             # atomic add per CTA for its positions (declaration + definition)
             assert "atomicAdd" in src and src.count("__global__ void") == 2
@@ -494,14 +472,13 @@ def test_gpu_seqlen_and_experts():
         rr, rc = reference_seqlen_row_index(lengths, 128)
         np.testing.assert_array_equal(rows.numpy(), rr)
         np.testing.assert_array_equal(count.numpy(), rc)
-    for num_experts, top_k, max_tokens in ((8, 2, None), (8, 2, 8192), (128, 1, 4096), (64, 6, 2048), (1000, 1, 64)):
-        e = IndexBuilder(expert_index_func(num_experts, top_k, "cuda", max_tokens=max_tokens), "cuda")
-        for ntok in (0, 5, min(5000, max_tokens or 5000)):
-            ids = rng.integers(-1, num_experts + 1, size=(ntok, top_k)).astype(np.int32)
-            offsets, asg = e(ids)
-            ro, ra = reference_expert_index(ids, num_experts)
-            np.testing.assert_array_equal(offsets.numpy(), ro)
-            np.testing.assert_array_equal(asg.numpy(), ra)
+    e = IndexBuilder(expert_index_func(8, 2, "cuda"), "cuda")
+    for ntok in (0, 5, 5000):
+        ids = rng.integers(-1, 9, size=(ntok, 2)).astype(np.int32)
+        offsets, asg = e(ids)
+        ro, ra = reference_expert_index(ids, 8)
+        np.testing.assert_array_equal(offsets.numpy(), ro)
+        np.testing.assert_array_equal(asg.numpy(), ra)
 
 
 @pytest.mark.gpu
