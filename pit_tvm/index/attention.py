@@ -461,18 +461,18 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
             for tx in TX(NT):
                 for j in range((KB + (NT - 1)) // NT):
                     if j * NT + tx < KB:
+                        # (key block kb = j NT + tx: its min / max doc id, the position extremes 4, 5)
+                        key_lo = EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 4]
+                        key_hi = EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 5]
+                        at = ((blk // QB * 2 + 1) * QB + blk % QB) * KB + j * NT + tx
                         if blk % QB * QBL >= T.Cast("int64", GCNT[blk // QB]):
-                            FL[((blk // QB * 2 + 1) * QB + blk % QB) * KB + j * NT + tx] = T.int8(0)
+                            FL[at] = T.int8(0)
                         elif has_docs:
-                            FL[((blk // QB * 2 + 1) * QB + blk % QB) * KB + j * NT + tx] = T.Select(
-                                T.max(lo[0], EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 4])
-                                <= T.min(hi[0], EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 5]),
-                                T.Select(T.And(lo[0] == hi[0], T.And(
-                                    EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 4] == lo[0],
-                                    EX[(blk // QB * (QB + KB) + QB + j * NT + tx) * N_EXTREMES + 5] == lo[0])),
-                                    T.int8(2), T.int8(1)), T.int8(0))
+                            FL[at] = T.Select(T.max(lo[0], key_lo) <= T.min(hi[0], key_hi), T.Select(
+                                T.And(lo[0] == hi[0], T.And(key_lo == lo[0], key_hi == lo[0])), T.int8(2), T.int8(1)),
+                                T.int8(0))
                         else:
-                            FL[((blk // QB * 2 + 1) * QB + blk % QB) * KB + j * NT + tx] = T.int8(2)
+                            FL[at] = T.int8(2)
 
     mdt = mask_dtype or "bool"
 

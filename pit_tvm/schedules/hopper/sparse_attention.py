@@ -342,12 +342,13 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     own gathered tiles and blocks (:class:`QueryTile`; the index built with the same flag).
     ``early_predicate`` (default: at key block 64, but not for the split with documents): a
     partial block's element predicate is evaluated (as bits) while its Q K^T is in flight, not
-    after (not for an additive mask, whose bias is read with it).  ``mask_tiles`` (default: with a boolean mask, the loader warpgroup
-    and the early predicate): the loader stages a partial block's [128, KB] mask tile in shared
-    memory beside its K / V (16-byte cp.async, any Sk), so the predicate reads shared memory, not
-    scattered bytes of global memory.  ``prefetch_index`` (default: with ``global_split``): the
-    loader and the warp-specialized consumers read the next listed block's index entry (id,
-    partial flag) an iteration ahead, so its latency is not in front of the block's work.
+    after (not for an additive mask, whose bias is read with it).  ``mask_tiles`` (default: with a
+    boolean mask, the loader warpgroup and the early predicate): the loader stages a partial
+    block's [128, KB] mask tile in shared memory beside its K / V (16-byte cp.async, any Sk), so
+    the predicate reads shared memory, not scattered bytes of global memory.  ``prefetch_index``
+    (default: with ``global_split``): the loader and the warp-specialized consumers read the next
+    listed block's index entry (id, partial flag) an iteration ahead, so its latency is not in
+    front of the block's work.
     ``register_split`` (default: with ``warp_specialized``): launched one CTA an SM, the loader
     warpgroup hands registers to the consumers (``setmaxnreg``: ``LOADER_REGISTERS`` /
     ``CONSUMER_REGISTERS`` a thread instead of 168 for all), which lets ``overlap`` hold a step of
