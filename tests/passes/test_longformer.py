@@ -152,12 +152,16 @@ def test_contrib_longformer_bad_operands_are_named(kwargs, message):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_contrib_longformer_builds_for_cuda(head_dim):
     """sm_90a, fp16, the head dims of the Hopper kernel (the GPU test's models): the sparse
-    path, compiled to device code"""
+    path, compiled to device code; both passes (local rows, global rows) take the global tokens
+    apart although the padding comes as documents"""
     from pit_tvm.nvcc import check_cuda_compiles
 
     compiled = pit_tvm.compile_onnx(longformer_model(TensorProto.FLOAT16, hidden=2 * head_dim, window=64),
                                     target="cuda")
     assert [n["status"] for n in compiled.annotations if n["source"].startswith("attention:")] == ["pit"]
+    kernels = [gv.name_hint for gv in compiled.lowered.get_global_vars()
+               if gv.name_hint.startswith("pit_sparse_attention_hopper_")]
+    assert len(kernels) == 2 and all(name.endswith("_gsplit") and "_g_d_" in name for name in kernels), kernels
     assert check_cuda_compiles(compiled.executable, archs=("sm_90a",)) >= 1
 
 
