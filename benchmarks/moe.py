@@ -367,7 +367,6 @@ def pit_layer(main, inputs, case):
     return lambda: torch.from_dlpack(main(*args))
 
 
-@functools.lru_cache(maxsize=None)
 def kernel_device_ms(fn) -> tuple[float | None, dict]:
     """(sum of the kernels' device time a call, ms; per kernel µs) from torch.profiler."""
     from common import kernel_split_us  # noqa: PLC0415
