@@ -15,7 +15,8 @@ The layer is five on-device steps, none of which reads a value back to the host:
    :func:`~pit_tvm.index.expert_capacity_index_func` with a capacity): ``offsets[E+1]``,
    ``assignments[T*k]`` grouped by expert, ascending within one;
 3. fc1, grouped GEMM in ``"gather"`` mode (SRead: token rows gathered per expert tile), with the
-   bias and activation in its epilogue (and a second one for the gate of SwiGLU / GeGLU);
+   bias and activation in its epilogue; a gated FFN (SwiGLU / GeGLU) on sm_90a computes both
+   halves in one kernel (:func:`glu_gemm_func`), elsewhere a second GEMM takes the first as its gate;
 4. fc2, grouped GEMM in ``"scatter"`` mode (SWrite: each row to its assignment, scaled by its
    routing weight);
 5. the combine over k (:func:`~pit_tvm.schedules.moe_routing.combine_func`): a fixed-order fp32
@@ -361,16 +362,24 @@ def grouped_gemm_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, ac
                                 bool(bias), activation, str(make_target(target)), config, bool(gate))
 
 
-def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=None, tuning_log=None):
+def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=None, tuning_log=None, glu=False):
     """The tiles of one grouped GEMM of the layer, chosen on the host: None where ``target``
     does not run the Hopper kernel (the generic kernel has fixed tiles), else the tuned config
     of ``tuning_log`` for the token count nearest ``tokens`` in its regime
     (:func:`pit_tvm.tuning.moe.tuned_moe_config`), else the planner's for ``tokens``
     (:func:`~pit_tvm.schedules.hopper.grouped.grouped_config`: narrow tiles and deep rings for
-    decode-size T; ``tokens=None``, a symbolic T: the widest tile)."""
+    decode-size T; ``tokens=None``, a symbolic T: the widest tile).  ``glu``: the tiles of the
+    kernel computing both halves of a gated fc1 (the planner's, :func:`~pit_tvm.schedules.hopper.
+    grouped.glu_config`; the tuning space does not hold that kernel)."""
     target = make_target(target)
     if not _wgmma_target(target):
         return None
+    if glu:
+        try:
+            from pit_tvm.schedules.hopper.grouped import glu_config
+        except ImportError:
+            return None
+        return glu_config(int(n), int(num_experts), int(top_k), None if tokens is None else int(tokens))
     if tuning_log is not None:
         from pit_tvm.tuning.moe import tuned_moe_config      # warns where the log has none
 
@@ -382,6 +391,25 @@ def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=No
     except ImportError:
         return None
     return grouped_config(int(n), int(num_experts), int(top_k), None if tokens is None else int(tokens))
+
+
+def glu_gemm_func(k, n, num_experts, top_k, dtype, bias, activation, target, config):
+    """The Hopper kernel of a gated FFN's fc1 with both halves in one GEMM, ``act(x W1 + b1) *
+    (x W3 + b3)`` (:func:`~pit_tvm.schedules.hopper.grouped.wgmma_grouped_gemm_func` with
+    ``glu``: x's rows gathered once, no intermediate), or None where it does not apply (not
+    sm_90a, no tiles, a shape its tiles do not divide): the layer then runs two grouped GEMMs,
+    the second taking the first as its gate."""
+    if config is None or not _wgmma_target(make_target(target)):
+        return None
+    try:
+        from pit_tvm.schedules.hopper.grouped import wgmma_grouped_gemm_func
+    except ImportError:
+        return None
+    try:
+        return wgmma_grouped_gemm_func("gather", int(k), int(n), int(num_experts), int(top_k), str(dtype), str(dtype),
+                                       bool(bias), activation, config, glu=True)
+    except ValueError:
+        return None
 
 
 def static_tokens(x_shape):
@@ -476,6 +504,10 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
         tokens = static_tokens(x_shape)
     tiles = {mode: grouped_tile_config(mode, kk, n, E, k, dtype, target, tokens, tuning_log)
              for mode, kk, n in (("gather", d, f), ("scatter", f, d))}
+    # a gated FFN on sm_90a: both halves of fc1 in one kernel (both biases or neither)
+    glu = (glu_gemm_func(d, f, E, k, dtype, b1 is not None, GATED[spec.activation], target,
+                         grouped_tile_config("gather", d, f, E, k, dtype, target, tokens, glu=True))
+           if spec.gated and (b1 is None) == (b3 is None) else None)
 
     def fc1(w, b, act, gate=None):
         gv = _add_once(bb, grouped_gemm_func("gather", d, f, E, k, dtype, dtype, b is not None, act, target,
@@ -483,9 +515,13 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
         args = [x2, assignments, offsets, w] + ([b] if b is not None else []) + ([gate] if gate is not None else [])
         return bb.emit(relax.call_tir(gv, args, relax.TensorType([positions, f], dtype)))
 
-    h = fc1(w1, b1, GATED.get(spec.activation, spec.activation))
-    if spec.gated:      # the up projection's epilogue multiplies by the activated gate projection
-        h = fc1(w3, b3, None, gate=h)
+    if glu is not None:
+        h = bb.emit(relax.call_tir(_add_once(bb, glu), [x2, assignments, offsets, w1, w3]
+                                   + ([b1, b3] if b1 is not None else []), relax.TensorType([positions, f], dtype)))
+    else:
+        h = fc1(w1, b1, GATED.get(spec.activation, spec.activation))
+        if spec.gated:      # the up projection's epilogue multiplies by the activated gate projection
+            h = fc1(w3, b3, None, gate=h)
     fc2_gv = _add_once(bb, grouped_gemm_func("scatter", f, d, E, k, dtype, dtype, b2 is not None, None, target,
                                              config=tiles["scatter"]))
     y_rows = bb.emit(relax.call_tir(fc2_gv, [h, assignments, offsets, w2] + ([b2] if b2 is not None else [])
@@ -540,13 +576,15 @@ class MoEFFN:
 
     def tiles(self, tokens=None) -> tuple:
         """The grouped GEMMs' tiles ``(fc1, fc2)`` a call of ``tokens`` tokens runs (None: the
-        symbolic-T layer, for more than :data:`DECODE_TOKENS`); ``(None, None)`` off sm_90a."""
+        symbolic-T layer, for more than :data:`DECODE_TOKENS`; a gated FFN's fc1: the glu
+        kernel's); ``(None, None)`` off sm_90a."""
         if tokens is not None and int(tokens) > DECODE_TOKENS:
             tokens = None
         if tokens not in self._tiles_of:
             E, k = self.spec.num_experts, self.spec.top_k
             self._tiles_of[tokens] = tuple(
-                grouped_tile_config(mode, kk, n, E, k, self.dtype, self.target, tokens, self.tuning_log)
+                grouped_tile_config(mode, kk, n, E, k, self.dtype, self.target, tokens, self.tuning_log,
+                                    glu=self.spec.gated and mode == "gather")
                 for mode, kk, n in (("gather", self.d, self.f), ("scatter", self.f, self.d)))
         return self._tiles_of[tokens]
 

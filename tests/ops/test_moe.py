@@ -358,6 +358,24 @@ def test_cuda_build_compiles_with_nvcc(config, dtype, arch):
     assert check_cuda_compiles(ex, archs=(arch,)) >= 1
 
 
+@pytest.mark.parametrize("optional,kernels", [
+    (("w3",), ["_silu_glu_"]),
+    (("b1", "w3", "b3"), ["_bias_silu_glu_"]),
+    (("b1", "w3"), ["_bias_silu_bn", "_gated_bn"]),      # one bias of two: the up half takes the first as its gate
+])
+def test_gated_fc1_is_one_kernel_on_sm90a(optional, kernels):
+    """On sm_90a a gated FFN's fc1 is one grouped GEMM computing both halves (the glu kernel,
+    x's rows gathered once); with one of the two biases, two GEMMs.  Off sm_90a, two."""
+    spec = MoESpec(8, 2, routing="topk_softmax", activation="swiglu")
+    given = tuple(n in optional for n in ("b1", "b2", "w3", "b3"))
+    names = [gv.name_hint for gv in moe_ffn(spec, 256, 704, "float16", target="cuda:sm_90a").module(given).functions
+             if gv.name_hint.startswith("wgmma_grouped_gather")]
+    assert len(names) == len(kernels) and all(any(k in n for n in names) for k in kernels), names
+    generic = [gv.name_hint for gv in moe_ffn(spec, 256, 704, "float16", target="cuda:sm_80").module(given).functions
+               if "grouped" in gv.name_hint and "gather" in gv.name_hint]
+    assert len(generic) == 2 and not any("glu" in n for n in generic), generic
+
+
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
 def test_cuda_generic_grouped_gemm_compiles():
     for mode, act, bias in (("gather", "gelu", True), ("scatter", None, False)):
@@ -374,6 +392,8 @@ GPU_SHAPES = [
     (MoESpec(8, 2, routing="topk_softmax", activation="swiglu"), 256, 704, 300, ("w3",)),   # Mixtral-like
     (MoESpec(16, 6, normalize_routing_weights=True, activation="silu"), 128, 88, 77, ("b1", "b2")),
     (MoESpec(8, 1, capacity=40, dropped_token="input_scaled"), 64, 96, 512, ()),   # Switch + capacity
+    (MoESpec(8, 2, routing="topk_softmax", activation="geglu"), 128, 256, 200, ("w3", "b1", "b3")),  # glu, biases
+    (MoESpec(8, 2, routing="topk_softmax", activation="swiglu"), 128, 256, 200, ("w3", "b1")),  # two GEMMs
 ]
 
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.nvcc import cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.schedules.hopper.config import WgmmaConfig
-from pit_tvm.schedules.hopper.grouped import (GROUPED_ATTR, expected_pairs, grouped_config,
+from pit_tvm.schedules.hopper.grouped import (GROUPED_ATTR, expected_pairs, glu_config, grouped_config,
                                               wgmma_grouped_gemm_func)
 from pit_tvm.target import build
 
@@ -30,8 +30,9 @@ TARGET = "cuda:sm_90a"
 
 @functools.lru_cache(maxsize=None)
 def _exe(mode, k, n, num_experts, top_k, in_dtype="float16", out_dtype="float16", bias=False, activation=None,
-         config=None, gate=False):
-    f = wgmma_grouped_gemm_func(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config, gate)
+         config=None, gate=False, glu=False):
+    f = wgmma_grouped_gemm_func(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config, gate,
+                                glu)
     return build(tvm.IRModule({"main": f}), TARGET)
 
 
@@ -96,9 +97,11 @@ def grouped_reference(mode, a, assignments, offsets, w, bias, route_weight, top_
 
 
 def run_grouped(mode, num_tokens, k, n, num_experts, top_k, expert_ids, *, capacity=None, in_dtype="float16",
-                out_dtype="float16", bias=False, activation=None, config=None, seed=0, gate=False):
+                out_dtype="float16", bias=False, activation=None, config=None, seed=0, gate=False, glu=False):
     """Runs the kernel on the GPU; returns (got, want) as float64, every row of the output
-    (initialised to a non-zero fill, so rows the kernel leaves unwritten show)."""
+    (initialised to a non-zero fill, so rows the kernel leaves unwritten show).  ``glu``: a
+    second weight W3 (and bias b3), the reference ``act(X W1 + b1)`` and ``X W3 + b3`` each
+    rounded to the output dtype, then multiplied."""
     rng = np.random.default_rng(seed)
     dt = numpy_dtype(in_dtype)
     offsets, assignments = expert_index(expert_ids, num_experts, capacity)
@@ -109,15 +112,24 @@ def run_grouped(mode, num_tokens, k, n, num_experts, top_k, expert_ids, *, capac
     b = rng.standard_normal((num_experts, n)).astype(np.float32).astype(dt) if bias else None
     rw = rng.uniform(0.1, 1.0, p_rows).astype(np.float32)
     g = rng.standard_normal((p_rows, n)).astype(np.float32).astype(numpy_dtype(out_dtype)) if gate else None
+    w3 = (rng.standard_normal((num_experts, k, n)) / np.sqrt(k)).astype(np.float32).astype(dt) if glu else None
+    b3 = rng.standard_normal((num_experts, n)).astype(np.float32).astype(dt) if glu and bias else None
     dev = tvm.cuda()
     t = lambda x: tvm.runtime.tensor(x, dev)  # noqa: E731
     out = t(np.full((p_rows, n), 7.0, np.float32).astype(numpy_dtype(out_dtype)))
-    args = ([t(a), t(assignments), t(offsets), t(w)] + ([t(b)] if bias else []) + ([t(g)] if gate else [])
-            + ([t(rw)] if mode == "scatter" else []) + [out])
-    _exe(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config, gate)["main"](*args)
-    want = grouped_reference(mode, a.astype(np.float64), assignments, offsets, w.astype(np.float64),
-                             None if b is None else b.astype(np.float64), rw, top_k, activation,
-                             None if g is None else g.astype(np.float64))
+    args = ([t(a), t(assignments), t(offsets), t(w)] + ([t(w3)] if glu else []) + ([t(b)] if bias else [])
+            + ([t(b3)] if glu and bias else []) + ([t(g)] if gate else []) + ([t(rw)] if mode == "scatter" else [])
+            + [out])
+    _exe(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config, gate, glu)["main"](*args)
+    f64 = lambda x: None if x is None else x.astype(np.float64)  # noqa: E731
+    if glu:
+        def rounded(weight, bias_, act):
+            v = grouped_reference(mode, f64(a), assignments, offsets, f64(weight), f64(bias_), rw, top_k, act)
+            return v.astype(np.float32).astype(numpy_dtype(out_dtype)).astype(np.float64)
+        g = rounded(w3, b3, None)
+        want = rounded(w, b, activation) * g
+    else:
+        want = grouped_reference(mode, f64(a), assignments, offsets, f64(w), f64(b), rw, top_k, activation, f64(g))
     return out.numpy().astype(np.float64), want, offsets, assignments
 
 
@@ -172,9 +184,12 @@ def test_signature_and_attr():
     gated = wgmma_grouped_gemm_func("gather", 256, 512, 8, 2, "float16", "float16", True, None, gate=True)
     assert len(gated.params) == 7  # x, assignments, offsets, w, bias, gate, h
     assert gated.attrs[GROUPED_ATTR]["gate"] and not f.attrs[GROUPED_ATTR]["gate"]
+    glu = wgmma_grouped_gemm_func("gather", 256, 512, 8, 2, "float16", "float16", True, "silu", glu=True)
+    assert len(glu.params) == 8    # x, assignments, offsets, w1, w3, b1, b3, h
+    assert glu.attrs[GROUPED_ATTR]["glu"] and not gated.attrs[GROUPED_ATTR]["glu"]
     names = {str(h.attrs["global_symbol"])
-             for h in (f, g, gated, wgmma_grouped_gemm_func("gather", 256, 512, 8, 2))}
-    assert len(names) == 4 and all(name.startswith("wgmma_grouped_") for name in names)
+             for h in (f, g, gated, glu, wgmma_grouped_gemm_func("gather", 256, 512, 8, 2))}
+    assert len(names) == 5 and all(name.startswith("wgmma_grouped_") for name in names)
 
 
 #: the kernels ptxas checks: each mode at a Switch layer's shapes, the decode tiles
@@ -183,6 +198,10 @@ _PTXAS_CASES = {
     "scatter_bias": lambda: wgmma_grouped_gemm_func("scatter", 3072, 768, 8, 2, "float16", "float16", True, None),
     "gather_gated_bf16": lambda: wgmma_grouped_gemm_func("gather", 2048, 1408, 64, 6, "bfloat16", "bfloat16", False,
                                                          None, grouped_config(1408, 64, 6), gate=True),
+    "gather_glu_bf16": lambda: wgmma_grouped_gemm_func("gather", 2048, 1408, 64, 6, "bfloat16", "bfloat16", False,
+                                                       "silu", glu_config(1408, 64, 6, tokens=4096), glu=True),
+    "gather_glu_bias_fp16": lambda: wgmma_grouped_gemm_func("gather", 4096, 14336, 8, 2, "float16", "float16", True,
+                                                            "gelu", glu=True),
     "scatter_decode_bf16_f32": lambda: wgmma_grouped_gemm_func("scatter", 3072, 768, 8, 1, "bfloat16", "float32",
                                                                False, None, grouped_config(768, 8, 1, tokens=16)),
 }
@@ -214,6 +233,11 @@ def test_grouped_config():
     # Mixtral fc1 at decode: 56 N tiles of 256 over 8 experts already fill the SMs
     assert grouped_config(14336, 8, 2, tokens=16).block_n == 256
     assert grouped_config(768, 128, 1, tokens=16384).block_n >= 128
+    # the glu kernel (2 N accumulator columns): halves of whole 64-column atoms
+    assert glu_config(1408, 64, 6, tokens=4096).block_n == 256          # 11 tiles of 128 columns of H
+    assert glu_config(704, 8, 2).block_n == 128                          # 1408 = 11 x 128
+    assert glu_config(768, 8, 1, tokens=16).block_n == 128               # the planner's 64 or 192, widened
+    assert glu_config(96, 8, 1) is None
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -228,6 +252,10 @@ def test_grouped_config():
     (dict(config=WgmmaConfig(256, 4, 32)), "block_k"),
     (dict(config=WgmmaConfig(256, 8)), "shared memory"),
     (dict(mode="scatter", gate=True), "gate"),
+    (dict(mode="scatter", glu=True), "glu"),
+    (dict(glu=True, gate=True), "gate"),
+    (dict(glu=True, config=WgmmaConfig(192, 4)), "glu"),
+    (dict(glu=True, n=96), "N % block_n"),
 ])
 def test_bad_arguments_raise(kwargs, match):
     args = dict(mode="gather", k=256, n=512, num_experts=8, top_k=2)
@@ -330,6 +358,28 @@ def test_gpu_grouped_gated(in_dtype, out_dtype, bias, case):
     got, want, offsets, _ = run_grouped("gather", T, 512, 768, E, top_k, expert_ids, in_dtype=in_dtype,
                                         out_dtype=out_dtype, bias=bias, gate=True,
                                         capacity=40 if case == "dropped" else None)
+    _close(got, want, out_dtype, in_dtype)
+    assert np.all(got[offsets[-1]:] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype,out_dtype,bias,activation,n,case", [
+    ("bfloat16", "bfloat16", False, "silu", 768, "uniform"),
+    ("float16", "float16", True, "gelu", 704, "dropped"),
+    ("float16", "float32", True, "silu", 256, "tail"),
+])
+def test_gpu_grouped_glu(in_dtype, out_dtype, bias, activation, n, case):
+    """Both halves of a gated FFN in one kernel (glu): W1's half activated, W3's linear, each
+    rounded to the output dtype and multiplied; 256- and 128-column tiles (128 / 64 columns of
+    H), every row against the contract, the rows past offsets[E] zero."""
+    rng = np.random.default_rng(zlib.crc32(f"glu/{case}".encode()))
+    T, E, top_k, capacity = (700, 64, 6, None) if case == "uniform" else (300, 8, 2, 40 if case == "dropped" else None)
+    if case == "tail":
+        T = 1
+    expert_ids = route(T, E, top_k, rng)
+    got, want, offsets, _ = run_grouped("gather", T, 512, n, E, top_k, expert_ids, in_dtype=in_dtype,
+                                        out_dtype=out_dtype, bias=bias, activation=activation, glu=True,
+                                        capacity=capacity, config=glu_config(n, E, top_k, T))
     _close(got, want, out_dtype, in_dtype)
     assert np.all(got[offsets[-1]:] == 0)
 

@@ -64,7 +64,7 @@ def index_is_full(offsets, m, tiles_per_strip: int):
 
 def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_compact=False,  # noqa: C901
                 full_mk=0, row_scale=False, row_scale_masks=False, residual=False, rows_above=0, rows_upto=0,
-                row_scale_a=False, strips_mk=0, num_experts=0, top_k=1, gate=False):
+                row_scale_a=False, strips_mk=0, num_experts=0, top_k=1, gate=False, glu=False):
     """The kernel body for ``mode`` "rows" / "dense" (see :mod:`.rows`) or "tiles"
     (:func:`.tiles.wgmma_tiles_gather_func`: strip ``bm``'s listed micro-tiles of width ``mk``).
     ``full_mk`` (dense): the kernel takes a tiles index of ``(128, full_mk)`` micro-tiles and
@@ -76,7 +76,11 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     :mod:`.grouped` over ``num_experts`` weights (a CTA's tile: its expert and rows, see
     ``expert_tile``); gather reads A's rows ``ids[p] // top_k``, and with ``gate`` multiplies each
     output element by the same element of a gate tensor (C's shape and dtype; a gated FFN's
-    other half)."""
+    other half).  ``glu`` (gather): B is two weights, W1 (the activated half of a gated FFN)
+    and W3 (its linear half), and C = act(A W1 + b1) * (A W3 + b3), each half rounded to C's
+    dtype before the product (as the graph's multiply); a tile's BN accumulator columns are
+    BN / 2 of each, and it stores BN / 2 columns of C (docs/design/moe.md, "One GEMM for both
+    halves")."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK
@@ -95,6 +99,12 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                          f"1..{THREADS} experts, got {cfg}, num_experts={num_experts}")
     if gate and mode != "gather":
         raise ValueError(f"a gate multiplies the grouped gather's output only, got mode {mode!r}")
+    if glu and (mode != "gather" or gate or BN % 128):
+        raise ValueError(f"both halves of a gated FFN in one tile: the grouped gather, no gate tensor, block_n a "
+                         f"multiple of 128 (each half whole 64-column atoms), got mode {mode!r}, {cfg}")
+    # the columns of C a tile stores: BN, or with ``glu`` BN / 2 (its accumulator's columns
+    # BN / 2 .. BN - 1 are the linear half's, for the same columns of C)
+    CN = BN // 2 if glu else BN
     # a few-rows tier: SMS CTAs, CTA c computing tile c of the listed rows' tiles (there are at
     # most SMS), then its store warpgroup storing a share of C's rows past them (``store_unlisted``)
     persistent = rows_upto > 0
@@ -106,11 +116,11 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     A_CHUNKS = BM * BK // 8 // THREADS    # 16-byte chunks per thread per K tile
     b_copy = BCopyLayout(BN, BK, tiles)
     B_ROWS = b_copy.rows
-    C_ROW = c_row_pitch(BN, out_dtype)
+    C_ROW = c_row_pitch(CN, out_dtype)
     Z_OFF = BM * C_ROW                    # (out dtype elements) the zero row's value, after C
     C_VEC = 16 // dtype_bytes(out_dtype)  # elements per 16-byte store
-    C_CHUNKS = BM * BN // C_VEC // THREADS
-    C_ROW_CHUNKS = BN // C_VEC
+    C_CHUNKS = BM * CN // C_VEC // THREADS
+    C_ROW_CHUNKS = CN // C_VEC
     smem_elems = cfg.smem_bytes(out_dtype) // 2   # the ring, or the staged C tile after it
     # dense and rows, 64-deep K tiles, not the few-rows tier: the warp-specialized K loop (see
     # ``tma_loader``, ``ws_k_loop``), but where a residual would spill (:func:`residual_spills_ws`).
@@ -154,6 +164,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     zero_out = tirx.const(0, out_dtype)
 
     ep = Epilogue(out_dtype, has_bias, act, row_scale, row_scale_a, row_scale_masks, residual, gate)
+    linear_half = Epilogue(out_dtype, has_bias)      # glu: W3's half, its bias and the cast
     epilogue, plus_residual, unlisted = ep.apply, ep.plus_residual, ep.unlisted
     # the store warpgroup computes epilogue(0) only where it is not zero (the SWrite's branches
     # take the same cases: a bias's value staged once, a row scale's per element)
@@ -189,6 +200,14 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     def bias_of(bias_buf, bm):
         """the bias the epilogue indexes by column (grouped: the expert's row of ``[E, N]``)"""
         return ExpertRow(bias_buf, bm[0]) if grouped else bias_buf
+
+    def staged_value(acc, a, bm, bias_buf, bias3_buf, col, scale):
+        """the epilogue of accumulator ``a`` (column ``col`` of C); glu: times the linear
+        half's, accumulator ``a + CN / 2`` (the same column of W3)"""
+        v = epilogue(acc[a], bias_of(bias_buf, bm), col, scale)
+        if glu:
+            return v * linear_half.apply(acc[a + CN // 2], bias_of(bias3_buf, bm), col, None)
+        return v
 
     def a_chunk(t, copiers, j):
         """A's K-tile chunk that thread t of ``copiers`` copies j-th: (tile row, 16-byte chunk)"""
@@ -287,7 +306,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         return T.ptx["cp.async.cg.shared.global"](dst, src, 16)
 
     if grouped:
-        experts = ExpertTiles(num_experts, mode, N, BN, out_dtype, smem_elems * 2 // 4)
+        experts = ExpertTiles(num_experts, mode, N, CN, out_dtype, smem_elems * 2 // 4)
         expert_tile, store_unlisted_grouped = experts.expert_tile, experts.store_unlisted
 
     loaders = gemm_loaders(SimpleNamespace(**{name: value for name, value in locals().items()
@@ -327,10 +346,10 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
             ring.release(bars, q, tid)
 
     @T.macro
-    def tile(bn, bm, tid, m, io, smem, regs, bars, map_a, map_b):
+    def tile(bn, bm, tid, m, io, smem, regs, bars, map_a, map_b, map_b3):
         """the 128 x BN tile (bn, bm) of C: SRead, wgmma K loop, epilogue, SWrite (``io``: the
         kernel's buffers, ``regs``: this thread's registers, ``bars``: the ring's mbarriers)"""
-        A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC = io.unpacked()
+        A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, B3, BIAS3 = io.unpacked()
         acc, a_row, c_row, rs_val, res_v, a_col, b_row_id, a_col_next, b_row_next, desc_a, desc_b, orw, ballot, \
             sloc, old = regs.unpacked()
         count = count_of(OFF, m)
@@ -346,12 +365,12 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                 if tid >= THREADS:
                     if tiles:
                         if full_index(OFF, m):     # (the dense fallback: the dense kernel's loop)
-                            tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
+                            tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, map_b3, a_row, a_col)
                         else:
                             tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, a_col, b_row_id, a_col_next,
                                          b_row_next)
                     else:
-                        tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col)
+                        tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, map_b3, a_row, a_col)
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
                     # thread that has not exited)
                     T.evaluate(exit_thread())
@@ -419,13 +438,13 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                 # (the listing's flags: the K loop's ring held them)
                 if tid < S_NMT:
                     smem.view("int32")[S_LISTED + tid] = 0
-            for nb in T.unroll(BN // 8):
+            for nb in T.unroll(CN // 8):
                 for i in T.unroll(2):
                     # (no assignment in a vectorized loop: TIRx makes it a one-element local)
                     for e in T.vectorized(2):
                         smem.view(out_dtype)[(wg * 64 + w * 16 + lane // 4 + 8 * i) * C_ROW
-                                             + nb * 8 + (lane % 4) * 2 + e] = epilogue(
-                            acc[nb * 4 + i * 2 + e], bias_of(BIAS, bm), bn * BN + nb * 8 + (lane % 4) * 2 + e,
+                                             + nb * 8 + (lane % 4) * 2 + e] = staged_value(
+                            acc, nb * 4 + i * 2 + e, bm, BIAS, BIAS3, bn * CN + nb * 8 + (lane % 4) * 2 + e,
                             rs_val[i])
             T.evaluate(consumer_sync())
         if ws:
@@ -455,14 +474,14 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                 # every residual (gate) chunk loaded before the first store, for the same reason
                 for j in T.unroll(C_CHUNKS):
                     for e in T.vectorized(C_VEC):
-                        res_v[j * C_VEC + e] = RES[c_row[j], bn * BN + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC + e]
+                        res_v[j * C_VEC + e] = RES[c_row[j], bn * CN + (tid + THREADS * j) % C_ROW_CHUNKS * C_VEC + e]
         for j in T.unroll(C_CHUNKS):
             r = (tid + THREADS * j) // C_ROW_CHUNKS
             ch = (tid + THREADS * j) % C_ROW_CHUNKS
             if runs(OFF, m, T.And(p0 < stored_below(OFF, m), p0 + r < m) if persistent else p0 + r < m):
                 if grouped:   # (the expert's rows: m is their end; the rows past it are others')
                     for e in T.vectorized(C_VEC):
-                        C[c_row[j], bn * BN + ch * C_VEC + e] = ep.times_gate(
+                        C[c_row[j], bn * CN + ch * C_VEC + e] = ep.times_gate(
                             smem.view(out_dtype)[r * C_ROW + ch * C_VEC + e], res_v, j, e)
                 elif p0 + r < count:
                     for e in T.vectorized(C_VEC):
@@ -487,13 +506,13 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     store_unlisted, STORE_CHUNKS = unlisted_rows.store_unlisted, unlisted_rows.STORE_CHUNKS
 
     @T.macro
-    def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b):
+    def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, B3, BIAS3, map_a, map_b, map_b3):
         T.device_entry()
         if persistent:
             cta = T.cta_id([SMS])
         elif grouped:
             # (expert, tile) pairs, at most ceil(M / 128) + min(E, M) of them (see .experts)
-            bn, bt = T.cta_id([N // BN, pair_grid(M, num_experts)])
+            bn, bt = T.cta_id([N // CN, pair_grid(M, num_experts)])
         elif RASTER > 1:
             # grouped launch order: the CTAs launched together take RASTER consecutive M tiles for
             # a run of N tiles, so that they share B's columns (and A's rows) in L2; CTA t in
@@ -530,7 +549,7 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
         z_id = T.alloc_local([2 * STORE_BATCH if persistent else 1], "int32")
         z_val = T.alloc_local([C_VEC], out_dtype)
         z_res = T.alloc_local([STORE_CHUNKS * C_VEC if persistent and residual else 1], out_dtype)
-        io = T.meta_var(TileOperands(A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC))
+        io = T.meta_var(TileOperands(A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, B3, BIAS3))
         regs = T.meta_var(TileRegisters(acc, a_row, c_row, rs_val, res_v, a_col, b_row_id, a_col_next, b_row_next,
                                         desc_a, desc_b, orw, ballot, sloc, old))
         m = T.Cast("int32", M)
@@ -550,41 +569,45 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                     T.evaluate(named_barrier_sync(STORE_READY_BARRIER, THREADS + STORER_THREADS))
                     store_unlisted(cta, tid - THREADS, m, OFF, IDS, BIAS, RS, RES, C, z_id, z_val, z_res)
                 T.evaluate(exit_thread())
-            tile(cta % (N // BN), cta // (N // BN), tid, m, io, smem, regs, bars, map_a, map_b)
+            tile(cta % (N // BN), cta // (N // BN), tid, m, io, smem, regs, bars, map_a, map_b, map_b3)
         elif grouped:
             # this CTA's expert and rows (CTA-uniform registers: expert, first row, end of the
             # expert's rows, tiles in all), then its tile, or, past the tiles, its share of the
             # rows that no tile stores
             grp = T.alloc_local([4], "int32")
             expert_tile(bt, tid, OFF, grp)
-            tile(bn, grp, tid, grp[END], io, smem, regs, bars, map_a, map_b)
+            tile(bn, grp, tid, grp[END], io, smem, regs, bars, map_a, map_b, map_b3)
             if grp[EXPERT] < 0:
                 store_unlisted_grouped(bn, bt - grp[PAIRS], pair_grid(M, num_experts) - grp[PAIRS], tid, m, OFF,
                                        IDS, C, smem)
         else:
-            tile(bn, bm, tid, m, io, smem, regs, bars, map_a, map_b)
+            tile(bn, bm, tid, m, io, smem, regs, bars, map_a, map_b, map_b3)
 
     encode_tma_map = tma_map_encoder(in_dtype)
 
     @T.macro
-    def body_ws(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
-        # (host) the TMA descriptors of B (64 x 64 atoms) and, dense, A (128 x 64 boxes), with
-        # the 128-byte swizzle
+    def body_ws(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, B3, BIAS3):
+        # (host) the TMA descriptors of B (64 x 64 atoms; glu: and of W3) and, dense, A (128 x 64
+        # boxes), with the 128-byte swizzle
         map_b: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
         encode_tma_map(map_b, B.data, N, K * num_experts if grouped else K, 64, BK)
-        if a_box or ws_tiles:
+        if glu:
+            map_b3: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+            encode_tma_map(map_b3, B3.data, N, K * num_experts, 64, BK)
+            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, B3, BIAS3, None, map_b, map_b3)
+        elif a_box or ws_tiles:
             map_a: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
             encode_tma_map(map_a, A.data, K, M, BK, BM)
-            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, map_a, map_b)
+            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, B3, BIAS3, map_a, map_b, None)
         else:
-            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, map_b)
+            device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, B3, BIAS3, None, map_b, None)
 
     @T.macro
-    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC):
-        device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, None)
+    def body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, B3, BIAS3):
+        device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, None, None, None, None, None)
 
     if grouped:
-        return grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body_ws, gate)
+        return grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body_ws, gate, glu)
     return gemm_signature(K, N, in_dtype, out_dtype, has_bias, mode, body_ws if ws else body, MKT, full_mk,
                           row_scale or row_scale_a, residual, S_MKT, S_COMPACT)
 
@@ -623,31 +646,34 @@ def gemm_signature(K, N, in_dtype, out_dtype, has_bias, mode, body, mkt=0, full_
              T.match_buffer(state, (strip_state_words(M),), STATE_DTYPE),
              T.match_buffer(counts, (strip_state_words(M),), "int32"),
              T.match_buffer(strip_ids, (strip_state_words(M) * max(strips_mkt, 1),), "int32"),
-             T.match_buffer(ac, (M, N), out_dtype))
+             T.match_buffer(ac, (M, N), out_dtype), None, None)
 
     names = ("a", "b", "offsets", "ids", "bias", "row_scale", "residual", "state", "c", "counts", "strip_ids", "ac")
     return without_params(kernel, names, {name for name, taken in takes.items() if not taken})
 
 
-def grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body, gate=False):
+def grouped_signature(K, N, num_experts, in_dtype, out_dtype, has_bias, mode, body, gate=False, glu=False):
     """The grouped GEMM's PrimFunc around ``body`` (:mod:`.grouped`): gather
     ``x[T, K], assignments[P], offsets[E + 1], w[E, K, N][, bias[E, N]][, gate[P, N]], h[P, N]``; scatter
     ``h[P, K], assignments[P], offsets[E + 1], w[E, K, N][, bias[E, N]], route_weight[P] (fp32),
-    y[P, N]``.  ``body``'s operands as :func:`gemm_signature`'s (A, B, offsets, ids, bias, row
-    scale = route weight, the gate as the residual, C; no strips)."""
+    y[P, N]``; ``glu``: ``x[T, K], assignments[P], offsets[E + 1], w1[E, K, N], w3[E, K, N][, b1[E, N],
+    b3[E, N]], h[P, N]``.  ``body``'s operands as :func:`gemm_signature`'s (A, B, offsets, ids, bias,
+    row scale = route weight, the gate as the residual, C; no strips), then W3 and its bias."""
     E = num_experts
-    takes = {"bias": has_bias, "gate": gate, "route_weight": mode == "scatter"}
+    takes = {"w3": glu, "bias": has_bias, "bias3": has_bias and glu, "gate": gate,
+             "route_weight": mode == "scatter"}
 
     @T.prim_func(s_tir=False)
-    def kernel(a: T.handle, assignments: T.handle, offsets: T.handle, w: T.handle, bias: T.handle,
-               gate: T.handle, route_weight: T.handle, c: T.handle):
+    def kernel(a: T.handle, assignments: T.handle, offsets: T.handle, w: T.handle, w3: T.handle, bias: T.handle,
+               bias3: T.handle, gate: T.handle, route_weight: T.handle, c: T.handle):
         P = T.int64()
         A_ROWS = T.int64()   # gather: tokens (scatter: P)
         body(P, T.match_buffer(a, (P if mode == "scatter" else A_ROWS, K), in_dtype),
              T.match_buffer(w, (E, K, N), in_dtype), T.match_buffer(offsets, (E + 1,), "int32"),
              T.match_buffer(assignments, (P,), "int32"), T.match_buffer(bias, (E, N), in_dtype),
              T.match_buffer(route_weight, (P,), "float32"), T.match_buffer(gate, (P, N), out_dtype),
-             T.match_buffer(c, (P, N), out_dtype), None, None, None, None)
+             T.match_buffer(c, (P, N), out_dtype), None, None, None, None,
+             T.match_buffer(w3, (E, K, N), in_dtype), T.match_buffer(bias3, (E, N), in_dtype))
 
-    names = ("a", "assignments", "offsets", "w", "bias", "gate", "route_weight", "c")
+    names = ("a", "assignments", "offsets", "w", "w3", "bias", "bias3", "gate", "route_weight", "c")
     return without_params(kernel, names, {name for name, taken in takes.items() if not taken})

@@ -8,6 +8,9 @@ lowers it.  Contract: docs/design/moe.md ("Grouped GEMM kernel")::
         H[p, :] = act(X[assignments[p] // top_k, :] @ W[e] + bias[e])   p in [offsets[e], offsets[e+1])
                   (* G[p, :] with a gate, in H's dtype: a gated FFN's up half times its gate half)
         H[p, :] = 0                                                      p >= offsets[E]
+    glu (a gated FFN's fc1, both halves in one GEMM):
+        grouped_gemm(X[T, K], assignments[P], offsets[E+1], W1[E, K, N], W3[E, K, N], [b1[E, N], b3[E, N]], H[P, N])
+        H[p, :] = act(X[t] @ W1[e] + b1[e]) * (X[t] @ W3[e] + b3[e])   each half rounded to H's dtype first
     scatter (fc2): grouped_gemm(H[P, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]],
                                 route_weight[P] (fp32), Y[P, N])
         Y[assignments[p], :] = route_weight[assignments[p]] * act(H[p, :] @ W[e] + bias[e])
@@ -32,7 +35,7 @@ from pit_tvm.schedules.hopper.lowering import lower_tirx
 from pit_tvm.schedules.hopper.planner import wgmma_config
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
 
-__all__ = ["wgmma_grouped_gemm_func", "grouped_config", "check_grouped_config", "GROUPED_ATTR", "GROUPED_ACTIVATIONS", "MAX_EXPERTS"]
+__all__ = ["wgmma_grouped_gemm_func", "grouped_config", "glu_config", "check_grouped_config", "GROUPED_ATTR", "GROUPED_ACTIVATIONS", "MAX_EXPERTS"]
 
 #: the attr of a grouped GEMM kernel: its mode, experts, top_k and :class:`WgmmaConfig`'s knobs
 GROUPED_ATTR = "pit.wgmma_grouped"
@@ -73,8 +76,19 @@ def grouped_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None 
     return wgmma_config(n, rows=BLOCK_M * expected_pairs(num_experts, top_k, tokens))
 
 
+def glu_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None = None) -> WgmmaConfig | None:
+    """The tiles of the glu kernel (both halves of a gated FFN's fc1, N columns each): the
+    planner's for 2 N accumulator columns (:func:`grouped_config`), narrowed to the widths whose
+    halves are whole 64-column atoms (256 or 128); None where neither divides 2 N."""
+    config = grouped_config(2 * n, num_experts, top_k, tokens)
+    if config is not None and config.block_n in (128, 256):
+        return config
+    rows = None if tokens is None else BLOCK_M * expected_pairs(num_experts, top_k, tokens)
+    return wgmma_config(2 * n, rows, block_n=128)
+
+
 def check_grouped_config(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str, out_dtype: str,
-                         config: WgmmaConfig | None) -> None:
+                         config: WgmmaConfig | None, glu: bool = False) -> None:
     """Raise ValueError where the grouped kernel does not take these arguments and tiles (the
     checks of :func:`wgmma_grouped_gemm_func`; the tuning space's filter)."""
     if mode not in ("gather", "scatter"):
@@ -85,10 +99,13 @@ def check_grouped_config(mode: str, k: int, n: int, num_experts: int, top_k: int
         raise ValueError(f"top_k must be in 1..num_experts={num_experts}, got {top_k}")
     if in_dtype not in IN_DTYPES or out_dtype not in OUT_DTYPES:
         raise ValueError(f"wgmma takes {IN_DTYPES} in and {OUT_DTYPES} out, got {in_dtype} -> {out_dtype}")
-    if (config is None or k % BLOCK_K or n % config.block_n or config.block_n % 64
+    if (config is None or k % BLOCK_K or (2 if glu else 1) * n % config.block_n or config.block_n % 64
             or config.block_k != BLOCK_K):
         raise ValueError(f"the grouped GEMM's tiles need K % {BLOCK_K} == 0 and N % block_n == 0 (block_n a "
-                         f"multiple of 64, block_k {BLOCK_K}), got K={k}, N={n}, {config}")
+                         f"multiple of 64, block_k {BLOCK_K}; glu: 2 N), got K={k}, N={n}, {config}")
+    if glu and (mode != "gather" or config.block_n % 128):
+        raise ValueError(f"the glu kernel (both halves of a gated FFN) is a gather with block_n 128 or 256, "
+                         f"got mode {mode!r}, {config}")
     if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
         raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
 
@@ -96,23 +113,28 @@ def check_grouped_config(mode: str, k: int, n: int, num_experts: int, top_k: int
 @functools.lru_cache(maxsize=64)
 def wgmma_grouped_gemm_func(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str = "float16",
                             out_dtype: str = "float16", bias: bool = False, activation: str | None = None,
-                            config: WgmmaConfig | None = None, gate: bool = False) -> tirx.PrimFunc:
+                            config: WgmmaConfig | None = None, gate: bool = False,
+                            glu: bool = False) -> tirx.PrimFunc:
     """The lowered grouped GEMM PrimFunc (the module docstring's contract), mode "gather" (fc1)
     or "scatter" (fc2), for ``num_experts`` weights ``[E, k, n]``; ``T`` and ``P`` symbolic.
     ``config``: the tiles (default :func:`grouped_config` for many tokens; 64-deep K tiles).
     ``gate`` (gather): the output times a gate tensor ``G[P, N]`` (the contract above).
-    Raises ValueError when the shape, dtypes or config do not fit."""
+    ``glu`` (gather): both halves of a gated FFN, ``activation`` on W1's (default tiles
+    :func:`glu_config`).  Raises ValueError when the shape, dtypes or config do not fit."""
     act = _activation(activation)
-    config = config or grouped_config(n, num_experts, top_k)
-    check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, config)
+    if gate and glu:
+        raise ValueError("the glu kernel computes its gate half itself: no gate tensor")
+    config = config or (glu_config if glu else grouped_config)(n, num_experts, top_k)
+    check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, config, glu)
     func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, mode, config,
-                       row_scale=mode == "scatter", num_experts=int(num_experts), top_k=int(top_k), gate=bool(gate))
+                       row_scale=mode == "scatter", num_experts=int(num_experts), top_k=int(top_k), gate=bool(gate),
+                       glu=bool(glu))
     func = lower_tirx(func, TARGET)
     # (a name of its own: a module holding fc1 and fc2, or two layers' kernels, adds each once by name)
     name = (f"wgmma_grouped_{mode}_k{k}_n{n}_e{num_experts}_top{top_k}_{in_dtype}_{out_dtype}"
-            f"{'_bias' if bias else ''}{'_' + act if act else ''}{'_gated' if gate else ''}"
+            f"{'_bias' if bias else ''}{'_' + act if act else ''}{'_gated' if gate else ''}{'_glu' if glu else ''}"
             f"_bn{config.block_n}s{config.stages}")
     return func.with_attrs({"global_symbol": name,
                             GROUPED_ATTR: {"mode": mode, "num_experts": int(num_experts), "top_k": int(top_k),
                                            "block_n": config.block_n, "stages": config.stages,
-                                           "gate": bool(gate)}})
+                                           "gate": bool(gate), "glu": bool(glu)}})

@@ -124,14 +124,15 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
         sread_b(kt, tid, b_copy, bn, bm, OFF, B, smem, b_row_id)
 
     @T.macro
-    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, a_row, a_col):
+    def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, map_b3, a_row, a_col):
         """ws: the loader warpgroup's K loop.  Once the consumers released ring slot kt % STAGES
         (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
         and A's 128 x 64 box) by TMA, their bytes counted on the slot's ``full`` mbarrier; TMA
         writes the 128-byte swizzle the wgmma descriptors read (it follows the shared-memory
         address) and zeros past M.  Rows (and the grouped GEMM: its expert's rows, B = W[e]):
         every loader thread copies 8 chunks of A's listed rows by cp.async (``sread_a``),
-        arriving on ``full`` when they land.  The tiles kernel
+        arriving on ``full`` when they land; with ``map_b3`` (glu) B's first BN / 128 atoms are
+        W1's and the others W3's, both at the tile's BN / 2 columns of C.  The tiles kernel
         on a full index (see ``tiles_loader``) runs this loop as the dense kernel, each loader
         thread arriving on ``full`` at once (the slot's arrival count is the tiles loop's)."""
         lane = tid - THREADS
@@ -146,10 +147,20 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
                 if a_box or ws_tiles:
                     T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, first_row(bm),
                                         ring.full(bars, s))
-                for atom in T.unroll(BN // 64):
-                    T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                        T.address_of(map_b), bn * BN + atom * 64, b_k_row(bm, kt * BK),
-                                        ring.full(bars, s))
+                if map_b3 is None:
+                    for atom in T.unroll(BN // 64):
+                        T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
+                                            T.address_of(map_b), bn * BN + atom * 64, b_k_row(bm, kt * BK),
+                                            ring.full(bars, s))
+                else:
+                    for atom in T.unroll(BN // 128):
+                        T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
+                                            T.address_of(map_b), bn * (BN // 2) + atom * 64, b_k_row(bm, kt * BK),
+                                            ring.full(bars, s))
+                    for atom in T.unroll(BN // 128):
+                        T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + (BN // 128 + atom) * BK * 64]),
+                                            T.address_of(map_b3), bn * (BN // 2) + atom * 64, b_k_row(bm, kt * BK),
+                                            ring.full(bars, s))
             if gathers_rows:
                 sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
             if gathers_rows or ws_tiles:

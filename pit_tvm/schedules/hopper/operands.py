@@ -22,7 +22,8 @@ class Unpacked:
 class TileOperands(Unpacked):
     """A GEMM tile's global buffers (those its variant does not take go unused): A, B, the
     index (``OFF``: offsets, ``IDS``: ids), the epilogue's bias, row scale and residual, C, and
-    a strips listing's state, counts, strip ids and compacted C"""
+    a strips listing's state, counts, strip ids and compacted C; a gated grouped GEMM's second
+    weight (W3) and its bias"""
 
     A: Any
     B: Any
@@ -36,6 +37,8 @@ class TileOperands(Unpacked):
     CNT: Any
     SIDS: Any
     AC: Any
+    B3: Any
+    BIAS3: Any
 
 
 @dataclass(frozen=True)
