@@ -393,6 +393,23 @@ def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=No
     return grouped_config(int(n), int(num_experts), int(top_k), None if tokens is None else int(tokens))
 
 
+def glu_tiles(d, f, num_experts, top_k, dtype, target, tokens=None, tuning_log=None):
+    """The tiles of the kernel computing both halves of a gated fc1 (:func:`glu_gemm_func`) where
+    the layer takes it, else None (two GEMMs): on sm_90a, for decode-size T (at most
+    :data:`DECODE_TOKENS` tokens: weight-bound, the intermediate's round trip saved), and for
+    many tokens where its tile stores at least as many columns of H as the plain fc1's
+    (the fine-grained shape, f 1408: 128 against 128, x's rows gathered once instead of twice).
+    Where the plain tile is wider (Mixtral, f 14336: 256) the glu tile gathers x's rows as often
+    and measured slower (docs/design/moe.md, "One GEMM for both halves")."""
+    config = grouped_tile_config("gather", d, f, num_experts, top_k, dtype, target, tokens, glu=True)
+    if config is None:
+        return None
+    if tokens is not None and int(tokens) <= DECODE_TOKENS:
+        return config
+    plain = grouped_tile_config("gather", d, f, num_experts, top_k, dtype, target, tokens, tuning_log)
+    return config if plain is None or config.block_n // 2 >= plain.block_n else None
+
+
 def glu_gemm_func(k, n, num_experts, top_k, dtype, bias, activation, target, config):
     """The Hopper kernel of a gated FFN's fc1 with both halves in one GEMM, ``act(x W1 + b1) *
     (x W3 + b3)`` (:func:`~pit_tvm.schedules.hopper.grouped.wgmma_grouped_gemm_func` with
@@ -506,7 +523,7 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
              for mode, kk, n in (("gather", d, f), ("scatter", f, d))}
     # a gated FFN on sm_90a: both halves of fc1 in one kernel (both biases or neither)
     glu = (glu_gemm_func(d, f, E, k, dtype, b1 is not None, GATED[spec.activation], target,
-                         grouped_tile_config("gather", d, f, E, k, dtype, target, tokens, glu=True))
+                         glu_tiles(d, f, E, k, dtype, target, tokens, tuning_log))
            if spec.gated and (b1 is None) == (b3 is None) else None)
 
     def fc1(w, b, act, gate=None):
@@ -577,14 +594,16 @@ class MoEFFN:
     def tiles(self, tokens=None) -> tuple:
         """The grouped GEMMs' tiles ``(fc1, fc2)`` a call of ``tokens`` tokens runs (None: the
         symbolic-T layer, for more than :data:`DECODE_TOKENS`; a gated FFN's fc1: the glu
-        kernel's); ``(None, None)`` off sm_90a."""
+        kernel's where :func:`glu_tiles` takes it); ``(None, None)`` off sm_90a."""
         if tokens is not None and int(tokens) > DECODE_TOKENS:
             tokens = None
         if tokens not in self._tiles_of:
             E, k = self.spec.num_experts, self.spec.top_k
+            glu = glu_tiles(self.d, self.f, E, k, self.dtype, self.target, tokens, self.tuning_log) \
+                if self.spec.gated else None
             self._tiles_of[tokens] = tuple(
-                grouped_tile_config(mode, kk, n, E, k, self.dtype, self.target, tokens, self.tuning_log,
-                                    glu=self.spec.gated and mode == "gather")
+                glu if glu is not None and mode == "gather" else
+                grouped_tile_config(mode, kk, n, E, k, self.dtype, self.target, tokens, self.tuning_log)
                 for mode, kk, n in (("gather", self.d, self.f), ("scatter", self.f, self.d)))
         return self._tiles_of[tokens]
 

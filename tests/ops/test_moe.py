@@ -358,20 +358,24 @@ def test_cuda_build_compiles_with_nvcc(config, dtype, arch):
     assert check_cuda_compiles(ex, archs=(arch,)) >= 1
 
 
-@pytest.mark.parametrize("optional,kernels", [
-    (("w3",), ["_silu_glu_"]),
-    (("b1", "w3", "b3"), ["_bias_silu_glu_"]),
-    (("b1", "w3"), ["_bias_silu_bn", "_gated_bn"]),      # one bias of two: the up half takes the first as its gate
+@pytest.mark.parametrize("f,tokens,optional,kernels", [
+    (704, None, ("w3",), ["_silu_glu_"]),
+    (704, None, ("b1", "w3", "b3"), ["_bias_silu_glu_"]),
+    (704, None, ("b1", "w3"), ["_bias_silu_bn", "_gated_bn"]),   # one bias of two: the second GEMM gated by the first
+    (1024, None, ("w3",), ["_silu_bn256", "_gated_bn256"]),     # many tokens, plain tiles wider than glu's half
+    (1024, 16, ("w3",), ["_silu_glu_"]),                        # decode: weight-bound, one kernel
 ])
-def test_gated_fc1_is_one_kernel_on_sm90a(optional, kernels):
-    """On sm_90a a gated FFN's fc1 is one grouped GEMM computing both halves (the glu kernel,
-    x's rows gathered once); with one of the two biases, two GEMMs.  Off sm_90a, two."""
+def test_gated_fc1_is_one_kernel_on_sm90a(f, tokens, optional, kernels):
+    """On sm_90a a gated FFN's fc1 is one grouped GEMM computing both halves (the glu kernel)
+    at decode size and where its tile stores as many columns of H as the plain fc1's
+    (:func:`pit_tvm.ops.moe.glu_tiles`); else, and with one of the two biases, two GEMMs.  Off
+    sm_90a, two."""
     spec = MoESpec(8, 2, routing="topk_softmax", activation="swiglu")
     given = tuple(n in optional for n in ("b1", "b2", "w3", "b3"))
-    names = [gv.name_hint for gv in moe_ffn(spec, 256, 704, "float16", target="cuda:sm_90a").module(given).functions
-             if gv.name_hint.startswith("wgmma_grouped_gather")]
+    mod = moe_ffn(spec, 256, f, "float16", target="cuda:sm_90a").module(given, tokens)
+    names = [gv.name_hint for gv in mod.functions if gv.name_hint.startswith("wgmma_grouped_gather")]
     assert len(names) == len(kernels) and all(any(k in n for n in names) for k in kernels), names
-    generic = [gv.name_hint for gv in moe_ffn(spec, 256, 704, "float16", target="cuda:sm_80").module(given).functions
+    generic = [gv.name_hint for gv in moe_ffn(spec, 256, f, "float16", target="cuda:sm_80").module(given).functions
                if "grouped" in gv.name_hint and "gather" in gv.name_hint]
     assert len(generic) == 2 and not any("glu" in n for n in generic), generic
 

@@ -100,8 +100,7 @@ def run_grouped(mode, num_tokens, k, n, num_experts, top_k, expert_ids, *, capac
                 out_dtype="float16", bias=False, activation=None, config=None, seed=0, gate=False, glu=False):
     """Runs the kernel on the GPU; returns (got, want) as float64, every row of the output
     (initialised to a non-zero fill, so rows the kernel leaves unwritten show).  ``glu``: a
-    second weight W3 (and bias b3), the reference ``act(X W1 + b1)`` and ``X W3 + b3`` each
-    rounded to the output dtype, then multiplied."""
+    second weight W3 (and bias b3), the reference ``act(X W1 + b1) * (X W3 + b3)``."""
     rng = np.random.default_rng(seed)
     dt = numpy_dtype(in_dtype)
     offsets, assignments = expert_index(expert_ids, num_experts, capacity)
@@ -123,11 +122,8 @@ def run_grouped(mode, num_tokens, k, n, num_experts, top_k, expert_ids, *, capac
     _exe(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config, gate, glu)["main"](*args)
     f64 = lambda x: None if x is None else x.astype(np.float64)  # noqa: E731
     if glu:
-        def rounded(weight, bias_, act):
-            v = grouped_reference(mode, f64(a), assignments, offsets, f64(weight), f64(bias_), rw, top_k, act)
-            return v.astype(np.float32).astype(numpy_dtype(out_dtype)).astype(np.float64)
-        g = rounded(w3, b3, None)
-        want = rounded(w, b, activation) * g
+        want = (grouped_reference(mode, f64(a), assignments, offsets, f64(w), f64(b), rw, top_k, activation)
+                * grouped_reference(mode, f64(a), assignments, offsets, f64(w3), f64(b3), rw, top_k, None))
     else:
         want = grouped_reference(mode, f64(a), assignments, offsets, f64(w), f64(b), rw, top_k, activation, f64(g))
     return out.numpy().astype(np.float64), want, offsets, assignments
@@ -220,7 +216,8 @@ def test_ptxas_keeps_wgmma_async(case):
     assert "Used" in log and "registers" in log, log[-2000:]
     assert "C7515" not in log and "serialized" not in log, log[-2000:]
     spilled = re.search(r"\b(\d+) bytes spill stores", log)
-    assert spilled and int(spilled.group(1)) <= 64, log[-2000:]
+    # (the glu kernels: none, their loader's registers handed to the consumers)
+    assert spilled and int(spilled.group(1)) <= (0 if "glu" in case else 64), log[-2000:]
 
 
 def test_grouped_config():
@@ -367,19 +364,22 @@ def test_gpu_grouped_gated(in_dtype, out_dtype, bias, case):
     ("bfloat16", "bfloat16", False, "silu", 768, "uniform"),
     ("float16", "float16", True, "gelu", 704, "dropped"),
     ("float16", "float32", True, "silu", 256, "tail"),
+    ("float16", "float16", False, None, 768, "long_k"),
 ])
 def test_gpu_grouped_glu(in_dtype, out_dtype, bias, activation, n, case):
     """Both halves of a gated FFN in one kernel (glu): W1's half activated, W3's linear, each
     rounded to the output dtype and multiplied; 256- and 128-column tiles (128 / 64 columns of
-    H), every row against the contract, the rows past offsets[E] zero."""
+    H), every row against the contract, the rows past offsets[E] zero.  ``long_k``: K 2048 with an
+    fp16 output and no bias, where the halves rounded and multiplied in fp16 lost the last K
+    tile's products."""
     rng = np.random.default_rng(zlib.crc32(f"glu/{case}".encode()))
     T, E, top_k, capacity = (700, 64, 6, None) if case == "uniform" else (300, 8, 2, 40 if case == "dropped" else None)
     if case == "tail":
         T = 1
     expert_ids = route(T, E, top_k, rng)
-    got, want, offsets, _ = run_grouped("gather", T, 512, n, E, top_k, expert_ids, in_dtype=in_dtype,
-                                        out_dtype=out_dtype, bias=bias, activation=activation, glu=True,
-                                        capacity=capacity, config=glu_config(n, E, top_k, T))
+    got, want, offsets, _ = run_grouped("gather", T, 2048 if case == "long_k" else 512, n, E, top_k, expert_ids,
+                                        in_dtype=in_dtype, out_dtype=out_dtype, bias=bias, activation=activation,
+                                        glu=True, capacity=capacity, config=glu_config(n, E, top_k, T))
     _close(got, want, out_dtype, in_dtype)
     assert np.all(got[offsets[-1]:] == 0)
 

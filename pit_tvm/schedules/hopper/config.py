@@ -31,7 +31,8 @@ LOADER_THREADS = 128
 #: 65536); ptxas otherwise allocates 65536 / 384 = 168 to every thread
 LOADER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
-#: the same where the loader also stages mask tiles (their offsets' arithmetic spills in 40)
+#: the same where the loader also copies by cp.async (the attention's mask tiles, the glu GEMM's A rows:
+#: their offsets' arithmetic spills in 40)
 STAGING_LOADER_REGISTERS = 72
 STAGING_CONSUMER_REGISTERS = 216
 #: the warpgroup after the consumers of a few-rows tier that stores C's rows past its listed rows'

@@ -86,6 +86,16 @@ class Epilogue:
         v = self.activation(v)
         return T.Cast(self.out_dtype, v * scale if self.row_scale else v)
 
+    def glu(self, up, linear, bias_up, bias_linear, col):
+        """both halves of a gated FFN from their fp32 accumulators: ``act(up + b1) * (linear +
+        b3)``, the product in fp32 and rounded once to the output dtype (rounding each half
+        first and multiplying in fp16, as the graph does, lost the last K tile's products
+        to nvcc at K >= 1536: docs/design/moe.md)"""
+        if self.bias:
+            up = up + T.Cast("float32", bias_up[col])
+            linear = linear + T.Cast("float32", bias_linear[col])
+        return T.Cast(self.out_dtype, self.activation(up) * linear)
+
     def plus_residual(self, v, res_regs, j, e):
         """the skip connection (chunk j's element e, loaded ahead), added in the output dtype"""
         return v + res_regs[j * self.vec + e] if self.residual else v

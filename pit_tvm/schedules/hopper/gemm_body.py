@@ -39,7 +39,8 @@ from pit_tvm.index._tile_kernels import STATE_DTYPE
 from pit_tvm.index.tiles import strip_micro_tile, strip_positions
 from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, STORE_READY_BARRIER, exit_thread,
                                                named_barrier_arrive, named_barrier_sync)
-from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, CONSUMER_WARPGROUPS, LOADER_THREADS, STORE_BATCH,
+from pit_tvm.schedules.hopper.config import (BLOCK_K, BLOCK_M, CONSUMER_WARPGROUPS, LOADER_THREADS,
+                                             STAGING_CONSUMER_REGISTERS, STAGING_LOADER_REGISTERS, STORE_BATCH,
                                              STORER_THREADS, THREADS, BCopyLayout, c_row_pitch)
 from pit_tvm.schedules.hopper.epilogue import Epilogue
 from pit_tvm.schedules.hopper.experts import END, EXPERT, PAIRS, ExpertRow, ExpertTiles, pair_grid
@@ -77,8 +78,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     ``expert_tile``); gather reads A's rows ``ids[p] // top_k``, and with ``gate`` multiplies each
     output element by the same element of a gate tensor (C's shape and dtype; a gated FFN's
     other half).  ``glu`` (gather): B is two weights, W1 (the activated half of a gated FFN)
-    and W3 (its linear half), and C = act(A W1 + b1) * (A W3 + b3), each half rounded to C's
-    dtype before the product (as the graph's multiply); a tile's BN accumulator columns are
+    and W3 (its linear half), and C = act(A W1 + b1) * (A W3 + b3), the product in fp32, rounded
+    once to C's dtype; a tile's BN accumulator columns are
     BN / 2 of each, and it stores BN / 2 columns of C (docs/design/moe.md, "One GEMM for both
     halves")."""
     BN, STAGES = cfg.block_n, cfg.stages
@@ -105,6 +106,9 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     # the columns of C a tile stores: BN, or with ``glu`` BN / 2 (its accumulator's columns
     # BN / 2 .. BN - 1 are the linear half's, for the same columns of C)
     CN = BN // 2 if glu else BN
+    # glu: launched one CTA an SM, the loader warpgroup hands registers to the consumers
+    # (``setmaxnreg``): with ptxas's 168 a thread the two halves' epilogue spilled 4-28 bytes
+    register_split = glu
     # a few-rows tier: SMS CTAs, CTA c computing tile c of the listed rows' tiles (there are at
     # most SMS), then its store warpgroup storing a share of C's rows past them (``store_unlisted``)
     persistent = rows_upto > 0
@@ -164,7 +168,6 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     zero_out = tirx.const(0, out_dtype)
 
     ep = Epilogue(out_dtype, has_bias, act, row_scale, row_scale_a, row_scale_masks, residual, gate)
-    linear_half = Epilogue(out_dtype, has_bias)      # glu: W3's half, its bias and the cast
     epilogue, plus_residual, unlisted = ep.apply, ep.plus_residual, ep.unlisted
     # the store warpgroup computes epilogue(0) only where it is not zero (the SWrite's branches
     # take the same cases: a bias's value staged once, a row scale's per element)
@@ -204,10 +207,9 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     def staged_value(acc, a, bm, bias_buf, bias3_buf, col, scale):
         """the epilogue of accumulator ``a`` (column ``col`` of C); glu: times the linear
         half's, accumulator ``a + CN / 2`` (the same column of W3)"""
-        v = epilogue(acc[a], bias_of(bias_buf, bm), col, scale)
         if glu:
-            return v * linear_half.apply(acc[a + CN // 2], bias_of(bias3_buf, bm), col, None)
-        return v
+            return ep.glu(acc[a], acc[a + CN // 2], bias_of(bias_buf, bm), bias_of(bias3_buf, bm), col)
+        return epilogue(acc[a], bias_of(bias_buf, bm), col, scale)
 
     def a_chunk(t, copiers, j):
         """A's K-tile chunk that thread t of ``copiers`` copies j-th: (tile row, 16-byte chunk)"""
@@ -363,6 +365,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                     ring.init(bars, FULL_ARRIVALS, CONSUMER_WARPGROUPS)
                 T.evaluate(consumer_sync())
                 if tid >= THREADS:
+                    if register_split:
+                        T.ptx["setmaxnreg.dec.sync.aligned.u32"](STAGING_LOADER_REGISTERS)
                     if tiles:
                         if full_index(OFF, m):     # (the dense fallback: the dense kernel's loop)
                             tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, map_b3, a_row, a_col)
@@ -374,6 +378,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                     # (the rest of the kernel is the consumers': a CTA barrier waits for every
                     # thread that has not exited)
                     T.evaluate(exit_thread())
+                if register_split:
+                    T.ptx["setmaxnreg.inc.sync.aligned.u32"](STAGING_CONSUMER_REGISTERS)
             for i in T.unroll(ACC):
                 acc[i] = T.float32(0)
             # the A rows this thread copies: row r = (tid + 256 j) / 8 of the tile, for every K tile
@@ -508,6 +514,9 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     @T.macro
     def device_body(M, A, B, OFF, IDS, BIAS, RS, RES, C, ST, CNT, SIDS, AC, B3, BIAS3, map_a, map_b, map_b3):
         T.device_entry()
+        if register_split:
+            # (setmaxnreg needs the registers at entry known: one CTA an SM)
+            T.attr({"tirx.launch_bounds_min_blocks_per_sm": 1})
         if persistent:
             cta = T.cta_id([SMS])
         elif grouped:

@@ -10,7 +10,7 @@ lowers it.  Contract: docs/design/moe.md ("Grouped GEMM kernel")::
         H[p, :] = 0                                                      p >= offsets[E]
     glu (a gated FFN's fc1, both halves in one GEMM):
         grouped_gemm(X[T, K], assignments[P], offsets[E+1], W1[E, K, N], W3[E, K, N], [b1[E, N], b3[E, N]], H[P, N])
-        H[p, :] = act(X[t] @ W1[e] + b1[e]) * (X[t] @ W3[e] + b3[e])   each half rounded to H's dtype first
+        H[p, :] = act(X[t] @ W1[e] + b1[e]) * (X[t] @ W3[e] + b3[e])   in fp32, rounded once to H's dtype
     scatter (fc2): grouped_gemm(H[P, K], assignments[P], offsets[E+1], W[E, K, N], [bias[E, N]],
                                 route_weight[P] (fp32), Y[P, N])
         Y[assignments[p], :] = route_weight[assignments[p]] * act(H[p, :] @ W[e] + bias[e])
