@@ -88,9 +88,8 @@ class Epilogue:
 
     def glu(self, up, linear, bias_up, bias_linear, col):
         """both halves of a gated FFN from their fp32 accumulators: ``act(up + b1) * (linear +
-        b3)``, the product in fp32 and rounded once to the output dtype (rounding each half
-        first and multiplying in fp16, as the graph does, lost the last K tile's products
-        to nvcc at K >= 1536: docs/design/moe.md)"""
+        b3)``, the product in fp32 and rounded once to the output dtype (not each half rounded
+        first, as the graph does: docs/design/moe.md, "One GEMM for both halves", says why)"""
         if self.bias:
             up = up + T.Cast("float32", bias_up[col])
             linear = linear + T.Cast("float32", bias_linear[col])

@@ -79,9 +79,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
     output element by the same element of a gate tensor (C's shape and dtype; a gated FFN's
     other half).  ``glu`` (gather): B is two weights, W1 (the activated half of a gated FFN)
     and W3 (its linear half), and C = act(A W1 + b1) * (A W3 + b3), the product in fp32, rounded
-    once to C's dtype; a tile's BN accumulator columns are
-    BN / 2 of each, and it stores BN / 2 columns of C (docs/design/moe.md, "One GEMM for both
-    halves")."""
+    once to C's dtype; a tile's BN accumulator columns are BN / 2 of each, and it stores BN / 2
+    columns of C (docs/design/moe.md, "One GEMM for both halves")."""
     BN, STAGES = cfg.block_n, cfg.stages
     BM, BK = BLOCK_M, cfg.block_k
     KT = K // BK
@@ -369,7 +368,8 @@ def gemm_kernel(K, N, in_dtype, out_dtype, has_bias, act, mode, cfg, mk=0, a_com
                         T.ptx["setmaxnreg.dec.sync.aligned.u32"](STAGING_LOADER_REGISTERS)
                     if tiles:
                         if full_index(OFF, m):     # (the dense fallback: the dense kernel's loop)
-                            tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, map_b3, a_row, a_col)
+                            tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, map_b3, a_row,
+                                       a_col)
                         else:
                             tiles_loader(tid, bn, bm, m, OFF, IDS, B, smem, bars, map_a, a_col, b_row_id, a_col_next,
                                          b_row_next)

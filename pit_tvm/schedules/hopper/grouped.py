@@ -35,7 +35,8 @@ from pit_tvm.schedules.hopper.lowering import lower_tirx
 from pit_tvm.schedules.hopper.planner import wgmma_config
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
 
-__all__ = ["wgmma_grouped_gemm_func", "grouped_config", "glu_config", "check_grouped_config", "GROUPED_ATTR", "GROUPED_ACTIVATIONS", "MAX_EXPERTS"]
+__all__ = ["wgmma_grouped_gemm_func", "grouped_config", "glu_config", "check_grouped_config", "GROUPED_ATTR",
+           "GROUPED_ACTIVATIONS", "MAX_EXPERTS"]
 
 #: the attr of a grouped GEMM kernel: its mode, experts, top_k and :class:`WgmmaConfig`'s knobs
 GROUPED_ATTR = "pit.wgmma_grouped"
