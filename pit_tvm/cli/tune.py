@@ -16,9 +16,10 @@ pit_tvm.tuning.rpc_server``; builds stay here); or with ``--gpus N|all`` on a tr
 server per GPU that this command starts and stops (``--servers N``: N CPU servers, for
 ``--target llvm``).  See docs/guide/tuning.md.
 
-``--op moe --d D --f F --experts E [--top-k K] [--tokens T] [--mode gather|scatter|both]
+``--op moe --d D --f F --experts E [--top-k K] [--tokens T] [--mode gather|scatter|glu|both]
 [--routing balanced|zipf]`` tunes the MoE op's grouped wgmma GEMMs (sm_90a): fc1 ("gather",
-K = d, N = f) and fc2 ("scatter", K = f, N = d), tile width x ring depth, measured on ``T``
+K = d, N = f), fc2 ("scatter", K = f, N = d), a gated fc1's both halves in one kernel ("glu",
+K = d, N = f), tile width x ring depth, measured on ``T``
 tokens routed at random; the databases go to ``<work-dir>/<gpu-name>/wgmma_moe_...`` and
 ``moe_ffn(..., tuning_log=...)`` reads them (:mod:`pit_tvm.tuning.moe`).
 """
@@ -46,8 +47,9 @@ def register(subparsers) -> None:
     moe.add_argument("--top-k", type=positive_int, default=1, help="experts per token (default 1)")
     moe.add_argument("--tokens", type=positive_int, default=None,
                      help="tokens T of the measured routing (default 4096; <= 256 tunes the decode-size tiles)")
-    moe.add_argument("--mode", default="both", choices=("gather", "scatter", "both"),
-                     help="which grouped GEMM: gather (fc1), scatter (fc2) or both (default)")
+    moe.add_argument("--mode", default="both", choices=("gather", "scatter", "glu", "both"),
+                     help="which grouped GEMM: gather (fc1), scatter (fc2), glu (a gated fc1's both halves) "
+                          "or both gather and scatter (default)")
     moe.add_argument("--routing", default="balanced", choices=("balanced", "zipf"),
                      help="the measured routing: uniform over the experts, or Zipf-skewed (default balanced)")
     p.add_argument("--micro-tile", default=None, metavar="RxC",
@@ -160,7 +162,7 @@ def _run_moe(args) -> int:
                         "fixed): --op moe tunes the sm_90a wgmma kernel, --target cuda")
     tokens = args.tokens or DEFAULT_TOKENS
     modes = ("gather", "scatter") if args.mode == "both" else (args.mode,)
-    shapes = {"gather": (args.d, args.f), "scatter": (args.f, args.d)}
+    shapes = {"gather": (args.d, args.f), "scatter": (args.f, args.d), "glu": (args.d, args.f)}
     paths = {}
     try:
         from functools import partial  # noqa: PLC0415

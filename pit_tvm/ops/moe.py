@@ -362,24 +362,17 @@ def grouped_gemm_func(mode, k, n, num_experts, top_k, dtype, out_dtype, bias, ac
                                 bool(bias), activation, str(make_target(target)), config, bool(gate))
 
 
-def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=None, tuning_log=None, glu=False):
+def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=None, tuning_log=None):
     """The tiles of one grouped GEMM of the layer, chosen on the host: None where ``target``
     does not run the Hopper kernel (the generic kernel has fixed tiles), else the tuned config
     of ``tuning_log`` for the token count nearest ``tokens`` in its regime
     (:func:`pit_tvm.tuning.moe.tuned_moe_config`), else the planner's for ``tokens``
     (:func:`~pit_tvm.schedules.hopper.grouped.grouped_config`: narrow tiles and deep rings for
-    decode-size T; ``tokens=None``, a symbolic T: the widest tile).  ``glu``: the tiles of the
-    kernel computing both halves of a gated fc1 (the planner's, :func:`~pit_tvm.schedules.hopper.
-    grouped.glu_config`; the tuning space does not hold that kernel)."""
+    decode-size T; ``tokens=None``, a symbolic T: the widest tile).  Mode ``"glu"``: the kernel
+    computing both halves of a gated fc1 (planned by :func:`~pit_tvm.schedules.hopper.grouped.glu_config`)."""
     target = make_target(target)
     if not _wgmma_target(target):
         return None
-    if glu:
-        try:
-            from pit_tvm.schedules.hopper.grouped import glu_config
-        except ImportError:
-            return None
-        return glu_config(int(n), int(num_experts), int(top_k), None if tokens is None else int(tokens))
     if tuning_log is not None:
         from pit_tvm.tuning.moe import tuned_moe_config      # warns where the log has none
 
@@ -387,10 +380,11 @@ def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=No
         if tuned is not None:
             return tuned
     try:
-        from pit_tvm.schedules.hopper.grouped import grouped_config
+        from pit_tvm.schedules.hopper.grouped import glu_config, grouped_config
     except ImportError:
         return None
-    return grouped_config(int(n), int(num_experts), int(top_k), None if tokens is None else int(tokens))
+    return (glu_config if mode == "glu" else grouped_config)(int(n), int(num_experts), int(top_k),
+                                                             None if tokens is None else int(tokens))
 
 
 def glu_tiles(d, f, num_experts, top_k, dtype, target, tokens=None, tuning_log=None):
@@ -401,7 +395,7 @@ def glu_tiles(d, f, num_experts, top_k, dtype, target, tokens=None, tuning_log=N
     (the fine-grained shape, f 1408: 128 against 128, x's rows gathered once instead of twice).
     Where the plain tile is wider (Mixtral, f 14336: 256) the glu tile gathers x's rows as often
     and measured slower (docs/design/moe.md, "One GEMM for both halves")."""
-    config = grouped_tile_config("gather", d, f, num_experts, top_k, dtype, target, tokens, glu=True)
+    config = grouped_tile_config("glu", d, f, num_experts, top_k, dtype, target, tokens, tuning_log)
     if config is None:
         return None
     if tokens is not None and int(tokens) <= DECODE_TOKENS:

@@ -381,7 +381,8 @@ def _moe_host_args(infos, mode: str, top_k: int, routing: str, zipf_a: float, re
         elif mode == "scatter" and i == 4:
             out.append((1.0 - rng.random(shape)).astype("float32"))
         elif fill:
-            scale = 1.0 / math.sqrt(shape[1]) if i == 3 else 1.0
+            # (the weights, W and glu's W3: [E, K, N])
+            scale = 1.0 / math.sqrt(shape[1]) if i == 3 or (mode == "glu" and i == 4) else 1.0
             out.append(_host_as(rng.standard_normal(shape, dtype=np.float32) * scale, dtype))
         else:
             out.append(None)

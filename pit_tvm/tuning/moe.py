@@ -14,6 +14,9 @@ first, and the runner fills the arguments with a *valid* index of a random routi
 (:func:`pit_tvm.tuning._worker.alloc_moe_arguments`: balanced, or Zipf-skewed over the
 experts), every timed run after an L2 flush.
 
+Mode ``"glu"`` is a gated FFN's fc1 with both halves in one kernel (``glu=True``; the workload
+takes W3 after W, the knobs are the widths whose halves are whole 64-column atoms).
+
 The tiles depend on the token count (decode-size T wants narrow tiles and deep rings), so one
 database per (mode, K, N, E, top_k, dtype) holds workloads of several T:
 ``<work_dir>/<gpu>/wgmma_moe_{mode}_k{K}_n{N}_e{E}_top{k}_{dtype}/``.  A build reads the
@@ -51,7 +54,7 @@ __all__ = ["tune_moe", "best_moe_record", "tuned_moe_config", "moe_log_dir", "Mo
 KERNEL = "wgmma.grouped"
 #: the token count a tune measures by default (many tokens: the symbolic-T layer's tiles)
 DEFAULT_TOKENS = 4096
-_MODES = ("gather", "scatter")
+_MODES = ("gather", "scatter", "glu")
 
 
 def _leaf(mode: str, k: int, n: int, num_experts: int, top_k: int, dtype: str) -> str:
@@ -80,14 +83,15 @@ def tune_moe(mode: str, k: int, n: int, num_experts: int, top_k: int = 1, dtype:
              trials_per_iter: int = 8, population_size: int = 32, seed: int = 1, builder=None, runner=None,
              number: int = 5, repeat: int = 3, progress: bool = True, servers=None) -> Path:
     """Tune the grouped GEMM of ``mode`` (``"gather"``: fc1, ``K = d, N = f``; ``"scatter"``:
-    fc2, ``K = f, N = d``) for ``num_experts`` experts, ``top_k`` and ``tokens`` tokens routed by
+    fc2, ``K = f, N = d``; ``"glu"``: a gated FFN's fc1 with both halves in one kernel, ``K = d,
+    N = f``) for ``num_experts`` experts, ``top_k`` and ``tokens`` tokens routed by
     ``routing`` (``"balanced"`` or ``"zipf"``, weight ``(e + 1) ** -zipf_a``); return the database
     directory.  The space has at most 24 configs, so a few dozen trials cover it.
     ``builder``/``runner``: as :func:`pit_tvm.tuning.tune.tune_matmul`'s (an RPC runner needs
     :func:`~pit_tvm.tuning._worker.rpc_alloc_moe_arguments`: :func:`pit_tvm.tuning.rpc.rpc_runner`'s
     ``f_alloc_argument``)."""
     if mode not in _MODES:
-        raise ValueError(f"mode must be 'gather' (fc1) or 'scatter' (fc2), got {mode!r}")
+        raise ValueError(f"mode must be 'gather' (fc1), 'scatter' (fc2) or 'glu' (a gated fc1), got {mode!r}")
     if routing not in MOE_ROUTINGS:
         raise ValueError(f"routing must be one of {', '.join(MOE_ROUTINGS)}, got {routing!r}")
     for name, v in (("k", k), ("n", n), ("num_experts", num_experts), ("top_k", top_k), ("tokens", tokens)):

@@ -446,14 +446,15 @@ _GROUPED_PRIORS = {"block_n": (0.3, 0.25, 0.15, 0.3), "stages": (0.15, 0.25, 0.1
 GROUPED_WORKLOAD = "grouped_gemm_"
 #: the grouped workload's first block (no schedule follows the annotation: a TIRx kernel)
 GROUPED_KNOB_BLOCK = "expert_of"
-_GROUPED_RE = r"^grouped_gemm_(gather|scatter)_k(\d+)_n(\d+)_e(\d+)_top(\d+)_t(\d+)_([a-z0-9]+)_([a-z0-9]+)$"
+_GROUPED_RE = r"^grouped_gemm_(gather|scatter|glu)_k(\d+)_n(\d+)_e(\d+)_top(\d+)_t(\d+)_([a-z0-9]+)_([a-z0-9]+)$"
 
 
 def grouped_tuning_workload(mode: str, k: int, n: int, num_experts: int, top_k: int, tokens: int,
                             dtype: str = "float16", out_dtype: str | None = None) -> tirx.PrimFunc:
     """The MoE grouped GEMM's tuning workload: the kernel's parameters (gather ``X[T, K],
     assignments[P], offsets[E+1], W[E, K, N], H[P, N]``; scatter ``H[P, K], assignments[P],
-    offsets[E+1], W[E, K, N], route_weight[P], Y[P, N]``) with ``T = tokens`` and
+    offsets[E+1], W[E, K, N], route_weight[P], Y[P, N]``; glu, both halves of a gated fc1,
+    gather's with a second weight ``W3[E, K, N]`` after W) with ``T = tokens`` and
     ``P = tokens * top_k`` static (MetaSchedule measures static shapes).  Its body (each
     position's expert from the offsets, then the gathered GEMM) carries the knob annotations
     and the cost model's features; it is never built: the candidate is the TIRx kernel of the
@@ -461,16 +462,16 @@ def grouped_tuning_workload(mode: str, k: int, n: int, num_experts: int, top_k: 
     depend on the epilogue."""
     out_dtype = out_dtype or dtype
     E, K, N, TK, NT = int(num_experts), int(k), int(n), int(top_k), int(tokens)
-    if min(E, K, N, TK, NT) <= 0 or mode not in ("gather", "scatter"):
-        raise ValueError(f"grouped tuning workload: mode gather/scatter and positive sizes, got {mode!r}, "
+    if min(E, K, N, TK, NT) <= 0 or mode not in ("gather", "scatter", "glu"):
+        raise ValueError(f"grouped tuning workload: mode gather/scatter/glu and positive sizes, got {mode!r}, "
                          f"K={k}, N={n}, E={num_experts}, top_k={top_k}, tokens={tokens}")
     P = NT * TK
-    rows = NT if mode == "gather" else P
+    rows = P if mode == "scatter" else NT
 
-    gather = mode == "gather"
+    gather = mode != "scatter"
 
     @T.macro
-    def body(A, ASG, OFF, W, RW, C):
+    def body(A, ASG, OFF, W, RW, C, W3=None):
         EXP = T.alloc_buffer((P,), "int32")
         for p, e in T.grid(P, E):
             with T.sblock("expert_of"):
@@ -484,9 +485,22 @@ def grouped_tuning_workload(mode: str, k: int, n: int, num_experts: int, top_k: 
                 with T.init():
                     C[vp, vj] = T.Cast(out_dtype, 0)
                 C[vp, vj] = C[vp, vj] + T.Cast(out_dtype, (RW[vp] if not gather else T.float32(1)) * T.Cast(
-                    "float32", A[ASG[vp] // TK if gather else vp, vk]) * T.Cast("float32", W[EXP[vp], vk, vj]))
+                    "float32", A[ASG[vp] // TK if gather else vp, vk]) * T.Cast("float32", W[EXP[vp], vk, vj])
+                    * (T.Cast("float32", W3[EXP[vp], vk, vj]) if W3 is not None else T.float32(1)))
 
-    if gather:     # (each prim_func is parsed where it is defined: only the mode's)
+    if mode == "glu":     # (each prim_func is parsed where it is defined: only the mode's)
+        @T.prim_func(s_tir=True)
+        def glu_workload(a: T.handle, s: T.handle, o: T.handle, w: T.handle, w3: T.handle, c: T.handle):
+            A = T.match_buffer(a, (rows, K), dtype)
+            ASG = T.match_buffer(s, (P,), "int32")
+            OFF = T.match_buffer(o, (E + 1,), "int32")
+            W = T.match_buffer(w, (E, K, N), dtype)
+            W3 = T.match_buffer(w3, (E, K, N), dtype)
+            C = T.match_buffer(c, (P, N), out_dtype)
+            body(A, ASG, OFF, W, None, C, W3)
+
+        func = glu_workload
+    elif gather:
         @T.prim_func(s_tir=True)
         def gather_workload(a: T.handle, s: T.handle, o: T.handle, w: T.handle, c: T.handle):
             A = T.match_buffer(a, (rows, K), dtype)
@@ -531,8 +545,10 @@ def valid_grouped_configs(mode: str, k: int, n: int, num_experts: int, top_k: in
     :func:`~pit_tvm.schedules.hopper.grouped.check_grouped_config`)"""
     from pit_tvm.schedules.hopper.grouped import check_grouped_config
 
+    glu = mode == "glu"
     return _product(GROUPED_KNOBS, WgmmaConfig,
-                    lambda cfg: check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, cfg))
+                    lambda cfg: check_grouped_config("gather" if glu else mode, k, n, num_experts, top_k, in_dtype,
+                                                     out_dtype, cfg, glu))
 
 
 def _valid_grouped(func, arch):
@@ -541,18 +557,18 @@ def _valid_grouped(func, arch):
 
 
 def _planned_grouped(func, arch):
-    from pit_tvm.schedules.hopper.grouped import grouped_config
+    from pit_tvm.schedules.hopper.grouped import glu_config, grouped_config
 
-    _, _, n, e, top_k, tokens, _, _ = grouped_workload_params(func)
-    return grouped_config(n, e, top_k, tokens)
+    mode, _, n, e, top_k, tokens, _, _ = grouped_workload_params(func)
+    return (glu_config if mode == "glu" else grouped_config)(n, e, top_k, tokens)
 
 
 def _grouped_kernel(func, cfg):
     from pit_tvm.schedules.hopper.grouped import wgmma_grouped_gemm_func
 
     mode, k, n, e, top_k, _, in_dtype, out_dtype = grouped_workload_params(func)
-    return wgmma_grouped_gemm_func(mode, k, n, e, top_k, in_dtype, out_dtype, False, None, cfg).with_attr(
-        "global_symbol", "main")
+    return wgmma_grouped_gemm_func("gather" if mode == "glu" else mode, k, n, e, top_k, in_dtype, out_dtype, False,
+                                   None, cfg, glu=mode == "glu").with_attr("global_symbol", "main")
 
 
 #: the MoE grouped wgmma kernel's knobs (sm_90a)

@@ -20,7 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
 
 from pit_tvm.schedules.hopper.config import WgmmaConfig
-from pit_tvm.schedules.hopper.grouped import GROUPED_ATTR, grouped_config
+from pit_tvm.schedules.hopper.grouped import GROUPED_ATTR, glu_config, grouped_config
 from pit_tvm.tuning import space as S
 from pit_tvm.tuning._worker import alloc_moe_arguments, moe_routing_index
 from pit_tvm.tuning.moe import best_moe_record, moe_log_dir, tune_moe, tuned_moe_config
@@ -38,23 +38,24 @@ def test_grouped_space_is_the_configs_the_kernel_takes():
     kernel of its sampled knobs"""
     from pit_tvm.schedules.hopper.grouped import check_grouped_config
 
-    for mode, k, n in (("gather", D, F), ("scatter", F, D)):
+    for mode, k, n in (("gather", D, F), ("scatter", F, D), ("glu", D, F)):
+        glu = mode == "glu"
         valid = S.valid_grouped_configs(mode, k, n, E, TOP_K, "float16", "float16")
         for bn in S.GROUPED_KNOBS["block_n"]:
             for stages in S.GROUPED_KNOBS["stages"]:
                 cfg = WgmmaConfig(bn, stages)
                 try:
-                    check_grouped_config(mode, k, n, E, TOP_K, "float16", "float16", cfg)
+                    check_grouped_config("gather" if glu else mode, k, n, E, TOP_K, "float16", "float16", cfg, glu)
                     fits = True
                 except ValueError:
                     fits = False
                 assert (cfg in valid) == fits
-        assert all(n % c.block_n == 0 for c in valid) and len({c.block_n for c in valid}) >= 2
+        assert all((2 if glu else 1) * n % c.block_n == 0 for c in valid) and len({c.block_n for c in valid}) >= 2 - glu
         for tokens in (16, 4096):
             workload = S.grouped_tuning_workload(mode, k, n, E, TOP_K, tokens)
             assert S.grouped_workload_params(workload) == (mode, k, n, E, TOP_K, tokens, "float16", "float16")
             planned = S.WGMMA_GROUPED.planned(workload, "sm_90a")
-            assert planned == grouped_config(n, E, TOP_K, tokens) and planned in valid
+            assert planned == (glu_config if glu else grouped_config)(n, E, TOP_K, tokens) and planned in valid
     # K not a multiple of 64: no config
     assert S.valid_grouped_configs("gather", 100, 192, E, TOP_K, "float16", "float16") == ()
 
@@ -65,22 +66,28 @@ def test_grouped_space_is_the_configs_the_kernel_takes():
     cfg = S.config_from_trace(space.trace, workload, S.WGMMA_GROUPED)
     kernel = S.prepare_candidate(space.mod)["main"]
     assert dict(kernel.attrs[GROUPED_ATTR]) == {"mode": "scatter", "num_experts": E, "top_k": TOP_K,
-                                               "block_n": cfg.block_n, "stages": cfg.stages, "gate": False}
+                                               "block_n": cfg.block_n, "stages": cfg.stages, "gate": False,
+                                               "glu": False}
     # the workload's parameters are the kernel's (the runner allocates them for the kernel)
     assert len(kernel.params) == len(workload.params) == 6
+    # glu: x, assignments, offsets, w1, w3, h; its candidate is the glu kernel
+    workload = S.grouped_tuning_workload("glu", D, F, E, TOP_K, 4096)
+    sch = S.knob_schedule(workload, glu_config(F, E, TOP_K, 4096), "sm_90a")
+    kernel = S.prepare_candidate(sch.mod)["main"]
+    assert kernel.attrs[GROUPED_ATTR]["glu"] and len(kernel.params) == len(workload.params) == 6
 
 
 # ---------------------------------------------------------------------------------------
 # the runner's arguments
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("routing", ["balanced", "zipf"])
-@pytest.mark.parametrize("mode", ["gather", "scatter"])
+@pytest.mark.parametrize("mode", ["gather", "scatter", "glu"])
 def test_runner_arguments_are_a_valid_index(mode, routing):
     """the arguments of the tuning workload: the index is the op's device index of a routing
     of k distinct experts a token (grouped by expert, ascending within one, offsets[E] = P),
     Zipf skewed towards the low experts; every repetition its own routing"""
     tokens = 300
-    workload = S.grouped_tuning_workload(mode, D if mode == "gather" else F, F if mode == "gather" else D, E,
+    workload = S.grouped_tuning_workload(mode, F if mode == "scatter" else D, D if mode == "scatter" else F, E,
                                          TOP_K, tokens)
     infos = [info.as_json() for info in ms.arg_info.ArgInfo.from_prim_func(workload)]   # (as the runner passes them)
     args = alloc_moe_arguments(tvm.cpu(), infos, 2, mode=mode, top_k=TOP_K, routing=routing)
@@ -104,6 +111,8 @@ def test_runner_arguments_are_a_valid_index(mode, routing):
         if mode == "scatter":
             rw = rep_args[4].numpy()
             assert rw.dtype == np.float32 and np.all((rw > 0) & (rw <= 1))
+        if mode == "glu":     # both weights scaled by 1 / sqrt(K), so that the halves' product stays O(1)
+            assert all(abs(float(rep_args[i].numpy().astype(np.float32).std()) * np.sqrt(D) - 1) < 0.1 for i in (3, 4))
     assert not np.array_equal(args[0][1].numpy(), args[1][1].numpy())     # a routing a repetition
     if routing == "zipf":
         assert counts[0] > 2 * counts.mean() and counts[0] > 3 * counts[-1]
@@ -167,6 +176,16 @@ def test_database_round_trip_by_token_regime_and_the_op_reads_it(tmp_path):
     _write_log(tmp_path / "decode_only", "scatter", F, D, [(16, WgmmaConfig(64, 4), 1e-5)])
     with pytest.warns(UserWarning, match="no valid tuned many-token config .*planned tiles"):
         assert tuned_moe_config(tmp_path / "decode_only", "scatter", F, D, E, TOP_K, "float16", "cuda", 4096) is None
+    # a gated layer's glu kernel reads its own records (mode "glu"), at decode size and for many tokens
+    _write_log(tmp_path, "glu", D, F, [(16, WgmmaConfig(128, 6), 1e-5), (4096, WgmmaConfig(128, 3), 1e-4)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gated = moe_ffn(MoESpec(E, TOP_K, activation="swiglu"), D, F, "float16", target="cuda", tuning_log=tmp_path)
+        assert gated.tiles(16)[0] == WgmmaConfig(128, 6)
+        # many tokens: the tuned glu tile stores 64 columns of H, as many as the tuned plain one: taken
+        assert gated.tiles(None)[0] == WgmmaConfig(128, 3)
+        assert any(gv.name_hint.endswith("_glu_bn128s6") for gv in gated.module((False, False, True, False),
+                                                                                   tokens=16).get_global_vars())
     # off sm_90a the generic kernel has no tiles: the log is not read
     assert grouped_tile_config("gather", D, F, E, TOP_K, "float16", "cuda:sm_90", 16, tmp_path) is None
     assert grouped_tile_config("gather", D, F, E, TOP_K, "float32", "llvm", 16, tmp_path) is None
@@ -230,12 +249,13 @@ def test_tune_moe_with_fake_builder_and_runner(tmp_path):
 
 def test_cli_tune_moe(tmp_path, monkeypatch, capsys):
     """``--op moe`` tunes fc1 (K=d, N=f) and fc2 (K=f, N=d) with the layer's options and
-    prints each best config; missing or foreign options, and the CPU, are errors naming them"""
+    prints each best config (``--mode glu``: a gated fc1's both halves, K=d, N=f); missing or
+    foreign options, and the CPU, are errors naming them"""
     import pit_tvm.tuning.moe as tune_moe_mod
     from pit_tvm.cli.main import main
 
-    logs = {mode: _write_log(tmp_path, mode, k, n, [(32, WgmmaConfig(64, 7), 1e-5)])
-            for mode, k, n in (("gather", D, F), ("scatter", F, D))}
+    logs = {mode: _write_log(tmp_path, mode, k, n, [(32, WgmmaConfig(128 if mode == "glu" else 64, 7), 1e-5)])
+            for mode, k, n in (("gather", D, F), ("scatter", F, D), ("glu", D, F))}
     calls = []
 
     def fake_tune(mode, k, n, experts, top_k, dtype, tokens, **kw):
@@ -249,6 +269,10 @@ def test_cli_tune_moe(tmp_path, monkeypatch, capsys):
     assert rc == 0
     assert calls == [("gather", D, F, E, TOP_K, "float16", 32, "zipf", 5), ("scatter", F, D, E, TOP_K, "float16", 32, "zipf", 5)]
     assert out.count("ring of 7") == 2 and "at T=32" in out and str(logs["scatter"]) in out
+    calls.clear()
+    assert main(["tune", "--op", "moe", "--d", str(D), "--f", str(F), "--experts", str(E), "--top-k", str(TOP_K),
+                 "--tokens", "32", "--mode", "glu", "--work-dir", str(tmp_path), "--no-progress"]) == 0
+    assert calls == [("glu", D, F, E, TOP_K, "float16", 32, "balanced", 24)] and str(logs["glu"]) in capsys.readouterr().out
     for argv, why in ((["--d", str(D), "--experts", "8"], "needs --f"),
                       (["--d", str(D), "--f", str(F), "--experts", "8", "--k", "64"], "--k is an option of --op matmul"),
                       (["--d", str(D), "--f", str(F), "--experts", "8", "--target", "llvm"], "no knobs on the CPU")):
