@@ -367,9 +367,9 @@ def test_gpu_grouped_gated(in_dtype, out_dtype, bias, case):
     ("float16", "float16", False, None, 768, "long_k"),
 ])
 def test_gpu_grouped_glu(in_dtype, out_dtype, bias, activation, n, case):
-    """Both halves of a gated FFN in one kernel (glu): W1's half activated, W3's linear, each
-    rounded to the output dtype and multiplied; 256- and 128-column tiles (128 / 64 columns of
-    H), every row against the contract, the rows past offsets[E] zero.  ``long_k``: K 2048 with an
+    """Both halves of a gated FFN in one kernel (glu): W1's half activated times W3's, in fp32,
+    rounded once; 256- and 128-column tiles (128 / 64 columns of H), every row against the
+    contract, the rows past offsets[E] zero.  ``long_k``: K 2048 with an
     fp16 output and no bias, where the halves rounded and multiplied in fp16 lost the last K
     tile's products."""
     rng = np.random.default_rng(zlib.crc32(f"glu/{case}".encode()))
