@@ -459,7 +459,8 @@ def grouped_tuning_workload(mode: str, k: int, n: int, num_experts: int, top_k: 
     position's expert from the offsets, then the gathered GEMM) carries the knob annotations
     and the cost model's features; it is never built: the candidate is the TIRx kernel of the
     annotated config (:func:`prepare_candidate`).  No bias, no activation: the tiles do not
-    depend on the epilogue."""
+    depend on the epilogue.  (glu's body reads W and W3 in one product: the loads of both
+    halves for the features, not the function the kernel computes.)"""
     out_dtype = out_dtype or dtype
     E, K, N, TK, NT = int(num_experts), int(k), int(n), int(top_k), int(tokens)
     if min(E, K, N, TK, NT) <= 0 or mode not in ("gather", "scatter", "glu"):
