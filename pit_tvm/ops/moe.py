@@ -387,20 +387,20 @@ def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=No
                                                              None if tokens is None else int(tokens))
 
 
-def glu_tiles(d, f, num_experts, top_k, dtype, target, tokens=None, tuning_log=None):
+def glu_tiles(d, f, num_experts, top_k, dtype, target, tokens, tuning_log, plain):
     """The tiles of the kernel computing both halves of a gated fc1 (:func:`glu_gemm_func`) where
     the layer takes it, else None (two GEMMs): on sm_90a, for decode-size T (at most
     :data:`DECODE_TOKENS` tokens: weight-bound, the intermediate's round trip saved), and for
     many tokens where its tile stores at least as many columns of H as the plain fc1's
     (the fine-grained shape, f 1408: 128 against 128, x's rows gathered once instead of twice).
     Where the plain tile is wider (Mixtral, f 14336: 256) the glu tile gathers x's rows as often
-    and measured slower (docs/design/moe.md, "One GEMM for both halves")."""
+    and measured slower (docs/design/moe.md, "One GEMM for both halves").  ``plain``: the plain
+    fc1's tiles (:func:`grouped_tile_config` of mode ``"gather"``)."""
     config = grouped_tile_config("glu", d, f, num_experts, top_k, dtype, target, tokens, tuning_log)
     if config is None:
         return None
     if tokens is not None and int(tokens) <= DECODE_TOKENS:
         return config
-    plain = grouped_tile_config("gather", d, f, num_experts, top_k, dtype, target, tokens, tuning_log)
     return config if plain is None or config.block_n // 2 >= plain.block_n else None
 
 
@@ -517,7 +517,7 @@ def emit_moe(bb, x, router, w1, w2, spec: MoESpec, *, b1=None, b2=None, w3=None,
              for mode, kk, n in (("gather", d, f), ("scatter", f, d))}
     # a gated FFN on sm_90a: both halves of fc1 in one kernel (both biases or neither)
     glu = (glu_gemm_func(d, f, E, k, dtype, b1 is not None, GATED[spec.activation], target,
-                         glu_tiles(d, f, E, k, dtype, target, tokens, tuning_log))
+                         glu_tiles(d, f, E, k, dtype, target, tokens, tuning_log, tiles["gather"]))
            if spec.gated and (b1 is None) == (b3 is None) else None)
 
     def fc1(w, b, act, gate=None):
@@ -593,12 +593,11 @@ class MoEFFN:
             tokens = None
         if tokens not in self._tiles_of:
             E, k = self.spec.num_experts, self.spec.top_k
-            glu = glu_tiles(self.d, self.f, E, k, self.dtype, self.target, tokens, self.tuning_log) \
-                if self.spec.gated else None
-            self._tiles_of[tokens] = tuple(
-                glu if glu is not None and mode == "gather" else
-                grouped_tile_config(mode, kk, n, E, k, self.dtype, self.target, tokens, self.tuning_log)
-                for mode, kk, n in (("gather", self.d, self.f), ("scatter", self.f, self.d)))
+            fc1, fc2 = (grouped_tile_config(mode, kk, n, E, k, self.dtype, self.target, tokens, self.tuning_log)
+                        for mode, kk, n in (("gather", self.d, self.f), ("scatter", self.f, self.d)))
+            glu = (glu_tiles(self.d, self.f, E, k, self.dtype, self.target, tokens, self.tuning_log, fc1)
+                   if self.spec.gated else None)
+            self._tiles_of[tokens] = (fc1 if glu is None else glu, fc2)
         return self._tiles_of[tokens]
 
     def module(self, optional=(False, False, False, False), tokens=None) -> tvm.IRModule:

@@ -65,16 +65,17 @@ def expected_pairs(num_experts: int, top_k: int, tokens: int) -> int:
     return math.ceil(p / BLOCK_M + active / 2)
 
 
-def grouped_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None = None) -> WgmmaConfig | None:
+def grouped_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None = None,
+                   block_n: int | None = None) -> WgmmaConfig | None:
     """The tiles for N: :func:`.planner.wgmma_config` for the rows of the pairs that ``tokens``
     make (:func:`expected_pairs`; None: many tokens, the widest tile).  Few tokens (decode) make
     about one pair an expert, so the planner's whole-wave cost narrows the tile until the
     experts' N tiles fill the SMs, with the few-rows tier's deeper ring: the kernel is then
     bound by reading the active experts' weights, and more CTAs with more K tiles in flight
-    read them faster (docs/design/moe.md)."""
-    if tokens is None:
-        return wgmma_config(n)
-    return wgmma_config(n, rows=BLOCK_M * expected_pairs(num_experts, top_k, tokens))
+    read them faster (docs/design/moe.md).  ``block_n``: that width instead of the chosen one
+    (:func:`.planner.wgmma_config`'s)."""
+    rows = None if tokens is None else BLOCK_M * expected_pairs(num_experts, top_k, tokens)
+    return wgmma_config(n, rows, block_n)
 
 
 def glu_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None = None) -> WgmmaConfig | None:
@@ -84,8 +85,7 @@ def glu_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None = No
     config = grouped_config(2 * n, num_experts, top_k, tokens)
     if config is not None and config.block_n in (128, 256):
         return config
-    rows = None if tokens is None else BLOCK_M * expected_pairs(num_experts, top_k, tokens)
-    return wgmma_config(2 * n, rows, block_n=128)
+    return grouped_config(2 * n, num_experts, top_k, tokens, block_n=128)
 
 
 def check_grouped_config(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str, out_dtype: str,
@@ -123,8 +123,6 @@ def wgmma_grouped_gemm_func(mode: str, k: int, n: int, num_experts: int, top_k: 
     ``glu`` (gather): both halves of a gated FFN, ``activation`` on W1's (default tiles
     :func:`glu_config`).  Raises ValueError when the shape, dtypes or config do not fit."""
     act = _activation(activation)
-    if gate and glu:
-        raise ValueError("the glu kernel computes its gate half itself: no gate tensor")
     config = config or (glu_config if glu else grouped_config)(n, num_experts, top_k)
     check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, config, glu)
     func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, mode, config,
