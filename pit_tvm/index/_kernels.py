@@ -1,5 +1,5 @@
-"""TensorIR building blocks of the on-device sparse index: loop strategies and the
-flag -> chunked prefix-scan -> compaction pipeline.
+"""TensorIR building blocks of the on-device sparse index: loop strategies, the
+flag -> chunked prefix-scan -> compaction pipeline and the expert lists.
 
 Every index function is one PrimFunc made of a few kernels (one top-level loop nest each):
 
@@ -12,8 +12,12 @@ Every index function is one PrimFunc made of a few kernels (one top-level loop n
    memory, then each thread writes its run's exclusive offsets) and writes the total.
 4. ``compact``: one block per chunk again; each thread owns ``K`` consecutive flat ids,
    a block scan of the per-thread counts gives each thread its write position
-   (chunk offset + exclusive prefix), then the thread writes its ids in ascending order, the
-   CSR group pointers that fall in its range and the ``-1`` tail.
+   (chunk offset + exclusive prefix), then the thread writes its ids in ascending order and
+   the ``-1`` tail.
+
+The expert index is one kernel instead (``make_expert_lists``): one block per expert reads
+every assignment, so no flag per (assignment, expert) pair is stored and no scan crosses
+blocks.
 
 No atomics, no host round trip: the output order is the flat order, so results are
 deterministic byte for byte. The "schedule" is chosen when the kernels are generated
@@ -150,13 +154,11 @@ def make_pipeline(
     st: LoopStrategy,
     flag_fn: Callable,
     id_fn: Callable,
-    with_offsets: bool,
 ):
     """Return the ``chunk_count``, ``chunk_scan`` and ``compact`` macros.
 
     ``flag_fn(src, f)`` -> int32 0/1 flag of flat id ``f`` (``src`` a buffer or tuple of them);
-    ``id_fn(f, P)`` -> the int value written to the id list for flat id ``f``;
-    ``with_offsets``: write CSR pointers ``offs[f // P] = position`` where ``f % P == 0``.
+    ``id_fn(f, P)`` -> the int value written to the id list for flat id ``f``.
     """
     BX, TX, SH = st.bx, st.tx, st.shared
     block_reduce = make_block_reduce(st)
@@ -210,17 +212,10 @@ def make_pipeline(
                         run[0] = run[0] + CNT[tx * ((num_chunks(NF) + (NT - 1)) // NT) + j]
                 if tx == NT - 1:
                     TOT[tot_idx] = sA[NT - 1]
-                if with_offsets:
-                    # nothing to scan (e.g. zero rows): the group pointers are all 0
-                    if NF == 0:
-                        for j in range((tot_idx + (NT - 1)) // NT):
-                            if j * NT + tx < tot_idx:
-                                TOT[j * NT + tx] = 0
 
     @T.macro
-    def compact(src, NF, P, CAP, COFF, TOT, tot_idx, IDS, OFFS):
-        # IDS[pos] = id_fn(f) for set flags in flat order; OFFS[f // P] = pos where f % P == 0;
-        # IDS[total:CAP] = -1.
+    def compact(src, NF, P, CAP, COFF, TOT, tot_idx, IDS):
+        # IDS[pos] = id_fn(f) for set flags in flat order; IDS[total:CAP] = -1.
         for c in BX(T.max(num_chunks(NF), 1)):
             sA = T.alloc_buffer((NT,), "int32", scope=SH)
             sB = T.alloc_buffer((NT,), "int32", scope=SH)
@@ -235,9 +230,6 @@ def make_pipeline(
                     pos[0] = pos[0] + sA[tx - 1]
                 for k in range(K):
                     if c * CH + tx * K + k < NF:
-                        if with_offsets:
-                            if T.truncmod(c * CH + tx * K + k, P) == 0:
-                                OFFS[T.truncdiv(c * CH + tx * K + k, P)] = pos[0]
                         if flag_fn(src, c * CH + tx * K + k) != 0:
                             IDS[pos[0]] = T.Cast("int32", id_fn(c * CH + tx * K + k, P))
                             pos[0] = pos[0] + 1
@@ -248,3 +240,73 @@ def make_pipeline(
                             IDS[c * CH + k * NT + tx] = -1
 
     return chunk_count, chunk_scan, compact
+
+
+def make_expert_lists(st: LoopStrategy, num_experts: int, expert_of: Callable):
+    """Return the ``expert_lists(src, P, OFF, ASG)`` macro: the expert index in one kernel.
+
+    ``expert_of(src, a)`` -> the int32 expert of flat assignment ``a`` (values outside
+    ``[0, E)`` are not listed).  One CTA an expert ``e``: each thread reads its contiguous run
+    of ``ceil(P / NT)`` assignments, counting those of expert ``e`` and those of a lower expert
+    (``OFF[e]``, with the listed total in the high word of the same int64); a block scan of the
+    first counts gives each thread its write position, so ``e``'s list is ascending.  Every
+    assignment is read once a CTA (``E * P`` compares over ``E`` CTAs, not ``E * P`` flags
+    through three kernels); CTA ``E - 1`` writes ``OFF[E]`` and the ``-1`` tail.
+    """
+    E = num_experts
+    BX, TX, SH = st.bx, st.tx, st.shared
+    block_reduce = make_block_reduce(st)
+    block_scan = make_block_scan(st)
+
+    def run(P):
+        return (P + (NT - 1)) // NT
+
+    def listed_below(x, e):
+        # 1 for an expert below e (the offset), 1 << 32 for any listed expert (the total)
+        return (T.Select(T.And(x >= 0, x < e), T.int64(1), T.int64(0))
+                + T.Select(T.And(x >= 0, x < E), T.int64(1 << 32), T.int64(0)))
+
+    @T.macro
+    def expert_lists(src, P, OFF, ASG):
+        for e in BX(E):
+            s_mine = T.alloc_buffer((NT,), "int32", scope=SH)
+            s_scan = T.alloc_buffer((NT,), "int32", scope=SH)
+            s_below = T.alloc_buffer((NT,), "int64", scope=SH)
+            for tx in TX(NT):
+                mine = T.alloc_buffer((1,), "int32", scope="local")
+                below = T.alloc_buffer((1,), "int64", scope="local")
+                mine[0] = 0
+                below[0] = T.int64(0)
+                for j in range(run(P)):
+                    if tx * run(P) + j < P:
+                        mine[0] = mine[0] + T.Select(expert_of(src, tx * run(P) + j) == e, 1, 0)
+                        below[0] = below[0] + listed_below(expert_of(src, tx * run(P) + j), e)
+                s_mine[tx] = mine[0]
+                s_below[tx] = below[0]
+            block_reduce(s_below)
+            block_scan(s_mine, s_scan)
+            for tx in TX(NT):
+                # (shared values into registers first: a shared load inside a condition
+                # breaks the CUDA sync planner)
+                below = T.alloc_buffer((1,), "int64", scope="local")
+                pos = T.alloc_buffer((1,), "int32", scope="local")
+                below[0] = s_below[0]
+                pos[0] = T.Cast("int32", T.bitwise_and(below[0], T.int64(0xFFFFFFFF)))
+                if tx > 0:
+                    pos[0] = pos[0] + s_mine[tx - 1]
+                for j in range(run(P)):
+                    if tx * run(P) + j < P:
+                        if expert_of(src, tx * run(P) + j) == e:
+                            ASG[pos[0]] = T.Cast("int32", tx * run(P) + j)
+                            pos[0] = pos[0] + 1
+                if tx == 0:
+                    OFF[e] = T.Cast("int32", T.bitwise_and(below[0], T.int64(0xFFFFFFFF)))
+                if e == E - 1:
+                    if tx == 0:
+                        OFF[E] = T.Cast("int32", T.shift_right(below[0], T.int64(32)))
+                    for j in range(run(P)):
+                        if j * NT + tx < P:
+                            if j * NT + tx >= T.shift_right(below[0], T.int64(32)):
+                                ASG[j * NT + tx] = -1
+
+    return expert_lists

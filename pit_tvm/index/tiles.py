@@ -34,7 +34,7 @@ from pit_tvm.target import build, device_for, is_gpu, make_target
 from pit_tvm._args import dtype_name, micro_tile_pair
 from pit_tvm.runtime.loader import dlpack_to_tvm
 
-from ._kernels import make_pipeline, num_chunks, schedule_cpu, schedule_cuda
+from ._kernels import make_expert_lists, make_pipeline, num_chunks, schedule_cpu, schedule_cuda
 from ._tile_kernels import STATE_DTYPE, STATE_WORDS, make_tile_kernels
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16", "bool")
@@ -287,7 +287,7 @@ def seqlen_row_index_func(max_len: int, target) -> tirx.PrimFunc:
         return T.Select(T.truncmod(f, L) < T.Cast("int64", n), T.int32(1), T.int32(0))
 
     id_fn = lambda f, P: f  # noqa: E731
-    chunk_count, chunk_scan, compact = make_pipeline(st, flag_fn, id_fn, with_offsets=False)
+    chunk_count, chunk_scan, compact = make_pipeline(st, flag_fn, id_fn)
 
     @T.prim_func(s_tir=True)
     def seqlen_index(l: T.handle, r: T.handle, c: T.handle):
@@ -300,7 +300,7 @@ def seqlen_row_index_func(max_len: int, target) -> tirx.PrimFunc:
         COFF = T.sblock_alloc_buffer((T.max(num_chunks(B * L), 1),), "int32")
         chunk_count(LEN, B * L, CNT)
         chunk_scan(B * L, CNT, COFF, COUNT, 0)
-        compact(LEN, B * L, L, B * L, COFF, COUNT, 0, ROWS, ROWS)
+        compact(LEN, B * L, L, B * L, COFF, COUNT, 0, ROWS)
 
     return _finish(seqlen_index, f"pit_seqlen_row_index_l{L}", target)
 
@@ -310,24 +310,17 @@ def expert_index_func(num_experts: int, top_k: int, target) -> tirx.PrimFunc:
     """PrimFunc ``(expert_ids[T, top_k], offsets[E+1], assignments[T*top_k])``.
 
     For each expert e (in order) the ascending flat assignment ids ``t*top_k + j`` with
-    ``expert_ids[t, j] == e``; ids outside ``[0, E)`` are dropped; tail ``-1``.
+    ``expert_ids[t, j] == e``; ids outside ``[0, E)`` are dropped; tail ``-1``.  One kernel of
+    one CTA an expert (``make_expert_lists``).
     """
     E = _check_pos_int("num_experts", num_experts)
     TK = _check_pos_int("top_k", top_k)
     target = make_target(target)
-    st = _strategy(target)
 
-    def flag_fn(X, f):
-        P = X.shape[0] * TK
-        a = T.truncmod(f, P)  # non-negative operands: trunc == floor, no sign fix-ups
-        return T.Select(
-            X[T.truncdiv(a, TK), T.truncmod(a, TK)] == T.Cast("int32", T.truncdiv(f, P)),
-            T.int32(1),
-            T.int32(0),
-        )
+    def expert_of(X, a):
+        return X[T.truncdiv(a, TK), T.truncmod(a, TK)]
 
-    id_fn = lambda f, P: T.truncmod(f, P)  # noqa: E731
-    chunk_count, chunk_scan, compact = make_pipeline(st, flag_fn, id_fn, with_offsets=True)
+    expert_lists = make_expert_lists(_strategy(target), E, expert_of)
 
     @T.prim_func(s_tir=True)
     def expert_index(x: T.handle, o: T.handle, a: T.handle):
@@ -336,11 +329,8 @@ def expert_index_func(num_experts: int, top_k: int, target) -> tirx.PrimFunc:
         X = T.match_buffer(x, (NTOK, TK), "int32")
         OFF = T.match_buffer(o, (E + 1,), "int32")
         ASG = T.match_buffer(a, (NTOK * TK,), "int32")
-        CNT = T.sblock_alloc_buffer((T.max(num_chunks(NTOK * TK * E), 1),), "int32")
-        COFF = T.sblock_alloc_buffer((T.max(num_chunks(NTOK * TK * E), 1),), "int32")
-        chunk_count(X, NTOK * TK * E, CNT)
-        chunk_scan(NTOK * TK * E, CNT, COFF, OFF, E)
-        compact(X, NTOK * TK * E, NTOK * TK, NTOK * TK, COFF, OFF, E, ASG, OFF)
+        with T.sblock("root"):   # Relax's op-pattern analysis expects a root block
+            expert_lists(X, NTOK * TK, OFF, ASG)
 
     return _finish(expert_index, f"pit_expert_index_e{E}_k{TK}", target)
 
@@ -354,7 +344,7 @@ def expert_capacity_index_func(num_experts: int, top_k: int, capacity: int, targ
     listed, else 0 (also for ids outside ``[0, E)``).  Three passes on the device, no atomics:
     the full index (as :func:`expert_index_func`), each listed assignment's rank within its
     (expert, sequence) by a binary search in its expert's ascending list, then the index again
-    over the kept assignments only."""
+    over the kept assignments only (four kernels)."""
     E = _check_pos_int("num_experts", num_experts)
     TK = _check_pos_int("top_k", top_k)
     CAP = _check_pos_int("capacity", capacity)
@@ -365,19 +355,12 @@ def expert_capacity_index_func(num_experts: int, top_k: int, capacity: int, targ
         t = T.truncdiv(a, TK)
         return X[T.truncdiv(t, X.shape[1]), T.truncmod(t, X.shape[1]), T.truncmod(a, TK)]
 
-    def flag_all(X, f):
-        P = X.shape[0] * X.shape[1] * TK
-        return T.Select(expert_of(X, T.truncmod(f, P)) == T.Cast("int32", T.truncdiv(f, P)),
-                        T.int32(1), T.int32(0))
-
-    def flag_kept(src, f):
+    def kept_expert_of(src, a):
         X, KEEP = src
-        P = X.shape[0] * X.shape[1] * TK
-        return T.Select(KEEP[T.truncmod(f, P)] != 0, flag_all(X, f), T.int32(0))
+        return T.Select(KEEP[a] != 0, expert_of(X, a), T.int32(-1))
 
-    id_fn = lambda f, P: T.truncmod(f, P)  # noqa: E731
-    count_all, scan_all, compact_all = make_pipeline(st, flag_all, id_fn, with_offsets=True)
-    count_kept, scan_kept, compact_kept = make_pipeline(st, flag_kept, id_fn, with_offsets=True)
+    lists_all = make_expert_lists(st, E, expert_of)
+    lists_kept = make_expert_lists(st, E, kept_expert_of)
     NTH = 256
 
     @T.macro
@@ -409,11 +392,7 @@ def expert_capacity_index_func(num_experts: int, top_k: int, capacity: int, targ
         KEEP = T.match_buffer(k, (NB * NS * TK,), "int32")
         OFF_F = T.sblock_alloc_buffer((E + 1,), "int32")
         ASG_F = T.sblock_alloc_buffer((NB * NS * TK,), "int32")
-        CNT = T.sblock_alloc_buffer((T.max(num_chunks(NB * NS * TK * E), 1),), "int32")
-        COFF = T.sblock_alloc_buffer((T.max(num_chunks(NB * NS * TK * E), 1),), "int32")
-        count_all(X, NB * NS * TK * E, CNT)
-        scan_all(NB * NS * TK * E, CNT, COFF, OFF_F, E)
-        compact_all(X, NB * NS * TK * E, NB * NS * TK, NB * NS * TK, COFF, OFF_F, E, ASG_F, OFF_F)
+        lists_all(X, NB * NS * TK, OFF_F, ASG_F)
         for b in st.bx((NB * NS * TK + (NTH - 1)) // NTH):
             for tx in st.tx(NTH):
                 if b * NTH + tx < NB * NS * TK:
@@ -422,9 +401,7 @@ def expert_capacity_index_func(num_experts: int, top_k: int, capacity: int, targ
             for tx in st.tx(NTH):
                 if b * NTH + tx < NB * NS * TK:
                     rank_and_keep(X, OFF_F, ASG_F, KEEP, b * NTH + tx)
-        count_kept((X, KEEP), NB * NS * TK * E, CNT)
-        scan_kept(NB * NS * TK * E, CNT, COFF, OFF, E)
-        compact_kept((X, KEEP), NB * NS * TK * E, NB * NS * TK, NB * NS * TK, COFF, OFF, E, ASG, OFF)
+        lists_kept((X, KEEP), NB * NS * TK, OFF, ASG)
 
     return _finish(expert_capacity_index, f"pit_expert_capacity_index_e{E}_k{TK}_c{CAP}", target)
 

@@ -336,6 +336,35 @@ def test_expert_index(num_experts, top_k):
 
 
 # ----------------------------------------------------------------------------- fuzz
+_EXPERT_BUILDS = {}
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    num_experts=st.sampled_from([1, 3, 64, 129]),
+    top_k=st.sampled_from([1, 2, 6]),
+    ntok=st.integers(0, 700),
+    skew=st.sampled_from([0.0, 1.5, 3.0]),
+    invalid=st.sampled_from([0.0, 0.05, 1.0]),
+    seed=st.integers(0, 2**31),
+)
+def test_fuzz_expert_index(num_experts, top_k, ntok, skew, invalid, seed):
+    """Balanced to one hot expert (Zipf exponent ``skew``), ids outside [0, E), and several
+    assignments a thread (T * k past the 256 threads of an expert's block)."""
+    rng = np.random.default_rng(seed)
+    key = (num_experts, top_k)
+    if key not in _EXPERT_BUILDS:
+        _EXPERT_BUILDS[key] = IndexBuilder(expert_index_func(num_experts, top_k, "llvm"), "llvm")
+    weights = 1.0 / np.arange(1, num_experts + 1) ** skew
+    ids = rng.choice(num_experts, size=(ntok, top_k), p=weights / weights.sum()).astype(np.int32)
+    bad = rng.random(ids.shape) < invalid
+    ids[bad] = rng.choice([-7, -1, num_experts, num_experts + 40], size=int(bad.sum()))
+    offsets, asg = _EXPERT_BUILDS[key](ids)
+    ro, ra = reference_expert_index(ids, num_experts)
+    np.testing.assert_array_equal(offsets.numpy(), ro)
+    np.testing.assert_array_equal(asg.numpy(), ra)
+
+
 _FUZZ_COLS = [1, 5, 64, 100]
 
 
@@ -472,13 +501,17 @@ def test_gpu_seqlen_and_experts():
         rr, rc = reference_seqlen_row_index(lengths, 128)
         np.testing.assert_array_equal(rows.numpy(), rr)
         np.testing.assert_array_equal(count.numpy(), rc)
-    e = IndexBuilder(expert_index_func(8, 2, "cuda"), "cuda")
-    for ntok in (0, 5, 5000):
-        ids = rng.integers(-1, 9, size=(ntok, 2)).astype(np.int32)
-        offsets, asg = e(ids)
-        ro, ra = reference_expert_index(ids, 8)
-        np.testing.assert_array_equal(offsets.numpy(), ro)
-        np.testing.assert_array_equal(asg.numpy(), ra)
+    for num_experts, top_k in ((8, 2), (128, 1), (64, 6)):
+        e = IndexBuilder(expert_index_func(num_experts, top_k, "cuda"), "cuda")
+        for ntok in (0, 5, 4096, 5000):
+            for hot in (False, True):   # balanced, or every other assignment to expert 1
+                ids = rng.integers(-1, num_experts + 1, size=(ntok, top_k)).astype(np.int32)
+                if hot:
+                    ids[::2] = 1
+                offsets, asg = e(ids)
+                ro, ra = reference_expert_index(ids, num_experts)
+                np.testing.assert_array_equal(offsets.numpy(), ro)
+                np.testing.assert_array_equal(asg.numpy(), ra)
 
 
 @pytest.mark.gpu
