@@ -39,6 +39,9 @@ K = 4
 CH = NT * K
 LOG_NT = 8
 assert 1 << LOG_NT == NT
+# the expert lists' block (one an expert) and the loads of a thread's run kept in flight
+EXPERT_THREADS = 1024
+RUN_UNROLL = 4
 
 
 @dataclass(frozen=True)
@@ -87,17 +90,19 @@ def num_chunks(nf):
     return (nf + (CH - 1)) // CH
 
 
-def make_block_reduce(st: LoopStrategy):
-    """``block_reduce(sA)``: ``sA[0] <- sum(sA[0:NT])`` by one CTA (a tree reduction; the
+def make_block_reduce(st: LoopStrategy, threads: int = NT):
+    """``block_reduce(sA)``: ``sA[0] <- sum(sA[0:threads])`` by one CTA (a tree reduction; the
     syncs between its steps are inserted on CUDA); shared by every index pipeline."""
     TX = st.tx
+    steps = threads.bit_length() - 1
+    assert 1 << steps == threads
 
     @T.macro
     def block_reduce(sA):
-        for step in T.unroll(LOG_NT):
-            for tx in TX(NT):
-                if tx < T.shift_right(NT // 2, step):
-                    sA[tx] = sA[tx] + sA[tx + T.shift_right(NT // 2, step)]
+        for step in T.unroll(steps):
+            for tx in TX(threads):
+                if tx < T.shift_right(threads // 2, step):
+                    sA[tx] = sA[tx] + sA[tx + T.shift_right(threads // 2, step)]
 
     return block_reduce
 
@@ -131,20 +136,22 @@ def add_item(values):
     return add
 
 
-def make_block_scan(st: LoopStrategy):
-    """``block_scan(sA, sB)``: in-place inclusive scan of ``sA[0:NT]`` by one CTA
+def make_block_scan(st: LoopStrategy, threads: int = NT):
+    """``block_scan(sA, sB)``: in-place inclusive scan of ``sA[0:threads]`` by one CTA
     (Hillis-Steele, ``sB`` is the double buffer); shared by every index pipeline."""
     TX = st.tx
+    steps = threads.bit_length() - 1
+    assert 1 << steps == threads
 
     @T.macro
     def block_scan(sA, sB):
-        for step in T.unroll(LOG_NT):
-            for tx in TX(NT):
+        for step in T.unroll(steps):
+            for tx in TX(threads):
                 if tx >= T.shift_left(1, step):
                     sB[tx] = sA[tx] + sA[tx - T.shift_left(1, step)]
                 else:
                     sB[tx] = sA[tx]
-            for tx in TX(NT):
+            for tx in TX(threads):
                 sA[tx] = sB[tx]
 
     return block_scan
@@ -246,20 +253,23 @@ def make_expert_lists(st: LoopStrategy, num_experts: int, expert_of: Callable):
     """Return the ``expert_lists(src, P, OFF, ASG)`` macro: the expert index in one kernel.
 
     ``expert_of(src, a)`` -> the int32 expert of flat assignment ``a`` (values outside
-    ``[0, E)`` are not listed).  One CTA an expert ``e``: each thread reads its contiguous run
-    of ``ceil(P / NT)`` assignments, counting those of expert ``e`` and those of a lower expert
-    (``OFF[e]``, with the listed total in the high word of the same int64); a block scan of the
-    first counts gives each thread its write position, so ``e``'s list is ascending.  Every
-    assignment is read once a CTA (``E * P`` compares over ``E`` CTAs, not ``E * P`` flags
-    through three kernels); CTA ``E - 1`` writes ``OFF[E]`` and the ``-1`` tail.
+    ``[0, E)`` are not listed).  One CTA an expert ``e``: each of its ``EXPERT_THREADS`` threads
+    reads its contiguous run of ``ceil(P / EXPERT_THREADS)`` assignments (``RUN_UNROLL`` loads
+    in flight), counting those of expert ``e`` and those of a lower expert (``OFF[e]``, with
+    the listed total in the high word of the same int64); a block scan of the first counts
+    gives each thread its write position, so ``e``'s list is ascending.  Every assignment is
+    read once a CTA (``E * P`` compares over ``E`` CTAs, not ``E * P`` flags through three
+    kernels); CTA ``E - 1`` writes ``OFF[E]`` and the ``-1`` tail.
     """
     E = num_experts
+    NTE = EXPERT_THREADS
+    U = RUN_UNROLL
     BX, TX, SH = st.bx, st.tx, st.shared
-    block_reduce = make_block_reduce(st)
-    block_scan = make_block_scan(st)
+    block_reduce = make_block_reduce(st, NTE)
+    block_scan = make_block_scan(st, NTE)
 
     def run(P):
-        return (P + (NT - 1)) // NT
+        return (P + (NTE - 1)) // NTE
 
     def listed_below(x, e):
         # 1 for an expert below e (the offset), 1 << 32 for any listed expert (the total)
@@ -269,23 +279,25 @@ def make_expert_lists(st: LoopStrategy, num_experts: int, expert_of: Callable):
     @T.macro
     def expert_lists(src, P, OFF, ASG):
         for e in BX(E):
-            s_mine = T.alloc_buffer((NT,), "int32", scope=SH)
-            s_scan = T.alloc_buffer((NT,), "int32", scope=SH)
-            s_below = T.alloc_buffer((NT,), "int64", scope=SH)
-            for tx in TX(NT):
+            s_mine = T.alloc_buffer((NTE,), "int32", scope=SH)
+            s_scan = T.alloc_buffer((NTE,), "int32", scope=SH)
+            s_below = T.alloc_buffer((NTE,), "int64", scope=SH)
+            for tx in TX(NTE):
                 mine = T.alloc_buffer((1,), "int32", scope="local")
                 below = T.alloc_buffer((1,), "int64", scope="local")
                 mine[0] = 0
                 below[0] = T.int64(0)
-                for j in range(run(P)):
-                    if tx * run(P) + j < P:
-                        mine[0] = mine[0] + T.Select(expert_of(src, tx * run(P) + j) == e, 1, 0)
-                        below[0] = below[0] + listed_below(expert_of(src, tx * run(P) + j), e)
+                for j0 in range((run(P) + (U - 1)) // U):
+                    for j1 in T.unroll(U):
+                        if T.And(j0 * U + j1 < run(P), tx * run(P) + j0 * U + j1 < P):
+                            mine[0] = mine[0] + T.Select(
+                                expert_of(src, tx * run(P) + j0 * U + j1) == e, 1, 0)
+                            below[0] = below[0] + listed_below(expert_of(src, tx * run(P) + j0 * U + j1), e)
                 s_mine[tx] = mine[0]
                 s_below[tx] = below[0]
             block_reduce(s_below)
             block_scan(s_mine, s_scan)
-            for tx in TX(NT):
+            for tx in TX(NTE):
                 # (shared values into registers first: a shared load inside a condition
                 # breaks the CUDA sync planner)
                 below = T.alloc_buffer((1,), "int64", scope="local")
@@ -294,19 +306,20 @@ def make_expert_lists(st: LoopStrategy, num_experts: int, expert_of: Callable):
                 pos[0] = T.Cast("int32", T.bitwise_and(below[0], T.int64(0xFFFFFFFF)))
                 if tx > 0:
                     pos[0] = pos[0] + s_mine[tx - 1]
-                for j in range(run(P)):
-                    if tx * run(P) + j < P:
-                        if expert_of(src, tx * run(P) + j) == e:
-                            ASG[pos[0]] = T.Cast("int32", tx * run(P) + j)
-                            pos[0] = pos[0] + 1
+                for j0 in range((run(P) + (U - 1)) // U):
+                    for j1 in T.unroll(U):
+                        if T.And(j0 * U + j1 < run(P), tx * run(P) + j0 * U + j1 < P):
+                            if expert_of(src, tx * run(P) + j0 * U + j1) == e:
+                                ASG[pos[0]] = T.Cast("int32", tx * run(P) + j0 * U + j1)
+                                pos[0] = pos[0] + 1
                 if tx == 0:
                     OFF[e] = T.Cast("int32", T.bitwise_and(below[0], T.int64(0xFFFFFFFF)))
                 if e == E - 1:
                     if tx == 0:
                         OFF[E] = T.Cast("int32", T.shift_right(below[0], T.int64(32)))
                     for j in range(run(P)):
-                        if j * NT + tx < P:
-                            if j * NT + tx >= T.shift_right(below[0], T.int64(32)):
-                                ASG[j * NT + tx] = -1
+                        if j * NTE + tx < P:
+                            if j * NTE + tx >= T.shift_right(below[0], T.int64(32)):
+                                ASG[j * NTE + tx] = -1
 
     return expert_lists
