@@ -229,12 +229,14 @@ class QueryTile:
         query's document"""
         return T.And(self.key_ok(kblk, key), self._same_document(query, key_c))
 
-    def allowed(self, kblk, query, key, key_c, mask_value=None):
+    def allowed(self, kblk, query, key, key_c, staged=None):
         """is the key at ``key`` (position ``key_c``) allowed for the query row at position ``query``
-        (``mask_value``: the mask's entry there where the caller has it, else read from the mask)"""
+        (``staged``: the mask's entry there from a staged mask tile, which is 0 past Sk, so the
+        key's bound is in it; else read from the mask, and the key tested against Sk)"""
+        if staged is not None:
+            return pattern_predicate(self.pattern, self.buffers, self.b, self.h, query, key_c, staged)
         if not self.split:
-            return T.And(key < self.Sk, pattern_predicate(self.pattern, self.buffers, self.b, self.h, query, key_c,
-                                                          mask_value))
+            return T.And(key < self.Sk, pattern_predicate(self.pattern, self.buffers, self.b, self.h, query, key_c))
         w = self.pattern.window
         flags = self.buffers["global_flags"]
         # (a window block: :meth:`keys_only` is false) its global keys are read from the gathered blocks
@@ -507,23 +509,27 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         tile, row r's KB entries as the KB / 16 + 1 aligned 16-byte chunks around them (any Sk; the
         chunk past them only where they start off a 16-byte boundary), at ``MASK_ROW`` r + the
         block's ``MASK_PITCH``; entry k of the row at that + (its offset % 16) + k
-        (``staged_entry``).  Rows past the last and bytes past the mask zero-filled, not read"""
+        (``staged_entry``).  Rows past the last and each row's bytes past its end (keys >= Sk: the
+        predicate's bound, ``QueryTile.allowed``) zero-filled, not read"""
         mask = tile.buffers["mask"]
-        total = mask.shape[0] * mask.shape[1] * mask.shape[2] * mask.shape[3]
-        for c in T.unroll(QB * PAIR * (MASK_CHUNKS + 1) // threads):
-            r = (t + threads * c) // (PAIR * (MASK_CHUNKS + 1))
-            part = (t + threads * c) % (PAIR * (MASK_CHUNKS + 1)) // (MASK_CHUNKS + 1)
+        for c in T.unroll(QB * (MASK_CHUNKS + 1) // threads):
+            r = (t + threads * c) // (MASK_CHUNKS + 1)
             ch = (t + threads * c) % (MASK_CHUNKS + 1)
             query = tile.query_pos(r)
             row = tile.mask_offset(tile.query_src(query), 0)       # (the block adds KB keys: 16 | KB)
-            start = row - row % 16 + T.Cast("int64", keys.block_of(part * KB)) * KB + ch * 16
-            # (flat offsets: the mask read as one array; a chunk past its end reads nothing, from its
-            # start: every source address 16-byte aligned)
-            T.evaluate(copy16(mask_s.ptr_to([MASK_OFF + slot * QB * MASK_ROW + r * MASK_ROW + part * MASK_PITCH
-                                             + ch * 16]),
-                              mask.ptr_to([0, 0, 0, T.if_then_else(start < total, start, T.int64(0))]),
-                              T.And(tile.query_ok(query), T.Or(ch < MASK_CHUNKS, row % 16 != 0)),
-                              T.max(T.min(total - start, 16), 0)))
+            for part in T.unroll(PAIR):
+                kblk = keys.block_of(part * KB)
+                start = row - row % 16 + T.Cast("int64", kblk) * KB + ch * 16
+                # the row's bytes from the chunk's start on (row + Sk - start, in 32 bits)
+                left = T.Cast("int32", row % 16) + tile.Sk - kblk * KB - ch * 16
+                # (flat offsets: the mask read as one array, every source address 16-byte aligned; a
+                # chunk reads up to its row's end, the rest zero-filled; one past it reads nothing,
+                # from the mask's start)
+                T.evaluate(copy16(mask_s.ptr_to([MASK_OFF + slot * QB * MASK_ROW + r * MASK_ROW
+                                                 + part * MASK_PITCH + ch * 16]),
+                                  mask.ptr_to([0, 0, 0, T.if_then_else(left > 0, start, T.int64(0))]),
+                                  T.And(tile.query_ok(query), T.Or(ch < MASK_CHUNKS, row % 16 != 0)),
+                                  T.max(T.min(left, 16), 0)))
 
     @T.macro
     def issue_qk(slot, smem, tid, r):
