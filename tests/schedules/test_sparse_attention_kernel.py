@@ -33,10 +33,10 @@ BOOL = AttentionPattern(mask="bool")
 
 # ------------------------------------------------------------------------------------ CPU
 def test_defaults_are_the_measured_forms():
-    """a boolean mask at key block 64: the overlapping form with a 4-deep ring, a block a step; at
-    128: warp-specialized, 2 deep; a pattern without a boolean mask at key block 64: pairs of
-    blocks a step, overlapping, the deepest ring that fits (the fastest on the H200,
-    docs/design/sparse_attention.md); the loader's registers handed to the consumers in each"""
+    """key block 64: pairs of blocks a step, overlapping, the deepest ring that fits (the fastest on
+    the H200, docs/design/sparse_attention.md), with a boolean mask where its staged mask tiles leave
+    room for a ring of 3 (head dim 64; at 128 a block a step, overlapping, 4 deep); at 128:
+    warp-specialized, 2 deep; the loader's registers handed to the consumers in each"""
     def same(d, pattern, kb, **form):
         default = block_sparse_attention_func(d, pattern, "float16", kb)
         assert default.script() == block_sparse_attention_func(d, pattern, "float16", kb, p_in_registers=True,
@@ -44,8 +44,13 @@ def test_defaults_are_the_measured_forms():
                                                                **form).script()
         return default
 
-    assert int(same(64, BOOL, 64, overlap=True, stages=4, pair_blocks=False).attrs["pit.attention.key_tile"]) == 64
+    bool_pairs = same(64, BOOL, 64, overlap=True, stages=4, pair_blocks=True, mask_tiles=True)
+    assert int(bool_pairs.attrs["pit.attention.key_tile"]) == 128
+    assert int(same(128, BOOL, 64, overlap=True, stages=4, pair_blocks=False).attrs["pit.attention.key_tile"]) == 64
     same(64, BOOL, 128, overlap=False, stages=2, pair_blocks=False)
+    # (a boolean mask read from global memory: a block a step)
+    assert int(block_sparse_attention_func(64, BOOL, "float16", 64, mask_tiles=False)
+               .attrs["pit.attention.key_tile"]) == 64
     for d, stages in ((64, 4), (128, 3)):
         f = same(d, AttentionPattern(causal=True, documents=True), 64, overlap=True, stages=stages, pair_blocks=True)
         assert int(f.attrs["pit.attention.key_block"]) == 64 and int(f.attrs["pit.attention.key_tile"]) == 128
@@ -102,12 +107,14 @@ def test_signature_with_global_split():
 #: the kernel's forms: P through shared memory (all threads copy), P in registers, P in
 #: registers with a loader warpgroup filling the ring, and that with a block's softmax
 #: overlapping the previous block's P V; "pair": two blocks of 64 a step (also with a boolean
-#: mask, where it is not the default); "default": the defaults (test_defaults_are_the_measured_forms)
+#: mask at head dim 128, where it is not the default); "single": a block a step (the default
+#: form otherwise); "default": the defaults (test_defaults_are_the_measured_forms)
 VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
             "p_regs": {"p_in_registers": True, "warp_specialized": False},
             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "stages": 3},
             "pair": {"pair_blocks": True},
+            "single": {"pair_blocks": False},
             "default": {}}
 
 
@@ -129,6 +136,15 @@ VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
 ])
 def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, variant):
     _compiles_without_spills(pattern, head_dim, key_block, dtype, variant)
+
+
+@pytest.mark.parametrize("head_dim,dtype,variant", [
+    (64, "float16", "default"), (64, "bfloat16", "default"), (128, "float16", "default"),
+    (128, "bfloat16", "default"), (64, "bfloat16", "single"), (128, "float16", "pair")])
+def test_boolean_mask_compiles_without_spills(head_dim, dtype, variant):
+    """a boolean mask with its staged mask tiles (the loader's 72 registers, the consumers' 216): the
+    defaults (two blocks a step at head dim 64, one at 128) and the other of each"""
+    _compiles_without_spills(BOOL, head_dim, 64, dtype, variant)
 
 
 @pytest.mark.parametrize("documents", [False, True])
@@ -220,18 +236,19 @@ def _inputs(rng, b, h, sq, sk, d, dtype):
     return q, k, v
 
 
-def _block_mask(rng, b, mh, sq, sk, key_block, density=0.4, partial=0.5):
+def _block_mask(rng, b, mh, sq, sk, key_block, density=0.4, partial=0.5, empty=True):
     """a boolean mask of random key blocks per query block: each listed block full or (with
-    probability ``partial``) random elements; some query rows with no allowed key, one query
-    block with nothing allowed"""
+    probability ``partial``) random elements; (``empty``) some query rows with no allowed key, one
+    query block with nothing allowed"""
     qbn, kbn = -(-sq // QUERY_BLOCK), -(-sk // key_block)
     blocks = rng.random((b, mh, qbn, kbn)) < density
     mask = np.repeat(np.repeat(blocks, QUERY_BLOCK, 2), key_block, 3)[:, :, :sq, :sk].copy()
     elements = rng.random(mask.shape) < 0.5
     partial_blocks = np.repeat(np.repeat(rng.random(blocks.shape) < partial, QUERY_BLOCK, 2), key_block, 3)
     mask &= np.where(partial_blocks[:, :, :sq, :sk], elements, True)
-    mask[:, :, 3::17] = False                       # rows with no allowed key
-    mask[0, :, :QUERY_BLOCK] = False                # a query block with nothing listed
+    if empty:
+        mask[:, :, 3::17] = False                   # rows with no allowed key
+        mask[0, :, :QUERY_BLOCK] = False            # a query block with nothing listed
     return mask
 
 
@@ -285,7 +302,7 @@ def test_gpu_random_block_mask(head_dim, key_block, dtype, sq, sk, mask_heads, v
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["default", "ws", "pair"])
+@pytest.mark.parametrize("variant", ["default", "ws", "single"])
 @pytest.mark.parametrize("b,mask_heads,sq,sk", [(2, 1, 5, 7), (1, 1, 130, 77), (2, 3, 129, 203)])
 def test_gpu_mask_tiles_at_the_end_of_the_mask(b, mask_heads, sq, sk, variant):
     """masks whose size is not a multiple of 16 bytes, every listed block partial: the staged mask
@@ -297,6 +314,24 @@ def test_gpu_mask_tiles_at_the_end_of_the_mask(b, mask_heads, sq, sk, variant):
     assert mask.size % 16 != 0
     got = _run(BOOL, q, k, v, 64, 64, "float16", variant=variant, mask=mask)
     _check(got, reference_sparse_attention(q, k, v, BOOL, mask=mask), "float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["pair", "single"])
+@pytest.mark.parametrize("head_dim,dtype", [(64, "float16"), (128, "bfloat16")])
+@pytest.mark.parametrize("b,mask_heads,sq,sk", [(2, 3, 300, 300), (1, 1, 4096 + 17, 4096 + 17), (2, 1, 333, 4096 + 17)])
+@pytest.mark.parametrize("partial", [0.0, 0.5])
+def test_gpu_boolean_mask_key_tails(b, mask_heads, sq, sk, partial, head_dim, dtype, variant):
+    """boolean masks (staged mask tiles) whose key length is off 16 and 64: the tail block's staged
+    bytes past Sk read as masked (zero-filled up to each row's end), also where the index lists it
+    full (``partial`` 0: no row without an allowed key, so blocks are full); per-head and shared
+    masks, rows past Sq, odd block counts (a pair's empty half), two blocks a step or one"""
+    h = 3
+    rng = np.random.default_rng(sq + sk + head_dim + int(partial * 10))
+    q, k, v = _inputs(rng, b, h, sq, sk, head_dim, dtype)
+    mask = _block_mask(rng, b, mask_heads, sq, sk, 64, density=0.5, partial=partial, empty=partial > 0)
+    got = _run(BOOL, q, k, v, head_dim, 64, dtype, variant=variant, mask=mask)
+    _check(got, reference_sparse_attention(q, k, v, BOOL, mask=mask), dtype)
 
 
 @pytest.mark.gpu

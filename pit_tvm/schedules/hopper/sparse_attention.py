@@ -22,14 +22,15 @@ One CTA per (128-query block, head, batch); B, H, Sq, Sk, HG and the mask's head
 first, then the window tiles; :class:`QueryTile`).  The default form: a loader warpgroup and 2
 consumer warpgroups (384 threads, one CTA an SM; the loader hands registers to the consumers,
 ``register_split``).  A step takes a key tile of KT keys: one listed block (KT = KB), or
-(``pair_blocks``, key block 64, no boolean mask) two listed blocks side by side (KT = 128, the
-second the empty block past an odd count)::
+(``pair_blocks``, key block 64; by default with a boolean mask at head dim 64 only) two listed
+blocks side by side (KT = 128, the second the empty block past an odd count)::
 
     loader warpgroup (128 threads, cp.async; then it exits):
         SRead Q_s[128, D] (rows past Sq zero-filled)                       -> Q mbarrier
         for step j (blocks of (b, hg, qb) listed j, or 2j and 2j + 1; ids via block_ids: SRead)
             wait empty[j % STAGES]; SRead K_s, V_s[KT, D] of the step's blocks (keys past Sk zero-filled)
-            (a boolean mask, block j partial: its [128, KB] mask tile too, mask_tiles)
+            (a boolean mask, block j partial or the tail: its [128, KB] mask tile too, bytes past
+             Sk zero-filled, mask_tiles)
             -> full[j % STAGES]                                     (ring.py's MbarrierRing)
     consumer warpgroup g (queries 64g .. 64g+63), step j once full[j % STAGES]:
         S_j[64, KT]  = Q_s[64g:] K_s^T               D/16  x wgmma m64nKTk16 (K_s: B, K-major)
@@ -346,31 +347,24 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     partial block's element predicate is evaluated (as bits) while its Q K^T is in flight, not
     after (not for an additive mask, whose bias is read with it).  ``mask_tiles`` (default: with a
     boolean mask, the loader warpgroup and the early predicate): the loader stages a partial
-    block's [128, KB] mask tile in shared memory beside its K / V (16-byte cp.async, any Sk), so
-    the predicate reads shared memory, not scattered bytes of global memory.  ``prefetch_index``
-    (default: with ``global_split``): the loader and the warp-specialized consumers read the next
-    listed block's index entry (id, partial flag) an iteration ahead, so its latency is not in
-    front of the block's work.
+    block's [128, KB] mask tile in shared memory beside its K / V (16-byte cp.async, any Sk; zero
+    past Sk, so the predicate tests no bound), so the predicate reads shared memory, not scattered
+    bytes of global memory.  ``prefetch_index`` (default: with ``global_split``): the loader and
+    the warp-specialized consumers read the next listed block's index entry (id, partial flag) an
+    iteration ahead, so its latency is not in front of the block's work.
     ``register_split`` (default: with ``warp_specialized``): launched one CTA an SM, the loader
     warpgroup hands registers to the consumers (``setmaxnreg``: ``LOADER_REGISTERS`` /
     ``CONSUMER_REGISTERS`` a thread instead of 168 for all), which lets ``overlap`` hold a step of
     128 keys (``pair_blocks``; key block 128 where asked for).
-    ``pair_blocks`` (key block 64, warp-specialized; default: with ``register_split``, without a
-    boolean mask): a consumer step takes two listed blocks, which the loader gathers side by side
-    into one 128-key tile of the ring (the index stays at key block 64): one m64n128 Q K^T and 8 k16
-    steps of P V a step, half the steps' fixed work.
+    ``pair_blocks`` (key block 64, warp-specialized; default: with ``register_split``, and with a
+    boolean mask where its mask tiles leave room for a ring of 3, i.e. the overlap: head dim 64): a
+    consumer step takes two listed blocks, which the loader gathers side by side into one 128-key
+    tile of the ring (the index stays at key block 64): one m64n128 Q K^T and 8 k16 steps of P V a
+    step, half the steps' fixed work.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if register_split is None:
         register_split = bool(warp_specialized)
-    if pair_blocks is None:
-        # (a boolean mask's staged tiles, two a step, left the consumers short of registers: slower)
-        pair_blocks = KB == 64 and bool(warp_specialized) and bool(register_split) and pattern.mask != "bool"
-    pair_blocks = bool(pair_blocks)
-    PAIR = 2 if pair_blocks else 1
-    if pair_blocks and not (KB == 64 and warp_specialized):
-        raise ValueError("pair_blocks takes key_block 64 and warp_specialized")
-    KT = KB * PAIR                 # keys of a step's tile
     if early_predicate is None:
         # (at key block 128 a thread's 64 predicate bits, loaded ahead, spill at head dim 128; a pair
         # of blocks of 64 takes them block by block; the split's document terms, loaded ahead, spill
@@ -379,6 +373,18 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     early_predicate = bool(early_predicate) and pattern.mask != "additive"
     if mask_tiles is None:
         mask_tiles = bool(warp_specialized) and early_predicate and pattern.mask == "bool"
+    if pair_blocks is None:
+        # (a boolean mask: with its staged mask tiles, and where a ring of 3 pair slots fits beside
+        # them, i.e. the pairs keep the overlap: head dim 64; at 128 the pairs would run a 2-deep ring
+        # without overlap)
+        pair_blocks = (KB == 64 and bool(warp_specialized) and bool(register_split)
+                       and (pattern.mask != "bool" or (bool(mask_tiles) and sparse_attention_smem_bytes(
+                           D, KB, 3, bool(p_in_registers), True, 2) <= max_smem_bytes("sm_90a"))))
+    pair_blocks = bool(pair_blocks)
+    PAIR = 2 if pair_blocks else 1
+    if pair_blocks and not (KB == 64 and warp_specialized):
+        raise ValueError("pair_blocks takes key_block 64 and warp_specialized")
+    KT = KB * PAIR                 # keys of a step's tile
 
     def fits(n):
         return sparse_attention_smem_bytes(D, KB, n, p_in_registers, bool(mask_tiles), PAIR) <= max_smem_bytes("sm_90a")
