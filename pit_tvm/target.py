@@ -99,10 +99,12 @@ def cuda_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
 
 def cuda_schedule_passes(tgt: tvm.target.Target) -> list:
     """The first stage of :func:`cuda_relax_pipeline`: legalization, fusion and the dlight
-    schedules (:func:`cuda_schedule_rules`); after it every PrimFunc is GPU-scheduled TIR."""
+    schedules (:func:`cuda_schedule_rules`); after it every PrimFunc is GPU-scheduled TIR, with no
+    vector access to a ``bool`` buffer (:func:`~pit_tvm.passes.bool_vectors.ScalarBoolAccesses`)."""
     from tvm.relax.backend.cuda import pipeline as cuda  # noqa: PLC0415
     from tvm.s_tir import dlight as dl  # noqa: PLC0415
 
+    from pit_tvm.passes.bool_vectors import ScalarBoolAccesses  # noqa: PLC0415
     from pit_tvm.passes.half_reductions import HalfReductionsInFloat32  # noqa: PLC0415
     from pit_tvm.passes.integer_power import IntegerPowerToMultiply  # noqa: PLC0415
     from pit_tvm.passes.output_views import ReshapeOutputsAsViews  # noqa: PLC0415
@@ -111,7 +113,7 @@ def cuda_schedule_passes(tgt: tvm.target.Target) -> list:
     legalize = [p for p in cuda.legalize_passes(tgt) if p.info.name != "ApplyDefaultSchedule"]
     return ([IntegerPowerToMultiply, HalfReductionsInFloat32, SplitWholeTensorReductions]
             + cuda.library_dispatch_passes(tgt) + legalize
-            + [dl.ApplyDefaultSchedule(*cuda_schedule_rules()), ReshapeOutputsAsViews])
+            + [dl.ApplyDefaultSchedule(*cuda_schedule_rules()), ScalarBoolAccesses, ReshapeOutputsAsViews])
 
 
 @tvm.transform.module_pass(opt_level=0, name="MarkShapeFuncsNoAlias")
@@ -141,6 +143,7 @@ def cpu_relax_pipeline(tgt: tvm.target.Target) -> tvm.transform.Pass:
 
     from pit_tvm.schedules.cpu_batched_matmul import CPUBatchedMatmul  # noqa: PLC0415
     from pit_tvm.passes.fast_erf import ErfToFastErf  # noqa: PLC0415
+    from pit_tvm.passes.bool_vectors import ScalarBoolAccesses  # noqa: PLC0415
     from pit_tvm.passes.half_reductions import HalfReductionsInFloat32  # noqa: PLC0415
     from pit_tvm.schedules.cpu_elementwise import CPUElementwise  # noqa: PLC0415
     from pit_tvm.schedules.cpu_row_reduction import CPURowReduction  # noqa: PLC0415
