@@ -189,7 +189,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", default="torch_eager,tvm_pit,tvm_dense,torch_compile",
-                   help="comma list, in order (tvm_dense: a misaligned address on the H200 at 12 layers, CHANGELOG)")
+                   help="comma list, in order")
     cfg = p.parse_args(argv)
     import torch  # noqa: PLC0415
 
