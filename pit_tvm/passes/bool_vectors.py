@@ -13,25 +13,13 @@ from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import ir, tirx
+from tvm import tirx
 
-
-def _touches_bool(stmt) -> bool:
-    """whether ``stmt`` loads or stores a ``bool`` buffer"""
-    found = []
-
-    def note(node):
-        buffer = node.source if isinstance(node, ir.TensorLoad) else node.buffer
-        if str(buffer.dtype) == "bool":
-            found.append(node)
-        return node
-
-    tvm_ffi.structural_map(stmt, [(ir.TensorLoad, note), (tirx.BufferStore, note)])
-    return bool(found)
+from .tir_buffers import touches_dtype
 
 
 def _unroll_bool_vectors(loop: tirx.For):
-    if loop.kind != tirx.ForKind.VECTORIZED or not _touches_bool(loop.body):
+    if loop.kind != tirx.ForKind.VECTORIZED or not touches_dtype(loop.body, "bool"):
         return loop
     return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.UNROLLED, loop.body,
                     loop.thread_binding, loop.annotations)
@@ -42,7 +30,7 @@ def ScalarBoolAccesses(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N
     """Unroll every vectorised loop of the module's PrimFuncs that loads or stores a ``bool``
     buffer (see the module docstring); other loops are left as they are."""
     for gv, func in list(mod.functions_items()):
-        if isinstance(func, tirx.PrimFunc) and _touches_bool(func.body):
+        if isinstance(func, tirx.PrimFunc) and touches_dtype(func.body, "bool"):
             body = tvm_ffi.structural_map(func.body, [(tirx.For, _unroll_bool_vectors)])
             if not body.same_as(func.body):
                 mod[gv] = func.with_body(body)

@@ -15,6 +15,8 @@ import tvm
 import tvm_ffi
 from tvm import ir, tirx
 
+from .tir_buffers import touches_dtype
+
 _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
 _POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
@@ -57,27 +59,13 @@ def _rewrite(call):
     return call
 
 
-def _has_bf16_buffer(func: tirx.PrimFunc) -> bool:
-    """whether the body loads or stores a bf16 buffer"""
-    found = []
-
-    def note(node):
-        buffer = node.source if isinstance(node, ir.TensorLoad) else node.buffer
-        if str(buffer.dtype) == "bfloat16":
-            found.append(node)
-        return node
-
-    tvm_ffi.structural_map(func.body, [(ir.TensorLoad, note), (tirx.BufferStore, note)])
-    return bool(found)
-
-
 @tvm.transform.module_pass(opt_level=0, name="ExpToVectorExp")
 def ExpToVectorExp(mod: tvm.IRModule, _ctx=None) -> tvm.IRModule:  # noqa: N802 - a pass, named like TVM's
     """Rewrite every scalar fp32 ``exp`` of the module's PrimFuncs into :func:`vector_exp`.
     PrimFuncs that hold a bf16 buffer keep libm's ``exp``: TVM's bf16 legalisation (later in
     the build) rewrites the ``Let`` bindings of :func:`vector_exp` wrongly (every result inf)."""
     for gv, func in list(mod.functions_items()):
-        if isinstance(func, tirx.PrimFunc) and not _has_bf16_buffer(func):
+        if isinstance(func, tirx.PrimFunc) and not touches_dtype(func.body, "bfloat16"):
             body = tvm_ffi.structural_map(func.body, (ir.Call, _rewrite))
             if not body.same_as(func.body):
                 mod[gv] = func.with_body(body)
