@@ -380,11 +380,10 @@ def grouped_tile_config(mode, k, n, num_experts, top_k, dtype, target, tokens=No
         if tuned is not None:
             return tuned
     try:
-        from pit_tvm.schedules.hopper.grouped import glu_config, grouped_config
+        from pit_tvm.schedules.hopper.grouped import planned_config
     except ImportError:
         return None
-    return (glu_config if mode == "glu" else grouped_config)(int(n), int(num_experts), int(top_k),
-                                                             None if tokens is None else int(tokens))
+    return planned_config(mode, int(n), int(num_experts), int(top_k), None if tokens is None else int(tokens))
 
 
 def glu_tiles(d, f, num_experts, top_k, dtype, target, tokens, tuning_log, plain):
@@ -417,8 +416,8 @@ def glu_gemm_func(k, n, num_experts, top_k, dtype, bias, activation, target, con
     except ImportError:
         return None
     try:
-        return wgmma_grouped_gemm_func("gather", int(k), int(n), int(num_experts), int(top_k), str(dtype), str(dtype),
-                                       bool(bias), activation, config, glu=True)
+        return wgmma_grouped_gemm_func("glu", int(k), int(n), int(num_experts), int(top_k), str(dtype), str(dtype),
+                                       bool(bias), activation, config)
     except ValueError:
         return None
 

@@ -14,7 +14,7 @@ first, and the runner fills the arguments with a *valid* index of a random routi
 (:func:`pit_tvm.tuning._worker.alloc_moe_arguments`: balanced, or Zipf-skewed over the
 experts), every timed run after an L2 flush.
 
-Mode ``"glu"`` is a gated FFN's fc1 with both halves in one kernel (``glu=True``; the workload
+Mode ``"glu"`` is a gated FFN's fc1 with both halves in one kernel (the kernel's mode ``"glu"``; the workload
 takes W3 after W, the knobs are the widths whose halves are whole 64-column atoms).
 
 The tiles depend on the token count (decode-size T wants narrow tiles and deep rings), so one

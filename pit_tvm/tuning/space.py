@@ -546,10 +546,8 @@ def valid_grouped_configs(mode: str, k: int, n: int, num_experts: int, top_k: in
     :func:`~pit_tvm.schedules.hopper.grouped.check_grouped_config`)"""
     from pit_tvm.schedules.hopper.grouped import check_grouped_config
 
-    glu = mode == "glu"
     return _product(GROUPED_KNOBS, WgmmaConfig,
-                    lambda cfg: check_grouped_config("gather" if glu else mode, k, n, num_experts, top_k, in_dtype,
-                                                     out_dtype, cfg, glu))
+                    lambda cfg: check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, cfg))
 
 
 def _valid_grouped(func, arch):
@@ -558,18 +556,18 @@ def _valid_grouped(func, arch):
 
 
 def _planned_grouped(func, arch):
-    from pit_tvm.schedules.hopper.grouped import glu_config, grouped_config
+    from pit_tvm.schedules.hopper.grouped import planned_config
 
     mode, _, n, e, top_k, tokens, _, _ = grouped_workload_params(func)
-    return (glu_config if mode == "glu" else grouped_config)(n, e, top_k, tokens)
+    return planned_config(mode, n, e, top_k, tokens)
 
 
 def _grouped_kernel(func, cfg):
     from pit_tvm.schedules.hopper.grouped import wgmma_grouped_gemm_func
 
     mode, k, n, e, top_k, _, in_dtype, out_dtype = grouped_workload_params(func)
-    return wgmma_grouped_gemm_func("gather" if mode == "glu" else mode, k, n, e, top_k, in_dtype, out_dtype, False,
-                                   None, cfg, glu=mode == "glu").with_attr("global_symbol", "main")
+    return wgmma_grouped_gemm_func(mode, k, n, e, top_k, in_dtype, out_dtype, False, None, cfg).with_attr(
+        "global_symbol", "main")
 
 
 #: the MoE grouped wgmma kernel's knobs (sm_90a)

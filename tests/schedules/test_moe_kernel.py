@@ -31,8 +31,8 @@ TARGET = "cuda:sm_90a"
 @functools.lru_cache(maxsize=None)
 def _exe(mode, k, n, num_experts, top_k, in_dtype="float16", out_dtype="float16", bias=False, activation=None,
          config=None, gate=False, glu=False):
-    f = wgmma_grouped_gemm_func(mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias, activation, config, gate,
-                                glu)
+    f = wgmma_grouped_gemm_func("glu" if glu else mode, k, n, num_experts, top_k, in_dtype, out_dtype, bias,
+                                activation, config, gate)
     return build(tvm.IRModule({"main": f}), TARGET)
 
 
@@ -180,7 +180,7 @@ def test_signature_and_attr():
     gated = wgmma_grouped_gemm_func("gather", 256, 512, 8, 2, "float16", "float16", True, None, gate=True)
     assert len(gated.params) == 7  # x, assignments, offsets, w, bias, gate, h
     assert gated.attrs[GROUPED_ATTR]["gate"] and not f.attrs[GROUPED_ATTR]["gate"]
-    glu = wgmma_grouped_gemm_func("gather", 256, 512, 8, 2, "float16", "float16", True, "silu", glu=True)
+    glu = wgmma_grouped_gemm_func("glu", 256, 512, 8, 2, "float16", "float16", True, "silu")
     assert len(glu.params) == 8    # x, assignments, offsets, w1, w3, b1, b3, h
     assert glu.attrs[GROUPED_ATTR]["glu"] and not gated.attrs[GROUPED_ATTR]["glu"]
     names = {str(h.attrs["global_symbol"])
@@ -194,10 +194,10 @@ _PTXAS_CASES = {
     "scatter_bias": lambda: wgmma_grouped_gemm_func("scatter", 3072, 768, 8, 2, "float16", "float16", True, None),
     "gather_gated_bf16": lambda: wgmma_grouped_gemm_func("gather", 2048, 1408, 64, 6, "bfloat16", "bfloat16", False,
                                                          None, grouped_config(1408, 64, 6), gate=True),
-    "gather_glu_bf16": lambda: wgmma_grouped_gemm_func("gather", 2048, 1408, 64, 6, "bfloat16", "bfloat16", False,
-                                                       "silu", glu_config(1408, 64, 6, tokens=4096), glu=True),
-    "gather_glu_bias_fp16": lambda: wgmma_grouped_gemm_func("gather", 4096, 14336, 8, 2, "float16", "float16", True,
-                                                            "gelu", glu=True),
+    "gather_glu_bf16": lambda: wgmma_grouped_gemm_func("glu", 2048, 1408, 64, 6, "bfloat16", "bfloat16", False,
+                                                       "silu", glu_config(1408, 64, 6, tokens=4096)),
+    "gather_glu_bias_fp16": lambda: wgmma_grouped_gemm_func("glu", 4096, 14336, 8, 2, "float16", "float16", True,
+                                                            "gelu"),
     "scatter_decode_bf16_f32": lambda: wgmma_grouped_gemm_func("scatter", 3072, 768, 8, 1, "bfloat16", "float32",
                                                                False, None, grouped_config(768, 8, 1, tokens=16)),
 }
@@ -249,10 +249,9 @@ def test_grouped_config():
     (dict(config=WgmmaConfig(256, 4, 32)), "block_k"),
     (dict(config=WgmmaConfig(256, 8)), "shared memory"),
     (dict(mode="scatter", gate=True), "gate"),
-    (dict(mode="scatter", glu=True), "glu"),
-    (dict(glu=True, gate=True), "gate"),
-    (dict(glu=True, config=WgmmaConfig(192, 4)), "glu"),
-    (dict(glu=True, n=96), "N % block_n"),
+    (dict(mode="glu", gate=True), "gate"),
+    (dict(mode="glu", config=WgmmaConfig(192, 4)), "glu"),
+    (dict(mode="glu", n=96), "N % block_n"),
 ])
 def test_bad_arguments_raise(kwargs, match):
     args = dict(mode="gather", k=256, n=512, num_experts=8, top_k=2)

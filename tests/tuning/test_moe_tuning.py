@@ -45,7 +45,7 @@ def test_grouped_space_is_the_configs_the_kernel_takes():
             for stages in S.GROUPED_KNOBS["stages"]:
                 cfg = WgmmaConfig(bn, stages)
                 try:
-                    check_grouped_config("gather" if glu else mode, k, n, E, TOP_K, "float16", "float16", cfg, glu)
+                    check_grouped_config(mode, k, n, E, TOP_K, "float16", "float16", cfg)
                     fits = True
                 except ValueError:
                     fits = False

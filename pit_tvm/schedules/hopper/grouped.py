@@ -35,8 +35,12 @@ from pit_tvm.schedules.hopper.lowering import lower_tirx
 from pit_tvm.schedules.hopper.planner import wgmma_config
 from pit_tvm.schedules.limits import IN_DTYPES, OUT_DTYPES
 
-__all__ = ["wgmma_grouped_gemm_func", "grouped_config", "glu_config", "check_grouped_config", "GROUPED_ATTR",
-           "GROUPED_ACTIVATIONS", "MAX_EXPERTS"]
+__all__ = ["wgmma_grouped_gemm_func", "grouped_config", "glu_config", "planned_config", "check_grouped_config",
+           "GROUPED_ATTR", "GROUPED_ACTIVATIONS", "GROUPED_MODES", "MAX_EXPERTS"]
+
+#: the kernel's modes: fc1 ("gather"), fc2 ("scatter"), a gated FFN's fc1 with both halves in one
+#: GEMM ("glu": a gather over two weights)
+GROUPED_MODES = ("gather", "scatter", "glu")
 
 #: the attr of a grouped GEMM kernel: its mode, experts, top_k and :class:`WgmmaConfig`'s knobs
 GROUPED_ATTR = "pit.wgmma_grouped"
@@ -88,12 +92,21 @@ def glu_config(n: int, num_experts: int, top_k: int = 1, tokens: int | None = No
     return grouped_config(2 * n, num_experts, top_k, tokens, block_n=128)
 
 
+def planned_config(mode: str, n: int, num_experts: int, top_k: int = 1,
+                   tokens: int | None = None) -> WgmmaConfig | None:
+    """The planner's tiles of the kernel of ``mode``: :func:`glu_config` for "glu", else
+    :func:`grouped_config`."""
+    return (glu_config if mode == "glu" else grouped_config)(n, num_experts, top_k, tokens)
+
+
 def check_grouped_config(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str, out_dtype: str,
-                         config: WgmmaConfig | None, glu: bool = False) -> None:
+                         config: WgmmaConfig | None) -> None:
     """Raise ValueError where the grouped kernel does not take these arguments and tiles (the
     checks of :func:`wgmma_grouped_gemm_func`; the tuning space's filter)."""
-    if mode not in ("gather", "scatter"):
-        raise ValueError(f"the grouped GEMM's mode is 'gather' (fc1) or 'scatter' (fc2), got {mode!r}")
+    if mode not in GROUPED_MODES:
+        raise ValueError(f"the grouped GEMM's mode is 'gather' (fc1), 'scatter' (fc2) or 'glu' (a gated fc1's "
+                         f"both halves), got {mode!r}")
+    glu = mode == "glu"
     if not 0 < int(num_experts) <= MAX_EXPERTS:
         raise ValueError(f"the grouped GEMM takes 1..{MAX_EXPERTS} experts, got {num_experts}")
     if int(top_k) < 1 or int(top_k) > int(num_experts):
@@ -104,9 +117,8 @@ def check_grouped_config(mode: str, k: int, n: int, num_experts: int, top_k: int
             or config.block_k != BLOCK_K):
         raise ValueError(f"the grouped GEMM's tiles need K % {BLOCK_K} == 0 and N % block_n == 0 (block_n a "
                          f"multiple of 64, block_k {BLOCK_K}; glu: 2 N), got K={k}, N={n}, {config}")
-    if glu and (mode != "gather" or config.block_n % 128):
-        raise ValueError(f"the glu kernel (both halves of a gated FFN) is a gather with block_n 128 or 256, "
-                         f"got mode {mode!r}, {config}")
+    if glu and config.block_n % 128:
+        raise ValueError(f"the glu kernel (both halves of a gated FFN) takes block_n 128 or 256, got {config}")
     if config.stages < 3 or config.smem_bytes(out_dtype) > MAX_SMEM_BYTES:
         raise ValueError(f"{config} needs >= 3 stages and at most {MAX_SMEM_BYTES} B of shared memory")
 
@@ -114,26 +126,27 @@ def check_grouped_config(mode: str, k: int, n: int, num_experts: int, top_k: int
 @functools.lru_cache(maxsize=64)
 def wgmma_grouped_gemm_func(mode: str, k: int, n: int, num_experts: int, top_k: int, in_dtype: str = "float16",
                             out_dtype: str = "float16", bias: bool = False, activation: str | None = None,
-                            config: WgmmaConfig | None = None, gate: bool = False,
-                            glu: bool = False) -> tirx.PrimFunc:
-    """The lowered grouped GEMM PrimFunc (the module docstring's contract), mode "gather" (fc1)
-    or "scatter" (fc2), for ``num_experts`` weights ``[E, k, n]``; ``T`` and ``P`` symbolic.
-    ``config``: the tiles (default :func:`grouped_config` for many tokens; 64-deep K tiles).
-    ``gate`` (gather): the output times a gate tensor ``G[P, N]`` (the contract above).
-    ``glu`` (gather): both halves of a gated FFN, ``activation`` on W1's (default tiles
-    :func:`glu_config`).  Raises ValueError when the shape, dtypes or config do not fit."""
+                            config: WgmmaConfig | None = None, gate: bool = False) -> tirx.PrimFunc:
+    """The lowered grouped GEMM PrimFunc (the module docstring's contract), mode "gather" (fc1),
+    "scatter" (fc2) or "glu" (both halves of a gated FFN's fc1, ``activation`` on W1's), for
+    ``num_experts`` weights ``[E, k, n]``; ``T`` and ``P`` symbolic.  ``config``: the tiles
+    (default :func:`planned_config` for many tokens; 64-deep K tiles).  ``gate`` (gather): the
+    output times a gate tensor ``G[P, N]`` (the contract above).  Raises ValueError when the
+    shape, dtypes or config do not fit."""
     act = _activation(activation)
-    config = config or (glu_config if glu else grouped_config)(n, num_experts, top_k)
-    check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, config, glu)
-    func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, mode, config,
+    config = config or planned_config(mode, n, num_experts, top_k)
+    check_grouped_config(mode, k, n, num_experts, top_k, in_dtype, out_dtype, config)
+    glu = mode == "glu"
+    body_mode = "gather" if glu else mode      # (glu: the gather body over two weights)
+    func = gemm_kernel(int(k), int(n), in_dtype, out_dtype, bool(bias), act, body_mode, config,
                        row_scale=mode == "scatter", num_experts=int(num_experts), top_k=int(top_k), gate=bool(gate),
-                       glu=bool(glu))
+                       glu=glu)
     func = lower_tirx(func, TARGET)
     # (a name of its own: a module holding fc1 and fc2, or two layers' kernels, adds each once by name)
-    name = (f"wgmma_grouped_{mode}_k{k}_n{n}_e{num_experts}_top{top_k}_{in_dtype}_{out_dtype}"
+    name = (f"wgmma_grouped_{body_mode}_k{k}_n{n}_e{num_experts}_top{top_k}_{in_dtype}_{out_dtype}"
             f"{'_bias' if bias else ''}{'_' + act if act else ''}{'_gated' if gate else ''}{'_glu' if glu else ''}"
             f"_bn{config.block_n}s{config.stages}")
     return func.with_attrs({"global_symbol": name,
                             GROUPED_ATTR: {"mode": mode, "num_experts": int(num_experts), "top_k": int(top_k),
                                            "block_n": config.block_n, "stages": config.stages,
-                                           "gate": bool(gate), "glu": bool(glu)}})
+                                           "gate": bool(gate), "glu": glu}})
