@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pit_tvm.runtime.loader import numpy_dtype
 from pit_tvm.index.attention import reference_attention_block_index
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc, ptxas_log
+from pit_tvm.schedules.hopper.barriers import SCHEDULER_BARRIERS
 from pit_tvm.ops.sparse_attention import QUERY_BLOCK, AttentionPattern, reference_sparse_attention
 from pit_tvm.schedules.hopper.sparse_attention import block_sparse_attention_func, sparse_attention_smem_bytes
 from pit_tvm.target import build
@@ -197,6 +198,24 @@ def test_form_arguments_checked():
         block_sparse_attention_func(64, BOOL, "float16", 64, register_split=True, **VARIANTS["p_regs"])
     with pytest.raises(ValueError, match="mask_tiles"):       # staged mask tiles: a boolean mask only
         block_sparse_attention_func(64, AttentionPattern(window=64), "float16", 64, mask_tiles=True)
+    with pytest.raises(ValueError, match="turns needs overlap"):
+        block_sparse_attention_func(64, BOOL, "float16", 64, turns=True, **VARIANTS["ws"])
+    # (the running max is taken over the unscaled scores; the op then takes the generic kernel)
+    with pytest.raises(ValueError, match="positive score scale"):
+        block_sparse_attention_func(64, BOOL, "float16", 64, scale=-0.125)
+
+
+def test_warpgroups_issue_their_wgmma_in_turn():
+    """``turns`` (the overlapping form's default): each consumer warpgroup syncs on its scheduler
+    barrier before its wgmma and arrives on the other's after; off, no scheduler barrier"""
+    def scheduler_barriers(**form):
+        src = cuda_sources(build(tvm.IRModule({"main": block_sparse_attention_func(64, BOOL, "float16", 64, **form)}),
+                                 TARGET))[0]
+        return {int(b) for b in re.findall(r"bar_(?:sync|arrive)\w*\(\(uint\)(\d+)", src)} & turn_barriers
+
+    turn_barriers = {SCHEDULER_BARRIERS, SCHEDULER_BARRIERS + 1}
+    assert scheduler_barriers() == turn_barriers
+    assert scheduler_barriers(turns=False) == set()
 
 
 @pytest.mark.parametrize("mask_tiles", [True, False])

@@ -18,6 +18,9 @@ STORE_READY_BARRIER = 2
 #: warpgroup g of a kernel whose warpgroups sync apart (block-sparse attention's P tile) uses
 #: ``WARPGROUP_BARRIERS + g``
 WARPGROUP_BARRIERS = 3
+#: consumer warpgroup g of block-sparse attention issues its wgmma in turn (FA3's scheduler barrier):
+#: it syncs on ``SCHEDULER_BARRIERS + g`` before, and arrives on the other's after
+SCHEDULER_BARRIERS = 5
 
 
 def named_barrier_sync(barrier: int, threads: int):

@@ -65,8 +65,8 @@ from tvm.script import tirx as T
 
 from pit_tvm.ops.sparse_attention import (KEY_BLOCKS, QUERY_BLOCK, mask_head, pattern_predicate, pattern_score_bias,
                                           splits_global_rows)
-from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, WARPGROUP_BARRIERS, exit_thread,
-                                               named_barrier_sync)
+from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, SCHEDULER_BARRIERS, WARPGROUP_BARRIERS,
+                                               exit_thread, named_barrier_arrive, named_barrier_sync)
 from pit_tvm.schedules.hopper.config import (CONSUMER_REGISTERS, CONSUMER_WARPGROUPS, LOADER_REGISTERS, LOADER_THREADS,
                                              STAGING_CONSUMER_REGISTERS, STAGING_LOADER_REGISTERS, TARGET, THREADS)
 from pit_tvm.schedules.hopper.lowering import lower_tirx
@@ -324,8 +324,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                 warp_specialized: bool = True, overlap: bool | None = None,
                                 global_split: bool = False, early_predicate: bool | None = None,
                                 mask_tiles: bool | None = None, prefetch_index: bool | None = None,
-                                register_split: bool | None = None, pair_blocks: bool | None = None
-                                ) -> tirx.PrimFunc:
+                                register_split: bool | None = None, pair_blocks: bool | None = None,
+                                turns: bool | None = None) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -356,6 +356,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     warpgroup hands registers to the consumers (``setmaxnreg``: ``LOADER_REGISTERS`` /
     ``CONSUMER_REGISTERS`` a thread instead of 168 for all), which lets ``overlap`` hold a step of
     128 keys (``pair_blocks``; key block 128 where asked for).
+    ``turns`` (with ``overlap``; default: with it, but for the split with documents at head dim
+    128): the two consumer warpgroups issue their wgmma in turn (FA3's scheduler barrier), so that one's softmax runs while the other's tensor-core
+    work does.
     ``pair_blocks`` (key block 64, warp-specialized; default: with ``register_split``, and with a
     boolean mask where its mask tiles leave room for a ring of 3, i.e. the overlap: head dim 64): a
     consumer step takes two listed blocks, which the loader gathers side by side into one 128-key
@@ -398,6 +401,12 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                    and not (global_split and D == 128 and not register_split))
     if stages is None:
         stages = max(n for n in (2, 3, 4) if fits(n)) if overlap else 2
+    if turns is None:
+        # (Longformer's split tiles with documents at head dim 128 spill 20 bytes with them)
+        turns = bool(overlap) and not (global_split and pattern.documents and D == 128)
+    turns = bool(turns)
+    if turns and not overlap:
+        raise ValueError("turns needs overlap (the consumer loop whose wgmma issue points it orders)")
     if prefetch_index is None:
         # (measured: Longformer's split tiles 1.7-1.9x faster with it, the block masks 1-3 % slower)
         prefetch_index = bool(global_split)
@@ -418,6 +427,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                          "spill in 168 registers)")
     STAGES = int(stages)
     SCALE2 = (1.0 / math.sqrt(D) if scale is None else float(scale)) * LOG2E
+    if not SCALE2 > 0:
+        # (the running max is taken over the unscaled scores: the order of s and of s * scale agree)
+        raise ValueError(f"the Hopper kernel takes a positive score scale, got {scale}")
+    BIAS_RAW = LOG2E / SCALE2      # an additive mask's value in units of the unscaled scores
     additive = pattern.mask == "additive"
     if mask_dtype is None:
         mask_dtype = "bool" if pattern.mask == "bool" else in_dtype
@@ -462,6 +475,17 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         """16-byte cp.async (to wrap in ``T.evaluate``) of ``nbytes`` read from ``src`` (the rest
         zero-filled); nothing read where ``read`` is false"""
         return T.ptx["cp.async.cg.shared.global"](dst, src, 16, T.Cast("uint32", T.if_then_else(read, nbytes, 0)))
+
+    def reduce4(op, values):
+        """``op`` over ``values`` as four interleaved chains, then a tree of the four: n / 4 + 2
+        dependent steps, not n, and four live partial results"""
+        chains = list(values[:4])
+        for n, v in enumerate(values[4:]):
+            chains[n % 4] = op(chains[n % 4], v)
+        while len(chains) > 1:
+            chains = [op(chains[i], chains[i + 1]) if i + 1 < len(chains) else chains[i]
+                      for i in range(0, len(chains), 2)]
+        return chains[0]
 
     def quad_max(x):
         x = T.max(x, T.cuda.__shfl_xor_sync(full, x, 1, 32))
@@ -540,10 +564,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     @T.macro
     def issue_qk(slot, smem, tid, r):
         """S = Q K^T, this warpgroup's 64 queries against the block in ring slot ``slot``: D/16
-        wgmma, one commit group (not waited for)"""
+        wgmma, one commit group (not waited for); the first overwrites S (scale-d false)"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
-        for i in T.unroll(ACC_S):
-            acc_s[i] = T.float32(0)
         T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_a[0]), smem.ptr_to([Q_OFF + tid // 128 * 64 * ATOM]),
                                               KM_LBO, KM_SBO, SWIZZLE_128B)
         T.cuda.wgmma.encode_matrix_descriptor(T.address_of(desc_b[0]), smem.ptr_to([RING_OFF + slot * SLOT]),
@@ -551,7 +573,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         T.ptx.wgmma.fence.sync.aligned()
         for kk in T.unroll(D // 16):
             T.ptx[wgmma_s](*[acc_s[i] for i in range(ACC_S)],
-                           desc_a[0] + k_step(QB, kk), desc_b[0] + k_step(KT, kk), True, 1, 1, 0, 0)
+                           desc_a[0] + k_step(QB, kk), desc_b[0] + k_step(KT, kk), kk > 0, 1, 1, 0, 0)
         T.ptx.wgmma.commit_group.sync.aligned()
 
     @T.macro
@@ -602,9 +624,13 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
 
     @T.macro
     def block_bits(keys, part, slot, mask_s, tile, tid, r):
-        """:func:`predicate_bits` of block ``part`` of the tile"""
-        if T.And(keys.needs_predicate(tile, part), T.Not(keys.empty(part))):
-            if mask_tiles:
+        """:func:`predicate_bits` of block ``part`` of the tile (none set for the empty block)"""
+        acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
+        if keys.needs_predicate(tile, part):
+            if keys.empty(part):
+                for i in T.unroll(KB // 64):
+                    allowed_bits[part * (KB // 64) + i] = T.uint32(0)
+            elif mask_tiles:
                 collect_bits(keys, part, tile, True, tid, r, (mask_s, slot))
             else:
                 by_block_kind(collect_bits, keys, part, tile, tid, r)
@@ -622,9 +648,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
 
     @T.macro
     def mask_scores(keys, part, tile, pairwise, tid, r):
-        """S = allowed ? S * scale + bias : masked, for block ``part`` of the key tile ``keys``: from
-        allowed_bits, else the predicate (``pairwise``, or the keys' bounds) and an additive mask's
-        bias pair by pair"""
+        """S = allowed ? S + bias / scale : masked, for block ``part`` of the key tile ``keys`` (the
+        scores stay unscaled: :func:`softmax_step` scales them in its exp2): from allowed_bits, else
+        the predicate (``pairwise``, or the keys' bounds) and an additive mask's bias pair by pair"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         w = (tid % 128) // 32
         lane = tid % 32
@@ -633,7 +659,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             for i in T.unroll(2):
                 for e in T.unroll(2):
                     c = part * (KB // 8) + nb
-                    score = acc_s[c * 4 + i * 2 + e] * T.float32(SCALE2)
+                    score = acc_s[c * 4 + i * 2 + e]
                     if early_predicate:
                         acc_s[c * 4 + i * 2 + e] = T.Select(
                             T.bitwise_and(T.shift_right(allowed_bits[c // 8], T.uint32(c % 8 * 4 + i * 2 + e)),
@@ -643,7 +669,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
                         key_c = tile.key_src(kblk, key)
                         if additive:
-                            score = score + T.float32(LOG2E) * tile.score_bias(query, key_c)
+                            score = score + T.float32(BIAS_RAW) * tile.score_bias(query, key_c)
                         if pairwise:
                             acc_s[c * 4 + i * 2 + e] = T.Select(tile.allowed(kblk, query, key, key_c),
                                                                 T.max(score, masked), masked)
@@ -653,47 +679,41 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
 
     @T.macro
     def block_scores(keys, part, tile, tid, r):
-        """the scaled scores of block ``part`` of the key tile ``keys``: the element predicate
-        where the block is partial or the tail block (:func:`predicate_bits` ran before), every
-        score masked for the empty block"""
+        """the (unscaled) scores of block ``part`` of the key tile ``keys``: the element predicate
+        where the block is partial or the tail block (:func:`predicate_bits` ran before), which
+        masks every score of the empty block (its keys lie past every sequence: the tail test
+        holds, and no key is in bounds); a full block's as they came (one branch a block and no
+        write in the full block's arm: design notes, "Registers")"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
-        if keys.empty(part):
-            for i in T.unroll(KB // 2):
-                acc_s[part * (KB // 2) + i] = masked
-        elif keys.needs_predicate(tile, part):
+        if keys.needs_predicate(tile, part):
             if early_predicate:
                 mask_scores(keys, part, tile, True, tid, r)       # (from the bits: pairwise unused)
             else:
                 by_block_kind(mask_scores, keys, part, tile, tid, r)
-        else:
-            for i in T.unroll(KB // 2):
-                acc_s[part * (KB // 2) + i] = acc_s[part * (KB // 2) + i] * T.float32(SCALE2)
 
     @T.macro
     def softmax_step(keys, tile, tid, r):
-        """the scores of the key tile ``keys`` (:func:`block_scores` of each block) -> P = 2^(S -
-        running max) in acc_s, the running max and sum, and ``alpha``, the factor O_acc takes
-        before the tile's P V"""
+        """the scores of the key tile ``keys`` (:func:`block_scores` of each block) -> P = 2^((S -
+        running max) scale log2 e) in acc_s (one FFMA and an exp2 a score), the running max (of the
+        unscaled scores) and sum, and ``alpha``, the factor O_acc takes before the tile's P V"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         block_scores(keys, 0, tile, tid, r)
         if PAIR == 2:
             block_scores(keys, 1, tile, tid, r)
-        # online softmax (log2 domain): new running max, the old terms' factor, P
+        # online softmax: new running max (unscaled), the old terms' factor, P (log2 domain); a
+        # row's max and sum over its KT / 4 scores of this thread as four chains, not one
         for i in T.unroll(2):
-            m_new[0] = row_max[i]
-            for nb in T.unroll(KT // 8):
-                for e in T.unroll(2):
-                    m_new[0] = T.max(m_new[0], acc_s[nb * 4 + i * 2 + e])
-            m_new[0] = quad_max(m_new[0])
-            # every key so far masked: subtract 0, so that masked scores give 2^-3e38 = 0
+            row = [acc_s[nb * 4 + i * 2 + e] for nb in range(KT // 8) for e in range(2)]
+            m_new[0] = quad_max(T.max(row_max[i], reduce4(T.max, row)))
+            # every key so far masked: subtract 0, so that masked scores give 2^(-3e38 scale) = 0
             m_use = T.Select(m_new[0] <= masked, T.float32(0), m_new[0])
-            alpha[i] = T.exp2(row_max[i] - m_use)
+            alpha[i] = T.exp2((row_max[i] - m_use) * T.float32(SCALE2))
             row_max[i] = m_new[0]
-            row_sum[i] = row_sum[i] * alpha[i]
+            m_scaled = m_use * T.float32(SCALE2)
             for nb in T.unroll(KT // 8):
                 for e in T.unroll(2):
-                    acc_s[nb * 4 + i * 2 + e] = T.exp2(acc_s[nb * 4 + i * 2 + e] - m_use)
-                    row_sum[i] = row_sum[i] + acc_s[nb * 4 + i * 2 + e]
+                    acc_s[nb * 4 + i * 2 + e] = T.exp2(acc_s[nb * 4 + i * 2 + e] * T.float32(SCALE2) - m_scaled)
+            row_sum[i] = row_sum[i] * alpha[i] + reduce4(lambda a, b: a + b, row)
 
     @T.macro
     def rescale_o(r):
@@ -817,6 +837,28 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 for h in T.unroll(PAIR):
                     blocks.visit[PAIR + h] = blocks.entry(j + 1, h)
 
+    @T.macro
+    def my_turn(tid):
+        """(``turns``) wait until the other consumer warpgroup has issued its wgmma of this turn"""
+        if turns:
+            if tid < 128:
+                T.evaluate(named_barrier_sync(SCHEDULER_BARRIERS, THREADS))
+            else:
+                T.evaluate(named_barrier_sync(SCHEDULER_BARRIERS + 1, THREADS))
+
+    @T.macro
+    def end_turn(tid, last):
+        """(``turns``) hand the turn to the other consumer warpgroup (warpgroup 1's last turn hands
+        nothing: every arrival on a barrier is then matched by a sync)"""
+        if turns:
+            if last:
+                if tid < 128:
+                    T.evaluate(named_barrier_arrive(SCHEDULER_BARRIERS + 1, THREADS))
+            elif tid < 128:
+                T.evaluate(named_barrier_arrive(SCHEDULER_BARRIERS + 1, THREADS))
+            else:
+                T.evaluate(named_barrier_arrive(SCHEDULER_BARRIERS, THREADS))
+
     def consumers_sync():
         """the barrier of the two consumer warpgroups (the loader warpgroup, where there is one,
         takes no part)"""
@@ -929,11 +971,16 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 # overlap): S_j's wgmma, then P_{j-1} V's; the softmax once S_j is in; O_acc's
                 # rescale and P_j's packing once P_{j-1} V retired (it reads both)
                 if count > 0:
+                    if turns:
+                        if tid >= 128:
+                            T.evaluate(named_barrier_arrive(SCHEDULER_BARRIERS, THREADS))   # warpgroup 0 first
                     first_visit(blocks)
                     next_visit(blocks, 0)
                     ring.wait_full(bars, 0, 0)
                     T.ptx["fence.proxy.async.shared::cta"]()
+                    my_turn(tid)
                     issue_qk(0, smem, tid, r)
+                    end_turn(tid, False)
                     predicate_bits(blocks.keys(0), 0, mask_s, tile, tid, r)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
                     softmax_step(blocks.keys(0), tile, tid, r)
@@ -942,8 +989,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         next_visit(blocks, j)
                         ring.wait_full(bars, j % STAGES, j)
                         T.ptx["fence.proxy.async.shared::cta"]()
+                        my_turn(tid)
                         issue_qk(j % STAGES, smem, tid, r)
                         issue_pv((j - 1) % STAGES, smem, tid, r)
+                        end_turn(tid, False)
                         predicate_bits(blocks.keys(j), j % STAGES, mask_s, tile, tid, r)
                         T.ptx.wgmma.wait_group.sync.aligned(1)          # S_j is in
                         softmax_step(blocks.keys(j), tile, tid, r)
@@ -951,7 +1000,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                         ring.release(bars, j, tid)      # (the slot of step j-1: release takes q - 1)
                         rescale_o(r)
                         pack_p(r)
+                    my_turn(tid)
                     issue_pv((blocks.steps - 1) % STAGES, smem, tid, r)
+                    end_turn(tid, True)
                     T.ptx.wgmma.wait_group.sync.aligned(0)
             else:
                 first_visit(blocks)
