@@ -39,7 +39,7 @@ K = 4
 CH = NT * K
 LOG_NT = 8
 assert 1 << LOG_NT == NT
-# the expert lists' block (one an expert); the items of a thread's run loaded together
+# the expert lists' block (one an expert) and the loads of a thread's run kept in flight
 EXPERT_THREADS = 1024
 RUN_UNROLL = 4
 
@@ -111,22 +111,17 @@ def make_run_sums(st: LoopStrategy):
     """``run_sums(sA, n, add)``: each thread ``tx`` of one CTA sums its contiguous run of
     ``ceil(n / NT)`` of ``n`` items into ``sA[tx]`` (``add(acc, i)``, a macro, adds item ``i``
     to ``acc[0]``): the first phase of a run-wise scan (runs keep each thread's outputs in
-    order; ``RUN_UNROLL`` of a run's items in flight); shared by every index pipeline."""
+    order); shared by every index pipeline."""
     TX = st.tx
-    U = RUN_UNROLL
-
-    def run(n):
-        return (n + (NT - 1)) // NT
 
     @T.macro
     def run_sums(sA, n, add):
         for tx in TX(NT):
             acc = T.alloc_buffer((1,), "int32", scope="local")
             acc[0] = 0
-            for j0 in range((run(n) + (U - 1)) // U):
-                for j1 in T.unroll(U):
-                    if T.And(j0 * U + j1 < run(n), tx * run(n) + j0 * U + j1 < n):
-                        add(acc, tx * run(n) + j0 * U + j1)
+            for j in range((n + (NT - 1)) // NT):
+                if tx * ((n + (NT - 1)) // NT) + j < n:
+                    add(acc, tx * ((n + (NT - 1)) // NT) + j)
             sA[tx] = acc[0]
 
     return run_sums

@@ -46,7 +46,7 @@ from tvm.script import tirx as T
 from pit_tvm.schedules.signature import without_params
 from pit_tvm.target import is_gpu, make_target
 
-from ._kernels import LOG_NT, NT, RUN_UNROLL, make_block_scan, make_run_sums, schedule_cpu, schedule_cuda
+from ._kernels import LOG_NT, NT, make_block_scan, make_run_sums, schedule_cpu, schedule_cuda
 
 __all__ = ["attention_block_index_func", "reference_attention_block_index", "MASK_DTYPES"]
 
@@ -321,23 +321,32 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                     EX[blk * N_EXTREMES + 4] = e4[0]
                     EX[blk * N_EXTREMES + 5] = e5[0]
 
-    def pair_class(EX, b, qb, kb, Sq, Sk, QB, KB):
-        """the int8 class of (query block ``qb``, key block ``kb``) of sequence ``b``, from the two
-        blocks' position extremes (``position_extremes``)"""
-        # e: 0 max global q, 1 min / 2 max non-global q, 3 min global k, 4 min / 5 max non-global
-        # k; 6 min / 7 max doc id of the queries, 8 / 9 of the keys
-        q_row = (b * (QB + KB) + qb) * N_EXTREMES
-        k_row = (b * (QB + KB) + QB + kb) * N_EXTREMES
-        e = [EX[q_row], EX[q_row + 2], EX[q_row + 3], EX[k_row + 1], EX[k_row + 2], EX[k_row + 3],
-             EX[q_row + 4], EX[q_row + 5], EX[k_row + 4], EX[k_row + 5]]
-        return _block_class_by_extremes(
-            pattern, e, T.Cast("int32", qb * QBL), T.Cast("int32", T.min(qb * QBL + (QBL - 1), Sq - 1)),
-            T.Cast("int32", kb * KBL), T.Cast("int32", T.min(kb * KBL + (KBL - 1), Sk - 1)), global_split)
-
     @T.macro
     def classify_extremes(bufs, FL, EX, B, HG, Sq, Sk, QB, KB):
-        # (the pairs' classes are taken from the extremes where the lists are written: compact)
         position_extremes(bufs, EX, B, Sq, Sk, QB, KB)
+        # one thread a (b, query block, key block): its class from the two blocks' extremes
+        for c in BX((B * QB * KB + (NT - 1)) // NT):
+            for tx in TX(NT):
+                if c * NT + tx < B * QB * KB:
+                    # e: 0 max global q, 1 min / 2 max non-global q, 3 min global k, 4 min / 5 max
+                    # non-global k; 6 min / 7 max doc id of the queries, 8 / 9 of the keys
+                    e = T.alloc_buffer((10,), "int32", scope="local")
+                    e[0] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES]
+                    e[1] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES + 2]
+                    e[2] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES + 3]
+                    e[6] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES + 4]
+                    e[7] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + (c * NT + tx) // KB % QB) * N_EXTREMES + 5]
+                    e[3] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 1]
+                    e[4] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 2]
+                    e[5] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 3]
+                    e[8] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 4]
+                    e[9] = EX[((c * NT + tx) // (QB * KB) * (QB + KB) + QB + (c * NT + tx) % KB) * N_EXTREMES + 5]
+                    # (the split's window tiles are its head group 0 of 2: skip each sequence's group 1)
+                    FL[c * NT + tx + (c * NT + tx) // (QB * KB) * (QB * KB) * (HG - 1)] = _block_class_by_extremes(
+                        pattern, e, T.Cast("int32", (c * NT + tx) // KB % QB * QBL),
+                        T.Cast("int32", T.min((c * NT + tx) // KB % QB * QBL + (QBL - 1), Sq - 1)),
+                        T.Cast("int32", (c * NT + tx) % KB * KBL),
+                        T.Cast("int32", T.min((c * NT + tx) % KB * KBL + (KBL - 1), Sk - 1)), global_split)
 
     # (documents with a window: the AND of two "some pair allowed" tests would over-list; the
     # split's window blocks take it: its padding-as-documents over-lists only a boundary's blocks)
@@ -352,10 +361,6 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                 acc[0] = acc[0] + 1
 
         return add
-
-    def run(n):
-        """a thread's run of ``n`` items listed in order"""
-        return (n + (NT - 1)) // NT
 
     @T.macro
     def list_in_order(n, at, is_listed, put, put_tail, put_count):
@@ -372,12 +377,11 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
             pos[0] = 0
             if tx > 0:
                 pos[0] = sA[tx - 1]
-            for j0 in range((run(n) + (RUN_UNROLL - 1)) // RUN_UNROLL):
-                for j1 in T.unroll(RUN_UNROLL):
-                    if T.And(j0 * RUN_UNROLL + j1 < run(n), tx * run(n) + j0 * RUN_UNROLL + j1 < n):
-                        if is_listed(at, tx * run(n) + j0 * RUN_UNROLL + j1):
-                            put(at, pos[0], tx * run(n) + j0 * RUN_UNROLL + j1)
-                            pos[0] = pos[0] + 1
+            for j in range((n + (NT - 1)) // NT):
+                if tx * ((n + (NT - 1)) // NT) + j < n:
+                    if is_listed(at, tx * ((n + (NT - 1)) // NT) + j):
+                        put(at, pos[0], tx * ((n + (NT - 1)) // NT) + j)
+                        pos[0] = pos[0] + 1
             if tx == 0:
                 put_count(at, sA[NT - 1])
         for tx in TX(NT):
@@ -388,22 +392,14 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                     if j * NT + tx >= T.Cast("int64", total[0]):
                         put_tail(at, j * NT + tx)
 
-    # the block lists: ``at`` = (flags FL, its offset, CNT, IDS, PART, b, hg, qb, EX, Sq, Sk, QB, KB)
-    def block_flag(at, j):
-        """key block ``j``'s class in the list ``at``: from the extremes for the patterns classified
-        by them (the split's global tiles, head group 1, by ``classify_global_tiles``), else FL's"""
-        if not by_extremes:
-            return at[0][at[1] + j]
-        by_blocks = pair_class(at[8], at[5], at[7], j, at[9], at[10], at[11], at[12])
-        return T.if_then_else(at[6] == 0, by_blocks, at[0][at[1] + j]) if global_split else by_blocks
-
+    # the block lists: ``at`` = (flags FL, its offset, CNT, IDS, PART, b, hg, qb)
     def block_listed(at, j):
-        return block_flag(at, j) != T.int8(0)
+        return at[0][at[1] + j] != T.int8(0)
 
     @T.macro
     def put_block(at, pos, j):
         at[3][at[5], at[6], at[7], pos] = T.Cast("int32", j)
-        at[4][at[5], at[6], at[7], pos] = T.Select(block_flag(at, j) == T.int8(1), T.int32(1), T.int32(0))
+        at[4][at[5], at[6], at[7], pos] = T.Select(at[0][at[1] + j] == T.int8(1), T.int32(1), T.int32(0))
 
     @T.macro
     def put_no_block(at, pos):
@@ -415,10 +411,10 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         at[2][at[5], at[6], at[7]] = total
 
     @T.macro
-    def compact(FL, EX, CNT, IDS, PART, B, HG, Sq, Sk, QB, KB):
+    def compact(FL, CNT, IDS, PART, B, HG, QB, KB):
         for g in BX(B * HG * QB):
-            list_in_order(KB, (FL, g * KB, CNT, IDS, PART, g // (HG * QB), g // QB % HG, g % QB, EX, Sq, Sk, QB, KB),
-                          block_listed, put_block, put_no_block, put_block_count)
+            list_in_order(KB, (FL, g * KB, CNT, IDS, PART, g // (HG * QB), g // QB % HG, g % QB), block_listed,
+                          put_block, put_no_block, put_block_count)
 
     # the global rows: ``at`` = (global flags, ROWS, GCNT, b)
     def row_is_global(at, i):
@@ -484,10 +480,6 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         """the position blocks' extremes scratch (one int32 where the pattern has a mask)"""
         return T.max(B * (QB + KB) * N_EXTREMES, 1) if by_extremes else 1
 
-    def flags_size(B, G, QB, KB):
-        """the pairs' class scratch (one int8 where compact takes every class from the extremes)"""
-        return 1 if by_extremes and not global_split else T.max(B * G * QB * KB, 1)
-
     def qb_of(Sq):
         return (Sq + (QBL - 1)) // QBL
 
@@ -518,13 +510,13 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         PART = T.match_buffer(p, (B, G, qb_of(Lq), kb_of(Lk)), "int32")
         GROWS = T.match_buffer(gr, (B, Lq), "int32")
         GCNT = T.match_buffer(gc, (B,), "int32")
-        FL = T.sblock_alloc_buffer((flags_size(B, G, qb_of(Lq), kb_of(Lk)),), "int8")
+        FL = T.sblock_alloc_buffer((T.max(B * G * qb_of(Lq) * kb_of(Lk), 1),), "int8")
         EX = T.sblock_alloc_buffer((extremes_size(B, qb_of(Lq), kb_of(Lk)),), "int32")
         classify(pattern_signature_buffers(pattern, M, X, Y), FL, EX, B, G, Lq, Lk, qb_of(Lq), kb_of(Lk))
         if global_split:
             list_global_rows(X, GROWS, GCNT, B, Lq)
             classify_global_tiles(Y, GROWS, GCNT, FL, EX, B, Lq, qb_of(Lq), kb_of(Lk))
-        compact(FL, EX, CNT, IDS, PART, B, G, Lq, Lk, qb_of(Lq), kb_of(Lk))
+        compact(FL, CNT, IDS, PART, B, G, qb_of(Lq), kb_of(Lk))
 
     dropped = pattern_params_dropped(pattern) + (() if global_split else ("gr", "gc"))
     func = without_params(index, ("q", "k", "m", "x", "y", "c", "i", "p", "gr", "gc"), dropped)
