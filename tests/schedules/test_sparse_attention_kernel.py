@@ -45,7 +45,7 @@ def test_defaults_are_the_measured_forms():
                                                                **form).script()
         return default
 
-    bool_pairs = same(64, BOOL, 64, overlap=True, stages=4, pair_blocks=True, mask_tiles=True)
+    bool_pairs = same(64, BOOL, 64, overlap=True, stages=4, pair_blocks=True, mask_tiles=True, turns=True)
     assert int(bool_pairs.attrs["pit.attention.key_tile"]) == 128
     assert int(same(128, BOOL, 64, overlap=True, stages=4, pair_blocks=False).attrs["pit.attention.key_tile"]) == 64
     same(64, BOOL, 128, overlap=False, stages=2, pair_blocks=False)
@@ -55,6 +55,11 @@ def test_defaults_are_the_measured_forms():
     for d, stages in ((64, 4), (128, 3)):
         f = same(d, AttentionPattern(causal=True, documents=True), 64, overlap=True, stages=stages, pair_blocks=True)
         assert int(f.attrs["pit.attention.key_block"]) == 64 and int(f.attrs["pit.attention.key_tile"]) == 128
+    # (the warpgroups take turns but in Longformer's split tiles)
+    split = AttentionPattern(window=256, global_tokens=True)
+    assert (block_sparse_attention_func(64, split, "float16", 64, global_split=True).script()
+            == block_sparse_attention_func(64, split, "float16", 64, global_split=True, overlap=True,
+                                           turns=False).script())
 
 
 def test_bad_arguments_raise():

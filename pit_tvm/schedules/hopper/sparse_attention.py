@@ -33,12 +33,14 @@ blocks side by side (KT = 128, the second the empty block past an odd count)::
              Sk zero-filled, mask_tiles)
             -> full[j % STAGES]                                     (ring.py's MbarrierRing)
     consumer warpgroup g (queries 64g .. 64g+63), step j once full[j % STAGES]:
+        (turns: wait for the other warpgroup's issue of step j - 1)
         S_j[64, KT]  = Q_s[64g:] K_s^T               D/16  x wgmma m64nKTk16 (K_s: B, K-major)
         O_acc[64, D] += P_{j-1} V_s(j-1)              KT/16 x wgmma m64nDk16, P: register A
+        (turns: hand the issue to the other warpgroup)
         (both in flight) partial or tail block: the predicate as bits (allowed_bits), block by block
-        (S_j in) partial or tail block: S = allowed ? S * scale + bias : -inf; the empty block: -inf
-                 m_new = max(m, rowmax S); alpha = 2^(m - m_new); P_j = 2^(S - m_new)
-                 l = l alpha + rowsum P_j                                  (log2 domain)
+        (S_j in) partial or tail block (the empty block among them): S = allowed ? S + bias / scale : -inf
+                 m_new = max(m, rowmax S); alpha = 2^((m - m_new) c); P_j = 2^(S c - m_new c)
+                 l = l alpha + rowsum P_j               (unscaled scores, c = scale log2 e)
         (P_{j-1} V in) release slot j-1; O_acc *= alpha; pack P_j (f16x2 / bf16x2 pairs)
     SWrite O_acc / l (0 where l = 0) -> staged tile [128, D + 8] over the ring -> 16 B stores
 
@@ -81,7 +83,7 @@ __all__ = ["HEAD_DIMS", "block_sparse_attention_func", "sparse_attention_smem_by
 # a CTA computes one of the index's QUERY_BLOCK (128) query blocks: 2 warpgroups x wgmma M=64
 HEAD_DIMS = (64, 128)
 ATOM = 64                      # columns of one 128-byte swizzle atom of fp16 / bf16
-#: a masked score (log2 domain): finite, so that ``masked - row max`` never makes a NaN
+#: a masked score: finite, so that ``masked - row max`` never makes a NaN
 MASKED = -3.0e38
 LOG2E = 1.4426950408889634
 
@@ -356,9 +358,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     warpgroup hands registers to the consumers (``setmaxnreg``: ``LOADER_REGISTERS`` /
     ``CONSUMER_REGISTERS`` a thread instead of 168 for all), which lets ``overlap`` hold a step of
     128 keys (``pair_blocks``; key block 128 where asked for).
-    ``turns`` (with ``overlap``; default: with it, but for the split with documents at head dim
-    128): the two consumer warpgroups issue their wgmma in turn (FA3's scheduler barrier), so that one's softmax runs while the other's tensor-core
-    work does.
+    ``turns`` (with ``overlap``; default: with it, but not with ``global_split``): the two
+    consumer warpgroups issue their wgmma in turn (FA3's scheduler barrier), so that one's
+    softmax runs while the other's tensor-core work does.
     ``pair_blocks`` (key block 64, warp-specialized; default: with ``register_split``, and with a
     boolean mask where its mask tiles leave room for a ring of 3, i.e. the overlap: head dim 64): a
     consumer step takes two listed blocks, which the loader gathers side by side into one 128-key
@@ -402,8 +404,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     if stages is None:
         stages = max(n for n in (2, 3, 4) if fits(n)) if overlap else 2
     if turns is None:
-        # (Longformer's split tiles with documents at head dim 128 spill 20 bytes with them)
-        turns = bool(overlap) and not (global_split and pattern.documents and D == 128)
+        # (measured faster with the block masks and documents; Longformer's split tiles ran 9-25 %
+        # slower in the run that had them on: design notes, "Turns")
+        turns = bool(overlap) and not global_split
     turns = bool(turns)
     if turns and not overlap:
         raise ValueError("turns needs overlap (the consumer loop whose wgmma issue points it orders)")
@@ -917,7 +920,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         bars = T.alloc_buffer([2 * STAGES + 1 if warp_specialized else 1], "uint64", scope="shared", align=8)
         acc_s = T.alloc_local([ACC_S], "float32")
         acc_o = T.alloc_local([ACC_O], "float32")
-        row_max = T.alloc_local([2], "float32")    # running max (log2 domain) of rows i = 0, 1
+        row_max = T.alloc_local([2], "float32")    # running max (of the unscaled scores) of rows i = 0, 1
         row_sum = T.alloc_local([2], "float32")    # this thread's part of the running sum
         alpha = T.alloc_local([2], "float32")
         m_new = T.alloc_local([1], "float32")
