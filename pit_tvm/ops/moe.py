@@ -407,8 +407,8 @@ def glu_gemm_func(k, n, num_experts, top_k, dtype, bias, activation, target, con
     """The Hopper kernel of a gated FFN's fc1 with both halves in one GEMM, ``act(x W1 + b1) *
     (x W3 + b3)`` (:func:`~pit_tvm.schedules.hopper.grouped.wgmma_grouped_gemm_func` with
     ``glu``: x's rows gathered once, no intermediate), or None where it does not apply (not
-    sm_90a, no tiles, a shape its tiles do not divide): the layer then runs two grouped GEMMs,
-    the second taking the first as its gate."""
+    sm_90a, no tiles, or, with a warning, tiles the kernel refuses): the layer then runs two grouped
+    GEMMs, the second taking the first as its gate."""
     if config is None or not _wgmma_target(make_target(target)):
         return None
     try:
@@ -418,7 +418,9 @@ def glu_gemm_func(k, n, num_experts, top_k, dtype, bias, activation, target, con
     try:
         return wgmma_grouped_gemm_func("glu", int(k), int(n), int(num_experts), int(top_k), str(dtype), str(dtype),
                                        bool(bias), activation, config)
-    except ValueError:
+    except ValueError as err:
+        warnings.warn(f"MoE: the glu kernel does not take tiles {config} here ({err}); fc1 runs as two grouped "
+                      "GEMMs", stacklevel=2)
         return None
 
 

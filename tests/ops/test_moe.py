@@ -380,6 +380,16 @@ def test_gated_fc1_is_one_kernel_on_sm90a(f, tokens, optional, kernels):
     assert len(generic) == 2 and not any("glu" in n for n in generic), generic
 
 
+def test_glu_kernel_refusing_its_tiles_warns():
+    """tiles the glu kernel refuses (a tuning log's, say: block_n 64 cannot split into two halves
+    of 64-column atoms) -> a warning naming them, and None: the layer runs two grouped GEMMs"""
+    from pit_tvm.ops.moe import glu_gemm_func
+    from pit_tvm.schedules.hopper.config import WgmmaConfig
+
+    with pytest.warns(UserWarning, match="glu kernel does not take tiles"):
+        assert glu_gemm_func(256, 704, 8, 2, "float16", False, "silu", "cuda:sm_90a", WgmmaConfig(64, 4)) is None
+
+
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
 def test_cuda_generic_grouped_gemm_compiles():
     for mode, act, bias in (("gather", "gelu", True), ("scatter", None, False)):

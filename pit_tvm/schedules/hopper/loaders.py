@@ -124,6 +124,14 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
         sread_b(kt, tid, b_copy, bn, bm, OFF, B, smem, b_row_id)
 
     @T.macro
+    def tma_b_atoms(map_b, first, atoms, col, s, kt, bm, smem, bars):
+        """TMA of ``atoms`` 64 x 64 atoms of B's K tile kt from ``map_b`` (columns ``col`` ..) into
+        ring slot s's B tile from its atom ``first`` on, counted on the slot's ``full`` mbarrier"""
+        for atom in T.unroll(atoms):
+            T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + (first + atom) * BK * 64]),
+                                T.address_of(map_b), col + atom * 64, b_k_row(bm, kt * BK), ring.full(bars, s))
+
+    @T.macro
     def tma_loader(tid, bn, bm, m, count, OFF, IDS, A, smem, bars, map_a, map_b, map_b3, a_row, a_col):
         """ws: the loader warpgroup's K loop.  Once the consumers released ring slot kt % STAGES
         (its ``empty`` mbarrier), its first thread loads B's BN / 64 atoms of 64 x 64 (dense:
@@ -148,19 +156,10 @@ def gemm_loaders(k: SimpleNamespace) -> SimpleNamespace:
                     T.ptx[TMA_LOAD_2D](smem.ptr_to([s * A_TILE]), T.address_of(map_a), kt * BK, first_row(bm),
                                         ring.full(bars, s))
                 if map_b3 is None:
-                    for atom in T.unroll(BN // 64):
-                        T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                            T.address_of(map_b), bn * BN + atom * 64, b_k_row(bm, kt * BK),
-                                            ring.full(bars, s))
+                    tma_b_atoms(map_b, 0, BN // 64, bn * BN, s, kt, bm, smem, bars)
                 else:
-                    for atom in T.unroll(BN // 128):
-                        T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + atom * BK * 64]),
-                                            T.address_of(map_b), bn * (BN // 2) + atom * 64, b_k_row(bm, kt * BK),
-                                            ring.full(bars, s))
-                    for atom in T.unroll(BN // 128):
-                        T.ptx[TMA_LOAD_2D](smem.ptr_to([B_BASE + s * B_TILE + (BN // 128 + atom) * BK * 64]),
-                                            T.address_of(map_b3), bn * (BN // 2) + atom * 64, b_k_row(bm, kt * BK),
-                                            ring.full(bars, s))
+                    tma_b_atoms(map_b, 0, BN // 128, bn * (BN // 2), s, kt, bm, smem, bars)
+                    tma_b_atoms(map_b3, BN // 128, BN // 128, bn * (BN // 2), s, kt, bm, smem, bars)
             if gathers_rows:
                 sread_a(kt, lane, LOADER_THREADS, bm, count, OFF, A, smem, a_row, a_col)
             if gathers_rows or ws_tiles:
