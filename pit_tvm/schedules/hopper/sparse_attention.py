@@ -404,8 +404,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     if stages is None:
         stages = max(n for n in (2, 3, 4) if fits(n)) if overlap else 2
     if turns is None:
-        # (measured faster with the block masks and documents; Longformer's split tiles ran 9-25 %
-        # slower in the run that had them on: design notes, "Turns")
+        # (measured faster with the block masks and documents, slower in Longformer's split tiles:
+        # design notes, "Turns")
         turns = bool(overlap) and not global_split
     turns = bool(turns)
     if turns and not overlap:
@@ -686,7 +686,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         where the block is partial or the tail block (:func:`predicate_bits` ran before), which
         masks every score of the empty block (its keys lie past every sequence: the tail test
         holds, and no key is in bounds); a full block's as they came (one branch a block and no
-        write in the full block's arm: design notes, "Registers")"""
+        write in the full block's arm: design notes, "Instruction count")"""
         acc_s, acc_o, row_max, row_sum, alpha, m_new, desc_a, desc_b, p_regs, allowed_bits = r.unpacked()
         if keys.needs_predicate(tile, part):
             if early_predicate:
@@ -854,12 +854,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         """(``turns``) hand the turn to the other consumer warpgroup (warpgroup 1's last turn hands
         nothing: every arrival on a barrier is then matched by a sync)"""
         if turns:
-            if last:
-                if tid < 128:
-                    T.evaluate(named_barrier_arrive(SCHEDULER_BARRIERS + 1, THREADS))
-            elif tid < 128:
+            if tid < 128:
                 T.evaluate(named_barrier_arrive(SCHEDULER_BARRIERS + 1, THREADS))
-            else:
+            elif not last:
                 T.evaluate(named_barrier_arrive(SCHEDULER_BARRIERS, THREADS))
 
     def consumers_sync():
