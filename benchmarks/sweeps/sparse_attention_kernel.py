@@ -32,7 +32,8 @@ from pit_tvm.target import build  # noqa: E402
 #: warpgroup filling the ring (P in registers), and that with each block's softmax overlapping
 #: the previous block's P V; the warp-specialized forms with the loader's registers handed to the
 #: consumers (``register_split``, the default) or not (``_168``: 168 registers a thread); two listed
-#: blocks of 64 keys a step (``pair``: without staged mask tiles, ``pair_mt``: with them)
+#: blocks of 64 keys a step (``pair``: without staged mask tiles, ``pair_mt``: with them); ``_tma``: K and
+#: V by TMA (``tma_kv``); ``_noturns``: the consumer warpgroups not taking turns
 FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
              "p_regs": {"p_in_registers": True, "warp_specialized": False},
              "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
@@ -41,6 +42,10 @@ FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
                                 "register_split": False},
              "pair": {"pair_blocks": True, "overlap": True, "mask_tiles": False},
              "pair_mt": {"pair_blocks": True, "overlap": True},
+             "pair_tma": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "tma_kv": True},
+             "pair_mt_tma": {"pair_blocks": True, "overlap": True, "tma_kv": True},
+             "pair_mt_noturns": {"pair_blocks": True, "overlap": True, "turns": False},
+             "ws_overlap_tma": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": True},
              "pair_late": {"pair_blocks": True, "overlap": True, "early_predicate": False},
              "ws_overlap_late": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
                                  "early_predicate": False}}
@@ -48,7 +53,8 @@ FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
 FORMS = ([(kb, form, 2) for kb in (64, 128) for form in ("p_smem", "p_regs", "ws")]
          + [(64, "ws", 4), (128, "ws", 3), (64, "ws_overlap", 3), (64, "ws_overlap", 4), (64, "ws_overlap_168", 4),
             (128, "ws_overlap", 2), (128, "ws_overlap", 3), (64, "pair", 3), (64, "pair", 4), (64, "pair_mt", 4),
-            (64, "pair_late", 3), (64, "pair_late", 4), (128, "ws_overlap_late", 3)])
+            (64, "pair_late", 3), (64, "pair_late", 4), (128, "ws_overlap_late", 3), (64, "pair_tma", 4),
+            (64, "pair_mt_tma", 4), (64, "pair_mt_noturns", 4), (64, "ws_overlap_tma", 4)])
 
 
 def block_index(rng, batch, seq, key_block, density):

@@ -121,6 +121,7 @@ VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "stages": 3},
             "pair": {"pair_blocks": True},
             "single": {"pair_blocks": False},
+            "tma": {"tma_kv": True},
             "default": {}}
 
 
@@ -139,6 +140,10 @@ VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
     (AttentionPattern(documents=True, causal=True), 128, 64, "float16", "default"),
     (AttentionPattern(mask="additive"), 64, 64, "bfloat16", "default"),
     (AttentionPattern(window=128), 128, 64, "bfloat16", "pair"),
+    (BOOL, 64, 64, "float16", "tma"),
+    (BOOL, 128, 64, "bfloat16", "tma"),
+    (AttentionPattern(documents=True, causal=True), 128, 64, "float16", "tma"),
+    (AttentionPattern(mask="additive"), 64, 128, "float16", "tma"),
 ])
 def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, variant):
     _compiles_without_spills(pattern, head_dim, key_block, dtype, variant)
@@ -203,11 +208,30 @@ def test_form_arguments_checked():
         block_sparse_attention_func(64, BOOL, "float16", 64, register_split=True, **VARIANTS["p_regs"])
     with pytest.raises(ValueError, match="mask_tiles"):       # staged mask tiles: a boolean mask only
         block_sparse_attention_func(64, AttentionPattern(window=64), "float16", 64, mask_tiles=True)
+    with pytest.raises(ValueError, match="tma_kv takes"):
+        block_sparse_attention_func(64, AttentionPattern(window=64, global_tokens=True), "float16", 64,
+                                    global_split=True, tma_kv=True)
     with pytest.raises(ValueError, match="turns needs overlap"):
         block_sparse_attention_func(64, BOOL, "float16", 64, turns=True, **VARIANTS["ws"])
     # (the running max is taken over the unscaled scores; the op then takes the generic kernel)
     with pytest.raises(ValueError, match="positive score scale"):
         block_sparse_attention_func(64, BOOL, "float16", 64, scale=-0.125)
+
+
+@pytest.mark.parametrize("pattern", [BOOL, AttentionPattern(causal=True)], ids=lambda p: p.tag)
+def test_tma_kv_loads_keys_and_values_by_tma(pattern):
+    """``tma_kv``: K and V by TMA boxes (two a block and operand at head dim 64, the pair's two
+    blocks), the K / V cp.async gone; without mask tiles the loader's other threads exit after Q"""
+    def source(**form):
+        return cuda_sources(build(tvm.IRModule({"main": block_sparse_attention_func(64, pattern, "float16", 64,
+                                                                                    **form)}), TARGET))[0]
+
+    src, plain = source(tma_kv=True), source()
+    calls = [line for line in src.splitlines() if "cp_async_bulk_tensor" in line and "__device__" not in line]
+    assert len(calls) == 4 and "expect_tx" in src
+    copies = "cp_async_cg_src_size"
+    assert 0 < src.count(copies) < plain.count(copies)
+    assert (src.count("pit_exit_thread();") > plain.count("pit_exit_thread();")) == (pattern.mask != "bool")
 
 
 def test_warpgroups_issue_their_wgmma_in_turn():
@@ -293,6 +317,8 @@ def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, variant="p_sm
 def _built(pattern, head_dim, key_block, dtype, variant, global_split=False):
     if variant == "pair" and key_block != 64:
         pytest.skip("pair_blocks takes key block 64")
+    if variant == "tma" and global_split:
+        pytest.skip("tma_kv takes no global_split (the gathered key blocks are rows)")
     try:
         f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, global_split=global_split,
                                         **VARIANTS[variant])

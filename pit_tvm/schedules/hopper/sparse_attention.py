@@ -74,7 +74,8 @@ from pit_tvm.schedules.hopper.config import (CONSUMER_REGISTERS, CONSUMER_WARPGR
 from pit_tvm.schedules.hopper.lowering import lower_tirx
 from pit_tvm.schedules.hopper.operands import Unpacked
 from pit_tvm.schedules.hopper.ring import MbarrierRing
-from pit_tvm.schedules.hopper.smem import PTX_TYPE, SWIZZLE_128B, k_major_strides, mn_major_strides, swizzle_128b
+from pit_tvm.schedules.hopper.smem import (PTX_TYPE, SWIZZLE_128B, TMA_LOAD_2D, k_major_strides, mn_major_strides,
+                                           swizzle_128b, tma_map_encoder)
 from pit_tvm.schedules.limits import IN_DTYPES, dtype_bytes, max_smem_bytes
 from pit_tvm.schedules.signature import without_params
 
@@ -327,7 +328,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                 global_split: bool = False, early_predicate: bool | None = None,
                                 mask_tiles: bool | None = None, prefetch_index: bool | None = None,
                                 register_split: bool | None = None, pair_blocks: bool | None = None,
-                                turns: bool | None = None) -> tirx.PrimFunc:
+                                turns: bool | None = None, tma_kv: bool = False) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -361,6 +362,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     ``turns`` (with ``overlap``; default: with it, but not with ``global_split``): the two
     consumer warpgroups issue their wgmma in turn (FA3's scheduler barrier), so that one's
     softmax runs while the other's tensor-core work does.
+    ``tma_kv`` (warp-specialized, not with ``global_split``; off by default: not measured yet): the
+    loader's first thread loads each listed block's K and V by TMA (64 x 64 boxes of a 2-D map
+    over ``[B H Sk, D]``, 128-byte swizzle) instead of 128 threads' cp.async; keys past Sk read the
+    next head's rows or TMA's zeros, masked like any key past Sk; the empty block's boxes lie past
+    the map (zeros).
     ``pair_blocks`` (key block 64, warp-specialized; default: with ``register_split``, and with a
     boolean mask where its mask tiles leave room for a ring of 3, i.e. the overlap: head dim 64): a
     consumer step takes two listed blocks, which the loader gathers side by side into one 128-key
@@ -410,6 +416,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     turns = bool(turns)
     if turns and not overlap:
         raise ValueError("turns needs overlap (the consumer loop whose wgmma issue points it orders)")
+    if tma_kv and (global_split or not warp_specialized):
+        raise ValueError("tma_kv takes the warp-specialized loader and no global_split (whose gathered key "
+                         "blocks are rows, not a box)")
     if prefetch_index is None:
         # (measured: Longformer's split tiles 1.7-1.9x faster with it, the block masks 1-3 % slower)
         prefetch_index = bool(global_split)
@@ -461,6 +470,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     LAUNCH_THREADS = THREADS + (LOADER_THREADS if warp_specialized else 0)
     LOADER_REGS, CONSUMER_REGS = ((STAGING_LOADER_REGISTERS, STAGING_CONSUMER_REGISTERS) if mask_tiles
                                   else (LOADER_REGISTERS, CONSUMER_REGISTERS))
+    KV_TX_BYTES = PAIR * 2 * KB * D * dtype_bytes(in_dtype)     # (tma_kv) a step's K and V boxes
+    # (tma_kv) full[s]'s arrivals: the TMA thread's, and with mask tiles every loader thread's copies
+    FULL_ARRIVALS = (1 + (LOADER_THREADS if mask_tiles else 0)) if tma_kv else LOADER_THREADS
     ring = MbarrierRing(STAGES)
     masked = tirx.const(MASKED, "float32")
     full = T.uint32(0xFFFFFFFF)
@@ -523,6 +535,28 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                               K.ptr_to([tile.b, tile.h, src_key, ch * 8]), tile.key_ok(kblk, key)))
             T.evaluate(copy16(smem.ptr_to([RING_OFF + slot * SLOT + KT * D + tiled(KT, r, ch)]),
                               V.ptr_to([tile.b, tile.h, src_key, ch * 8]), tile.key_ok(kblk, key)))
+
+    @T.macro
+    def tma_part(tile, smem, bars, slot, keys, part, maps, B, H):
+        """:func:`tma_block`'s boxes of block ``part`` of the key tile"""
+        map_k, map_v = maps
+        row = T.if_then_else(keys.empty(part), B * H * tile.Sk,
+                             (tile.b * H + tile.h) * tile.Sk + keys.ids[part] * KB)
+        for atom in T.unroll(D // ATOM):
+            T.ptx[TMA_LOAD_2D](smem.ptr_to([RING_OFF + slot * SLOT + atom * (KT * ATOM) + part * KB * ATOM]),
+                                T.address_of(map_k), atom * ATOM, row, ring.full(bars, slot))
+            T.ptx[TMA_LOAD_2D](smem.ptr_to([RING_OFF + slot * SLOT + KT * D + atom * (KT * ATOM) + part * KB * ATOM]),
+                                T.address_of(map_v), atom * ATOM, row, ring.full(bars, slot))
+
+    @T.macro
+    def tma_block(tile, smem, bars, slot, keys, maps, B, H):
+        """SRead by TMA (one thread): the K and V rows of the key tile ``keys`` (its blocks side by
+        side) into ring slot ``slot``, D / 64 boxes of 64 x KB a block and operand, their bytes
+        counted on the slot's ``full`` mbarrier; the empty block's boxes from past the map (zeros)"""
+        ring.expect_tx(bars, slot, KV_TX_BYTES)
+        tma_part(tile, smem, bars, slot, keys, 0, maps, B, H)
+        if PAIR == 2:
+            tma_part(tile, smem, bars, slot, keys, 1, maps, B, H)
 
     def staged_entry(staged, tile, part, row, query, key):
         """the staged mask tile's entry (bool) at ``row`` of the tile (query position ``query``) and
@@ -889,7 +923,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     O[tile.b, tile.h, tile.out_row(row), ch * 8 + e] = smem[RING_OFF + row * O_ROW + ch * 8 + e]
 
     @T.macro
-    def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, GROWS, GCOUNT, O, B, H, HG, Sq, Sk):
+    def device_body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, GROWS, GCOUNT, O, B, H, HG, Sq, Sk, maps):
         T.device_entry()
         if register_split:
             # (setmaxnreg needs the registers at entry known: one CTA an SM)
@@ -944,7 +978,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
             # full[s] (bars[s]): the loader's 128 threads' copies of the slot landed; empty[s]
             # (bars[STAGES + s]): both consumer warpgroups are done with it; bars[2 STAGES]: Q
             if tid == 0:
-                ring.init(bars, LOADER_THREADS, CONSUMER_WARPGROUPS)
+                ring.init(bars, FULL_ARRIVALS, CONSUMER_WARPGROUPS)
                 T.ptx.mbarrier.init.shared.b64(bars.ptr_to([2 * STAGES]), T.uint32(LOADER_THREADS))
             T.cuda.cta_sync()
             if tid >= THREADS:
@@ -954,14 +988,22 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 load_q(Q, tile, smem, tid - THREADS, LOADER_THREADS)
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([2 * STAGES]))
                 first_visit(blocks)
+                if tma_kv and not mask_tiles:
+                    if tid > THREADS:
+                        T.evaluate(exit_thread())       # (one thread loads K and V; no mask tiles to copy)
                 for j in T.serial(blocks.steps):
                     next_visit(blocks, j)
                     ring.acquire(bars, j % STAGES, j)
-                    load_block(K, V, tile, smem, j % STAGES, blocks.keys(j), tid - THREADS, LOADER_THREADS)
+                    if tma_kv:
+                        if tid == THREADS:
+                            tma_block(tile, smem, bars, j % STAGES, blocks.keys(j), maps, B, H)
+                    else:
+                        load_block(K, V, tile, smem, j % STAGES, blocks.keys(j), tid - THREADS, LOADER_THREADS)
                     if mask_tiles:
                         if blocks.keys(j).needs_predicate(tile):
                             load_mask_tile(tile, mask_s, j % STAGES, blocks.keys(j), tid - THREADS, LOADER_THREADS)
-                    ring.arrive_on_copies(bars, j % STAGES)
+                    if mask_tiles or not tma_kv:
+                        ring.arrive_on_copies(bars, j % STAGES)
                 T.evaluate(exit_thread())
             if register_split:
                 T.ptx["setmaxnreg.inc.sync.aligned.u32"](CONSUMER_REGS)
@@ -1036,6 +1078,20 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                        tid, r)
             T.ptx["cp.async.wait_group"](0)
         store_o(O, tile, smem, tid, r)
+
+    encode_tma_map = tma_map_encoder(in_dtype)
+
+    @T.macro
+    def body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, GROWS, GCOUNT, O, B, H, HG, Sq, Sk):
+        if tma_kv:
+            # (host) the TMA descriptors of K and V as [B H Sk, D], boxes of 64 x KB, 128-byte swizzle
+            map_k: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+            encode_tma_map(map_k, K.data, D, B * H * Sk, ATOM, KB)
+            map_v: T.let[T.TensorMap()] = T.tvm_stack_alloca("tensormap", 1)
+            encode_tma_map(map_v, V.data, D, B * H * Sk, ATOM, KB)
+            device_body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, GROWS, GCOUNT, O, B, H, HG, Sq, Sk, (map_k, map_v))
+        else:
+            device_body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, GROWS, GCOUNT, O, B, H, HG, Sq, Sk, None)
 
     func = _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split)
     name = (f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}"
