@@ -273,6 +273,9 @@ def test_op_takes_the_kernel_on_sm90a():
     with pytest.warns(UserWarning, match="sm_90a kernel does not apply"):
         op = pit_tvm.sparse_attention(96, BOOL, dtype="float16", target="cuda")
     assert op.kernel_name.startswith("pit_sparse_attention_generic")
+    with pytest.warns(UserWarning, match="positive score scale"):      # (the running max of unscaled scores)
+        op = pit_tvm.sparse_attention(64, BOOL, dtype="float16", target="cuda", scale=-0.125)
+    assert op.kernel_name.startswith("pit_sparse_attention_generic")
 
 
 # ------------------------------------------------------------------------------------ GPU
