@@ -471,8 +471,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     LOADER_REGS, CONSUMER_REGS = ((STAGING_LOADER_REGISTERS, STAGING_CONSUMER_REGISTERS) if mask_tiles
                                   else (LOADER_REGISTERS, CONSUMER_REGISTERS))
     KV_TX_BYTES = PAIR * 2 * KB * D * dtype_bytes(in_dtype)     # (tma_kv) a step's K and V boxes
-    # (tma_kv) full[s]'s arrivals: the TMA thread's, and with mask tiles every loader thread's copies
-    FULL_ARRIVALS = (1 + (LOADER_THREADS if mask_tiles else 0)) if tma_kv else LOADER_THREADS
+    # every loader thread copies by cp.async (K and V, or the mask tiles) and arrives on full[s] when
+    # its copies land; with tma_kv the TMA thread arrives once more, with the bytes it expects
+    THREAD_COPIES = mask_tiles or not tma_kv
+    FULL_ARRIVALS = int(tma_kv) + (LOADER_THREADS if THREAD_COPIES else 0)
     ring = MbarrierRing(STAGES)
     masked = tirx.const(MASKED, "float32")
     full = T.uint32(0xFFFFFFFF)
@@ -543,10 +545,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         row = T.if_then_else(keys.empty(part), B * H * tile.Sk,
                              (tile.b * H + tile.h) * tile.Sk + keys.ids[part] * KB)
         for atom in T.unroll(D // ATOM):
-            T.ptx[TMA_LOAD_2D](smem.ptr_to([RING_OFF + slot * SLOT + atom * (KT * ATOM) + part * KB * ATOM]),
-                                T.address_of(map_k), atom * ATOM, row, ring.full(bars, slot))
-            T.ptx[TMA_LOAD_2D](smem.ptr_to([RING_OFF + slot * SLOT + KT * D + atom * (KT * ATOM) + part * KB * ATOM]),
-                                T.address_of(map_v), atom * ATOM, row, ring.full(bars, slot))
+            k_box = RING_OFF + slot * SLOT + atom * (KT * ATOM) + part * KB * ATOM     # (V's: KT x D further)
+            T.ptx[TMA_LOAD_2D](smem.ptr_to([k_box]), T.address_of(map_k), atom * ATOM, row, ring.full(bars, slot))
+            T.ptx[TMA_LOAD_2D](smem.ptr_to([k_box + KT * D]), T.address_of(map_v), atom * ATOM, row,
+                                ring.full(bars, slot))
 
     @T.macro
     def tma_block(tile, smem, bars, slot, keys, maps, B, H):
@@ -875,6 +877,13 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     blocks.visit[PAIR + h] = blocks.entry(j + 1, h)
 
     @T.macro
+    def first_turn(tid):
+        """(``turns``) warpgroup 0 issues first: warpgroup 1 arrives on its barrier once before the loop"""
+        if turns:
+            if tid >= 128:
+                T.evaluate(named_barrier_arrive(SCHEDULER_BARRIERS, THREADS))
+
+    @T.macro
     def my_turn(tid):
         """(``turns``) wait until the other consumer warpgroup has issued its wgmma of this turn"""
         if turns:
@@ -988,7 +997,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 load_q(Q, tile, smem, tid - THREADS, LOADER_THREADS)
                 T.ptx["cp.async.mbarrier.arrive.noinc.shared.b64"](bars.ptr_to([2 * STAGES]))
                 first_visit(blocks)
-                if tma_kv and not mask_tiles:
+                if not THREAD_COPIES:
                     if tid > THREADS:
                         T.evaluate(exit_thread())       # (one thread loads K and V; no mask tiles to copy)
                 for j in T.serial(blocks.steps):
@@ -1002,7 +1011,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     if mask_tiles:
                         if blocks.keys(j).needs_predicate(tile):
                             load_mask_tile(tile, mask_s, j % STAGES, blocks.keys(j), tid - THREADS, LOADER_THREADS)
-                    if mask_tiles or not tma_kv:
+                    if THREAD_COPIES:
                         ring.arrive_on_copies(bars, j % STAGES)
                 T.evaluate(exit_thread())
             if register_split:
@@ -1013,9 +1022,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                 # overlap): S_j's wgmma, then P_{j-1} V's; the softmax once S_j is in; O_acc's
                 # rescale and P_j's packing once P_{j-1} V retired (it reads both)
                 if count > 0:
-                    if turns:
-                        if tid >= 128:
-                            T.evaluate(named_barrier_arrive(SCHEDULER_BARRIERS, THREADS))   # warpgroup 0 first
+                    first_turn(tid)
                     first_visit(blocks)
                     next_visit(blocks, 0)
                     ring.wait_full(bars, 0, 0)
