@@ -310,22 +310,24 @@ def pit_spec(case):
 
 
 @functools.lru_cache(maxsize=None)
-def _pit_op(layer: str, num_experts: int, dtype: str):
-    """the op of (layer, E, dtype) for ``cuda`` (unbuilt: its builds are :func:`build_pit_ops`')"""
+def _pit_op(layer: str, num_experts: int, dtype: str, tuning_log: str | None = None):
+    """the op of (layer, E, dtype) for ``cuda`` (unbuilt: its builds are :func:`build_pit_ops`'),
+    with the tiles of ``tuning_log`` (``pit-tvm tune --op moe``) where it has them"""
     import pit_tvm  # noqa: PLC0415
 
     case = dict(LAYERS[layer], layer=layer, E=num_experts, dtype=dtype)
-    return pit_tvm.moe_ffn(pit_spec(case), case["d"], case["f"], dtype, target="cuda", router_dtype="float32")
+    return pit_tvm.moe_ffn(pit_spec(case), case["d"], case["f"], dtype, target="cuda", router_dtype="float32",
+                           tuning_log=tuning_log)
 
 
-def pit_op_key(case) -> tuple:
+def pit_op_key(case, tuning_log: str | None = None) -> tuple:
     """(layer, E, dtype, the grouped GEMMs' tiles a call of the case's T runs): decode-size T
     (<= 256) runs the op's decode variant of its planned tiles (MoEFFN.tiles)"""
-    op = _pit_op(case["layer"], case["E"], case["dtype"])
+    op = _pit_op(case["layer"], case["E"], case["dtype"], tuning_log)
     return (case["layer"], case["E"], case["dtype"], op.tiles(case["T"]))
 
 
-def build_pit_ops(all_cases, workers: int = 8) -> dict:
+def build_pit_ops(all_cases, workers: int = 8, tuning_log: str | None = None) -> dict:
     """The op's build for each :func:`pit_op_key` (the symbolic-T layer, or a decode variant),
     built for ``cuda`` concurrently (nvcc runs as a subprocess); failures recorded as the
     exception."""
@@ -333,9 +335,9 @@ def build_pit_ops(all_cases, workers: int = 8) -> dict:
 
     variants = {}
     for case in all_cases:
-        key = pit_op_key(case)
+        key = pit_op_key(case, tuning_log)
         if key not in variants:
-            op = _pit_op(case["layer"], case["E"], case["dtype"])
+            op = _pit_op(case["layer"], case["E"], case["dtype"], tuning_log)
             # (a decode variant is built for a token count of its tiles; the widest tiles: the symbolic layer)
             variants[key] = (op, None if key[3] == op.tiles(None) else case["T"])
 
@@ -524,6 +526,7 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--list", action="store_true", help="print the cases and exit")
+    p.add_argument("--tuning-log", help="the grouped GEMMs' tiles from this `pit-tvm tune --op moe` log directory")
     args = p.parse_args(argv)
     args.dtypes = tuple(args.dtypes.split(",")) if args.dtypes else (
         ("bfloat16", "float16") if args.full else ("bfloat16",))
@@ -539,13 +542,13 @@ def main(argv=None):
         return None
     torch = _torch()
     t0 = time.perf_counter()
-    mains = build_pit_ops(todo)
+    mains = build_pit_ops(todo, tuning_log=cfg.tuning_log)
     print(f"built {len(mains)} PIT ops in {time.perf_counter() - t0:.1f}s", flush=True)
     rates = measure_rates()
     print(f"cuBLAS {rates[0]:.0f} TFLOP/s, copy {rates[1]:.0f} GB/s", flush=True)
     rows = []
     for case in todo:
-        rows.extend(run_case(case, mains[pit_op_key(case)], rates, cfg))
+        rows.extend(run_case(case, mains[pit_op_key(case, cfg.tuning_log)], rates, cfg))
     env = environment(torch.cuda.get_device_name(0))
     env.update(cublas_tflops=rates[0], copy_gbps=rates[1], config=vars(cfg), total_wall_s=time.perf_counter() - t0,
                command="python benchmarks/moe.py " + " ".join(sys.argv[1:] if argv is None else argv))

@@ -48,3 +48,12 @@ def test_results_page_checks_the_targets():
     assert "| switch E64 T4096 | bfloat16 | 0.250 |" in page
     assert ">= 2x grouped_mm: met" in page and "<= 1.5x roofline: met" in page
     assert "skewed within 1.3x of balanced (2.00x): **not met**" in page
+
+
+def test_tuning_log_reaches_the_op(tmp_path):
+    """``--tuning-log``: the op the benchmark builds reads that log (its tiles; the log itself is
+    read at the op's build, tests/ops/test_moe.py)"""
+    cfg = B.parse_args(["--only", "switch", "--tuning-log", str(tmp_path)])
+    assert cfg.tuning_log == str(tmp_path)
+    assert B._pit_op("switch", 8, "bfloat16", cfg.tuning_log).tuning_log == str(tmp_path)
+    assert B._pit_op("switch", 8, "bfloat16").tuning_log is None
