@@ -33,22 +33,23 @@ from pit_tvm.target import build  # noqa: E402
 #: the previous block's P V; the warp-specialized forms with the loader's registers handed to the
 #: consumers (``register_split``, the default) or not (``_168``: 168 registers a thread); two listed
 #: blocks of 64 keys a step (``pair``: without staged mask tiles, ``pair_mt``: with them); ``_tma``: K and
-#: V by TMA (``tma_kv``); ``_noturns``: the consumer warpgroups not taking turns
+#: V by TMA (``tma_kv``, the kernel's default since 2026-11-29; the other warp-specialized forms copy
+#: them by cp.async, as they were measured); ``_noturns``: the consumer warpgroups not taking turns
 FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
              "p_regs": {"p_in_registers": True, "warp_specialized": False},
-             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
-             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True},
+             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False, "tma_kv": False},
+             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": False},
              "ws_overlap_168": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
-                                "register_split": False},
-             "pair": {"pair_blocks": True, "overlap": True, "mask_tiles": False},
-             "pair_mt": {"pair_blocks": True, "overlap": True},
+                                "register_split": False, "tma_kv": False},
+             "pair": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "tma_kv": False},
+             "pair_mt": {"pair_blocks": True, "overlap": True, "tma_kv": False},
              "pair_tma": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "tma_kv": True},
              "pair_mt_tma": {"pair_blocks": True, "overlap": True, "tma_kv": True},
-             "pair_mt_noturns": {"pair_blocks": True, "overlap": True, "turns": False},
+             "pair_mt_noturns": {"pair_blocks": True, "overlap": True, "turns": False, "tma_kv": False},
              "ws_overlap_tma": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": True},
-             "pair_late": {"pair_blocks": True, "overlap": True, "early_predicate": False},
+             "pair_late": {"pair_blocks": True, "overlap": True, "early_predicate": False, "tma_kv": False},
              "ws_overlap_late": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
-                                 "early_predicate": False}}
+                                 "early_predicate": False, "tma_kv": False}}
 #: (key block, form, ring stages)
 FORMS = ([(kb, form, 2) for kb in (64, 128) for form in ("p_smem", "p_regs", "ws")]
          + [(64, "ws", 4), (128, "ws", 3), (64, "ws_overlap", 3), (64, "ws_overlap", 4), (64, "ws_overlap_168", 4),

@@ -45,7 +45,8 @@ def test_defaults_are_the_measured_forms():
                                                                **form).script()
         return default
 
-    bool_pairs = same(64, BOOL, 64, overlap=True, stages=4, pair_blocks=True, mask_tiles=True, turns=True)
+    bool_pairs = same(64, BOOL, 64, overlap=True, stages=4, pair_blocks=True, mask_tiles=True, turns=True,
+                      tma_kv=True)
     assert int(bool_pairs.attrs["pit.attention.key_tile"]) == 128
     assert int(same(128, BOOL, 64, overlap=True, stages=4, pair_blocks=False).attrs["pit.attention.key_tile"]) == 64
     same(64, BOOL, 128, overlap=False, stages=2, pair_blocks=False)
@@ -114,14 +115,15 @@ def test_signature_with_global_split():
 #: registers with a loader warpgroup filling the ring, and that with a block's softmax
 #: overlapping the previous block's P V; "pair": two blocks of 64 a step (also with a boolean
 #: mask at head dim 128, where it is not the default); "single": a block a step (the default
-#: form otherwise); "default": the defaults (test_defaults_are_the_measured_forms)
+#: form otherwise); "cp_async": K and V copied by the loader's threads, not by TMA (as in the split
+#: tiles); "default": the defaults (test_defaults_are_the_measured_forms)
 VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
             "p_regs": {"p_in_registers": True, "warp_specialized": False},
             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "stages": 3},
             "pair": {"pair_blocks": True},
             "single": {"pair_blocks": False},
-            "tma": {"tma_kv": True},
+            "cp_async": {"tma_kv": False},
             "default": {}}
 
 
@@ -140,10 +142,10 @@ VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
     (AttentionPattern(documents=True, causal=True), 128, 64, "float16", "default"),
     (AttentionPattern(mask="additive"), 64, 64, "bfloat16", "default"),
     (AttentionPattern(window=128), 128, 64, "bfloat16", "pair"),
-    (BOOL, 64, 64, "float16", "tma"),
-    (BOOL, 128, 64, "bfloat16", "tma"),
-    (AttentionPattern(documents=True, causal=True), 128, 64, "float16", "tma"),
-    (AttentionPattern(mask="additive"), 64, 128, "float16", "tma"),
+    (BOOL, 64, 64, "float16", "cp_async"),
+    (BOOL, 128, 64, "bfloat16", "cp_async"),
+    (AttentionPattern(documents=True, causal=True), 128, 64, "float16", "cp_async"),
+    (AttentionPattern(mask="additive"), 64, 128, "float16", "cp_async"),
 ])
 def test_cuda_compiles_without_spills(pattern, head_dim, key_block, dtype, variant):
     _compiles_without_spills(pattern, head_dim, key_block, dtype, variant)
@@ -226,7 +228,7 @@ def test_tma_kv_loads_keys_and_values_by_tma(pattern):
         return cuda_sources(build(tvm.IRModule({"main": block_sparse_attention_func(64, pattern, "float16", 64,
                                                                                     **form)}), TARGET))[0]
 
-    src, plain = source(tma_kv=True), source()
+    src, plain = source(), source(tma_kv=False)
     calls = [line for line in src.splitlines() if "cp_async_bulk_tensor" in line and "__device__" not in line]
     assert len(calls) == 4 and "expect_tx" in src
     copies = "cp_async_cg_src_size"
@@ -320,8 +322,8 @@ def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, variant="p_sm
 def _built(pattern, head_dim, key_block, dtype, variant, global_split=False):
     if variant == "pair" and key_block != 64:
         pytest.skip("pair_blocks takes key block 64")
-    if variant == "tma" and global_split:
-        pytest.skip("tma_kv takes no global_split (the gathered key blocks are rows)")
+    if variant == "cp_async" and global_split:
+        pytest.skip("the split loads by cp.async in every form (its gathered key blocks are rows)")
     try:
         f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, global_split=global_split,
                                         **VARIANTS[variant])

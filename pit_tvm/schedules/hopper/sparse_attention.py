@@ -328,7 +328,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                 global_split: bool = False, early_predicate: bool | None = None,
                                 mask_tiles: bool | None = None, prefetch_index: bool | None = None,
                                 register_split: bool | None = None, pair_blocks: bool | None = None,
-                                turns: bool | None = None, tma_kv: bool = False) -> tirx.PrimFunc:
+                                turns: bool | None = None, tma_kv: bool | None = None) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -362,7 +362,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     ``turns`` (with ``overlap``; default: with it, but not with ``global_split``): the two
     consumer warpgroups issue their wgmma in turn (FA3's scheduler barrier), so that one's
     softmax runs while the other's tensor-core work does.
-    ``tma_kv`` (warp-specialized, not with ``global_split``; off by default: not measured yet): the
+    ``tma_kv`` (default: warp-specialized without ``global_split``, the only forms it takes): the
     loader's first thread loads each listed block's K and V by TMA (64 x 64 boxes of a 2-D map
     over ``[B H Sk, D]``, 128-byte swizzle) instead of 128 threads' cp.async; keys past Sk read the
     next head's rows or TMA's zeros, masked like any key past Sk; the empty block's boxes lie past
@@ -416,6 +416,10 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     turns = bool(turns)
     if turns and not overlap:
         raise ValueError("turns needs overlap (the consumer loop whose wgmma issue points it orders)")
+    if tma_kv is None:
+        # (measured faster at both head dims, with and without mask tiles: design notes, "K and V by TMA")
+        tma_kv = bool(warp_specialized) and not global_split
+    tma_kv = bool(tma_kv)
     if tma_kv and (global_split or not warp_specialized):
         raise ValueError("tma_kv takes the warp-specialized loader and no global_split (whose gathered key "
                          "blocks are rows, not a box)")
