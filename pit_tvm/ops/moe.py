@@ -559,10 +559,11 @@ class MoEFFN:
     Each combination of the optional biases is compiled on first use.  The capacity (if any)
     counts per sequence: ``x``'s second-to-last axis (a 2-D ``x`` is one sequence).
 
-    On sm_90a a call of at most :data:`DECODE_TOKENS` tokens runs a decode-size variant of the
-    layer: the same module (symbolic T) with the grouped GEMMs' tiles chosen for its token
-    count (:func:`grouped_tile_config`), picked on the host from ``x``'s shape (no device
-    read); variants that come out with the same tiles share one build.  ``tuning_log``: a
+    On sm_90a a call runs the variant of the layer whose grouped GEMMs' tiles are the ones
+    planned (or tuned) for its token count (:func:`grouped_tile_config`): the same module
+    (symbolic T) with those tiles, picked on the host from ``x``'s shape (no device read);
+    token counts that come out with the same tiles share one build (the widest tiles: the
+    symbolic-T layer's).  ``tuning_log``: a
     ``pit-tvm tune --op moe`` database whose tuned tiles win (docs/guide/tuning.md)."""
 
     def __init__(self, spec: MoESpec, d, f, dtype="float32", target="llvm", router_dtype=None, tuning_log=None):
@@ -588,10 +589,9 @@ class MoEFFN:
 
     def tiles(self, tokens=None) -> tuple:
         """The grouped GEMMs' tiles ``(fc1, fc2)`` a call of ``tokens`` tokens runs (None: the
-        symbolic-T layer, for more than :data:`DECODE_TOKENS`; a gated FFN's fc1: the glu
-        kernel's where :func:`glu_tiles` takes it); ``(None, None)`` off sm_90a."""
-        if tokens is not None and int(tokens) > DECODE_TOKENS:
-            tokens = None
+        symbolic-T layer's, the widest; a gated FFN's fc1: the glu kernel's where
+        :func:`glu_tiles` takes it); ``(None, None)`` off sm_90a."""
+        tokens = None if tokens is None else int(tokens)
         if tokens not in self._tiles_of:
             E, k = self.spec.num_experts, self.spec.top_k
             fc1, fc2 = (grouped_tile_config(mode, kk, n, E, k, self.dtype, self.target, tokens, self.tuning_log)
@@ -637,15 +637,14 @@ class MoEFFN:
         return relax.VirtualMachine(self.executable(optional, tokens), self.device)["main"]
 
     def _main(self, optional: tuple, tokens: int):
-        """the VM function for a call of ``tokens`` tokens: the decode-size variant whose tiles
-        they take, or the symbolic-T layer's"""
+        """the VM function for a call of ``tokens`` tokens: the variant of the tiles they take
+        (the symbolic-T layer's where those are the widest)"""
         tiles = self.tiles(tokens)
         key = (optional, tiles)
         main = self._mains.get(key)
         if main is None:
-            # (a variant is the tiles: decode token counts that plan the same tiles share it)
-            decode = tokens <= DECODE_TOKENS and tiles != self.tiles(None)
-            main = self._mains[key] = self._build(optional, tokens if decode else None)
+            # (a variant is the tiles: token counts that plan the same tiles share it)
+            main = self._mains[key] = self._build(optional, None if tiles == self.tiles(None) else tokens)
         return main
 
     def _tensor(self, value, name, dtype):
