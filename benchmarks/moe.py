@@ -321,14 +321,14 @@ def _pit_op(layer: str, num_experts: int, dtype: str, tuning_log: str | None = N
 
 
 def pit_op_key(case, tuning_log: str | None = None) -> tuple:
-    """(layer, E, dtype, the grouped GEMMs' tiles a call of the case's T runs): decode-size T
-    (<= 256) runs the op's decode variant of its planned tiles (MoEFFN.tiles)"""
+    """(layer, E, dtype, the grouped GEMMs' tiles a call of the case's T runs): T runs the op's
+    variant of its planned or tuned tiles (MoEFFN.tiles)"""
     op = _pit_op(case["layer"], case["E"], case["dtype"], tuning_log)
     return (case["layer"], case["E"], case["dtype"], op.tiles(case["T"]))
 
 
 def build_pit_ops(all_cases, workers: int = 8, tuning_log: str | None = None) -> dict:
-    """The op's build for each :func:`pit_op_key` (the symbolic-T layer, or a decode variant),
+    """The op's build for each :func:`pit_op_key` (the symbolic-T layer, or a variant of other tiles),
     built for ``cuda`` concurrently (nvcc runs as a subprocess); failures recorded as the
     exception."""
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
@@ -338,7 +338,7 @@ def build_pit_ops(all_cases, workers: int = 8, tuning_log: str | None = None) ->
         key = pit_op_key(case, tuning_log)
         if key not in variants:
             op = _pit_op(case["layer"], case["E"], case["dtype"], tuning_log)
-            # (a decode variant is built for a token count of its tiles; the widest tiles: the symbolic layer)
+            # (a variant is built for a token count of its tiles; the widest tiles: the symbolic layer)
             variants[key] = (op, None if key[3] == op.tiles(None) else case["T"])
 
     def build(item):
