@@ -55,7 +55,7 @@ FORMS = ([(kb, form, 2) for kb in (64, 128) for form in ("p_smem", "p_regs", "ws
          + [(64, "ws", 4), (128, "ws", 3), (64, "ws_overlap", 3), (64, "ws_overlap", 4), (64, "ws_overlap_168", 4),
             (128, "ws_overlap", 2), (128, "ws_overlap", 3), (64, "pair", 3), (64, "pair", 4), (64, "pair_mt", 4),
             (64, "pair_late", 3), (64, "pair_late", 4), (128, "ws_overlap_late", 3), (64, "pair_tma", 4),
-            (64, "pair_mt_tma", 4), (64, "pair_mt_noturns", 4), (64, "ws_overlap_tma", 4)])
+            (64, "pair_tma", 3), (64, "pair_mt_tma", 4), (64, "pair_mt_noturns", 4), (64, "ws_overlap_tma", 4)])
 
 
 def block_index(rng, batch, seq, key_block, density):
