@@ -314,6 +314,17 @@ def _arch_of(target) -> str:
 DECODE_TOKENS = 256
 
 
+def tile_tokens(tokens):
+    """The token count :class:`MoEFFN` plans a call's tiles for (and looks up in a tuning log):
+    the call's own at decode size, above :data:`DECODE_TOKENS` the power of two nearest it in log
+    scale (at least ``2 * DECODE_TOKENS``, which keeps the regime), so that calls of many token
+    counts plan, read the log and build for a handful of them; None stays None (many tokens)."""
+    if tokens is None:
+        return None
+    t = int(tokens)
+    return t if t <= DECODE_TOKENS else max(1 << round(math.log2(t)), 2 * DECODE_TOKENS)
+
+
 def _wgmma_target(target) -> bool:
     """whether builds for ``target`` run the Hopper grouped kernel (sm_90a), whose tiles are knobs"""
     return is_gpu(target) and _arch_of(target) == "sm_90a"
@@ -585,13 +596,13 @@ class MoEFFN:
             raise TypeError(f"tuning_log must be a path (str or os.PathLike) or None, got {type(tuning_log).__name__}")
         self.tuning_log = tuning_log
         self._mains = {}        # (which optional tensors are given, tiles) -> the VM function
-        self._tiles_of = {}     # tokens (None: many) -> (tiles key, tokens the variant is built for)
+        self._tiles_of = {}     # tile_tokens(T) (None: many) -> the grouped GEMMs' tiles
 
     def tiles(self, tokens=None) -> tuple:
         """The grouped GEMMs' tiles ``(fc1, fc2)`` a call of ``tokens`` tokens runs (None: the
         symbolic-T layer's, the widest; a gated FFN's fc1: the glu kernel's where
-        :func:`glu_tiles` takes it); ``(None, None)`` off sm_90a."""
-        tokens = None if tokens is None else int(tokens)
+        :func:`glu_tiles` takes it), planned for :func:`tile_tokens`; ``(None, None)`` off sm_90a."""
+        tokens = tile_tokens(tokens)
         if tokens not in self._tiles_of:
             E, k = self.spec.num_experts, self.spec.top_k
             fc1, fc2 = (grouped_tile_config(mode, kk, n, E, k, self.dtype, self.target, tokens, self.tuning_log)
@@ -644,7 +655,8 @@ class MoEFFN:
         main = self._mains.get(key)
         if main is None:
             # (a variant is the tiles: token counts that plan the same tiles share it)
-            main = self._mains[key] = self._build(optional, None if tiles == self.tiles(None) else tokens)
+            planned_for = None if tiles == self.tiles(None) else tile_tokens(tokens)
+            main = self._mains[key] = self._build(optional, planned_for)
         return main
 
     def _tensor(self, value, name, dtype):

@@ -550,7 +550,7 @@ def test_moe_ffn_variants_are_chosen_by_the_token_count(monkeypatch):
     counts with equal tiles share one build; the widest tiles are the symbolic-T layer's): several
     at decode size, and at 4096 tokens fc2's 192-wide tiles (E 64, N 768: 256 CTAs in two waves,
     not 192 in one and a half); off sm_90a there is one build"""
-    from pit_tvm.ops.moe import DECODE_TOKENS, grouped_tile_config
+    from pit_tvm.ops.moe import DECODE_TOKENS, grouped_tile_config, tile_tokens
 
     spec, d, f = MoESpec(64, 1), 768, 256           # (E=64: the tiles change within the decode range)
     op = moe_ffn(spec, d, f, "float16", target="cuda")
@@ -566,13 +566,19 @@ def test_moe_ffn_variants_are_chosen_by_the_token_count(monkeypatch):
     widest = op.tiles(None)
     assert widest == planned(None) and widest[0].block_n == widest[1].block_n == 256
     for t, main in zip(counts, mains):
-        assert op.tiles(t) == planned(t)
+        assert op.tiles(t) == planned(tile_tokens(t))
         if op.tiles(t) == widest:
             assert main is None                             # the symbolic-T layer
         else:                                               # a variant built for tokens of its tiles
             assert main is not None and op.tiles(main) == op.tiles(t)
     assert len({op.tiles(t) for t in counts if t <= DECODE_TOKENS}) >= 3      # several decode variants
     assert op.tiles(4096)[1].block_n == 192 and op.tiles(4096) != widest
+    # (above decode size a call's tiles are planned for the power of two nearest its count: a run of
+    # calls over many counts plans, and reads a tuning log, for a handful of them)
+    assert tile_tokens(3000) == 4096 and tile_tokens(257) == 2 * DECODE_TOKENS and tile_tokens(200) == 200
+    for t in range(DECODE_TOKENS + 1, 20000, 97):
+        op.tiles(t)
+    assert len([t for t in op._tiles_of if t is not None and t > DECODE_TOKENS]) <= 6
     assert sorted(map(str, built)) == sorted(map(str, set(mains)))
     assert len(built) == len({op.tiles(t) for t in counts})
     cpu = moe_ffn(spec, d, f, "float32", target="llvm")
