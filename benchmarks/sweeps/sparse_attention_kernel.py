@@ -23,6 +23,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, "benchmarks")
 from common import kernel_split_us  # noqa: E402
+from pit_tvm.index.attention import reference_mask_bits  # noqa: E402
 from pit_tvm.ops.sparse_attention import QUERY_BLOCK, AttentionPattern  # noqa: E402
 from pit_tvm.schedules.hopper.sparse_attention import block_sparse_attention_func  # noqa: E402
 from pit_tvm.target import build  # noqa: E402
@@ -34,7 +35,8 @@ from pit_tvm.target import build  # noqa: E402
 #: consumers (``register_split``, the default) or not (``_168``: 168 registers a thread); two listed
 #: blocks of 64 keys a step (``pair``: without staged mask tiles, ``pair_mt``: with them); ``_tma``: K and
 #: V by TMA (``tma_kv``, the kernel's default since 2026-11-29; the other warp-specialized forms copy
-#: them by cp.async, as they were measured); ``_noturns``: the consumer warpgroups not taking turns
+#: them by cp.async, as they were measured); ``_noturns``: the consumer warpgroups not taking turns;
+#: ``_bits``: the predicate from the index's packed mask (``mask_bits``, the default at head dim 128)
 FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
              "p_regs": {"p_in_registers": True, "warp_specialized": False},
              "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False, "tma_kv": False},
@@ -47,6 +49,10 @@ FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
              "pair_mt_tma": {"pair_blocks": True, "overlap": True, "tma_kv": True},
              "pair_mt_noturns": {"pair_blocks": True, "overlap": True, "turns": False, "tma_kv": False},
              "ws_overlap_tma": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": True},
+             "pair_bits": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "mask_bits": True,
+                           "tma_kv": True},
+             "ws_overlap_bits": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
+                                 "mask_tiles": False, "mask_bits": True, "tma_kv": True},
              "pair_late": {"pair_blocks": True, "overlap": True, "early_predicate": False, "tma_kv": False},
              "ws_overlap_late": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
                                  "early_predicate": False, "tma_kv": False}}
@@ -55,7 +61,8 @@ FORMS = ([(kb, form, 2) for kb in (64, 128) for form in ("p_smem", "p_regs", "ws
          + [(64, "ws", 4), (128, "ws", 3), (64, "ws_overlap", 3), (64, "ws_overlap", 4), (64, "ws_overlap_168", 4),
             (128, "ws_overlap", 2), (128, "ws_overlap", 3), (64, "pair", 3), (64, "pair", 4), (64, "pair_mt", 4),
             (64, "pair_late", 3), (64, "pair_late", 4), (128, "ws_overlap_late", 3), (64, "pair_tma", 4),
-            (64, "pair_tma", 3), (64, "pair_mt_tma", 4), (64, "pair_mt_noturns", 4), (64, "ws_overlap_tma", 4)])
+            (64, "pair_tma", 3), (64, "pair_mt_tma", 4), (64, "pair_mt_noturns", 4), (64, "ws_overlap_tma", 4),
+            (64, "pair_bits", 3), (64, "pair_bits", 4), (64, "ws_overlap_bits", 4)])
 
 
 def block_index(rng, batch, seq, key_block, density):
@@ -81,6 +88,18 @@ def uniform_index(rng, batch, seq, key_block, listed, partial):
     return np.full((batch, 1, qbn), listed, np.int32), ids, marks.astype(np.int32)
 
 
+def packed_mask(batch, seq):
+    """the index's packed mask (``mask_bits``) of an all-true boolean mask, on the GPU"""
+    col = reference_mask_bits(np.ones((1, 1, 1, seq), bool))      # [1, 1, words, 1]
+    return torch.from_numpy(np.ascontiguousarray(np.broadcast_to(col, (batch, 1, col.shape[2], seq)))).cuda()
+
+
+def kernel_args(func, q, k, v, index, mask, o):
+    """the kernel's arguments: the mask's packed words too where ``func`` reads them"""
+    bits = [packed_mask(q.shape[0], q.shape[2])] if bool(func.attrs["pit.attention.mask_bits"]) else []
+    return [tvm.runtime.from_dlpack(x) for x in [q, k, v] + index + [mask] + bits + [o]]
+
+
 def parse_form(spec):
     """``"64/ws_overlap/4"`` -> ``(64, "ws_overlap", 4)``: key block, form (``FORM_ARGS``), ring stages"""
     kb, form, stages = spec.split("/")
@@ -93,7 +112,6 @@ def uniform_sweep(seq, heads, partial, form=None):
     B, S = 1, seq
     kb, form_args = (64, {}) if form is None else (form[0], dict(FORM_ARGS[form[1]], stages=form[2]))
     rng = np.random.default_rng(0)
-    T = tvm.runtime.from_dlpack
     for d in (64, 128):
         q, k, v = (torch.randn(B, heads, S, d, device="cuda", dtype=torch.float16) for _ in range(3))
         o = torch.empty_like(q)
@@ -110,7 +128,7 @@ def uniform_sweep(seq, heads, partial, form=None):
         n = 1
         while n <= S // kb:
             index = [torch.from_numpy(x).cuda() for x in uniform_index(rng, B, S, kb, n, partial)]
-            call_args = [T(x) for x in [q, k, v] + index + [mask, o]]
+            call_args = kernel_args(func, q, k, v, index, mask, o)
             dev_us = sum(t for name, t in kernel_split_us(lambda: f(*call_args)).items() if "sparse_attention" in name)
             points.append((n, dev_us))
             print(f"  d {d} S {S} H {heads} kb {kb} partial {partial:.2f}: {n:4d} blocks per query block: {dev_us:8.1f} us "
@@ -137,7 +155,6 @@ def main():
         return
     B, H, S = 1, args.heads, args.seq
     rng = np.random.default_rng(0)
-    T = tvm.runtime.from_dlpack
     pattern = AttentionPattern(mask="bool")
     for d in (64, 128):
         q, k, v = (torch.randn(B, H, S, d, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -159,7 +176,7 @@ def main():
             for density in (0.05, 0.10, 0.25, 0.50, 1.0):
                 counts, ids, partial, real = block_index(rng, B, S, kb, density)
                 index = [torch.from_numpy(x).cuda() for x in (counts, ids, partial)]
-                call_args = [T(x) for x in [q, k, v] + index + [mask, o]]
+                call_args = kernel_args(func, q, k, v, index, mask, o)
                 us = do_bench(lambda: f(*call_args), warmup=10, rep=100) * 1e3
                 # the kernel's device time (torch.profiler): below ``us`` where the calls' host
                 # time bounds the loop (few listed blocks)

@@ -48,9 +48,12 @@ from pit_tvm.target import is_gpu, make_target
 
 from ._kernels import LOG_NT, NT, make_block_scan, make_run_sums, schedule_cpu, schedule_cuda
 
-__all__ = ["attention_block_index_func", "reference_attention_block_index", "MASK_DTYPES"]
+__all__ = ["attention_block_index_func", "reference_attention_block_index", "reference_mask_bits", "MASK_DTYPES",
+           "MASK_BITS_KEYS"]
 
 MASK_DTYPES = {"bool": ("bool",), "additive": ("float16", "bfloat16", "float32")}
+#: keys a word of the packed boolean mask (``mask_bits``)
+MASK_BITS_KEYS = 64
 # classify's per-thread flags: some pair allowed, some pair needs the element predicate
 _SOME_ALLOWED, _SOME_NEED_PREDICATE = 1, 2
 
@@ -70,7 +73,7 @@ def check_kernel_args(pattern, key_block, dtype, mask_dtype):
 
 
 def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask_dtype: str | None = None,
-                               global_split: bool = False) -> tirx.PrimFunc:
+                               global_split: bool = False, mask_bits: bool = False) -> tirx.PrimFunc:
     """PrimFunc ``(q[B, H, Sq, d], k[B, H, Sk, d], <mask, global_flags, doc_ids as the pattern
     has them>, block_counts, block_ids, block_partial[, global_rows, global_count])`` building the
     block index (q and k give the sizes only; they are not read).  B, H, Sq, Sk, d and the mask's
@@ -84,11 +87,20 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
     (128 of the sequence's global rows, in order) the key blocks it attends to (every one without
     documents; with them those whose document ids meet the tile's, full where all are one id).
     Two more outputs list each sequence's global tokens: ``global_rows`` int32 ``[B, S]``
-    (ascending, tail ``-1``) and ``global_count`` int32 ``[B]``."""
+    (ascending, tail ``-1``) and ``global_count`` int32 ``[B]``.
+
+    ``mask_bits`` (a boolean mask, key block 64): one more output, the mask packed 64 keys a word,
+    ``mask_bits`` uint64 ``[B, HG, KB, Sq]``: bit ``j`` of row ``q``'s word of key block ``kb`` is entry
+    ``(q, 64 kb + j)`` (0 past Sk), written while the mask is read for the classes (the Hopper kernel's
+    predicate reads a partial block's 128 rows as 1 KB of bits, not 8 KB of bytes).  Key block
+    major, so that a block's CTA writes its rows' words as one contiguous run (whole sectors)."""
     from pit_tvm.ops.sparse_attention import (QUERY_BLOCK, pattern_params_dropped, pattern_predicate,
                                               pattern_signature_buffers, sequence_lengths, splits_global_rows)
 
     check_kernel_args(pattern, key_block, dtype, mask_dtype)
+    if mask_bits and (pattern.mask != "bool" or key_block != MASK_BITS_KEYS):
+        raise ValueError(f"mask_bits packs a boolean mask for key block {MASK_BITS_KEYS}, got {pattern.tag}, "
+                         f"key block {key_block}")
     if global_split and not splits_global_rows(pattern):
         raise ValueError(f"global_split takes a window + global tokens pattern without a mask or causal, "
                          f"got {pattern.tag}")
@@ -141,6 +153,28 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         return (T.Select(word != tirx.const(0, "uint32"), T.int32(_SOME_ALLOWED), T.int32(0))
                 | T.Select(has_zero != tirx.const(0, "uint32"), T.int32(_SOME_NEED_PREDICATE), T.int32(0)))
 
+    def word_bits(words, i):
+        """(``mask_bits``) the 16 entries of words ``words[i, 0..3]`` (4 boolean bytes each, 0 or 1) as
+        bits: a word times 0x00204081 holds its byte e at bit 21 + e (byte e's copies land at
+        8 e + 7 c: no two terms share a bit, so nothing carries), four ops a word"""
+        bits = T.uint32(0)
+        for j in range(4):
+            bits = bits | T.shift_left(T.bitwise_and(T.shift_right(words[i, j] * T.uint32(0x00204081), T.uint32(21)),
+                                                     T.uint32(0xF)), T.uint32(4 * j))
+        return T.Cast("uint16", bits)
+
+    def entry_bits(entry_allowed):
+        """(``mask_bits``) 16 entries as bits, ``entry_allowed(j)`` the j-th (bool)"""
+        bits = T.uint16(0)
+        for j in range(VEC):
+            bits = bits | T.shift_left(T.Cast("uint16", entry_allowed(j)), T.uint16(j))
+        return bits
+
+    def bits_at(batch, group, row, col, HG, Sq, KB, rows_on):
+        """(``mask_bits``) the 16-bit word of the thread's keys ``col[0] ..`` in row ``row[0] + rows_on``"""
+        return ((((batch[0] * HG + group[0]) * KB + col[0] // KBL) * Sq + row[0] + rows_on) * 4
+                + col[0] % KBL // 16)
+
     def block_class(flags):
         """int8 class of a block from the OR of its threads' flags"""
         return T.Select(T.bitwise_and(flags, _SOME_ALLOWED) == 0, T.int8(0),
@@ -150,8 +184,11 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         return T.Cast(block_id_dtype, x)
 
     @T.macro
-    def classify_pairs(bufs, FL, EX, B, HG, Sq, Sk, QB, KB):
-        """(``EX``, the extremes' scratch, unused: the signature of ``classify_extremes``)"""
+    def classify_pairs(bufs, FL, EX, BITS, B, HG, Sq, Sk, QB, KB):
+        """(``EX``, the extremes' scratch, unused: the signature of ``classify_extremes``; ``BITS``:
+        ``mask_bits``' output, written as 16-bit words, one a thread's 16 keys of a row)"""
+        if mask_bits:
+            bits16 = T.decl_buffer((B * HG * Sq * KB * 4,), "uint16", data=BITS.data)
         if pattern.mask is not None:
             mask_entries = T.decl_buffer((B * HG * Sq * Sk,), mask_load_dtype, data=bufs[0].data)
             # whole 16-byte vectors (read where Sk % VEC == 0), indexed by vector: the flat index is
@@ -199,6 +236,9 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                                         if row[0] + (g * LOADS_AHEAD + i) * ROWS_PER_PASS < Sq:
                                             for j in T.unroll(4):
                                                 flags[0] = flags[0] | word_flags(words[i, j])
+                                            if mask_bits:
+                                                bits16[bits_at(batch, group, row, col, HG, Sq, KB,
+                                                               (g * LOADS_AHEAD + i) * ROWS_PER_PASS)] = word_bits(words, i)
                             else:
                                 entries = T.alloc_buffer((LOADS_AHEAD, VEC), mask_load_dtype, scope="local")
                                 for g in T.serial(PASSES // LOADS_AHEAD):
@@ -213,6 +253,14 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                                                 flags[0] = flags[0] | pair_flags(
                                                     bufs, entries[i, j], batch[0], group[0],
                                                     row[0] + (g * LOADS_AHEAD + i) * ROWS_PER_PASS, col[0] + j)
+                                            if mask_bits:
+                                                bits16[bits_at(batch, group, row, col, HG, Sq, KB,
+                                                               (g * LOADS_AHEAD + i) * ROWS_PER_PASS)] = entry_bits(
+                                                    lambda j: entries[i, j] != T.int8(0))
+                        elif mask_bits:     # (the chunk past Sk: its bits are 0)
+                            for i in pass_loop(PASSES):
+                                if row[0] + i * ROWS_PER_PASS < Sq:
+                                    bits16[bits_at(batch, group, row, col, HG, Sq, KB, i * ROWS_PER_PASS)] = T.uint16(0)
                     else:
                         first[0] = ((batch[0] * HG + group[0]) * Sq + row[0]) * Sk + col[0]
                         for i in pass_loop(PASSES):
@@ -221,6 +269,11 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                                     flags[0] = flags[0] | pair_flags(
                                         bufs, mask_entries[first[0] + i * ROWS_PER_PASS * Sk + j], batch[0],
                                         group[0], row[0] + i * ROWS_PER_PASS, col[0] + j)
+                            if mask_bits:
+                                if row[0] + i * ROWS_PER_PASS < Sq:
+                                    bits16[bits_at(batch, group, row, col, HG, Sq, KB, i * ROWS_PER_PASS)] = entry_bits(
+                                        lambda j: T.And(col[0] + j < Sk, mask_entries[
+                                            first[0] + i * ROWS_PER_PASS * Sk + T.min(j, Sk - 1 - col[0])] != T.int8(0)))
                 else:
                     for i in pass_loop(PASSES):
                         if row[0] + i * ROWS_PER_PASS < Sq and col[0] < Sk:
@@ -322,7 +375,7 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
                     EX[blk * N_EXTREMES + 5] = e5[0]
 
     @T.macro
-    def classify_extremes(bufs, FL, EX, B, HG, Sq, Sk, QB, KB):
+    def classify_extremes(bufs, FL, EX, BITS, B, HG, Sq, Sk, QB, KB):
         position_extremes(bufs, EX, B, Sq, Sk, QB, KB)
         # one thread a (b, query block, key block): its class from the two blocks' extremes
         for c in BX((B * QB * KB + (NT - 1)) // NT):
@@ -495,7 +548,7 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
 
     @T.prim_func(s_tir=True)
     def index(q: T.handle, k: T.handle, m: T.handle, x: T.handle, y: T.handle, c: T.handle, i: T.handle,
-              p: T.handle, gr: T.handle, gc: T.handle):
+              p: T.handle, mb: T.handle, gr: T.handle, gc: T.handle):
         T.func_attr({"tirx.noalias": True})
         B, H, Sq, Sk, S, D, HG = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
         Lq, Lk = T.meta_var(sequence_lengths(pattern, Sq, Sk, S))
@@ -508,20 +561,22 @@ def attention_block_index_func(pattern, key_block: int, dtype: str, target, mask
         CNT = T.match_buffer(c, (B, G, qb_of(Lq)), "int32")
         IDS = T.match_buffer(i, (B, G, qb_of(Lq), kb_of(Lk)), "int32")
         PART = T.match_buffer(p, (B, G, qb_of(Lq), kb_of(Lk)), "int32")
+        BITS = T.match_buffer(mb, (B, G, kb_of(Lk), Lq), "uint64")
         GROWS = T.match_buffer(gr, (B, Lq), "int32")
         GCNT = T.match_buffer(gc, (B,), "int32")
         FL = T.sblock_alloc_buffer((T.max(B * G * qb_of(Lq) * kb_of(Lk), 1),), "int8")
         EX = T.sblock_alloc_buffer((extremes_size(B, qb_of(Lq), kb_of(Lk)),), "int32")
-        classify(pattern_signature_buffers(pattern, M, X, Y), FL, EX, B, G, Lq, Lk, qb_of(Lq), kb_of(Lk))
+        classify(pattern_signature_buffers(pattern, M, X, Y), FL, EX, BITS, B, G, Lq, Lk, qb_of(Lq), kb_of(Lk))
         if global_split:
             list_global_rows(X, GROWS, GCNT, B, Lq)
             classify_global_tiles(Y, GROWS, GCNT, FL, EX, B, Lq, qb_of(Lq), kb_of(Lk))
         compact(FL, CNT, IDS, PART, B, G, qb_of(Lq), kb_of(Lk))
 
-    dropped = pattern_params_dropped(pattern) + (() if global_split else ("gr", "gc"))
-    func = without_params(index, ("q", "k", "m", "x", "y", "c", "i", "p", "gr", "gc"), dropped)
+    dropped = (pattern_params_dropped(pattern) + (() if global_split else ("gr", "gc"))
+               + (() if mask_bits else ("mb",)))
+    func = without_params(index, ("q", "k", "m", "x", "y", "c", "i", "p", "mb", "gr", "gc"), dropped)
     name = (f"pit_attention_index_{pattern.tag}_kb{key_block}_{dtype}" + (f"_{mdt}" if pattern.mask else "")
-            + ("_gsplit" if global_split else ""))
+            + ("_gsplit" if global_split else "") + ("_bits" if mask_bits else ""))
     func = func.with_attr("global_symbol", name).with_attr("pit.index.num_inputs", 2 + len(pattern.inputs))
     if is_gpu(target):
         func = func.with_attr("tirx.is_scheduled", True)
@@ -602,11 +657,23 @@ def _global_tile_classes(g, doc_ids, Sk, QB, KB, key_block):
     return listed, partial
 
 
+def reference_mask_bits(mask) -> np.ndarray:
+    """numpy reference of the index's ``mask_bits``: a boolean mask ``[B, HG, Sq, Sk]`` packed
+    :data:`MASK_BITS_KEYS` keys a little-endian uint64 word, ``[B, HG, ceil(Sk / 64), Sq]``, 0 past Sk"""
+    mask = np.asarray(mask, bool)
+    sk = mask.shape[-1]
+    words = -(-sk // MASK_BITS_KEYS)
+    padded = np.zeros(mask.shape[:-1] + (words * MASK_BITS_KEYS,), bool)
+    padded[..., :sk] = mask
+    packed = np.packbits(padded, axis=-1, bitorder="little").view("<u8").reshape(mask.shape[:-1] + (words,))
+    return np.ascontiguousarray(np.swapaxes(packed, -1, -2))
+
+
 def reference_attention_block_index(pattern, q_shape, k_shape, key_block: int, *, mask=None, global_flags=None,
-                                    doc_ids=None, global_split=False):
+                                    doc_ids=None, global_split=False, mask_bits=False):
     """numpy reference of :func:`attention_block_index_func`: ``(counts, ids, partial)``, and with
     ``global_split`` (head group 0 the window tiles, 1 the global tiles) also ``(global_rows,
-    global_count)``."""
+    global_count)``, with ``mask_bits`` also the packed mask (:func:`reference_mask_bits`)."""
     from pit_tvm.ops.sparse_attention import QUERY_BLOCK, reference_allowed
 
     B, H, Sq, _ = q_shape
@@ -647,6 +714,8 @@ def reference_attention_block_index(pattern, q_shape, k_shape, key_block: int, *
         listed = np.nonzero(a[idx])[0]
         ids[idx][: len(listed)] = listed
         partial[idx][: len(listed)] = n[idx][listed]
+    if mask_bits:
+        return counts, ids, partial, reference_mask_bits(mask)
     if not global_split:
         return counts, ids, partial
     rows = np.full((B, Sq), -1, np.int32)

@@ -513,7 +513,7 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
     applies, else :func:`sparse_attention_func`.  Bad operands are a ValueError naming them."""
     from tvm import relax
 
-    from pit_tvm.index.attention import attention_block_index_func
+    from pit_tvm.index.attention import MASK_BITS_KEYS, attention_block_index_func
     from pit_tvm.ops.matmul import add_once
     from pit_tvm.target import is_gpu, make_target
 
@@ -533,8 +533,12 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
     # (the Hopper kernel says whether it takes the global tokens apart: the index must match)
     global_split = bool(func.attrs.get("pit.attention.global_split", False))
     name += "_gsplit" if global_split else ""
+    # (the Hopper kernel says whether it reads the mask packed by the index: the index must write it)
+    mask_bits = bool(func.attrs.get("pit.attention.mask_bits", False))
+    name += "_bits" if mask_bits else ""
     kernel_gv = add_once(bb, name, lambda: func)
-    index_func = attention_block_index_func(pattern, kb, dtype, target, mask_dtype=mask_dtype, global_split=global_split)
+    index_func = attention_block_index_func(pattern, kb, dtype, target, mask_dtype=mask_dtype, global_split=global_split,
+                                            mask_bits=mask_bits)
     index_gv = add_once(bb, str(index_func.attrs["global_symbol"]), lambda: index_func)
 
     B, H, Sq, _ = q.ty.shape
@@ -548,6 +552,8 @@ def emit_sparse_attention(bb, q, k, v, pattern: AttentionPattern, *, mask=None, 
                relax.TensorType([B, HG, QB, KB], "int32")]
     if global_split:    # the global rows and their count
         outputs += [relax.TensorType([B, Sq], "int32"), relax.TensorType([B], "int32")]
+    if mask_bits:       # the packed mask
+        outputs += [relax.TensorType([B, HG, tirx.floordiv(Sk + (MASK_BITS_KEYS - 1), MASK_BITS_KEYS), Sq], "uint64")]
     index = bb.emit(relax.call_tir(index_gv, [q, k, *extra], outputs))
     index_parts = [bb.emit(relax.TupleGetItem(index, i)) for i in range(len(outputs))]
     return bb.emit(relax.call_tir(kernel_gv, [q, k, v, *index_parts[:3], *extra, *index_parts[3:]],
@@ -627,6 +633,7 @@ class SparseAttention:
         self.index_name = next(gv.name_hint for gv in mod.get_global_vars()
                                if gv.name_hint.startswith("pit_attention_index_"))
         self.global_split = bool(kernel.attrs.get("pit.attention.global_split", False))
+        self.mask_bits = bool(kernel.attrs.get("pit.attention.mask_bits", False))
         self.executable = build(mod, self.target)
         self._main = None
 
@@ -689,7 +696,8 @@ class SparseAttention:
     def index(self, q, k, mask=None, global_flags=None, doc_ids=None):
         """``(block_counts, block_ids, block_partial)`` of this call's pattern, on the device, and
         where the kernel takes the global tokens apart (``global_split``) ``global_rows,
-        global_count`` (:func:`pit_tvm.index.attention.attention_block_index_func`)."""
+        global_count``, where it reads the packed mask ``mask_bits``
+        (:func:`pit_tvm.index.attention.attention_block_index_func`)."""
         qt, kt, _, extra = self._inputs(q, k, None, mask, global_flags, doc_ids)
         import tvm
 
@@ -702,6 +710,10 @@ class SparseAttention:
                 tvm.runtime.empty((B, HG, QB, KB), "int32", self.device))
         if self.global_split:
             outs += (tvm.runtime.empty((B, Sq), "int32", self.device), tvm.runtime.empty((B,), "int32", self.device))
+        if self.mask_bits:
+            from pit_tvm.index.attention import MASK_BITS_KEYS
+
+            outs += (tvm.runtime.empty((B, HG, -(-Sk // MASK_BITS_KEYS), Sq), "uint64", self.device),)
         self.executable[self.index_name](qt, kt, *extra, *outs)
         return outs
 

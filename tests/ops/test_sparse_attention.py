@@ -411,6 +411,53 @@ def test_mask_index_is_exact_for_every_mask_dtype_and_row_length(case, B, HG, Sq
         np.testing.assert_array_equal(g, w, err_msg=name)
 
 
+_BITS_INDEXES = {}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["mask", "mask-causal"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(B=st.integers(1, 2), HG=st.sampled_from([1, 3]), Sq=st.sampled_from([1, 100, 128, 257]),
+       Sk=st.sampled_from([4, 16, 60, 64, 136, 192, 200, 257]), density=st.sampled_from([0.01, 0.5, 0.99]),
+       seed=st.integers(0, 2**16))
+@example(B=1, HG=3, Sq=257, Sk=192, density=0.5, seed=1)      # 4-byte words (no causal)
+@example(B=2, HG=1, Sq=100, Sk=257, density=0.5, seed=2)      # entry by entry
+def test_mask_bits_are_the_packed_mask(causal, B, HG, Sq, Sk, density, seed):
+    """``mask_bits``: the index packs the boolean mask 64 keys a word (0 past Sk) in each of its
+    read paths (4-byte words, 16-byte vectors, entry by entry), beside the same block index."""
+    import tvm
+
+    from pit_tvm.index.attention import attention_block_index_func, reference_mask_bits
+    from pit_tvm.target import build
+
+    pattern = AttentionPattern(mask="bool", causal=causal)
+    if pattern not in _BITS_INDEXES:
+        func = attention_block_index_func(pattern, 64, "float32", "llvm", mask_dtype="bool", mask_bits=True)
+        _BITS_INDEXES[pattern] = build(tvm.IRModule({"main": func}), "llvm")["main"]
+    rng = np.random.default_rng(seed)
+    mask = _block_structured_mask(rng, (B, HG, Sq, Sk), 64, density)
+    q, k = np.zeros((B, 2, Sq, 2), np.float32), np.zeros((B, 2, Sk, 2), np.float32)
+    want = reference_attention_block_index(pattern, q.shape, k.shape, 64, mask=mask, mask_bits=True)
+    np.testing.assert_array_equal(want[3], reference_mask_bits(mask))
+    rows = np.ascontiguousarray(np.swapaxes(want[3], -1, -2))       # [B, HG, Sq, words]
+    assert np.array_equal(np.unpackbits(rows.view(np.uint8), axis=-1, bitorder="little")[..., :Sk], mask)
+    dev = tvm.cpu()
+    got = [tvm.runtime.empty(w.shape, str(w.dtype), dev) for w in want]
+    _BITS_INDEXES[pattern](*(tvm.runtime.tensor(x, dev) for x in (q, k, mask)), *got)
+    for g, w, name in zip(got, want, ("counts", "ids", "partial", "mask_bits")):
+        np.testing.assert_array_equal(g.numpy(), w, err_msg=name)
+
+
+def test_mask_bits_bad_arguments_raise():
+    from pit_tvm.index.attention import attention_block_index_func
+
+    for pattern, key_block in ((AttentionPattern(mask="additive"), 64), (AttentionPattern(mask="bool"), 128),
+                               (AttentionPattern(causal=True), 64)):
+        with pytest.raises(ValueError, match="mask_bits"):
+            attention_block_index_func(pattern, key_block, "float16", "llvm",
+                                       mask_dtype={"additive": "float16", "bool": "bool"}.get(pattern.mask),
+                                       mask_bits=True)
+
+
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
 def test_cuda_mask_index_reads_16_byte_vectors():
     """On CUDA the index reads a mask row 16 bytes per load (whole-vector rows) and nvcc compiles it."""
@@ -427,6 +474,10 @@ def test_cuda_mask_index_reads_16_byte_vectors():
         (source,) = cuda_sources(build(tvm.IRModule({"index": func}), "cuda"))
         assert re.search(r"\*\((uint4|int4|float4)\*\)\(mask_(words|vectors)_ptr", source), pattern.tag
         nvcc_compile(source, "sm_90a")
+    for causal in (False, True):     # with the packed mask
+        func = attention_block_index_func(AttentionPattern(mask="bool", causal=causal), 64, "float16", "cuda",
+                                          mask_dtype="bool", mask_bits=True)
+        nvcc_compile(cuda_sources(build(tvm.IRModule({"index": func}), "cuda"))[0], "sm_90a")
 
 
 def test_unsorted_document_ids_list_a_superset_and_the_result_is_exact():

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pit_tvm.runtime.loader import numpy_dtype
-from pit_tvm.index.attention import reference_attention_block_index
+from pit_tvm.index.attention import reference_attention_block_index, reference_mask_bits
 from pit_tvm.nvcc import check_cuda_compiles, cuda_sources, find_nvcc, ptxas_log
 from pit_tvm.schedules.hopper.barriers import SCHEDULER_BARRIERS
 from pit_tvm.ops.sparse_attention import QUERY_BLOCK, AttentionPattern, reference_sparse_attention
@@ -35,9 +35,9 @@ BOOL = AttentionPattern(mask="bool")
 # ------------------------------------------------------------------------------------ CPU
 def test_defaults_are_the_measured_forms():
     """key block 64: pairs of blocks a step, overlapping, the deepest ring that fits (the fastest on
-    the H200, docs/design/sparse_attention.md), with a boolean mask where its staged mask tiles leave
-    room for a ring of 3 (head dim 64; at 128 a block a step, overlapping, 4 deep); at 128:
-    warp-specialized, 2 deep; the loader's registers handed to the consumers in each"""
+    the H200, docs/design/sparse_attention.md), a boolean mask's predicate from the index's packed
+    mask (no mask tiles: pairs 4 deep at head dim 64, 3 at 128); at 128: warp-specialized, 2 deep; the
+    loader's registers handed to the consumers in each"""
     def same(d, pattern, kb, **form):
         default = block_sparse_attention_func(d, pattern, "float16", kb)
         assert default.script() == block_sparse_attention_func(d, pattern, "float16", kb, p_in_registers=True,
@@ -45,13 +45,19 @@ def test_defaults_are_the_measured_forms():
                                                                **form).script()
         return default
 
-    bool_pairs = same(64, BOOL, 64, overlap=True, stages=4, pair_blocks=True, mask_tiles=True, turns=True,
-                      tma_kv=True)
-    assert int(bool_pairs.attrs["pit.attention.key_tile"]) == 128
-    assert int(same(128, BOOL, 64, overlap=True, stages=4, pair_blocks=False).attrs["pit.attention.key_tile"]) == 64
+    bool_pairs = same(64, BOOL, 64, overlap=True, stages=4, pair_blocks=True, mask_tiles=False, mask_bits=True,
+                      turns=True, tma_kv=True)
+    assert int(bool_pairs.attrs["pit.attention.key_tile"]) == 128 and bool(bool_pairs.attrs["pit.attention.mask_bits"])
+    bool_128 = same(128, BOOL, 64, overlap=True, stages=3, pair_blocks=True, mask_tiles=False, mask_bits=True)
+    assert int(bool_128.attrs["pit.attention.key_tile"]) == 128
+    # (mask tiles asked for: pairs where a ring of 3 fits beside them, head dim 64; at 128 a block a step)
+    assert int(block_sparse_attention_func(64, BOOL, "float16", 64, mask_tiles=True)
+               .attrs["pit.attention.key_tile"]) == 128
+    assert int(block_sparse_attention_func(128, BOOL, "float16", 64, mask_tiles=True)
+               .attrs["pit.attention.key_tile"]) == 64
     same(64, BOOL, 128, overlap=False, stages=2, pair_blocks=False)
     # (a boolean mask read from global memory: a block a step)
-    assert int(block_sparse_attention_func(64, BOOL, "float16", 64, mask_tiles=False)
+    assert int(block_sparse_attention_func(64, BOOL, "float16", 64, mask_tiles=False, mask_bits=False)
                .attrs["pit.attention.key_tile"]) == 64
     for d, stages in ((64, 4), (128, 3)):
         f = same(d, AttentionPattern(causal=True, documents=True), 64, overlap=True, stages=stages, pair_blocks=True)
@@ -72,6 +78,11 @@ def test_bad_arguments_raise():
         block_sparse_attention_func(64, BOOL, "float16", 32)
     with pytest.raises(ValueError, match="shared memory"):
         block_sparse_attention_func(128, BOOL, "float16", 128, stages=4)
+    for args, form in (((64, AttentionPattern(mask="additive"), "float16", 64), {}),
+                       ((64, BOOL, "float16", 128), {}), ((64, BOOL, "float16", 64), {"mask_tiles": True}),
+                       ((64, BOOL, "float16", 64), {"early_predicate": False})):
+        with pytest.raises(ValueError, match="mask_bits"):
+            block_sparse_attention_func(*args, mask_bits=True, **form)
     with pytest.raises(ValueError, match="stages"):
         block_sparse_attention_func(64, BOOL, "float16", 64, stages=1)
     assert sparse_attention_smem_bytes(128, 128, 2) <= 227 * 1024
@@ -116,7 +127,8 @@ def test_signature_with_global_split():
 #: overlapping the previous block's P V; "pair": two blocks of 64 a step (also with a boolean
 #: mask at head dim 128, where it is not the default); "single": a block a step (the default
 #: form otherwise); "cp_async": K and V copied by the loader's threads, not by TMA (as in the split
-#: tiles); "default": the defaults (test_defaults_are_the_measured_forms)
+#: tiles); "bits": a boolean mask's predicate from the index's packed mask (the default at head dim
+#: 128, not at 64); "default": the defaults (test_defaults_are_the_measured_forms)
 VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
             "p_regs": {"p_in_registers": True, "warp_specialized": False},
             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
@@ -124,6 +136,7 @@ VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
             "pair": {"pair_blocks": True},
             "single": {"pair_blocks": False},
             "cp_async": {"tma_kv": False},
+            "bits": {"mask_bits": True},
             "default": {}}
 
 
@@ -308,9 +321,11 @@ def _block_mask(rng, b, mh, sq, sk, key_block, density=0.4, partial=0.5, empty=T
 def _run(pattern, q, k, v, head_dim, key_block, dtype, index=None, variant="p_smem", global_split=False, **inputs):
     """the kernel's output for (q, k, v) and the pattern's inputs, with the index of the numpy
     reference unless ``index`` is given"""
+    f, mask_bits = _built(pattern, head_dim, key_block, dtype, variant, global_split)
     index = index or reference_attention_block_index(pattern, q.shape, k.shape, key_block, global_split=global_split,
                                                      **inputs)
-    f = _built(pattern, head_dim, key_block, dtype, variant, global_split)
+    if mask_bits:     # (the kernel reads the index's packed mask)
+        index = tuple(index[:3]) + (reference_mask_bits(inputs["mask"]),)
     dev = tvm.cuda(0)
     out = tvm.runtime.tensor(np.full(q.shape, 7, np.float32).astype(q.dtype), dev)
     args = [q, k, v, *index[:3]] + [inputs[n] for n in pattern.inputs] + list(index[3:])
@@ -324,6 +339,8 @@ def _built(pattern, head_dim, key_block, dtype, variant, global_split=False):
         pytest.skip("pair_blocks takes key block 64")
     if variant == "cp_async" and global_split:
         pytest.skip("the split loads by cp.async in every form (its gathered key blocks are rows)")
+    if variant == "bits" and (pattern.mask != "bool" or key_block != 64):
+        pytest.skip("mask_bits takes a boolean mask and key block 64")
     try:
         f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, global_split=global_split,
                                         **VARIANTS[variant])
@@ -331,7 +348,7 @@ def _built(pattern, head_dim, key_block, dtype, variant, global_split=False):
         if "shared memory" not in str(err):
             raise
         pytest.skip(str(err))
-    return build(tvm.IRModule({"main": f}), TARGET)["main"]
+    return build(tvm.IRModule({"main": f}), TARGET)["main"], bool(f.attrs["pit.attention.mask_bits"])
 
 
 def _check(got, ref, dtype):

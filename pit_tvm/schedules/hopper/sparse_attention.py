@@ -65,6 +65,7 @@ from typing import Any
 from tvm import tirx
 from tvm.script import tirx as T
 
+from pit_tvm.index.attention import MASK_BITS_KEYS
 from pit_tvm.ops.sparse_attention import (KEY_BLOCKS, QUERY_BLOCK, mask_head, pattern_predicate, pattern_score_bias,
                                           splits_global_rows)
 from pit_tvm.schedules.hopper.barriers import (CONSUMERS_BARRIER, SCHEDULER_BARRIERS, WARPGROUP_BARRIERS,
@@ -328,7 +329,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                 global_split: bool = False, early_predicate: bool | None = None,
                                 mask_tiles: bool | None = None, prefetch_index: bool | None = None,
                                 register_split: bool | None = None, pair_blocks: bool | None = None,
-                                turns: bool | None = None, tma_kv: bool | None = None) -> tirx.PrimFunc:
+                                turns: bool | None = None, tma_kv: bool | None = None,
+                                mask_bits: bool | None = None) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
     [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
 
@@ -372,6 +374,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     consumer step takes two listed blocks, which the loader gathers side by side into one 128-key
     tile of the ring (the index stays at key block 64): one m64n128 Q K^T and 8 k16 steps of P V a
     step, half the steps' fixed work.
+    ``mask_bits`` (a boolean mask, key block 64, the early predicate; default: at head dim 128 with the
+    loader's registers handed over, unless mask tiles are asked for): the kernel takes
+    the index's packed mask (``mask_bits`` uint64 ``[B, MH, ceil(Sk / 64), Sq]``, after the
+    pattern's inputs) and a partial block's predicate reads its rows' 64-bit words, not the mask's
+    bytes; no mask tiles then, so the pairs keep a ring of 3 at head dim 128.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if register_split is None:
@@ -382,14 +389,21 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         # at both head dims)
         early_predicate = KB == 64 and not (global_split and pattern.documents)
     early_predicate = bool(early_predicate) and pattern.mask != "additive"
+    if mask_bits is None:
+        # (head dim 128: the pairs' 3-deep ring fits beside no mask tiles; design notes, "Packed mask")
+        mask_bits = (pattern.mask == "bool" and KB == 64 and early_predicate and bool(warp_specialized)
+                     and bool(register_split) and not mask_tiles)
+    mask_bits = bool(mask_bits)
+    if mask_bits and (pattern.mask != "bool" or KB != 64 or not early_predicate or mask_tiles):
+        raise ValueError("mask_bits takes a boolean mask, key block 64, the early predicate and no mask tiles")
     if mask_tiles is None:
-        mask_tiles = bool(warp_specialized) and early_predicate and pattern.mask == "bool"
+        mask_tiles = bool(warp_specialized) and early_predicate and pattern.mask == "bool" and not mask_bits
     if pair_blocks is None:
         # (a boolean mask: with its staged mask tiles, and where a ring of 3 pair slots fits beside
         # them, i.e. the pairs keep the overlap: head dim 64; at 128 the pairs would run a 2-deep ring
         # without overlap)
         pair_blocks = (KB == 64 and bool(warp_specialized) and bool(register_split)
-                       and (pattern.mask != "bool" or (bool(mask_tiles) and sparse_attention_smem_bytes(
+                       and (pattern.mask != "bool" or mask_bits or (bool(mask_tiles) and sparse_attention_smem_bytes(
                            D, KB, 3, bool(p_in_registers), True, 2) <= max_smem_bytes("sm_90a"))))
     pair_blocks = bool(pair_blocks)
     PAIR = 2 if pair_blocks else 1
@@ -632,6 +646,13 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         kblk = keys.ids[part]
         for i in T.unroll(KB // 64):
             allowed_bits[part * (KB // 64) + i] = T.uint32(0)
+        if mask_bits:
+            # the packed mask's words of this thread's two rows in the block (64 keys a word)
+            row_words = T.alloc_local([2], "uint64")
+            bits = tile.buffers["mask_bits"]
+            for i in T.unroll(2):
+                row_words[i] = bits[tile.b, mask_head(bits, tile.h), kblk,
+                                    tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))]
         # thread (w, lane) holds rows 16w + lane/4 (+8) of the warpgroup's 64 and keys
         # 8nb + 2(lane%4) (+1) of the block in acc_s[4c + 2i + e], c = part KB / 8 + nb
         for nb in T.unroll(KB // 8):
@@ -641,7 +662,12 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                     query = tile.query_src(tile.query_pos(tid // 128 * 64 + w * 16 + lane // 4 + 8 * i))
                     key = tile.key_pos(kblk, nb * 8 + (lane % 4) * 2 + e)
                     key_c = tile.key_src(kblk, key)
-                    if pairwise:
+                    if mask_bits:      # (0 past Sk: the key's bound is in it)
+                        allowed_bits[c // 8] = allowed_bits[c // 8] | T.shift_left(
+                            T.Cast("uint32", tile.allowed(kblk, query, key, key_c, T.bitwise_and(T.shift_right(
+                                row_words[i], T.Cast("uint64", nb * 8 + (lane % 4) * 2 + e)), T.uint64(1)) != T.uint64(0))),
+                            T.uint32(c % 8 * 4 + i * 2 + e))
+                    elif pairwise:
                         allowed_bits[c // 8] = allowed_bits[c // 8] | T.shift_left(
                             T.Cast("uint32", tile.allowed(kblk, query, key, key_c, staged_entry(
                                 staged, tile, part, tid // 128 * 64 + w * 16 + lane // 4 + 8 * i, query,
@@ -1104,17 +1130,20 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         else:
             device_body(Q, K, V, COUNTS, IDS, PARTIAL, buffers, GROWS, GCOUNT, O, B, H, HG, Sq, Sk, None)
 
-    func = _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split)
+    func = _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split, mask_bits)
     name = (f"pit_sparse_attention_hopper_{pattern.tag}_d{D}_kb{KB}_{in_dtype}"
-            + (f"_{mask_dtype}" if pattern.mask else "") + ("_gsplit" if global_split else ""))
+            + (f"_{mask_dtype}" if pattern.mask else "") + ("_gsplit" if global_split else "")
+            + ("_bits" if mask_bits else ""))
     return (lower_tirx(func, TARGET).with_attr("global_symbol", name).with_attr("pit.attention.key_block", KB)
-            .with_attr("pit.attention.global_split", bool(global_split)).with_attr("pit.attention.key_tile", KT))
+            .with_attr("pit.attention.global_split", bool(global_split)).with_attr("pit.attention.key_tile", KT)
+            .with_attr("pit.attention.mask_bits", mask_bits))
 
 
-def _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split):
+def _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split, mask_bits=False):
     """The PrimFunc around ``body`` with the contract's parameters: ``q, k, v, block_counts,
     block_ids, block_partial``, the pattern's run-time inputs (``mask, global_flags, doc_ids``
-    as present), with ``global_split`` the index's ``global_rows, global_count``, then ``o``.  B, H, Sq,
+    as present), with ``global_split`` the index's ``global_rows, global_count``, with
+    ``mask_bits`` the index's packed mask, then ``o``.  B, H, Sq,
     Sk and the head dims of the mask (MH) and the index (HG)
     symbolic; with global tokens or documents (``[B, S]`` inputs) Sq = Sk = S
     (:func:`~pit_tvm.ops.sparse_attention.sequence_lengths`)."""
@@ -1122,11 +1151,13 @@ def _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split):
 
     inputs = pattern.inputs
 
-    def pattern_buffers(B, MH, Sq, Sk, mask, flags, docs):
-        """the pattern's run-time inputs by name (the predicate's ``buffers``)"""
+    def pattern_buffers(B, MH, Sq, Sk, mask, flags, docs, bits):
+        """the pattern's run-time inputs by name (the predicate's ``buffers``), and the packed mask"""
         extra = {}
         if "mask" in inputs:
             extra["mask"] = T.match_buffer(mask, (B, MH, Sq, Sk), mask_dtype)
+        if mask_bits:
+            extra["mask_bits"] = T.match_buffer(bits, (B, MH, blocks(Sk, MASK_BITS_KEYS), Sq), "uint64")
         if "global_flags" in inputs:
             extra["global_flags"] = T.match_buffer(flags, (B, Sk), "int32")
         if "doc_ids" in inputs:
@@ -1143,25 +1174,27 @@ def _signature(body, D, KB, in_dtype, mask_dtype, pattern, global_split):
         return (n + (size - 1)) // size
 
     @T.macro
-    def with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, rows, nrows, o, B, H, HG, MH, Sq, Sk):
+    def with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, rows, nrows, bits, o, B, H, HG, MH, Sq, Sk):
         body(T.match_buffer(q, (B, H, Sq, D), in_dtype), T.match_buffer(k, (B, H, Sk, D), in_dtype),
              T.match_buffer(v, (B, H, Sk, D), in_dtype),
              T.match_buffer(counts, (B, HG, blocks(Sq, QUERY_BLOCK)), "int32"),
              T.match_buffer(ids, (B, HG, blocks(Sq, QUERY_BLOCK), blocks(Sk, KB)), "int32"),
              T.match_buffer(partial, (B, HG, blocks(Sq, QUERY_BLOCK), blocks(Sk, KB)), "int32"),
-             pattern_buffers(B, MH, Sq, Sk, mask, flags, docs),
+             pattern_buffers(B, MH, Sq, Sk, mask, flags, docs, bits),
              *global_rows(B, Sq, rows, nrows),
              T.match_buffer(o, (B, H, Sq, D), in_dtype),
              T.Cast("int32", B), T.Cast("int32", H), T.Cast("int32", HG), T.Cast("int32", Sq), T.Cast("int32", Sk))
 
     @T.prim_func(s_tir=False)
     def kernel(q: T.handle, k: T.handle, v: T.handle, counts: T.handle, ids: T.handle, partial: T.handle,
-               mask: T.handle, flags: T.handle, docs: T.handle, rows: T.handle, nrows: T.handle, o: T.handle):
+               mask: T.handle, flags: T.handle, docs: T.handle, rows: T.handle, nrows: T.handle, bits: T.handle,
+               o: T.handle):
         B, H, HG, MH, Sq, Sk = T.int64(), T.int64(), T.int64(), T.int64(), T.int64(), T.int64()
-        with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, rows, nrows, o, B, H, HG, MH,
+        with_lengths(q, k, v, counts, ids, partial, mask, flags, docs, rows, nrows, bits, o, B, H, HG, MH,
                      *sequence_lengths(pattern, Sq, Sk, Sq))
 
     names = ("q", "k", "v", "block_counts", "block_ids", "block_partial", "mask", "global_flags", "doc_ids",
-             "global_rows", "global_count", "o")
+             "global_rows", "global_count", "mask_bits", "o")
     dropped = {"mask", "global_flags", "doc_ids"} - set(inputs)
-    return without_params(kernel, names, dropped if global_split else dropped | {"global_rows", "global_count"})
+    dropped |= set() if global_split else {"global_rows", "global_count"}
+    return without_params(kernel, names, dropped if mask_bits else dropped | {"mask_bits"})
