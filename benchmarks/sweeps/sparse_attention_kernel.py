@@ -33,22 +33,28 @@ from pit_tvm.target import build  # noqa: E402
 #: warpgroup filling the ring (P in registers), and that with each block's softmax overlapping
 #: the previous block's P V; the warp-specialized forms with the loader's registers handed to the
 #: consumers (``register_split``, the default) or not (``_168``: 168 registers a thread); two listed
-#: blocks of 64 keys a step (``pair``: without staged mask tiles, ``pair_mt``: with them); ``_tma``: K and
+#: blocks of 64 keys a step (``pair``: the mask's bytes from global memory, ``pair_mt``: staged mask
+#: tiles); ``_tma``: K and
 #: V by TMA (``tma_kv``, the kernel's default since 2026-11-29; the other warp-specialized forms copy
 #: them by cp.async, as they were measured); ``_noturns``: the consumer warpgroups not taking turns;
-#: ``_bits``: the predicate from the index's packed mask (``mask_bits``, the default at head dim 128)
+#: ``_bits``: the predicate from the index's packed mask (``mask_bits``, the kernel's default since
+#: 2026-11-29; the other warp-specialized forms stage mask tiles, as they were measured)
 FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
              "p_regs": {"p_in_registers": True, "warp_specialized": False},
-             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False, "tma_kv": False},
-             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": False},
+             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False, "tma_kv": False,
+                    "mask_bits": False},
+             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": False,
+                            "mask_bits": False},
              "ws_overlap_168": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
-                                "register_split": False, "tma_kv": False},
-             "pair": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "tma_kv": False},
-             "pair_mt": {"pair_blocks": True, "overlap": True, "tma_kv": False},
-             "pair_tma": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "tma_kv": True},
-             "pair_mt_tma": {"pair_blocks": True, "overlap": True, "tma_kv": True},
-             "pair_mt_noturns": {"pair_blocks": True, "overlap": True, "turns": False, "tma_kv": False},
-             "ws_overlap_tma": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": True},
+                                "register_split": False, "tma_kv": False, "mask_bits": False},
+             "pair": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "mask_bits": False, "tma_kv": False},
+             "pair_mt": {"pair_blocks": True, "overlap": True, "tma_kv": False, "mask_bits": False},
+             "pair_tma": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "mask_bits": False, "tma_kv": True},
+             "pair_mt_tma": {"pair_blocks": True, "overlap": True, "tma_kv": True, "mask_bits": False},
+             "pair_mt_noturns": {"pair_blocks": True, "overlap": True, "turns": False, "tma_kv": False,
+                                 "mask_bits": False},
+             "ws_overlap_tma": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": True,
+                                "mask_bits": False},
              "pair_bits": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "mask_bits": True,
                            "tma_kv": True},
              "ws_overlap_bits": {"p_in_registers": True, "warp_specialized": True, "overlap": True,

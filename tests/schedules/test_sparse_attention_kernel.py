@@ -127,8 +127,9 @@ def test_signature_with_global_split():
 #: overlapping the previous block's P V; "pair": two blocks of 64 a step (also with a boolean
 #: mask at head dim 128, where it is not the default); "single": a block a step (the default
 #: form otherwise); "cp_async": K and V copied by the loader's threads, not by TMA (as in the split
-#: tiles); "bits": a boolean mask's predicate from the index's packed mask (the default at head dim
-#: 128, not at 64); "default": the defaults (test_defaults_are_the_measured_forms)
+#: tiles); "bits": a boolean mask's predicate from the index's packed mask (the default); "mask_tiles":
+#: from mask tiles the loader stages (the default before it); "default": the defaults
+#: (test_defaults_are_the_measured_forms)
 VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
             "p_regs": {"p_in_registers": True, "warp_specialized": False},
             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False},
@@ -137,6 +138,7 @@ VARIANTS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
             "single": {"pair_blocks": False},
             "cp_async": {"tma_kv": False},
             "bits": {"mask_bits": True},
+            "mask_tiles": {"mask_tiles": True},
             "default": {}}
 
 
@@ -236,7 +238,8 @@ def test_form_arguments_checked():
 @pytest.mark.parametrize("pattern", [BOOL, AttentionPattern(causal=True)], ids=lambda p: p.tag)
 def test_tma_kv_loads_keys_and_values_by_tma(pattern):
     """``tma_kv``: K and V by TMA boxes (two a block and operand at head dim 64, the pair's two
-    blocks), the K / V cp.async gone; without mask tiles the loader's other threads exit after Q"""
+    blocks), the K / V cp.async gone; without mask tiles (a boolean mask's predicate reads the
+    packed mask by default) the loader's other threads exit after Q, with them they stay"""
     def source(**form):
         return cuda_sources(build(tvm.IRModule({"main": block_sparse_attention_func(64, pattern, "float16", 64,
                                                                                     **form)}), TARGET))[0]
@@ -246,7 +249,10 @@ def test_tma_kv_loads_keys_and_values_by_tma(pattern):
     assert len(calls) == 4 and "expect_tx" in src
     copies = "cp_async_cg_src_size"
     assert 0 < src.count(copies) < plain.count(copies)
-    assert (src.count("pit_exit_thread();") > plain.count("pit_exit_thread();")) == (pattern.mask != "bool")
+    assert src.count("pit_exit_thread();") > plain.count("pit_exit_thread();")
+    if pattern.mask == "bool":
+        staged, staged_plain = source(mask_tiles=True), source(mask_tiles=True, tma_kv=False)
+        assert staged.count("pit_exit_thread();") == staged_plain.count("pit_exit_thread();")
 
 
 def test_warpgroups_issue_their_wgmma_in_turn():
@@ -339,8 +345,8 @@ def _built(pattern, head_dim, key_block, dtype, variant, global_split=False):
         pytest.skip("pair_blocks takes key block 64")
     if variant == "cp_async" and global_split:
         pytest.skip("the split loads by cp.async in every form (its gathered key blocks are rows)")
-    if variant == "bits" and (pattern.mask != "bool" or key_block != 64):
-        pytest.skip("mask_bits takes a boolean mask and key block 64")
+    if variant in ("bits", "mask_tiles") and (pattern.mask != "bool" or key_block != 64):
+        pytest.skip(f"{variant} takes a boolean mask and key block 64")
     try:
         f = block_sparse_attention_func(head_dim, pattern, dtype, key_block, global_split=global_split,
                                         **VARIANTS[variant])
