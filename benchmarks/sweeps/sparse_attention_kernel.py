@@ -39,29 +39,27 @@ from pit_tvm.target import build  # noqa: E402
 #: them by cp.async, as they were measured); ``_noturns``: the consumer warpgroups not taking turns;
 #: ``_bits``: the predicate from the index's packed mask (``mask_bits``, the kernel's default since
 #: 2026-11-29; the other warp-specialized forms stage mask tiles, as they were measured)
+_WS = {"p_in_registers": True, "warp_specialized": True}
+_PAIR = {"pair_blocks": True, "overlap": True}
+# where a boolean mask's predicate reads it: staged mask tiles, its bytes in global memory, the packed mask
+_TILES, _BYTES, _BITS = {"mask_bits": False}, {"mask_tiles": False, "mask_bits": False}, {"mask_tiles": False,
+                                                                                          "mask_bits": True}
+_CP, _TMA = {"tma_kv": False}, {"tma_kv": True}
 FORM_ARGS = {"p_smem": {"p_in_registers": False, "warp_specialized": False},
              "p_regs": {"p_in_registers": True, "warp_specialized": False},
-             "ws": {"p_in_registers": True, "warp_specialized": True, "overlap": False, "tma_kv": False,
-                    "mask_bits": False},
-             "ws_overlap": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": False,
-                            "mask_bits": False},
-             "ws_overlap_168": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
-                                "register_split": False, "tma_kv": False, "mask_bits": False},
-             "pair": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "mask_bits": False, "tma_kv": False},
-             "pair_mt": {"pair_blocks": True, "overlap": True, "tma_kv": False, "mask_bits": False},
-             "pair_tma": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "mask_bits": False, "tma_kv": True},
-             "pair_mt_tma": {"pair_blocks": True, "overlap": True, "tma_kv": True, "mask_bits": False},
-             "pair_mt_noturns": {"pair_blocks": True, "overlap": True, "turns": False, "tma_kv": False,
-                                 "mask_bits": False},
-             "ws_overlap_tma": {"p_in_registers": True, "warp_specialized": True, "overlap": True, "tma_kv": True,
-                                "mask_bits": False},
-             "pair_bits": {"pair_blocks": True, "overlap": True, "mask_tiles": False, "mask_bits": True,
-                           "tma_kv": True},
-             "ws_overlap_bits": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
-                                 "mask_tiles": False, "mask_bits": True, "tma_kv": True},
-             "pair_late": {"pair_blocks": True, "overlap": True, "early_predicate": False, "tma_kv": False},
-             "ws_overlap_late": {"p_in_registers": True, "warp_specialized": True, "overlap": True,
-                                 "early_predicate": False, "tma_kv": False}}
+             "ws": {**_WS, "overlap": False, **_CP, **_TILES},
+             "ws_overlap": {**_WS, "overlap": True, **_CP, **_TILES},
+             "ws_overlap_168": {**_WS, "overlap": True, "register_split": False, **_CP, **_TILES},
+             "pair": {**_PAIR, **_BYTES, **_CP},
+             "pair_mt": {**_PAIR, **_TILES, **_CP},
+             "pair_tma": {**_PAIR, **_BYTES, **_TMA},
+             "pair_mt_tma": {**_PAIR, **_TILES, **_TMA},
+             "pair_mt_noturns": {**_PAIR, "turns": False, **_TILES, **_CP},
+             "ws_overlap_tma": {**_WS, "overlap": True, **_TILES, **_TMA},
+             "pair_bits": {**_PAIR, **_BITS, **_TMA},
+             "ws_overlap_bits": {**_WS, "overlap": True, **_BITS, **_TMA},
+             "pair_late": {**_PAIR, "early_predicate": False, **_CP},
+             "ws_overlap_late": {**_WS, "overlap": True, "early_predicate": False, **_CP}}
 #: (key block, form, ring stages)
 FORMS = ([(kb, form, 2) for kb in (64, 128) for form in ("p_smem", "p_regs", "ws")]
          + [(64, "ws", 4), (128, "ws", 3), (64, "ws_overlap", 3), (64, "ws_overlap", 4), (64, "ws_overlap_168", 4),

@@ -14,7 +14,8 @@ Index (built on the device every call, ``pit_tvm/index/``): per ``(b, head group
 block qb)`` ``block_counts[b, hg, qb]`` listed key blocks of ``key_block`` keys,
 ``block_ids[b, hg, qb, j]`` their ids and ``block_partial[b, hg, qb, j]`` (1: the listed block
 has a disallowed entry or a non-zero additive bias, so the element predicate is applied in
-it; 0: every entry allowed, nothing added).
+it; 0: every entry allowed, nothing added); for a boolean mask (``mask_bits``, the default) also
+the mask packed 64 keys a word, ``mask_bits[b, hg, kb, q]``.
 ``hg = min(h, HG - 1)`` (HG: the mask's head dim, 1 or H; 1 without a mask).
 
 One CTA per (128-query block, head, batch); B, H, Sq, Sk, HG and the mask's head dim symbolic
@@ -22,15 +23,16 @@ One CTA per (128-query block, head, batch); B, H, Sq, Sk, HG and the mask's head
 first, then the window tiles; :class:`QueryTile`).  The default form: a loader warpgroup and 2
 consumer warpgroups (384 threads, one CTA an SM; the loader hands registers to the consumers,
 ``register_split``).  A step takes a key tile of KT keys: one listed block (KT = KB), or
-(``pair_blocks``, key block 64; by default with a boolean mask at head dim 64 only) two listed
-blocks side by side (KT = 128, the second the empty block past an odd count)::
+(``pair_blocks``, key block 64; the default with the loader's registers handed over, but with staged
+mask tiles at head dim 128) two listed blocks side by side (KT = 128, the second the empty block
+past an odd count)::
 
     loader warpgroup (128 threads, cp.async; then it exits):
         SRead Q_s[128, D] (rows past Sq zero-filled)                       -> Q mbarrier
         for step j (blocks of (b, hg, qb) listed j, or 2j and 2j + 1; ids via block_ids: SRead)
             wait empty[j % STAGES]; SRead K_s, V_s[KT, D] of the step's blocks (keys past Sk zero-filled)
-            (a boolean mask, block j partial or the tail: its [128, KB] mask tile too, bytes past
-             Sk zero-filled, mask_tiles)
+            (mask_tiles: a boolean mask's partial or tail block's [128, KB] mask tile too, bytes past
+             Sk zero-filled; by default the predicate reads the packed mask's words instead)
             -> full[j % STAGES]                                     (ring.py's MbarrierRing)
     consumer warpgroup g (queries 64g .. 64g+63), step j once full[j % STAGES]:
         (turns: wait for the other warpgroup's issue of step j - 1)
@@ -332,7 +334,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
                                 turns: bool | None = None, tma_kv: bool | None = None,
                                 mask_bits: bool | None = None) -> tirx.PrimFunc:
     """The lowered PrimFunc ``(q, k, v, block_counts, block_ids, block_partial, [mask],
-    [global_flags], [doc_ids], o)`` (module docstring) for ``pattern`` (an ``AttentionPattern``).
+    [global_flags], [doc_ids], [global_rows, global_count], [mask_bits], o)`` (module docstring) for
+    ``pattern`` (an ``AttentionPattern``).
 
     ``scale``: the scores' factor (default ``1 / sqrt(head_dim)``); ``mask_dtype``: the mask tensor's
     dtype (default ``bool`` for a boolean mask, ``in_dtype`` for an additive one);
@@ -351,7 +354,7 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     ``early_predicate`` (default: at key block 64, but not for the split with documents): a
     partial block's element predicate is evaluated (as bits) while its Q K^T is in flight, not
     after (not for an additive mask, whose bias is read with it).  ``mask_tiles`` (default: with a
-    boolean mask, the loader warpgroup and the early predicate): the loader stages a partial
+    boolean mask, the loader warpgroup and the early predicate where ``mask_bits`` is off): the loader stages a partial
     block's [128, KB] mask tile in shared memory beside its K / V (16-byte cp.async, any Sk; zero
     past Sk, so the predicate tests no bound), so the predicate reads shared memory, not scattered
     bytes of global memory.  ``prefetch_index`` (default: with ``global_split``): the loader and
@@ -374,11 +377,11 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     consumer step takes two listed blocks, which the loader gathers side by side into one 128-key
     tile of the ring (the index stays at key block 64): one m64n128 Q K^T and 8 k16 steps of P V a
     step, half the steps' fixed work.
-    ``mask_bits`` (a boolean mask, key block 64, the early predicate; default: at head dim 128 with the
-    loader's registers handed over, unless mask tiles are asked for): the kernel takes
-    the index's packed mask (``mask_bits`` uint64 ``[B, MH, ceil(Sk / 64), Sq]``, after the
-    pattern's inputs) and a partial block's predicate reads its rows' 64-bit words, not the mask's
-    bytes; no mask tiles then, so the pairs keep a ring of 3 at head dim 128.
+    ``mask_bits`` (a boolean mask, key block 64, the early predicate; default: with the loader
+    warpgroup and its registers handed over, unless mask tiles are asked for): the kernel takes the
+    index's packed mask (``mask_bits`` uint64 ``[B, MH, ceil(Sk / 64), Sq]``, after the pattern's
+    inputs) and a partial block's predicate reads its rows' 64-bit words, not the mask's bytes; no
+    mask tiles then, so the pairs keep a ring of 4 at head dim 64 and 3 at 128.
     Raises ValueError where the kernel does not apply."""
     D, KB = int(head_dim), int(key_block)
     if register_split is None:
@@ -390,7 +393,8 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
         early_predicate = KB == 64 and not (global_split and pattern.documents)
     early_predicate = bool(early_predicate) and pattern.mask != "additive"
     if mask_bits is None:
-        # (head dim 128: the pairs' 3-deep ring fits beside no mask tiles; design notes, "Packed mask")
+        # (faster than mask tiles at both head dims, and at 128 the pairs' 3-deep ring fits beside no
+        # mask tiles: design notes, "The packed mask")
         mask_bits = (pattern.mask == "bool" and KB == 64 and early_predicate and bool(warp_specialized)
                      and bool(register_split) and not mask_tiles)
     mask_bits = bool(mask_bits)
@@ -399,9 +403,9 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     if mask_tiles is None:
         mask_tiles = bool(warp_specialized) and early_predicate and pattern.mask == "bool" and not mask_bits
     if pair_blocks is None:
-        # (a boolean mask: with its staged mask tiles, and where a ring of 3 pair slots fits beside
-        # them, i.e. the pairs keep the overlap: head dim 64; at 128 the pairs would run a 2-deep ring
-        # without overlap)
+        # (a boolean mask: with the packed mask, or with staged mask tiles where a ring of 3 pair
+        # slots fits beside them, i.e. the pairs keep the overlap: head dim 64; at 128 the pairs
+        # would run a 2-deep ring without overlap)
         pair_blocks = (KB == 64 and bool(warp_specialized) and bool(register_split)
                        and (pattern.mask != "bool" or mask_bits or (bool(mask_tiles) and sparse_attention_smem_bytes(
                            D, KB, 3, bool(p_in_registers), True, 2) <= max_smem_bytes("sm_90a"))))
