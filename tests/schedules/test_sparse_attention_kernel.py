@@ -268,16 +268,21 @@ def test_warpgroups_issue_their_wgmma_in_turn():
     assert scheduler_barriers(turns=False) == set()
 
 
-@pytest.mark.parametrize("mask_tiles", [True, False])
-def test_boolean_mask_tiles_staged_by_the_loader(mask_tiles):
-    """With a boolean mask the loader copies a partial block's mask tile (cp.async, bytes) and the
-    predicate reads it from shared memory; without, the consumers read the mask in global memory"""
-    f = block_sparse_attention_func(64, BOOL, "float16", 64, mask_tiles=mask_tiles)
+@pytest.mark.parametrize("where", ["mask_tiles", "global", "packed"])
+def test_where_the_boolean_mask_is_read(where):
+    """The loader copies a partial block's mask tile (cp.async, bytes) and the predicate reads it from
+    shared memory (``mask_tiles``); or the consumers read the mask's bytes in global memory; or (the
+    default) they read the index's packed mask, 64-bit words, and not the mask itself"""
+    form = {"mask_tiles": {"mask_tiles": True}, "global": {"mask_tiles": False, "mask_bits": False},
+            "packed": {}}[where]
+    f = block_sparse_attention_func(64, BOOL, "float16", 64, **form)
     src = cuda_sources(build(tvm.IRModule({"main": f}), TARGET))[0]
-    assert ("((uchar*)smem_ptr)[" in src) == mask_tiles
-    mask = re.search(r"bool\* __restrict__ (\w+)", src).group(1)
-    direct_reads = [line for line in src.splitlines() if f"{mask}[" in line and "cp_async" not in line]
-    assert (len(direct_reads) == 0) == mask_tiles
+    assert ("((uchar*)smem_ptr)[" in src) == (where == "mask_tiles")
+    mask = re.search(r"bool\* __restrict__ (\w+)", src)
+    direct_reads = [line for line in src.splitlines() if mask and f"{mask.group(1)}[" in line and "cp_async" not in line]
+    assert (len(direct_reads) > 0) == (where == "global")
+    words = re.search(r"uint64_t\* __restrict__ (\w+)", src)
+    assert (words is not None and f"{words.group(1)}[" in src) == (where == "packed")
 
 
 def test_op_takes_the_kernel_on_sm90a():
