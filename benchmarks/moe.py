@@ -333,15 +333,12 @@ def build_pit_ops(all_cases, workers: int = 8, tuning_log: str | None = None) ->
     exception."""
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
-    from pit_tvm.ops.moe import tile_tokens  # noqa: PLC0415
-
     variants = {}
     for case in all_cases:
         key = pit_op_key(case, tuning_log)
         if key not in variants:
             op = _pit_op(case["layer"], case["E"], case["dtype"], tuning_log)
-            # (a variant is built for a token count of its tiles; the widest tiles: the symbolic layer)
-            variants[key] = (op, None if key[3] == op.tiles(None) else tile_tokens(case["T"]))
+            variants[key] = (op, op.variant_tokens(case["T"]))
 
     def build(item):
         key, (op, tokens) = item

@@ -647,16 +647,19 @@ class MoEFFN:
 
         return relax.VirtualMachine(self.executable(optional, tokens), self.device)["main"]
 
+    def variant_tokens(self, tokens):
+        """The token count the build a call of ``tokens`` tokens runs is made for: None for the
+        symbolic-T layer (where the call's tiles are the widest), else :func:`tile_tokens`."""
+        return None if self.tiles(tokens) == self.tiles(None) else tile_tokens(tokens)
+
     def _main(self, optional: tuple, tokens: int):
         """the VM function for a call of ``tokens`` tokens: the variant of the tiles they take
         (the symbolic-T layer's where those are the widest)"""
-        tiles = self.tiles(tokens)
-        key = (optional, tiles)
+        key = (optional, self.tiles(tokens))
         main = self._mains.get(key)
         if main is None:
             # (a variant is the tiles: token counts that plan the same tiles share it)
-            planned_for = None if tiles == self.tiles(None) else tile_tokens(tokens)
-            main = self._mains[key] = self._build(optional, planned_for)
+            main = self._mains[key] = self._build(optional, self.variant_tokens(tokens))
         return main
 
     def _tensor(self, value, name, dtype):

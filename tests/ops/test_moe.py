@@ -566,7 +566,7 @@ def test_moe_ffn_variants_are_chosen_by_the_token_count(monkeypatch):
     widest = op.tiles(None)
     assert widest == planned(None) and widest[0].block_n == widest[1].block_n == 256
     for t, main in zip(counts, mains):
-        assert op.tiles(t) == planned(tile_tokens(t))
+        assert op.tiles(t) == planned(tile_tokens(t)) and op.tiles(op.variant_tokens(t)) == op.tiles(t)
         if op.tiles(t) == widest:
             assert main is None                             # the symbolic-T layer
         else:                                               # a variant built for tokens of its tiles

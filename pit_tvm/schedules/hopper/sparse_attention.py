@@ -395,11 +395,12 @@ def block_sparse_attention_func(head_dim: int, pattern, in_dtype: str = "float16
     if mask_bits is None:
         # (faster than mask tiles at both head dims, and at 128 the pairs' 3-deep ring fits beside no
         # mask tiles: design notes, "The packed mask")
-        mask_bits = (pattern.mask == "bool" and KB == 64 and early_predicate and bool(warp_specialized)
+        mask_bits = (pattern.mask == "bool" and KB == MASK_BITS_KEYS and early_predicate and bool(warp_specialized)
                      and bool(register_split) and not mask_tiles)
     mask_bits = bool(mask_bits)
-    if mask_bits and (pattern.mask != "bool" or KB != 64 or not early_predicate or mask_tiles):
-        raise ValueError("mask_bits takes a boolean mask, key block 64, the early predicate and no mask tiles")
+    if mask_bits and (pattern.mask != "bool" or KB != MASK_BITS_KEYS or not early_predicate or mask_tiles):
+        raise ValueError(f"mask_bits takes a boolean mask, key block {MASK_BITS_KEYS} (the index's packed words), "
+                         f"the early predicate and no mask tiles")
     if mask_tiles is None:
         mask_tiles = bool(warp_specialized) and early_predicate and pattern.mask == "bool" and not mask_bits
     if pair_blocks is None:
